@@ -1,0 +1,33 @@
+"""The algorithm interface: a loss over per-token tensors, and group advantages.
+
+The train engine calls `algorithm.loss(...)` without knowing which objective it runs, so
+GRPO or plain PPO-clip can sit beside GSPO as one small class each, chosen by config.
+A loss knows tensors, never engines.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class Algorithm(Protocol):
+    name: str
+
+    def loss(
+        self,
+        logp_BT: torch.Tensor,
+        behaviour_logp_BT: torch.Tensor,
+        mask_BT: torch.Tensor,
+        weight_BT: torch.Tensor,
+        advantage_B: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Return the scalar loss to backpropagate (already weighted) and float stats.
+
+        Row b is one trajectory; `mask_BT` marks its trainable (policy-sampled) tokens;
+        `weight_BT` is the trajectory processor's per-token weight (it sums to 1 per
+        execution divided by the number of executions, so the loss is the mean over
+        trainable tokens inside an execution, then the mean over executions).
+        """
+        ...

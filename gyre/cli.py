@@ -1,0 +1,160 @@
+"""`gyre ...`: the command line (typer + rich).
+
+`gyre run` runs the RL flow with a live progress display; `gyre model tiny` and
+`gyre benchmark tiny` write the bundled model and query set to a directory of your choice.
+Bad input (config, model directory, benchmark files) ends with a one-line error naming
+what is wrong and exit code 2; nothing already written to the run directory is lost.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gyre.benchmarks.errors import BenchmarkFormatError
+from gyre.config import ConfigError, load_config
+from gyre.engines.hf import ModelDirError
+
+app = typer.Typer(help="gyre: elastic online RL for xLong-horizon agents.", no_args_is_help=True)
+model_app = typer.Typer(help="Model directories.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+app.add_typer(bench_app, name="benchmark")
+console = Console()
+err_console = Console(stderr=True)
+
+INPUT_ERRORS = (ConfigError, ModelDirError, BenchmarkFormatError, FileNotFoundError, FileExistsError)
+
+
+def _fail(exc: Exception) -> None:
+    err_console.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(code=2)
+
+
+class _RichProgress:
+    """Listener that turns progress events into a rich display."""
+
+    def __init__(self, progress: Progress, total_steps: int) -> None:
+        self.progress = progress
+        self.total_steps = total_steps
+        self.step_task = progress.add_task("steps", total=total_steps, info="")
+        self.exec_task = progress.add_task("executions", total=1, info="")
+        self.scored = 0
+
+    def __call__(self, event) -> None:
+        if event.kind == "step_started":
+            self.scored = 0
+            self.progress.reset(self.exec_task, total=event.data["executions"])
+            self.progress.update(self.exec_task, description=f"step {event.step} executions")
+        elif event.kind == "execution_finished":
+            self.progress.advance(self.exec_task)
+        elif event.kind == "step_finished":
+            d = event.data
+            reward = "n/a" if d["reward_mean"] is None else f"{d['reward_mean']:.3f}"
+            info = f"v{d['policy_version']} reward {reward} dropped {d['num_dropped']}"
+            if d["logprob_abs_diff"] is not None:
+                info += f" |dlogp| {d['logprob_abs_diff']:.1e} loss {d['loss']:+.4f}"
+            if d["skipped_reason"]:
+                info += f" skipped: {d['skipped_reason']}"
+            self.progress.update(self.step_task, advance=1, info=info)
+
+
+@app.command()
+def run(
+    config: Path = typer.Option(Path("configs/tiny-cpu.yaml"), help="Run configuration (YAML)."),
+    steps: int | None = typer.Option(None, min=1, help="Optimizer steps (overrides the config)."),
+    run_dir: Path | None = typer.Option(None, help="Where results land (default runs/<name>-<time>)."),
+) -> None:
+    """Run online RL: rollouts through the proxy, evaluation, GSPO steps, all into DuckDB."""
+    from gyre.coordinator import preflight
+
+    try:
+        cfg = load_config(config)
+        preflight(cfg)
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+    run_dir = run_dir or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    if (run_dir / "gyre.duckdb").exists():
+        _fail(ValueError(f"{run_dir} already holds a run (gyre.duckdb); choose another --run-dir"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Task-run logs still reach the Prefect UI; the terminal shows warnings and the progress bars.
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    from gyre import progress as progress_events
+    from gyre.flows.rl_run import rl_run
+
+    total = steps or cfg.steps
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[info]}")]
+    with Progress(*columns, console=console) as bar:
+        unsubscribe = progress_events.subscribe(_RichProgress(bar, total))
+        try:
+            records = rl_run(config_path=str(config), run_dir=str(run_dir), steps=total)
+        except INPUT_ERRORS as exc:
+            _fail(exc)
+        finally:
+            unsubscribe()
+    table = Table(title=f"gyre run: {run_dir}")
+    for col in ("step", "version", "reward", "dropped", "|dlogp|", "loss", "grad norm", "tokens"):
+        table.add_column(col, justify="right")
+    for r in records:
+        table.add_row(
+            str(r.step), str(r.policy_version), "n/a" if r.reward_mean is None else f"{r.reward_mean:.3f}",
+            str(r.num_dropped), "n/a" if r.logprob_abs_diff is None else f"{r.logprob_abs_diff:.2e}",
+            "n/a" if r.loss is None else f"{r.loss:+.4f}", "n/a" if r.grad_norm is None else f"{r.grad_norm:.3f}",
+            str(r.tokens_trained),
+        )
+    console.print(table)
+    console.print(f"results: {run_dir / 'gyre.duckdb'}  (duckdb {run_dir / 'gyre.duckdb'} \"select * from steps\")")
+
+
+@model_app.command("tiny")
+def model_tiny(out: Path = typer.Argument(..., help="Directory to create.")) -> None:
+    """Write the bundled tiny Qwen3 model (tokenizer, chat template, weights) to OUT."""
+    from gyre.engines.tiny_model import build_tiny_model
+
+    try:
+        path = build_tiny_model(out)
+    except INPUT_ERRORS as exc:
+        _fail(exc)
+    console.print(f"wrote {path}")
+
+
+@bench_app.command("tiny")
+def benchmark_tiny(
+    out: Path = typer.Argument(..., help="Directory to create."),
+    num_queries: int = typer.Option(64, min=1),
+    seed: int = typer.Option(0),
+) -> None:
+    """Write the bundled tiny benchmark (NL2RepoBench layout) to OUT."""
+    from gyre.benchmarks import generate_tiny
+
+    try:
+        path = generate_tiny(out, num_queries, seed)
+    except INPUT_ERRORS as exc:
+        _fail(exc)
+    console.print(f"wrote {num_queries} queries to {path}")
+
+
+@bench_app.command("check")
+def benchmark_check(
+    root: Path = typer.Argument(..., help="Benchmark directory."),
+    kind: str = typer.Option("nl2repo", help="Benchmark format."),
+) -> None:
+    """Load every query of a benchmark directory and report the first malformed one."""
+    from gyre.benchmarks import load_benchmark
+
+    try:
+        queries = load_benchmark(kind, root)
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+    console.print(f"{len(queries)} queries OK in {root}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,175 @@
+"""Typed run configuration, loaded from YAML files under `configs/`.
+
+One `RunConfig` says everything a run does; the resolved config is written next to the
+results (`<run_dir>/config.yaml`). Every field carries a docstring (shown by
+`RunConfig.model_json_schema()`); unknown keys and wrong types are errors that name the
+file and the field. Backends are chosen by a `type` field, so adding SGLang or
+Megatron-core adds a variant, not a flag.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class TinyModelSettings(Section):
+    hidden_size: int = Field(default=64, gt=0)
+    """Width of the bundled tiny Qwen3 model."""
+    num_hidden_layers: int = Field(default=2, gt=0)
+    """Decoder layers of the bundled tiny model."""
+    vocab_size: int = Field(default=512, ge=300)
+    """Byte-level BPE vocabulary size (256 bytes + merges + special tokens)."""
+    seed: int = 0
+    """Seed of the tiny model's random initialisation."""
+
+
+class ModelConfig(Section):
+    path: Path | None = None
+    """A local Hugging Face causal-LM directory. None: build (once) and use the bundled tiny model."""
+    tiny: TinyModelSettings = TinyModelSettings()
+    """Shape of the bundled tiny model, used when `path` is None."""
+
+
+class BenchmarkConfig(Section):
+    kind: Literal["tiny", "nl2repo"] = "tiny"
+    """`tiny`: the bundled generated set (NL2RepoBench layout). `nl2repo`: an NL2RepoBench directory."""
+    path: Path | None = None
+    """Benchmark directory. For `tiny`, None generates it under the cache directory."""
+    name: str | None = None
+    """Benchmark name recorded with every execution (defaults to the kind)."""
+    num_queries: int = Field(default=64, gt=0)
+    """Queries the `tiny` generator writes."""
+    seed: int = 0
+    """Seed of the `tiny` generator."""
+
+
+class RolloutConfig(Section):
+    engine: Literal["torch"] = "torch"
+    """Rollout engine backend. `torch` is the reference engine; SGLang comes as another variant."""
+    queries_per_step: int = Field(default=2, gt=0)
+    """Distinct queries per optimizer step."""
+    group_size: int = Field(default=16, ge=2)
+    """Executions per query per step (a group); advantages are relative within it."""
+    temperature: float = Field(default=1.0, gt=0.0)
+    """Sampling temperature; the trainer scores tokens at the same temperature."""
+    max_new_tokens: int = Field(default=128, gt=0)
+    """Default cap on tokens per model call when the harness does not set one."""
+    max_batch_size: int = Field(default=32, gt=0)
+    """Most concurrent calls the engine batches together."""
+
+
+class HarnessConfig(Section):
+    type: Literal["builtin"] = "builtin"
+    """Harness that drives the model: `builtin` is gyre's reference agent."""
+    max_turns: int = Field(default=4, gt=0)
+    """Model calls per execution before the harness stops."""
+    harness_timeout_s: float = Field(default=300.0, gt=0)
+    """Wall-clock budget of the harness; past it the execution ends as harness_timeout."""
+    command_timeout_s: float = Field(default=20.0, gt=0)
+    """Time limit of one shell command run by the agent."""
+    max_tool_output_chars: int = Field(default=2000, gt=0)
+    """Tool output beyond this many characters is cut before it goes back to the model."""
+
+
+class SandboxConfig(Section):
+    type: Literal["local"] = "local"
+    """Sandbox backend: `local` (a workspace directory per execution, resource limits)."""
+    cpu_seconds: int = Field(default=60, gt=0)
+    """CPU-time limit per process started in the sandbox."""
+    max_file_bytes: int = Field(default=64 * 2**20, gt=0)
+    """Largest file a sandboxed process may write."""
+    memory_bytes: int = Field(default=2 * 2**30, gt=0)
+    """Address-space limit per sandboxed process."""
+
+
+class EvaluatorConfig(Section):
+    timeout_s: float = Field(default=120.0, gt=0)
+    """Time limit of one hidden-test command."""
+
+
+class TrainConfig(Section):
+    engine: Literal["torch"] = "torch"
+    """Train engine backend. `torch` is the reference engine; Megatron-core comes as another variant."""
+    lr: float = Field(default=1e-3, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    grad_clip: float = Field(default=1.0, gt=0)
+    """Global gradient-norm clip."""
+    micro_batch_tokens: int = Field(default=16384, gt=0)
+    """Padded tokens per micro-batch; gradients accumulate across micro-batches."""
+
+
+class AlgoConfig(Section):
+    name: Literal["gspo"] = "gspo"
+    """Objective. `gspo`: the GSPO variant of DESIGN.md."""
+    token_ratio_cap: float = Field(default=5.0, gt=1.0)
+    """Cap on the per-token importance ratio trainer/behaviour."""
+    seq_clip_low: float = Field(default=0.995, gt=0, le=1)
+    """Lower clip of the sequence-level ratio."""
+    seq_clip_high: float = Field(default=1.005, ge=1)
+    """Upper clip of the sequence-level ratio."""
+    normalize_std: bool = True
+    """Divide group-relative advantages by the group's standard deviation."""
+
+
+class RunConfig(Section):
+    name: str = "gyre"
+    """Run name, shown in the Prefect UI and recorded in DuckDB."""
+    seed: int = 0
+    """Seed for query sampling, rollout sampling and training."""
+    steps: int = Field(default=2, gt=0)
+    """Optimizer steps to run (the CLI's --steps overrides it)."""
+    cache_dir: Path = Path(".gyre-cache")
+    """Where the bundled tiny model and benchmark are built once and reused."""
+    model: ModelConfig = ModelConfig()
+    """The policy's starting weights and tokenizer."""
+    benchmark: BenchmarkConfig = BenchmarkConfig()
+    """Where the training queries come from."""
+    rollout: RolloutConfig = RolloutConfig()
+    """Rollout engine and sampling; queries and group size per step."""
+    harness: HarnessConfig = HarnessConfig()
+    """The agent that drives the model through the proxy."""
+    sandbox: SandboxConfig = SandboxConfig()
+    """Where executions act, and their resource limits."""
+    evaluator: EvaluatorConfig = EvaluatorConfig()
+    """How kept workspaces are scored."""
+    train: TrainConfig = TrainConfig()
+    """Train engine and optimizer."""
+    algo: AlgoConfig = AlgoConfig()
+    """The RL objective and advantage estimation."""
+
+
+class ConfigError(ValueError):
+    """A config file is unreadable or invalid; the message names the file and field."""
+
+
+def load_config(path: Path | str) -> RunConfig:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: config file not found") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"field '{'.'.join(str(p) for p in err['loc'])}': {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"{path}: {problems}") from exc
+
+
+def dump_config(config: RunConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

@@ -1,0 +1,272 @@
+"""The coordinator: the one process that owns a run's long-lived parts and its DuckDB file.
+
+It wires the pieces a step needs (model directory, benchmark, rollout engine behind the
+proxy, train engine, algorithm, weight transport, run store) and offers one method per
+stage of the algorithm: sample queries, run an execution, evaluate it, train, publish
+weights, record. Prefect tasks call these methods one each; tests call them directly.
+Nothing here imports Prefect.
+
+Run directory layout: `gyre.duckdb`, `config.yaml` (the resolved config), `workspaces/`
+(each execution's kept workspace), `evals/` (evaluation copies), `snapshots/`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from gyre.algo.advantages import group_advantages
+from gyre.algo.gspo import GSPO
+from gyre.benchmarks import generate_tiny, load_benchmark
+from gyre.cells.transport import FileSnapshotTransport
+from gyre.config import RunConfig, dump_config
+from gyre.engines.hf import check_model_dir, load_tokenizer, stop_token_ids
+from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
+from gyre.engines.torch_rollout import TorchRolloutEngine
+from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
+from gyre.evaluators.nl2repo import evaluate as evaluate_nl2repo
+from gyre.harnesses.base import HarnessOutcome, ModelEndpoint
+from gyre.harnesses.builtin import BuiltinHarness
+from gyre.progress import ProgressEvent, emit
+from gyre.proxy.app import ProxyDefaults, create_app
+from gyre.proxy.router import EngineRouter
+from gyre.proxy.server import ServerThread
+from gyre.proxy.sessions import SessionRegistry
+from gyre.records import Call, Execution, ExecutionStatus, Query, Score, StepRecord, utc_now
+from gyre.sandboxes.base import SandboxLimits
+from gyre.sandboxes.local import LocalSandbox
+from gyre.storage.store import RunStore
+from gyre.trajectories.chains import build_trajectories, to_train_sequences
+
+
+@dataclass
+class ExecutionResult:
+    query: Query
+    execution: Execution
+    calls: list[Call]
+
+
+@dataclass
+class StepOutcome:
+    """What `train` decided: the step's record and, per execution, advantage and staleness."""
+
+    record: StepRecord
+    advantages: dict[str, float]
+    staleness: dict[str, int]
+
+
+def resolve_model_dir(config: RunConfig) -> Path:
+    if config.model.path is not None:
+        return check_model_dir(config.model.path)
+    tiny = config.model.tiny
+    spec = TinyModelSpec(
+        vocab_size=tiny.vocab_size, hidden_size=tiny.hidden_size, num_hidden_layers=tiny.num_hidden_layers, seed=tiny.seed
+    )
+    return cached_tiny_model(config.cache_dir / "models", spec)
+
+
+def resolve_queries(config: RunConfig) -> list[Query]:
+    bench = config.benchmark
+    root = bench.path
+    if bench.kind == "tiny" and root is None:
+        root = generate_tiny(
+            config.cache_dir / "benchmarks" / f"tiny-s{bench.seed}-n{bench.num_queries}", bench.num_queries, bench.seed
+        )
+    if root is None:
+        raise ValueError(f"benchmark.path is required for benchmark kind {bench.kind!r}")
+    return load_benchmark("nl2repo", Path(root), bench.name or bench.kind)
+
+
+def preflight(config: RunConfig) -> None:
+    """Check the model directory and benchmark before anything starts (clear errors early)."""
+    load_tokenizer(resolve_model_dir(config))
+    if config.rollout.queries_per_step > len(resolve_queries(config)):
+        raise ValueError(f"rollout.queries_per_step={config.rollout.queries_per_step} exceeds the benchmark's queries")
+
+
+class Coordinator:
+    def __init__(self, config: RunConfig, run_dir: Path) -> None:
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_id = uuid.uuid4().hex[:12]
+        self.model_dir = resolve_model_dir(config)
+        self.queries = resolve_queries(config)
+        if config.rollout.queries_per_step > len(self.queries):
+            raise ValueError(
+                f"rollout.queries_per_step={config.rollout.queries_per_step} exceeds the "
+                f"{len(self.queries)} queries of the benchmark"
+            )
+        self.store = RunStore(self.run_dir / "gyre.duckdb")
+        dump_config(config, self.run_dir / "config.yaml")
+        self.store.append(
+            "runs",
+            [{"run_id": self.run_id, "name": config.name, "config_json": json.dumps(config.model_dump(mode="json")),
+              "started_at": utc_now()}],
+        )
+        self.policy_version = 0
+        tokenizer = load_tokenizer(self.model_dir)
+        self.rollout = TorchRolloutEngine(
+            self.model_dir, max_batch_size=config.rollout.max_batch_size, seed=config.seed
+        )
+        self.trainer = TorchTrainEngine(
+            self.model_dir,
+            lr=config.train.lr,
+            weight_decay=config.train.weight_decay,
+            grad_clip=config.train.grad_clip,
+            micro_batch_tokens=config.train.micro_batch_tokens,
+            temperature=config.rollout.temperature,
+            seed=config.seed,
+        )
+        self.algorithm = GSPO(config.algo.token_ratio_cap, config.algo.seq_clip_low, config.algo.seq_clip_high)
+        self.transport = FileSnapshotTransport(self.run_dir / "snapshots")
+        self.sessions = SessionRegistry()
+        self.router = EngineRouter([self.rollout])
+        app = create_app(
+            self.router,
+            self.sessions,
+            tokenizer,
+            model_name=self.model_dir.name,
+            stop_token_ids=stop_token_ids(tokenizer),
+            defaults=ProxyDefaults(
+                temperature=config.rollout.temperature, max_new_tokens=config.rollout.max_new_tokens
+            ),
+        )
+        self.server = ServerThread(app).start()
+        self.harness = BuiltinHarness(
+            max_turns=config.harness.max_turns,
+            command_timeout_s=config.harness.command_timeout_s,
+            max_tool_output_chars=config.harness.max_tool_output_chars,
+        )
+        self.limits = SandboxLimits(
+            cpu_s=config.sandbox.cpu_seconds,
+            max_file_bytes=config.sandbox.max_file_bytes,
+            address_space_bytes=config.sandbox.memory_bytes,
+        )
+        self._eval_slots = threading.Semaphore(2)
+
+    # -- stages of one step -----------------------------------------------------------
+
+    def sample_queries(self, step: int) -> list[Query]:
+        rng = random.Random(f"{self.config.seed}:{step}")
+        return rng.sample(self.queries, self.config.rollout.queries_per_step)
+
+    def run_execution(self, query: Query, step: int, group_index: int) -> ExecutionResult:
+        execution_id = f"s{step:04d}-{query.query_id}-g{group_index:02d}"
+        key = self.sessions.mint(execution_id)
+        version = self.policy_version
+        started = utc_now()
+        sandbox = LocalSandbox.create(
+            query,
+            self.run_dir / "workspaces" / execution_id,
+            env={"OPENAI_BASE_URL": self.server.base_url, "OPENAI_API_KEY": key},
+            limits=self.limits,
+        )
+        deadline = time.monotonic() + self.config.harness.harness_timeout_s
+        endpoint = ModelEndpoint(self.server.base_url, key, self.model_dir.name)
+        try:
+            outcome = self.harness.run(query, sandbox, endpoint, deadline)
+        except Exception as exc:  # deliberate: a harness crash is this execution's outcome, recorded
+            outcome = HarnessOutcome(ExecutionStatus.harness_error, 0, f"{type(exc).__name__}: {exc}")
+        finally:
+            sandbox.close()
+            session = self.sessions.close(execution_id)
+        execution = Execution(
+            execution_id=execution_id,
+            step=step,
+            query_id=query.query_id,
+            benchmark=query.benchmark,
+            group_index=group_index,
+            status=outcome.status,
+            workspace=sandbox.workspace,
+            policy_version_dispatched=version,
+            num_calls=len(session.calls),
+            num_tokens=sum(len(c.prompt_ids) + len(c.output_ids) for c in session.calls),
+            error=outcome.error,
+            started_at=started,
+            finished_at=utc_now(),
+        )
+        emit(ProgressEvent("execution_finished", step, {"execution_id": execution_id, "status": outcome.status.value}))
+        return ExecutionResult(query, execution, session.calls)
+
+    def evaluate(self, result: ExecutionResult) -> Score:
+        with self._eval_slots:
+            score = evaluate_nl2repo(
+                result.query,
+                result.execution.workspace,
+                self.run_dir / "evals" / result.execution.execution_id,
+                result.execution.execution_id,
+                timeout_s=self.config.evaluator.timeout_s,
+            )
+        emit(ProgressEvent("execution_scored", result.execution.step, {"score": score.score}))
+        return score
+
+    def train(self, step: int, results: list[ExecutionResult], scores: list[Score], started_at) -> StepOutcome:
+        """Advantages per group, trajectories, one optimizer step; returns the step's record."""
+        by_query: dict[str, dict[str, float | None]] = {}
+        for res, score in zip(results, scores):
+            by_query.setdefault(res.query.query_id, {})[res.execution.execution_id] = score.score
+        advantages: dict[str, float] = {}
+        for group in by_query.values():
+            advantages.update(group_advantages(group, normalize_std=self.config.algo.normalize_std))
+        trajectories = {r.execution.execution_id: build_trajectories(r.calls) for r in results}
+        sequences = to_train_sequences(trajectories, advantages)
+        valid = [s.score for s in scores if s.score is not None]
+        staleness = {r.execution.execution_id: self.policy_version - r.execution.policy_version_dispatched for r in results}
+        record = dict(
+            step=step,
+            reward_mean=sum(valid) / len(valid) if valid else None,
+            num_executions=len(results),
+            num_dropped=len(scores) - len(valid),
+            mean_staleness=sum(staleness.values()) / len(staleness),
+            started_at=started_at,
+        )
+        skipped = "no trainable tokens" if not sequences else None
+        if sequences:
+            try:
+                stats = self.trainer.train_step(sequences, self.algorithm.loss)
+            except NonFiniteError as exc:
+                skipped = str(exc)
+        if skipped:
+            skipped_record = StepRecord(
+                policy_version=self.policy_version, logprob_abs_diff=None, loss=None, grad_norm=None,
+                tokens_trained=0, skipped_reason=skipped, finished_at=utc_now(), **record,
+            )
+            return StepOutcome(skipped_record, {}, staleness)
+        return StepOutcome(StepRecord(
+            policy_version=self.policy_version + 1,
+            logprob_abs_diff=stats.logprob_abs_diff,
+            loss=stats.loss,
+            grad_norm=stats.grad_norm,
+            tokens_trained=stats.tokens_trained,
+            finished_at=utc_now(),
+            **record,
+        ), advantages, staleness)
+
+    def publish_weights(self, version: int) -> None:
+        self.transport.publish(self.trainer, self.router.engines(), version)
+        self.policy_version = version
+
+    def record_step(self, outcome: StepOutcome, results: list[ExecutionResult], scores: list[Score]) -> None:
+        """One batch per table: executions (with staleness and advantage), calls, the step."""
+        record = outcome.record
+        self.store.append_executions(
+            [
+                (r.execution, s, outcome.staleness[r.execution.execution_id],
+                 outcome.advantages.get(r.execution.execution_id))
+                for r, s in zip(results, scores)
+            ]
+        )
+        self.store.append_calls([c for r in results for c in r.calls])
+        self.store.append_steps([record])
+        emit(ProgressEvent("step_finished", record.step, record.model_dump(mode="json")))
+
+    def close(self) -> None:
+        self.server.stop()
+        self.rollout.close()
+        self.store.close()

@@ -1,0 +1,1 @@
+"""Rollout and train engines behind small interfaces; torch reference backends by default."""

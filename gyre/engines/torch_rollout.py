@@ -1,0 +1,174 @@
+"""The torch reference rollout engine: batched sampling with a KV cache on any HF causal LM.
+
+Harness executions call the proxy concurrently; each call blocks in `generate`. A worker
+thread collects whatever requests are waiting, runs them as one left-padded batch with a
+shared KV cache, and hands each caller its exact sampled token ids and behaviour
+log-probs (log-softmax of the temperature-scaled logits, the distribution the token was
+drawn from). Requests that arrive while a batch runs wait for the next batch (dynamic
+batching; continuous batching is a later refinement behind the same interface).
+
+Weights are swapped between batches under the same lock, so every output token carries
+the policy version that actually produced it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import queue
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+
+import torch
+
+from gyre.engines.base import ContextLengthError, GenerationRequest, GenerationResult
+from gyre.engines.hf import load_causal_lm
+
+
+class TorchRolloutEngine:
+    """Reference `RolloutEngine` for CPU boxes (and small GPU tests)."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        engine_id: str = "torch-0",
+        *,
+        max_batch_size: int = 32,
+        seed: int = 0,
+        policy_version: int = 0,
+        device: str = "cpu",
+    ) -> None:
+        self.engine_id = engine_id
+        self.max_batch_size = max_batch_size
+        self.device = torch.device(device)
+        self.model = load_causal_lm(model_dir).to(self.device)
+        self.max_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.pad_id = int(self.model.config.pad_token_id or 0)
+        # transformers renamed `past_key_values` to `cache` in 5.x; accept either.
+        self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._version = policy_version
+        self._lock = threading.Lock()  # held while a batch runs or weights swap
+        self._queue: queue.Queue[tuple[GenerationRequest, Future] | None] = queue.Queue()
+        self._worker = threading.Thread(target=self._serve, name=f"{engine_id}-worker", daemon=True)
+        self._worker.start()
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        if len(request.prompt_ids) >= self.max_context:
+            raise ContextLengthError(
+                f"prompt has {len(request.prompt_ids)} tokens; the model's context is {self.max_context}"
+            )
+        future: Future = Future()
+        self._queue.put((request, future))
+        return future.result()
+
+    def load_weights(self, snapshot: Path, version: int) -> None:
+        from safetensors.torch import load_model
+
+        with self._lock:
+            load_model(self.model, str(snapshot), strict=True, device=str(self.device))
+            self._version = version
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._worker.join(timeout=10)
+
+    # -- worker -------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < self.max_batch_size:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)
+                    break
+                batch.append(nxt)
+            try:
+                with self._lock:
+                    results = self._generate_batch([req for req, _ in batch])
+            except BaseException as exc:  # hand the failure to every waiting caller
+                for _, fut in batch:
+                    fut.set_exception(exc)
+                continue
+            for (_, fut), result in zip(batch, results):
+                fut.set_result(result)
+
+    @torch.no_grad()
+    def _generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        num_rows = len(requests)
+        lengths = [len(r.prompt_ids) for r in requests]
+        width = max(lengths)
+        input_ids_BL = torch.full((num_rows, width), self.pad_id, dtype=torch.long)
+        attention_BL = torch.zeros((num_rows, width), dtype=torch.long)
+        for row, req in enumerate(requests):
+            input_ids_BL[row, width - lengths[row] :] = torch.tensor(req.prompt_ids, dtype=torch.long)
+            attention_BL[row, width - lengths[row] :] = 1
+        budgets = [min(r.params.max_new_tokens, self.max_context - n) for r, n in zip(requests, lengths)]
+        temps_B1 = torch.tensor([[max(r.params.temperature, 0.0)] for r in requests], dtype=torch.float32)
+        greedy_B = temps_B1[:, 0] == 0.0
+        stops = [set(r.params.stop_token_ids) for r in requests]
+
+        outputs: list[list[int]] = [[] for _ in requests]
+        logprobs: list[list[float]] = [[] for _ in requests]
+        finish = ["length"] * num_rows
+        done = [b <= 0 for b in budgets]
+
+        input_ids_BL = input_ids_BL.to(self.device)
+        attention_BL = attention_BL.to(self.device)
+        position_BL = (attention_BL.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=input_ids_BL, attention_mask=attention_BL, position_ids=position_BL, use_cache=True
+        )
+        past = out[self._cache_arg]
+        next_pos_B = position_BL[:, -1] + 1
+        logits_BV = out.logits[:, -1, :].float()
+        while not all(done):
+            scaled_BV = logits_BV / torch.where(greedy_B, 1.0, temps_B1[:, 0]).unsqueeze(-1)
+            logp_BV = torch.log_softmax(scaled_BV, dim=-1)
+            sampled_B = torch.multinomial(logp_BV.exp(), 1, generator=self._generator).squeeze(-1)
+            tokens_B = torch.where(greedy_B, logp_BV.argmax(-1), sampled_B)
+            token_logp_B = logp_BV.gather(-1, tokens_B.unsqueeze(-1)).squeeze(-1)
+            for row in range(num_rows):
+                if done[row]:
+                    continue
+                tok = int(tokens_B[row])
+                outputs[row].append(tok)
+                logprobs[row].append(float(token_logp_B[row]))
+                if tok in stops[row]:
+                    done[row], finish[row] = True, "stop"
+                elif len(outputs[row]) >= budgets[row]:
+                    done[row] = True
+            if all(done):
+                break
+            attention_BL = torch.cat([attention_BL, torch.ones_like(attention_BL[:, :1])], dim=1)
+            out = self.model(
+                input_ids=tokens_B.unsqueeze(-1),
+                attention_mask=attention_BL,
+                position_ids=next_pos_B.unsqueeze(-1),
+                use_cache=True,
+                **{self._cache_arg: past},
+            )
+            past = out[self._cache_arg]
+            next_pos_B = next_pos_B + 1
+            logits_BV = out.logits[:, -1, :].float()
+        return [
+            GenerationResult(
+                output_ids=outputs[row],
+                logprobs=logprobs[row],
+                finish_reason=finish[row],
+                policy_version=self._version,
+                engine_id=self.engine_id,
+            )
+            for row in range(num_rows)
+        ]

@@ -1,0 +1,1 @@
+"""Evaluators: score a kept workspace against pristine hidden tests; failures are never zeros."""

@@ -1,0 +1,152 @@
+"""Take pytest's configuration out of the agent's hands before hidden tests run.
+
+An agent rewarded for passing tests will, sooner or later, find that pytest reads
+configuration and code from the repository it wrote: a `conftest.py` hook can turn every
+failure into a pass, an ini file's `addopts = -p myplugin` loads a module that rewrites
+reports, a top-level `pytest.py` shadows pytest itself under `python -m pytest`. This
+module removes those from the evaluation copy of a workspace (never the kept workspace)
+before the pristine hidden tests are copied in, then pins pytest's rootdir with a
+configuration file of our own:
+
+- removed anywhere (files or symlinks): `conftest.py`, `pytest.ini`, `.pytest.ini`, `pytest.toml`,
+  `.pytest.toml`, `tox.ini`, `sitecustomize.py`, `usercustomize.py`;
+- stripped anywhere: `[tool.pytest*]` tables of `pyproject.toml` and `[tool:pytest]` /
+  `[pytest]` sections of `setup.cfg`; a file still carrying pytest settings, or one
+  pytest could not parse, is removed;
+- removed at the top level: modules (.py, .pyc, .so) or packages named `pytest`,
+  `_pytest`, `pluggy`.
+
+Hidden test files are copied in afterwards, so a `conftest.py` that belongs to the
+benchmark survives. What this cannot stop: code under test runs inside the pytest
+process, so a solution that deliberately patches pytest at import time can still forge
+results. Catching that needs out-of-process reporting, a later issue.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+from gyre.sandboxes.paths import clear_path
+
+PLANTED_FILE_NAMES = frozenset(
+    {
+        "conftest.py",
+        "pytest.ini",
+        ".pytest.ini",
+        "pytest.toml",
+        ".pytest.toml",
+        "tox.ini",
+        "sitecustomize.py",
+        "usercustomize.py",
+    }
+)
+ROOT_CONFIG_NAMES = frozenset(
+    {"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "pyproject.toml", "setup.cfg"}
+)
+SHADOWING_NAMES = frozenset({"pytest", "_pytest", "pluggy"})
+GYRE_PYTEST_INI = """\
+# Written by gyre's evaluator: pins pytest's rootdir to this repository, so configuration
+# planted by the agent or lying above the repository is never read, and asks for JUnit
+# reports that name each test case's file.
+[pytest]
+junit_family = xunit1
+"""
+
+_TOML_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+_CFG_HEADER = re.compile(r"^\s*\[([^\]]+)\]\s*([#;].*)?$")
+
+
+def neutralise_pytest_config(repo: Path) -> list[str]:
+    """Clean `repo` in place as the module docstring says; returns what was done, one line each."""
+    actions: list[str] = []
+    for entry in sorted(repo.iterdir()):
+        importable = entry.is_dir() or entry.suffix in (".py", ".pyc", ".so")
+        if importable and entry.name.split(".")[0] in SHADOWING_NAMES:
+            clear_path(repo, entry.name)
+            actions.append(f"removed {entry.name} (shadows pytest)")
+    for path in _files(repo):
+        rel = path.relative_to(repo).as_posix()
+        if path.name in PLANTED_FILE_NAMES:
+            path.unlink()
+            actions.append(f"removed {rel}")
+        elif path.is_symlink() and path.name in ("pyproject.toml", "setup.cfg"):
+            path.unlink()  # rewriting it would write through the link
+            actions.append(f"removed {rel} (a symlink)")
+        elif path.name == "pyproject.toml":
+            actions += _strip_sections(path, rel, _TOML_HEADER, _is_pytest_table)
+            if not _toml_clean(path):
+                path.unlink()
+                actions.append(f"removed {rel} (still configures pytest or is not valid TOML)")
+        elif path.name == "setup.cfg":
+            actions += _strip_sections(path, rel, _CFG_HEADER, _is_pytest_section)
+            if not _cfg_parses(path):
+                path.unlink()
+                actions.append(f"removed {rel} (not a valid setup.cfg)")
+    return actions
+
+
+def pin_rootdir(repo: Path, hidden_test_files: list[str]) -> bool:
+    """Write gyre's pytest.ini at the repo root unless the hidden tests bring a root config; True if written."""
+    if any(rel in ROOT_CONFIG_NAMES for rel in hidden_test_files):
+        return False
+    clear_path(repo, "pytest.ini").write_text(GYRE_PYTEST_INI, encoding="utf-8")
+    return True
+
+
+def _is_pytest_table(name: str) -> bool:
+    """A pyproject.toml table header such as `tool.pytest.ini_options` (quotes and spaces ignored)."""
+    return name.replace('"', "").replace("'", "").replace(" ", "").startswith("tool.pytest")
+
+
+def _is_pytest_section(name: str) -> bool:
+    return name.strip() in ("tool:pytest", "pytest")
+
+
+def _files(repo: Path) -> list[Path]:
+    """Files and symlinks (to anything) under `repo`, sorted; symlinked directories are not entered."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(repo):
+        found += [Path(dirpath, name) for name in filenames]
+        found += [Path(dirpath, name) for name in dirnames if Path(dirpath, name).is_symlink()]
+    return sorted(found)
+
+
+def _strip_sections(path: Path, rel: str, header: re.Pattern[str], drop: Callable[[str], bool]) -> list[str]:
+    """Remove every section whose header name satisfies `drop`, up to the next header."""
+    kept: list[str] = []
+    dropped: list[str] = []
+    skipping = False
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
+        match = header.match(line)
+        if match:
+            skipping = drop(match.group(1))
+            if skipping:
+                dropped.append(match.group(1))
+        if not skipping:
+            kept.append(line)
+    if not dropped:
+        return []
+    path.write_text("".join(kept), encoding="utf-8")
+    return [f"stripped [{name}] from {rel}" for name in dropped]
+
+
+def _toml_clean(path: Path) -> bool:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return False
+    tool = data.get("tool")
+    return not (isinstance(tool, dict) and "pytest" in tool)
+
+
+def _cfg_parses(path: Path) -> bool:
+    try:
+        configparser.ConfigParser(interpolation=None).read_string(path.read_text(encoding="utf-8"))
+    except (configparser.Error, UnicodeDecodeError):
+        return False
+    return True

@@ -1,0 +1,57 @@
+"""The RL run as a Prefect flow; it reads like the algorithm.
+
+For each step: sample queries; dispatch a group of executions per query (each a task run,
+concurrent, all talking to the proxy); evaluate each kept workspace as soon as its
+execution ends; build trajectories and take one optimizer step; publish the new weights
+to the rollout engine; record everything in DuckDB. This is the Colocate schedule (the
+whole box flips between rollout and training); the elastic scheduler drives the same
+tasks in the scheduler issue.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from prefect import flow
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from gyre.config import load_config
+from gyre.coordinator import Coordinator
+from gyre.progress import ProgressEvent, emit
+from gyre.records import StepRecord, utc_now
+from gyre.tasks.step import evaluate, execute, publish_weights, record, train
+
+MAX_CONCURRENT_TASKS = 256
+
+
+def rl_step(coord: Coordinator, step: int) -> StepRecord:
+    started_at = utc_now()
+    queries = coord.sample_queries(step)
+    group_size = coord.config.rollout.group_size
+    emit(ProgressEvent("step_started", step, {"executions": len(queries) * group_size}))
+    executions = [execute.submit(coord, q, step, g) for q in queries for g in range(group_size)]
+    evaluations = [evaluate.submit(coord, e) for e in executions]
+    results = [e.result() for e in executions]
+    scores = [e.result() for e in evaluations]
+    outcome = train(coord, step, results, scores, started_at)
+    if outcome.record.skipped_reason is None:
+        publish_weights(coord, outcome.record.policy_version)
+    record(coord, outcome, results, scores)
+    return outcome.record
+
+
+@flow(name="rl-run", task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENT_TASKS))
+def rl_run(config_path: str, run_dir: str | None = None, steps: int | None = None) -> list[StepRecord]:
+    """Run `steps` RL steps (default: the config's) into `run_dir` (default: runs/<name>-<time>)."""
+    config = load_config(config_path)
+    run_dir = run_dir or str(Path("runs") / f"{config.name}-{datetime.now():%Y%m%d-%H%M%S}")
+    coord = Coordinator(config, Path(run_dir))
+    try:
+        total = steps or config.steps
+        emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir}))
+        records = [rl_step(coord, step) for step in range(total)]
+        emit(ProgressEvent("run_finished", None, {"steps": total}))
+        return records
+    finally:
+        coord.close()

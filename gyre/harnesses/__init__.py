@@ -1,0 +1,1 @@
+"""Harnesses: agents that drive the model through the proxy (builtin; Claude Code and others later)."""

@@ -1,0 +1,1 @@
+"""The model-call proxy: OpenAI-compatible HTTP in front of rollout engines, recording TITO."""

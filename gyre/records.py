@@ -1,0 +1,150 @@
+"""Records that cross a boundary: between processes, over HTTP, into DuckDB, or from disk.
+
+Every fact gyre learns about a run is one of these pydantic models, so each boundary
+validates what it receives and names the field that is wrong. Inside a module, plain
+dataclasses and tensors are used instead; these records are the contract between modules.
+
+Glossary (see docs/architecture.md): a *query* is one benchmark item; an *execution* is
+one harness run of one query in one sandbox; a *call* is one model request/response
+recorded token-in/token-out; a *score* is the evaluator's verdict on an execution's kept
+workspace.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Record(BaseModel):
+    """Base: unknown fields are an error, so a typo never silently drops data."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Query(Record):
+    """One benchmark item: what the agent is asked, what it starts from, how it is scored."""
+
+    query_id: str
+    benchmark: str
+    instruction: str = Field(description="The task text the harness gives the agent (start.md).")
+    root: Path = Field(description="The query's directory on disk, in its benchmark's native layout.")
+    start_dir: Path | None = Field(
+        default=None, description="Files copied into a fresh workspace before the agent starts."
+    )
+    hidden_tests_dir: Path = Field(description="Pristine hidden tests; never visible to the agent.")
+    test_files: list[str] = Field(description="Paths (relative to the workspace) of the hidden tests.")
+    test_commands: list[str] = Field(description="Shell commands that run the hidden tests.")
+    test_case_count: int = Field(gt=0, description="Denominator of the partial-credit score.")
+
+
+class ExecutionStatus(str, Enum):
+    """How the harness run ended (not how it scored)."""
+
+    completed = "completed"
+    harness_timeout = "harness_timeout"
+    overall_timeout = "overall_timeout"
+    harness_error = "harness_error"
+
+
+class EvalStatus(str, Enum):
+    """Whether the evaluator produced a valid score.
+
+    `error` means the evaluator itself failed (crash, infra error): such an execution is
+    dropped from its group and never counted as a zero.
+    """
+
+    ok = "ok"
+    error = "error"
+
+
+class Score(Record):
+    execution_id: str
+    status: EvalStatus
+    score: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="Partial credit in [0, 1]; None iff status is error."
+    )
+    tests_passed: int = 0
+    tests_total: int = 0
+    detail: str = ""
+
+    @model_validator(mode="after")
+    def _score_iff_ok(self) -> "Score":
+        if (self.status is EvalStatus.ok) != (self.score is not None):
+            raise ValueError("score must be set exactly when status is 'ok'")
+        return self
+
+
+class Call(Record):
+    """One model call, recorded token-in/token-out (TITO) by the proxy.
+
+    `prompt_ids` are exactly what the engine consumed and `output_ids` exactly what it
+    sampled; `logprobs[i]` is the behaviour log-probability of `output_ids[i]`.
+    """
+
+    call_id: str
+    execution_id: str
+    agent_id: str | None = None
+    kind: str = Field(default="chat", description="The API endpoint family: chat (OpenAI) or messages.")
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float]
+    policy_version: int = Field(ge=0, description="Policy version that sampled the output tokens.")
+    engine_id: str
+    finish_reason: str = Field(description="stop (end of turn), length (max tokens) or abort.")
+    started_at: datetime = Field(default_factory=utc_now)
+    finished_at: datetime = Field(default_factory=utc_now)
+
+    @model_validator(mode="after")
+    def _lengths_match(self) -> "Call":
+        if len(self.output_ids) != len(self.logprobs):
+            raise ValueError(
+                f"call {self.call_id}: {len(self.output_ids)} output ids but {len(self.logprobs)} logprobs"
+            )
+        return self
+
+
+class Execution(Record):
+    """One harness run of one query in one sandbox, with what it produced."""
+
+    execution_id: str
+    step: int = Field(ge=0, description="The step whose batch this execution was dispatched for.")
+    query_id: str
+    benchmark: str
+    group_index: int = Field(ge=0, description="Position of this execution inside its query's group.")
+    status: ExecutionStatus
+    workspace: Path = Field(description="The kept workspace; evaluation can be rerun from it.")
+    policy_version_dispatched: int = Field(ge=0)
+    num_calls: int = 0
+    num_tokens: int = 0
+    error: str | None = None
+    started_at: datetime = Field(default_factory=utc_now)
+    finished_at: datetime = Field(default_factory=utc_now)
+
+
+class StepRecord(Record):
+    """What one optimizer step consumed and did."""
+
+    step: int = Field(ge=0)
+    policy_version: int = Field(ge=0, description="Policy version produced by this step.")
+    reward_mean: float | None
+    num_executions: int
+    num_dropped: int = Field(description="Executions dropped because their evaluation failed.")
+    mean_staleness: float
+    logprob_abs_diff: float | None = Field(
+        description="Mean |trainer log-prob - behaviour log-prob| over trained tokens, before the update."
+    )
+    loss: float | None
+    grad_norm: float | None
+    tokens_trained: int
+    eval_pass_rate: float | None = None
+    skipped_reason: str | None = None
+    started_at: datetime
+    finished_at: datetime

@@ -1,0 +1,1 @@
+"""Sandboxes: where an execution acts (a workspace, limits, commands); local backend by default."""

@@ -1,0 +1,1 @@
+"""DuckDB persistence for a run: one writer, batched appends."""

@@ -1,0 +1,37 @@
+"""The tasks of one RL step: execute, evaluate, train, publish weights, record."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
+from gyre.records import Query, Score
+
+
+@task(name="execute", task_run_name="execute-{query.query_id}-g{group_index}", cache_policy=NONE)
+def execute(coord: Coordinator, query: Query, step: int, group_index: int) -> ExecutionResult:
+    return coord.run_execution(query, step, group_index)
+
+
+@task(name="evaluate", task_run_name="evaluate-{result.execution.execution_id}", cache_policy=NONE)
+def evaluate(coord: Coordinator, result: ExecutionResult) -> Score:
+    return coord.evaluate(result)
+
+
+@task(name="train", task_run_name="train-step-{step}", cache_policy=NONE)
+def train(coord: Coordinator, step: int, results: list[ExecutionResult], scores: list[Score],
+          started_at: datetime) -> StepOutcome:
+    return coord.train(step, results, scores, started_at)
+
+
+@task(name="publish-weights", task_run_name="publish-weights-v{version}", cache_policy=NONE)
+def publish_weights(coord: Coordinator, version: int) -> None:
+    coord.publish_weights(version)
+
+
+@task(name="record", task_run_name="record-step-{outcome.record.step}", cache_policy=NONE)
+def record(coord: Coordinator, outcome: StepOutcome, results: list[ExecutionResult], scores: list[Score]) -> None:
+    coord.record_step(outcome, results, scores)

@@ -1,0 +1,1 @@
+"""Recorded calls to trainable, weighted sequences (pure: no Prefect, no I/O)."""

@@ -1,0 +1,23 @@
+"""Shared fixtures: the bundled tiny model, built once per test session."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+import pytest
+
+from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return cached_tiny_model(tmp_path_factory.mktemp("models"), TinyModelSpec())
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from gyre.engines.hf import load_tokenizer
+
+    return load_tokenizer(tiny_model_dir)

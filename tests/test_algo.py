@@ -1,0 +1,86 @@
+"""GSPO and group advantages against values computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gyre.algo.advantages import group_advantages
+from gyre.algo.gspo import GSPO
+
+
+def _loss(logp, behaviour, adv, weights=None, mask=None, algo=GSPO()):
+    logp_BT = torch.tensor([logp], dtype=torch.float64, requires_grad=True)
+    behaviour_BT = torch.tensor([behaviour], dtype=torch.float64)
+    mask_BT = torch.tensor([mask or [True] * len(logp)])
+    weight_BT = torch.tensor([weights or [1.0 / len(logp)] * len(logp)], dtype=torch.float64)
+    loss, stats = algo.loss(logp_BT, behaviour_BT, mask_BT, weight_BT, torch.tensor([adv], dtype=torch.float64))
+    loss.backward()
+    return loss.item(), logp_BT.grad[0].tolist(), stats
+
+
+def test_on_policy_reduces_to_policy_gradient():
+    loss, grad, stats = _loss([-1.0, -2.0], [-1.0, -2.0], adv=2.0, weights=[0.25, 0.75])
+    assert loss == pytest.approx(-2.0)
+    assert grad == pytest.approx([-0.5, -1.5])
+    assert stats["seq_ratio_mean"] == pytest.approx(1.0)
+
+
+def test_sequence_ratio_is_exp_mean_token_log_ratio():
+    # log r = [0, log 0.5] -> s = exp(log(0.5) / 2) = sqrt(0.5); A = 1 takes the unclipped branch.
+    s = math.sqrt(0.5)
+    loss, grad, stats = _loss([math.log(0.5), math.log(0.25)], [math.log(0.5), math.log(0.5)], adv=1.0)
+    assert loss == pytest.approx(-s)
+    assert grad == pytest.approx([-0.5 * s, -0.5 * s])
+    assert stats["seq_ratio_mean"] == pytest.approx(s)
+    assert stats["seq_clip_frac"] == 1.0
+
+
+def test_clipped_branch_passes_no_gradient():
+    # A = -1 with s = sqrt(0.5) < 0.995: min(-s, -0.995) = -0.995 is the clipped term.
+    loss, grad, _ = _loss([math.log(0.5), math.log(0.25)], [math.log(0.5), math.log(0.5)], adv=-1.0)
+    assert loss == pytest.approx(0.995)
+    assert grad == pytest.approx([0.0, 0.0])
+
+
+def test_token_ratio_is_capped_at_five():
+    # one token with ratio 10 (capped to 5) and one with ratio 1: s = exp((log 5 + 0) / 2) = sqrt(5)
+    loss, grad, stats = _loss([math.log(0.5), -1.0], [math.log(0.05), -1.0], adv=-1.0,
+                              algo=GSPO(seq_clip_low=0.1, seq_clip_high=10.0))
+    assert loss == pytest.approx(math.sqrt(5))
+    assert grad[0] == 0.0  # the capped token passes no gradient
+    assert grad[1] == pytest.approx(0.5 * math.sqrt(5))
+    assert stats["token_cap_frac"] == pytest.approx(0.5)
+
+
+def test_untrainable_tokens_do_not_count():
+    loss, grad, _ = _loss([-1.0, -5.0], [-1.0, -1.0], adv=1.0, mask=[True, False], weights=[1.0, 1.0])
+    assert loss == pytest.approx(-1.0)
+    assert grad == pytest.approx([-1.0, 0.0])
+
+
+def test_bad_hyperparameters_are_refused():
+    with pytest.raises(ValueError):
+        GSPO(token_ratio_cap=0.5)
+    with pytest.raises(ValueError):
+        GSPO(seq_clip_low=1.01)
+
+
+def test_group_advantages_by_hand():
+    adv = group_advantages({"a": 1.0, "b": 0.0, "c": 0.5, "d": None})
+    # mean 0.5, population std sqrt(1/6)
+    std = math.sqrt(((0.5) ** 2 * 2) / 3)
+    assert adv["a"] == pytest.approx(0.5 / (std + 1e-6))
+    assert adv["b"] == pytest.approx(-0.5 / (std + 1e-6))
+    assert adv["c"] == 0.0
+    assert "d" not in adv  # a failed evaluation is dropped, never a zero
+
+
+def test_zero_variance_and_singleton_groups_give_no_gradient():
+    assert group_advantages({"a": 0.3, "b": 0.3}) == {"a": 0.0, "b": 0.0}
+    assert group_advantages({"a": 1.0, "b": None}) == {"a": 0.0}
+    assert group_advantages({"a": 1.0, "b": 0.0}, normalize_std=False) == {"a": 0.5, "b": -0.5}
+    with pytest.raises(ValueError, match="not finite"):
+        group_advantages({"a": float("nan"), "b": 1.0})

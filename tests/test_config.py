@@ -1,0 +1,51 @@
+"""Run configuration: the shipped YAML loads; bad input names the file and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gyre.config import ConfigError, RunConfig, Section, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_configs_load():
+    for path in (ROOT / "configs").glob("*.yaml"):
+        assert isinstance(load_config(path), RunConfig)
+
+
+def test_every_field_is_documented():
+    def walk(model):
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no docstring"
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, Section):
+                walk(ann)
+
+    walk(RunConfig)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("rollout:\n  group_size: many\n", "field 'rollout.group_size'"),
+        ("rollout:\n  gruop_size: 4\n", "field 'rollout.gruop_size'"),
+        ("bogus: 1\n", "field 'bogus'"),
+        ("algo:\n  name: ppo\n", "field 'algo.name'"),
+        ("- a\n- b\n", "top level must be a mapping"),
+        ("a: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_config_names_file_and_field(tmp_path, text, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value) and needle in str(info.value)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")

@@ -1,0 +1,166 @@
+"""The torch reference engines: exact behaviour log-probs, batching, weight swaps, training."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from gyre.algo.gspo import GSPO
+from gyre.engines.base import ContextLengthError, GenerationRequest, SamplingParams, TrainSequence
+from gyre.engines.hf import ModelDirError, check_model_dir, load_causal_lm, stop_token_ids
+from gyre.engines.tiny_model import TinyModelSpec, build_tiny_model
+from gyre.engines.torch_rollout import TorchRolloutEngine
+from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine, micro_batches, token_logprobs
+
+
+def _prompt(tokenizer, text: str) -> list[int]:
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
+    return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+def test_tiny_model_is_deterministic_and_loads_as_hf_dir(tmp_path, tiny_model_dir):
+    again = build_tiny_model(tmp_path / "again", TinyModelSpec())
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (again / name).read_bytes() == (tiny_model_dir / name).read_bytes(), name
+    model = load_causal_lm(again)
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+
+
+def test_chat_template_renders_tool_calls(tiny_tokenizer):
+    text = tiny_tokenizer.apply_chat_template(
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "run_shell", "arguments": {"command": "ls"}}}]},
+            {"role": "tool", "content": "a.py"},
+        ],
+        tools=[{"type": "function", "function": {"name": "run_shell", "parameters": {}}}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert '<tool_call>\n{"name": "run_shell", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>' in text
+    assert "<tool_response>\na.py\n</tool_response>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_model_dir_errors_name_what_is_missing(tmp_path, tiny_model_dir):
+    with pytest.raises(ModelDirError, match="does not exist"):
+        check_model_dir(tmp_path / "nope")
+    broken = tmp_path / "noweights"
+    broken.mkdir()
+    (broken / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    with pytest.raises(ModelDirError, match="no weights"):
+        check_model_dir(broken)
+    (broken / "model.safetensors").write_bytes((tiny_model_dir / "model.safetensors").read_bytes())
+    with pytest.raises(ModelDirError, match="no tokenizer"):
+        check_model_dir(broken)
+    (broken / "tokenizer.json").write_text((tiny_model_dir / "tokenizer.json").read_text())
+    (broken / "config.json").write_text('{"architectures": ["BertForMaskedLM"], "model_type": "bert"}')
+    with pytest.raises(ModelDirError, match="not a causal LM"):
+        check_model_dir(broken)
+
+
+def test_behaviour_logprobs_match_a_full_forward(tiny_model_dir, tiny_tokenizer):
+    """Batched, left-padded, KV-cached sampling reports exactly what a plain forward gives."""
+    engine = TorchRolloutEngine(tiny_model_dir, seed=1)
+    stops = stop_token_ids(tiny_tokenizer)
+    prompts = [_prompt(tiny_tokenizer, t) for t in ("a", "write calc.py please", "x" * 40)]
+    results = [None] * len(prompts)
+
+    def call(i):
+        results[i] = engine.generate(GenerationRequest(prompts[i], SamplingParams(0.8, 24, stops)))
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    engine.close()
+    model = load_causal_lm(tiny_model_dir)
+    for prompt, res in zip(prompts, results):
+        assert 0 < len(res.output_ids) <= 24 and len(res.logprobs) == len(res.output_ids)
+        ids = torch.tensor([prompt + res.output_ids])
+        with torch.no_grad():
+            logp = token_logprobs(model, ids, torch.ones_like(ids), temperature=0.8)[0, len(prompt):]
+        assert torch.allclose(logp, torch.tensor(res.logprobs), atol=1e-4), (logp, res.logprobs)
+        assert res.finish_reason == ("stop" if res.output_ids[-1] in stops else "length")
+
+
+def test_greedy_is_deterministic_and_context_is_checked(tiny_model_dir, tiny_tokenizer):
+    engine = TorchRolloutEngine(tiny_model_dir)
+    prompt = _prompt(tiny_tokenizer, "hello")
+    a = engine.generate(GenerationRequest(prompt, SamplingParams(0.0, 16)))
+    b = engine.generate(GenerationRequest(prompt, SamplingParams(0.0, 16)))
+    assert a.output_ids == b.output_ids
+    with pytest.raises(ContextLengthError):
+        engine.generate(GenerationRequest([1] * engine.max_context, SamplingParams(1.0, 4)))
+    engine.close()
+
+
+def _sampled_sequences(engine, tokenizer, advantages):
+    seqs = []
+    for i, adv in enumerate(advantages):
+        prompt = _prompt(tokenizer, f"task {i}")
+        res = engine.generate(GenerationRequest(prompt, SamplingParams(1.0, 16)))
+        n = len(res.output_ids)
+        seqs.append(TrainSequence(
+            tokens=prompt + res.output_ids,
+            trainable=[False] * len(prompt) + [True] * n,
+            behaviour_logprobs=[0.0] * len(prompt) + res.logprobs,
+            weights=[0.0] * len(prompt) + [1.0 / n / len(advantages)] * n,
+            advantage=adv,
+        ))
+    return seqs
+
+
+def test_train_step_updates_weights_and_reports_tito_gap(tiny_model_dir, tiny_tokenizer, tmp_path):
+    rollout = TorchRolloutEngine(tiny_model_dir, seed=3)
+    trainer = TorchTrainEngine(tiny_model_dir, lr=1e-2, micro_batch_tokens=64)
+    seqs = _sampled_sequences(rollout, tiny_tokenizer, [1.0, -1.0, 0.5])
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    stats = trainer.train_step(seqs, GSPO().loss)
+    assert stats.logprob_abs_diff < 1e-4
+    assert stats.tokens_trained == sum(sum(s.trainable) for s in seqs)
+    assert stats.grad_norm > 0
+    changed = [k for k, v in trainer.model.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed
+    # the new weights reach the rollout engine with a bumped version
+    snap = trainer.save_snapshot(tmp_path / "snap" / "v1.safetensors")
+    rollout.load_weights(snap, 1)
+    assert rollout.policy_version == 1
+    for name, tensor in trainer.model.state_dict().items():
+        assert torch.equal(rollout.model.state_dict()[name], tensor), name
+    res = rollout.generate(GenerationRequest(_prompt(tiny_tokenizer, "x"), SamplingParams(1.0, 4)))
+    assert res.policy_version == 1
+    rollout.close()
+
+
+def test_zero_advantage_gives_zero_loss_and_nan_is_refused(tiny_model_dir, tiny_tokenizer):
+    rollout = TorchRolloutEngine(tiny_model_dir)
+    trainer = TorchTrainEngine(tiny_model_dir, lr=1e-2)
+    seqs = _sampled_sequences(rollout, tiny_tokenizer, [0.0, 0.0])
+    rollout.close()
+    stats = trainer.train_step(seqs, GSPO().loss)
+    assert stats.loss == 0.0 and stats.grad_norm == 0.0
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+    def nan_loss(logp, *_):
+        return logp.sum() * float("nan"), {}
+
+    with pytest.raises(NonFiniteError):
+        trainer.train_step(seqs, nan_loss)
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+def test_micro_batches_respect_the_token_budget():
+    seqs = [TrainSequence([1] * n, [True] * n, [0.0] * n, [0.0] * n, 0.0) for n in (10, 30, 5, 40, 40)]
+    batches = micro_batches(seqs, 80)
+    assert [len(b) for b in batches] == [2, 2, 1]  # [10,30] [5,40] [40]
+    assert all(max(len(s.tokens) for s in b) * len(b) <= 80 for b in batches)
+    assert micro_batches([TrainSequence([1] * 100, [True] * 100, [0.0] * 100, [0.0] * 100, 0.0)], 10)[0]

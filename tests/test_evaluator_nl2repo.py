@@ -1,0 +1,216 @@
+"""The NL2RepoBench evaluator: real workspaces, real pytest runs, real JUnit reports."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gyre.benchmarks import generate_tiny, load_nl2repo
+from gyre.evaluators.nl2repo import evaluate
+from gyre.records import EvalStatus, Query
+from gyre.sandboxes.local import LocalSandbox
+
+CALC_TESTS = """\
+from calc import add
+
+
+def test_zero():
+    assert add(0, 0) == 0
+
+
+def test_opposites():
+    assert add(-1, 1) == 0
+
+
+def test_small():
+    assert add(1, 2) == 3
+
+
+def test_larger():
+    assert add(20, 22) == 42
+"""
+
+FORCE_PASS_CONFTEST = """\
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.outcome = "passed"
+    report.longrepr = None
+"""
+
+
+def _calc_query(tmp_path: Path, tests: str = CALC_TESTS, count: int = 4, commands: list[str] | None = None) -> Query:
+    """A hand-written NL2RepoBench project: `calc.py` with `add(a, b)`, loaded by the real loader."""
+    project = tmp_path / "bench" / "calc"
+    (project / "hidden_tests" / "tests").mkdir(parents=True)
+    (project / "hidden_tests" / "tests" / "test_calc.py").write_text(tests)
+    (project / "start.md").write_text("Create `calc.py` with `add(a, b)` returning a + b.\n")
+    (project / "test_case_count.txt").write_text(f"{count}\n")
+    (project / "test_commands.json").write_text(json.dumps(commands or ["python -m pytest -q tests"]))
+    (project / "test_files.json").write_text(json.dumps(["tests/test_calc.py"]))
+    (query,) = load_nl2repo(project.parent)
+    return query
+
+
+def _tiny_query(tmp_path: Path) -> tuple[Query, str, str]:
+    """A generated tiny query, its module file name and its reference solution."""
+    (query,) = load_nl2repo(generate_tiny(tmp_path / "tiny", num_queries=1, seed=11), "tiny")
+    (reference,) = (query.root / "reference").iterdir()
+    return query, reference.name, reference.read_text()
+
+
+def _workspace(tmp_path: Path, query: Query, files: dict[str, str]) -> Path:
+    """What an agent would leave behind: a LocalSandbox workspace with `files` written into it."""
+    sandbox = LocalSandbox.create(query, tmp_path / "ws")
+    for rel, content in files.items():
+        sandbox.write_file(rel, content)
+    sandbox.close()
+    return sandbox.workspace
+
+
+def test_full_marks_for_the_reference_solution(tmp_path):
+    query, module_file, solution = _tiny_query(tmp_path)
+    workspace = _workspace(tmp_path, query, {module_file: solution})
+    score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
+    assert score.status is EvalStatus.ok
+    assert (score.score, score.tests_passed, score.tests_total) == (1.0, query.test_case_count, query.test_case_count)
+    assert score.execution_id == "exec-1"
+    assert (tmp_path / "eval" / "reports" / "junit_0.xml").is_file()  # kept for inspection
+    assert json.loads((tmp_path / "eval" / "score.json").read_text())["score"] == 1.0
+    assert sorted(p.name for p in workspace.iterdir()) == [module_file]  # the workspace is untouched
+
+
+def test_partial_credit(tmp_path):
+    query = _calc_query(tmp_path)
+    workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return 0\n"})
+    score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
+    assert (score.status, score.score, score.tests_passed, score.tests_total) == (EvalStatus.ok, 0.5, 2, 4)
+
+
+def test_score_is_capped_at_one(tmp_path):
+    query = _calc_query(tmp_path, count=3)
+    workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return a + b\n"})
+    score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
+    assert (score.score, score.tests_passed, score.tests_total) == (1.0, 4, 3)
+
+
+def test_syntax_error_scores_zero_not_error(tmp_path):
+    query, module_file, _ = _tiny_query(tmp_path)
+    workspace = _workspace(tmp_path, query, {module_file: "def broken(:\n"})
+    score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
+    assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 0.0, 0)
+
+
+def test_agent_written_tests_earn_nothing(tmp_path):
+    query = _calc_query(tmp_path)
+    fake = "".join(f"def test_fake_{i}():\n    pass\n\n\n" for i in range(10))
+    workspace = _workspace(
+        tmp_path,
+        query,
+        {"calc.py": "def add(a, b):\n    return 1\n", "tests/test_calc.py": fake, "tests/test_extra.py": fake},
+    )
+    score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
+    assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 0.0, 0)
+    assert "ignored 10 passing test cases" in score.detail
+    assert (tmp_path / "eval" / "repo" / "tests" / "test_calc.py").read_text() == CALC_TESTS
+    assert (workspace / "tests" / "test_calc.py").read_text() == fake  # the kept workspace is not modified
+
+
+def test_planted_pytest_config_is_neutralised(tmp_path):
+    query = _calc_query(tmp_path)
+    workspace = _workspace(
+        tmp_path,
+        query,
+        {
+            "calc.py": "def add(a, b):\n    return 1\n",
+            "conftest.py": FORCE_PASS_CONFTEST,
+            "evil.py": FORCE_PASS_CONFTEST,
+            "tests/tox.ini": "[pytest]\naddopts = -p evil\n",
+            "tests/pyproject.toml": '[project]\nname = "x"\n\n[tool.pytest.ini_options]\naddopts = "-p evil"\n',
+            "setup.cfg": "[metadata]\nname = x\n\n[tool:pytest]\naddopts = -p evil\n",
+            "pytest.py": "raise SystemExit(0)\n",
+        },
+    )
+    (workspace / "tests" / "conftest.py").symlink_to(workspace / "evil.py")
+    host_ini = tmp_path / "host.ini"
+    host_ini.write_text("[pytest]\naddopts = -p evil\n")
+    (workspace / "pytest.ini").symlink_to(host_ini)  # writing gyre's pytest.ini must not follow it
+    score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
+    assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 0.0, 0)
+    assert host_ini.read_text() == "[pytest]\naddopts = -p evil\n"
+    repo = tmp_path / "eval" / "repo"
+    assert not (repo / "pytest.ini").is_symlink()
+    assert not (repo / "conftest.py").exists() and not (repo / "tests" / "conftest.py").exists()
+    assert not (repo / "pytest.py").exists() and not (repo / "tests" / "tox.ini").exists()
+    assert "tool.pytest" not in (repo / "tests" / "pyproject.toml").read_text()
+    assert "tool:pytest" not in (repo / "setup.cfg").read_text()
+    assert "neutralised" in score.detail
+    assert (workspace / "conftest.py").exists()
+
+
+def test_symlinks_cannot_redirect_the_hidden_tests(tmp_path):
+    query = _calc_query(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return a + b\n"})
+    (workspace / "tests").symlink_to(outside)
+    os.mkfifo(workspace / "pipe")  # copying a FIFO would block the evaluator; it is skipped
+    score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
+    assert score.score == 1.0
+    assert list(outside.iterdir()) == []
+
+
+def test_timeout_is_scored_on_what_passed(tmp_path):
+    slow = CALC_TESTS.replace("def test_larger():\n", "def test_larger():\n    import time; time.sleep(60)\n")
+    query = _calc_query(tmp_path, tests=slow)
+    workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return a + b\n"})
+    score = evaluate(query, workspace, tmp_path / "eval", "exec-1", timeout_s=3)
+    assert (score.status, score.tests_passed, score.score) == (EvalStatus.ok, 3, 0.75)
+    assert "timed out" in score.detail
+
+
+WRITE_GARBAGE_REPORT = (
+    "python -c \"import os, shlex; path = shlex.split(os.environ['PYTEST_ADDOPTS'])[0].split('=', 1)[1]; "
+    "open(path, 'w').write('<not xml')\""
+)
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        ("gyre-no-such-command tests", "exited 127 (command not found)"),
+        ("python -m pytest --gyre-no-such-flag tests", "exited 4 (pytest usage error)"),
+        ("python -m pytest -q tests/test_nothing_here.py", "exited 4"),
+        ("true", "without writing"),
+        (WRITE_GARBAGE_REPORT, "unparsable"),
+    ],
+)
+def test_evaluator_failure_is_an_error_never_a_zero(tmp_path, command, expected):
+    query = _calc_query(tmp_path, commands=[command])
+    workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return a + b\n"})
+    score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
+    assert score.status is EvalStatus.error
+    assert score.score is None
+    assert expected in score.detail
+
+
+def test_evaluator_exception_is_an_error(tmp_path):
+    query = _calc_query(tmp_path)
+    score = evaluate(query, tmp_path / "no-such-workspace", tmp_path / "eval", "exec-1")
+    assert (score.status, score.score) == (EvalStatus.error, None)
+    assert "evaluator failed: FileNotFoundError" in score.detail
+    assert (tmp_path / "eval" / "score.json").is_file()
+
+
+def test_eval_dir_must_be_fresh(tmp_path):
+    query = _calc_query(tmp_path)
+    (tmp_path / "eval").mkdir()
+    with pytest.raises(FileExistsError):
+        evaluate(query, tmp_path, tmp_path / "eval", "exec-1")

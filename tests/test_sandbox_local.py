@@ -1,0 +1,153 @@
+"""LocalSandbox: real processes in a real workspace under tmp_path."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from gyre.records import Query
+from gyre.sandboxes.base import Sandbox, SandboxLimits
+from gyre.sandboxes.local import LocalSandbox
+
+
+def _query(tmp_path: Path, with_start: bool = True) -> Query:
+    root = tmp_path / "bench" / "proj"
+    (root / "hidden_tests" / "tests").mkdir(parents=True)
+    (root / "hidden_tests" / "tests" / "test_secret.py").write_text("def test_x(): pass\n")
+    if with_start:
+        (root / "start" / "pkg").mkdir(parents=True)
+        (root / "start" / "pkg" / "README.md").write_text("starting file\n")
+    return Query(
+        query_id="proj",
+        benchmark="test",
+        instruction="do it",
+        root=root,
+        start_dir=root / "start" if with_start else None,
+        hidden_tests_dir=root / "hidden_tests",
+        test_files=["tests/test_secret.py"],
+        test_commands=["python -m pytest tests"],
+        test_case_count=1,
+    )
+
+
+def _gone(pid: int, within_s: float = 3.0) -> bool:
+    """True once `pid` no longer runs (absent, or a zombie waiting to be reaped)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_create_copies_start_files_but_never_hidden_tests(tmp_path):
+    sandbox = LocalSandbox.create(_query(tmp_path), tmp_path / "ws")
+    assert isinstance(sandbox, Sandbox)
+    files = sorted(p.relative_to(sandbox.workspace).as_posix() for p in sandbox.workspace.rglob("*"))
+    assert files == ["pkg", "pkg/README.md"]
+    assert sandbox.read_file("pkg/README.md") == "starting file\n"
+
+
+def test_create_refuses_non_empty_workspace(tmp_path):
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "old.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="not empty"):
+        LocalSandbox.create(_query(tmp_path), tmp_path / "ws")
+
+
+def test_exec_runs_bash_in_the_workspace(tmp_path):
+    sandbox = LocalSandbox.create(_query(tmp_path, with_start=False), tmp_path / "ws")
+    result = sandbox.exec("echo hi > out.txt; pwd; echo oops >&2; exit 3", timeout_s=10)
+    assert result.exit_code == 3
+    assert result.stdout == f"{sandbox.workspace}\n"
+    assert result.stderr == "oops\n"
+    assert not result.timed_out
+    assert sandbox.read_file("out.txt") == "hi\n"
+
+
+def test_env_is_scrubbed(tmp_path, monkeypatch):
+    monkeypatch.setenv("GYRE_FAKE_SECRET", "hunter2")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter3")
+    env = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "exec-key"}
+    sandbox = LocalSandbox.create(_query(tmp_path), tmp_path / "ws", env=env)
+    result = sandbox.exec("env", timeout_s=10)
+    inside = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    assert "hunter2" not in result.stdout and "hunter3" not in result.stdout
+    assert inside["HOME"] == str(sandbox.workspace)
+    assert inside["OPENAI_BASE_URL"] == env["OPENAI_BASE_URL"]
+    assert inside["OPENAI_API_KEY"] == "exec-key"
+    assert inside["LC_ALL"] == "C.UTF-8" and inside["PYTHONDONTWRITEBYTECODE"] == "1"
+    allowed = {"PATH", "HOME", "LANG", "LC_ALL", "PYTHONDONTWRITEBYTECODE", *env, "PWD", "SHLVL", "_"}
+    assert set(inside) <= allowed
+
+
+def test_timeout_kills_process_tree_and_keeps_workspace(tmp_path):
+    sandbox = LocalSandbox.create(_query(tmp_path), tmp_path / "ws")
+    command = "echo started; touch before.txt; (sleep 30; touch after.txt) & echo $! > bg.pid; sleep 30"
+    result = sandbox.exec(command, timeout_s=1.0)
+    assert result.timed_out
+    assert result.stdout == "started\n"
+    assert result.duration_s < 5
+    assert _gone(int(sandbox.read_file("bg.pid")))
+    assert (sandbox.workspace / "before.txt").exists()
+    assert not (sandbox.workspace / "after.txt").exists()
+    assert sandbox.exec("ls", timeout_s=10).stdout.split() == ["before.txt", "bg.pid", "pkg"]
+
+
+def test_close_kills_background_processes_and_keeps_workspace(tmp_path):
+    sandbox = LocalSandbox.create(_query(tmp_path), tmp_path / "ws")
+    result = sandbox.exec("sleep 30 >/dev/null 2>&1 & echo $!", timeout_s=10)
+    assert result.duration_s < 5 and not result.timed_out
+    pid = int(result.stdout)
+    assert not _gone(pid, within_s=0.2)  # background work outlives its exec call ...
+    sandbox.close()
+    assert _gone(pid)  # ... but not the sandbox
+    assert (sandbox.workspace / "pkg" / "README.md").exists()
+    with pytest.raises(RuntimeError, match="closed"):
+        sandbox.exec("true", timeout_s=1)
+    sandbox.destroy()
+    assert not sandbox.workspace.exists()
+
+
+def test_paths_escaping_the_workspace_are_rejected(tmp_path):
+    (tmp_path / "host_secret.txt").write_text("secret\n")
+    sandbox = LocalSandbox.create(_query(tmp_path), tmp_path / "ws")
+    sandbox.write_file("a/b/c.txt", "ok")
+    assert sandbox.read_file("a/b/c.txt") == "ok"
+    os.symlink(tmp_path, sandbox.workspace / "outside")
+    os.symlink(tmp_path / "host_secret.txt", sandbox.workspace / "link.txt")
+    for bad in ("../host_secret.txt", str(tmp_path / "host_secret.txt"), "a/../../host_secret.txt",
+                "outside/host_secret.txt", "link.txt", ""):
+        with pytest.raises(ValueError, match="workspace"):
+            sandbox.read_file(bad)
+        with pytest.raises(ValueError, match="workspace"):
+            sandbox.write_file(bad, "pwned")
+    assert (tmp_path / "host_secret.txt").read_text() == "secret\n"
+
+
+def test_output_is_truncated_with_a_marker(tmp_path):
+    limits = SandboxLimits(max_output_bytes=1000)
+    sandbox = LocalSandbox.create(_query(tmp_path), tmp_path / "ws", limits=limits)
+    result = sandbox.exec("head -c 100000 /dev/zero | tr '\\0' a; echo END; echo short >&2", timeout_s=10)
+    assert result.exit_code == 0
+    assert result.stdout.startswith("a" * 500)
+    assert result.stdout.endswith("a" * 496 + "END\n")
+    assert "[... gyre: 99004 bytes of output truncated ...]" in result.stdout
+    assert len(result.stdout) < 1100
+    assert result.stderr == "short\n"
+
+
+def test_rlimits_apply(tmp_path):
+    limits = SandboxLimits(max_file_bytes=4096, max_open_files=64)
+    sandbox = LocalSandbox.create(_query(tmp_path), tmp_path / "ws", limits=limits)
+    result = sandbox.exec("ulimit -n; head -c 100000 /dev/zero > big.bin", timeout_s=10)
+    assert result.stdout == "64\n"
+    assert result.exit_code != 0
+    assert (sandbox.workspace / "big.bin").stat().st_size <= 4096

@@ -11,7 +11,7 @@ run through `run_command`, so both get the same treatment:
   URL and key). Nothing else of the host environment leaks in, so no host secrets.
   PATH starts with the directory of the interpreter running gyre, so `python` inside
   finds the same interpreter (and its pytest) whatever the host PATH says.
-- rlimits from `SandboxLimits`, set in the child by `preexec_fn`.
+- rlimits from `SandboxLimits`, set by `prlimit` (util-linux) which then execs bash.
 - Output read as it arrives, keeping only the head and tail of each stream.
 - On timeout the whole group is signalled: SIGKILL at once, or, with
   `interrupt_grace_s > 0`, SIGINT first (pytest then still writes its report) and
@@ -29,17 +29,18 @@ from __future__ import annotations
 import os
 import resource
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from functools import partial
 from pathlib import Path
 
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 
 FALLBACK_PATH = "/usr/local/bin:/usr/bin:/bin"
+PRLIMIT = shutil.which("prlimit") or "/usr/bin/prlimit"
 _POLL_S = 0.1
 _DRAIN_IDLE_S = 0.05
 _DRAIN_MAX_S = 1.0
@@ -109,14 +110,13 @@ def run_command(
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     started = time.monotonic()
     proc = subprocess.Popen(
-        ["bash", "-c", command],
+        [*_prlimit_argv(limits), "bash", "-c", command],
         cwd=cwd,
         env=dict(env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        preexec_fn=partial(_apply_rlimits, limits),
     )
     if on_spawn is not None:
         on_spawn(proc.pid)
@@ -192,15 +192,22 @@ def _read_ready(sel: selectors.BaseSelector, wait_s: float) -> bool:
     return bool(events)
 
 
-def _apply_rlimits(limits: SandboxLimits) -> None:
-    """Runs in the child between fork and exec; never raises above the host's hard limits."""
-    for res, soft, hard in (
-        (resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1),
-        (resource.RLIMIT_FSIZE, limits.max_file_bytes, limits.max_file_bytes),
-        (resource.RLIMIT_AS, limits.address_space_bytes, limits.address_space_bytes),
-        (resource.RLIMIT_NOFILE, limits.max_open_files, limits.max_open_files),
+def _prlimit_argv(limits: SandboxLimits) -> list[str]:
+    """`prlimit` (util-linux) sets the rlimits and execs the command.
+
+    Limits are applied by a program rather than a Python `preexec_fn`, because the
+    coordinator forks from many threads at once and Python code between fork and exec is
+    not safe there. Never asks above the host's hard limits.
+    """
+    argv = [PRLIMIT]
+    for flag, res, soft, hard in (
+        ("--cpu", resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1),
+        ("--fsize", resource.RLIMIT_FSIZE, limits.max_file_bytes, limits.max_file_bytes),
+        ("--as", resource.RLIMIT_AS, limits.address_space_bytes, limits.address_space_bytes),
+        ("--nofile", resource.RLIMIT_NOFILE, limits.max_open_files, limits.max_open_files),
     ):
         _, host_hard = resource.getrlimit(res)
         if host_hard != resource.RLIM_INFINITY:
             soft, hard = min(soft, host_hard), min(hard, host_hard)
-        resource.setrlimit(res, (soft, hard))
+        argv.append(f"{flag}={soft}:{hard}")
+    return argv

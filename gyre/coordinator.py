@@ -92,7 +92,7 @@ def preflight(config: RunConfig) -> None:
 class Coordinator:
     def __init__(self, config: RunConfig, run_dir: Path) -> None:
         self.config = config
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.run_id = uuid.uuid4().hex[:12]
         self.model_dir = resolve_model_dir(config)

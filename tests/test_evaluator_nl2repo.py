@@ -214,3 +214,16 @@ def test_eval_dir_must_be_fresh(tmp_path):
     (tmp_path / "eval").mkdir()
     with pytest.raises(FileExistsError):
         evaluate(query, tmp_path, tmp_path / "eval", "exec-1")
+
+
+def test_relative_eval_dir_and_workspace_are_resolved(tmp_path, monkeypatch):
+    """A run directory given relative to the working directory must still score."""
+    root = generate_tiny(tmp_path / "bench", num_queries=1, seed=0)
+    query = load_nl2repo(root, "tiny")[0]
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    for ref in (query.root / "reference").iterdir():
+        (workspace / ref.name).write_text(ref.read_text())
+    monkeypatch.chdir(tmp_path)
+    score = evaluate(query, Path("ws"), Path("evals/e1"), "e1")
+    assert score.status is EvalStatus.ok and score.score == 1.0, score.detail

@@ -31,8 +31,8 @@ def _gyre(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_two_steps_land_in_duckdb(tmp_path, tiny_model_dir):
     config = _config(tmp_path, tmp_path / "cache", f"model:\n  path: {tiny_model_dir}\n")
-    run_dir = tmp_path / "run"
-    proc = _gyre("run", "--config", str(config), "--steps", "2", "--run-dir", str(run_dir), cwd=tmp_path)
+    run_dir = tmp_path / "run"  # given relative to the working directory, as users do
+    proc = _gyre("run", "--config", str(config), "--steps", "2", "--run-dir", "run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gyre.duckdb" in proc.stdout
     con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
@@ -55,7 +55,7 @@ def test_two_steps_land_in_duckdb(tmp_path, tiny_model_dir):
     assert (run_dir / "config.yaml").exists()
     assert len(list((run_dir / "workspaces").iterdir())) == 8
     # a second run into the same directory is refused, and the first run's data is untouched
-    again = _gyre("run", "--config", str(config), "--run-dir", str(run_dir), cwd=tmp_path)
+    again = _gyre("run", "--config", str(config), "--run-dir", "run", cwd=tmp_path)
     assert again.returncode == 2 and "already holds a run" in again.stderr
     assert con.execute("select count(*) from steps").fetchone() == (2,)
 

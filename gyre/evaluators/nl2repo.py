@@ -78,10 +78,10 @@ def evaluate(query: Query, workspace: Path, eval_dir: Path, execution_id: str, t
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    eval_dir = Path(eval_dir)
+    eval_dir = Path(eval_dir).resolve()  # commands run inside eval_dir/repo: paths must be absolute
     eval_dir.mkdir(parents=True, exist_ok=False)
     try:
-        score = _score(query, Path(workspace), eval_dir, execution_id, timeout_s)
+        score = _score(query, Path(workspace).resolve(), eval_dir, execution_id, timeout_s)
     except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
         score = _error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
     (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")

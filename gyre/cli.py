@@ -14,6 +14,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -33,7 +34,7 @@ INPUT_ERRORS = (ConfigError, ModelDirError, BenchmarkFormatError, FileNotFoundEr
 
 
 def _fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}")
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
     raise typer.Exit(code=2)
 
 
@@ -154,6 +155,52 @@ def benchmark_check(
     except (*INPUT_ERRORS, ValueError) as exc:
         _fail(exc)
     console.print(f"{len(queries)} queries OK in {root}")
+
+
+@app.command()
+def simulate(
+    workload: str = typer.Option("nl2repo-122b", help="Named workload (see gyre/sim/workloads.py)."),
+    policy: str = typer.Option("elastic", help="Scheduling policy: elastic, async, colocate, ..."),
+    steps: int | None = typer.Option(None, min=1, help="Optimizer steps (default: the workload's)."),
+    target_staleness: float | None = typer.Option(1.5, help="Tune each policy to this E[d]."),
+    num_cells: int | None = typer.Option(None, min=1, help="Re-cut the pool into this many cells."),
+    seed: int = typer.Option(0),
+    ablation: bool = typer.Option(False, "--ablation", help="The paper's 12-step ablation (E0, E1, A3, C2, E0-merged)."),
+    compare: bool = typer.Option(False, "--compare", help="Elastic, Async and Colocate at matched E[d]."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
+    plot: Path | None = typer.Option(None, help="Draw a Gantt of cell roles with the waterlevel (PNG)."),
+) -> None:
+    """Simulate a cluster run with the real scheduler and a simulated clock."""
+    import json
+
+    from gyre.cells.topology import SchedulingConfigError
+    from gyre.sim import api
+
+    try:
+        if ablation:
+            results = api.ablation(workload, steps or 12, target_staleness or api.REFERENCE_STALENESS, seed)
+        elif compare:
+            results = api.compare(workload, steps, target_staleness or api.REFERENCE_STALENESS, seed)
+        else:
+            results = {policy: api.simulate(workload, policy, steps, target_staleness, num_cells=num_cells, seed=seed)}
+    except SchedulingConfigError as exc:
+        _fail(exc)
+    if plot is not None:
+        for key, result in results.items():
+            path = plot if len(results) == 1 else plot.with_name(f"{plot.stem}-{key}{plot.suffix}")
+            api.plot_gantt(result, path)
+    if as_json:
+        payload = {k: r.model_dump(mode="json") for k, r in results.items()}
+        print(json.dumps(payload if (ablation or compare) else next(iter(payload.values())), indent=2))
+        return
+    table = Table(title=f"gyre simulate: {workload}")
+    for col in ("config", "policy", "makespan h", "E\\[d]", "lower bound h", "efficiency", "ratio"):
+        table.add_column(col, justify="right")
+    base = min(r.makespan_h for r in results.values())
+    for key, r in results.items():
+        table.add_row(key, r.policy, f"{r.makespan_h:.2f}", f"{r.mean_staleness:.2f}", f"{r.lower_bound_h:.2f}",
+                      f"{r.efficiency:.2f}", f"{r.makespan_h / base:.3f}")
+    console.print(table)
 
 
 if __name__ == "__main__":

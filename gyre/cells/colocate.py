@@ -1,0 +1,46 @@
+"""Colocate: the whole pool flips between rollout and training (the first baseline).
+
+All cells serve rollout until the batch of the step being trained is complete; then
+every cell switches to train, the batch is trained (a static round-robin split, or
+claimed micro-step by micro-step when `streaming`), further complete batches are
+trained in the same burst, and every cell switches back. Executions still running when
+the pool flips are not interrupted but *stall*: no engine serves their model calls until
+the pool returns, which is how carry-over (and so E[d] > 0) costs Colocate wall time.
+With `lookahead_groups=0` there is no carry-over and d = 0.
+"""
+
+from __future__ import annotations
+
+from gyre.cells import events as ev
+from gyre.cells.events import Role
+from gyre.cells.policy import Policy
+from gyre.cells.state import SchedulerState
+from gyre.cells.topology import Topology
+
+
+class Colocate(Policy):
+    name = "colocate"
+    min_cells = 1
+    keeps_waterlevel_covered = False
+
+    def initial_roles(self, topology: Topology) -> tuple[list[Role], int]:
+        return [Role.rollout] * topology.num_cells, 0
+
+    def decide(self, state: SchedulerState) -> list[ev.Command]:
+        live = state.live_cells()
+        if state.done() or not live:
+            return []
+        if all(c.role is Role.rollout for c in live):
+            if state.step_complete(state.trained_version):
+                return self._flip(state, Role.train)
+            return self.dispatch(state)
+        if not all(c.role is Role.train for c in live) or state.publish_in_flight:
+            return []  # a flip or a publication is in progress
+        between_steps = not state.optimizer_in_flight and all(c.busy is None for c in live)
+        if between_steps and not state.step_complete(state.trained_version):
+            return self._flip(state, Role.rollout)
+        return self.train_work(state, early=False)
+
+    def _flip(self, state: SchedulerState, role: Role) -> list[ev.Command]:
+        other = Role.train if role is Role.rollout else Role.rollout
+        return [state.switch(c, role) for c in state.live_cells() if c.role is other]

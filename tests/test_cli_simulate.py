@@ -1,0 +1,36 @@
+"""`gyre simulate` as a user runs it: JSON keys, the comparison table, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from gyre.cli import app
+
+runner = CliRunner()
+
+
+def test_simulate_json_has_the_headline_fields():
+    result = runner.invoke(app, ["simulate", "--workload", "nl2repo-122b", "--policy", "elastic", "--steps", "12",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    for key in ("makespan_h", "mean_staleness", "lower_bound_h", "efficiency"):
+        assert isinstance(data[key], float)
+    assert abs(data["mean_staleness"] - 1.5) <= 0.1
+
+
+def test_simulate_plot_writes_a_png(tmp_path):
+    out = tmp_path / "gantt.png"
+    result = runner.invoke(app, ["simulate", "--policy", "colocate", "--steps", "12", "--plot", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    assert "makespan h" in result.output
+
+
+def test_unknown_workload_and_policy_fail_cleanly():
+    for args in (["--workload", "nope"], ["--policy", "nope"], ["--num-cells", "5"], ["--target-staleness", "9"]):
+        result = runner.invoke(app, ["simulate", "--steps", "2", *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert "error:" in result.output and "Traceback" not in result.output

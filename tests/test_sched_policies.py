@@ -1,0 +1,99 @@
+"""The scheduler driven by hand: events in, commands out, no simulator."""
+
+import pytest
+
+from gyre.cells import events as ev
+from gyre.cells.events import Role
+from gyre.cells.registry import make_policy
+from gyre.cells.scheduler import Scheduler
+from gyre.cells.topology import BatchShape, SchedulingConfigError, Topology
+
+TOPO = Topology(num_nodes=4, cell_nodes=1, slots_per_node=4)  # 4 cells x 4 slots
+SHAPE = BatchShape(queries_per_step=2, group_size=4, executions_per_micro_step=2, max_steps=3)
+
+
+def make(policy: str, **knobs) -> Scheduler:
+    return Scheduler(make_policy(policy, **knobs), TOPO, SHAPE, clock=lambda: 0.0, check_invariants=True)
+
+
+def of(commands, kind):
+    return [c for c in commands if isinstance(c, kind)]
+
+
+def test_elastic_moves_core_first_once_the_waterlevel_drains():
+    s = make("elastic")
+    start = s.start()
+    dispatched = of(start, ev.DispatchExecution)
+    assert len(dispatched) == 8 and {d.policy_version for d in dispatched} == {0}
+    assert s.state.waterlevel == 8
+    # 8 live executions need 2 of the 4 cells: cells 0 (the core) and 1 leave at once.
+    assert [(c.cell_id, c.role, c.pull_snapshot) for c in of(start, ev.SwitchCell)] == [
+        (0, Role.train, False),
+        (1, Role.train, True),
+    ]
+    later = []
+    for d in dispatched[:4]:
+        later += of(s.handle(ev.ExecutionFinished(d.execution_id, 100)), ev.SwitchCell)
+    assert [c.cell_id for c in later] == [2]  # 4 live executions fit in one cell
+    assert s.state.rollout_slots() >= s.state.waterlevel
+
+
+def test_elastic_claims_micro_steps_once_and_steps_the_optimizer():
+    s = make("elastic")
+    commands = s.start()
+    dispatched = of(commands, ev.DispatchExecution)
+    for d in dispatched:
+        commands += s.handle(ev.ExecutionFinished(d.execution_id, 100))
+    for switch in of(commands, ev.SwitchCell):
+        commands += s.handle(ev.SwitchDone(switch.cell_id, switch.role))
+    claims = of(commands, ev.ClaimMicroStep)
+    while claims:
+        claim = claims.pop()
+        more = s.handle(ev.MicroStepDone(claim.cell_id, claim.micro_step_id))
+        claims += of(more, ev.ClaimMicroStep)
+        commands += more
+    all_claims = of(commands, ev.ClaimMicroStep)
+    assert sorted(c.micro_step_id for c in all_claims) == list(range(4))  # 2 groups x 2 micro-steps
+    optimizer = of(commands, ev.ApplyOptimizerStep)
+    assert len(optimizer) == 1 and optimizer[0].cell_id == 0
+    publish = of(s.handle(ev.OptimizerStepDone(0, 1)), ev.PublishWeights)
+    assert publish == [ev.PublishWeights(1)]
+    s.handle(ev.WeightsPublished(1))
+    assert s.state.mean_staleness == 0.0 and s.state.num_consumed_executions == 8
+
+
+def test_colocate_without_lookahead_has_zero_staleness_and_flips_whole_pool():
+    s = make("colocate")
+    dispatched = of(s.start(), ev.DispatchExecution)
+    commands = []
+    for d in dispatched:
+        commands += s.handle(ev.ExecutionFinished(d.execution_id, 100))
+    switches = of(commands, ev.SwitchCell)
+    assert sorted(c.cell_id for c in switches) == [0, 1, 2, 3]
+
+
+def test_async_keeps_pools_pinned():
+    s = make("async", num_train_cells=2)
+    assert [c.role for c in s.state.cells] == [Role.train, Role.train, Role.rollout, Role.rollout]
+    dispatched = of(s.start(), ev.DispatchExecution)
+    assert len(dispatched) == 8  # two rollout cells x 4 slots
+
+
+@pytest.mark.parametrize(
+    ("topology", "policy", "knobs", "message"),
+    [
+        (Topology(6, 4, 4), "elastic", {}, "does not divide"),
+        (Topology(4, 4, 4), "elastic", {}, "at least 2 cells"),
+        (Topology(4, 1, 2), "elastic", {}, "fewer than one group"),
+        (Topology(4, 1, 4, min_train_nodes=2), "elastic", {}, "training replica"),
+        (TOPO, "async", {"num_train_cells": 4}, "num_train_cells"),
+    ],
+)
+def test_impossible_topologies_name_the_constraint(topology, policy, knobs, message):
+    with pytest.raises(SchedulingConfigError, match=message):
+        Scheduler(make_policy(policy, **knobs), topology, SHAPE, clock=lambda: 0.0)
+
+
+def test_unknown_policy_is_named():
+    with pytest.raises(SchedulingConfigError, match="unknown policy 'greedy'"):
+        make_policy("greedy")

@@ -25,8 +25,12 @@ from gyre.engines.hf import ModelDirError
 app = typer.Typer(help="gyre: elastic online RL for xLong-horizon agents.", no_args_is_help=True)
 model_app = typer.Typer(help="Model directories.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+proxy_app = typer.Typer(help="The model-call proxy.", no_args_is_help=True)
+perf_app = typer.Typer(help="Performance benchmarks (print a table, or JSON with --json).", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(bench_app, name="benchmark")
+app.add_typer(proxy_app, name="proxy")
+app.add_typer(perf_app, name="bench")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -145,7 +149,7 @@ def benchmark_tiny(
 @bench_app.command("check")
 def benchmark_check(
     root: Path = typer.Argument(..., help="Benchmark directory."),
-    kind: str = typer.Option("nl2repo", help="Benchmark format."),
+    kind: str = typer.Option("auto", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
 ) -> None:
     """Load every query of a benchmark directory and report the first malformed one."""
     from gyre.benchmarks import load_benchmark
@@ -155,6 +159,88 @@ def benchmark_check(
     except (*INPUT_ERRORS, ValueError) as exc:
         _fail(exc)
     console.print(f"{len(queries)} queries OK in {root}")
+
+
+@bench_app.command("ls")
+def benchmark_ls(
+    root: Path = typer.Argument(..., help="Benchmark directory."),
+    kind: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """List a benchmark's queries: id, format, timeouts, scoring rule."""
+    import json
+
+    from gyre.benchmarks import describe_benchmark
+
+    try:
+        rows = describe_benchmark(root, kind)
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return
+    table = Table(title=f"{root}: {len(rows)} queries")
+    for col in rows[0] if rows else ():
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    console.print(table)
+
+
+@bench_app.command("score")
+def benchmark_score(
+    root: Path = typer.Argument(..., help="Benchmark directory."),
+    query_id: str = typer.Argument(..., help="The query to score against."),
+    workspace: Path = typer.Argument(..., help="A workspace (for example a kept one under runs/)."),
+    kind: str = typer.Option("auto", "--format"),
+) -> None:
+    """Score one workspace against a query's hidden tests (rerun an evaluation by hand)."""
+    import json
+
+    from gyre.evaluators.score_one import score_workspace
+
+    try:
+        result = score_workspace(root, query_id, workspace, kind)
+    except (*INPUT_ERRORS, ValueError, KeyError) as exc:
+        _fail(exc)
+    print(json.dumps(result, indent=2, default=str))
+
+
+@proxy_app.command("serve")
+def proxy_serve(config: Path = typer.Option(Path("configs/proxy-local.yaml"), "--config", "-c")) -> None:
+    """Serve the proxy alone (foreground) in front of the engines a config names."""
+    from gyre.proxy.serve import serve
+
+    try:
+        serve(config)
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+
+
+def _print_figures(title: str, figures: dict, as_json: bool) -> None:
+    import json
+
+    if as_json:
+        print(json.dumps(figures, indent=2))
+        return
+    table = Table(title=title)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in figures.items():
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    console.print(table)
+
+
+@perf_app.command("proxy")
+def bench_proxy(
+    as_json: bool = typer.Option(False, "--json"),
+    duration_s: float = typer.Option(3.0, "--duration-s", min=0.1),
+    concurrency: int = typer.Option(32, "--concurrency", min=1),
+) -> None:
+    """Proxy overhead (p50/p99 vs a direct engine call) and requests/s against a null engine."""
+    from gyre.proxy.bench import run as run_bench
+
+    _print_figures("gyre bench proxy", run_bench(duration_s=duration_s, concurrency=concurrency), as_json)
 
 
 @app.command()

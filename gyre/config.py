@@ -39,8 +39,10 @@ class ModelConfig(Section):
 
 
 class BenchmarkConfig(Section):
-    kind: Literal["tiny", "nl2repo"] = "tiny"
-    """`tiny`: the bundled generated set (NL2RepoBench layout). `nl2repo`: an NL2RepoBench directory."""
+    kind: Literal["tiny", "nl2repo", "terminal-bench", "harbor", "r2e", "auto"] = "tiny"
+    """`tiny`: the bundled generated set (NL2RepoBench layout). Otherwise the native format of the
+    directory at `path`: `nl2repo`, `terminal-bench`, `harbor`, `r2e` (R2E-Gym / DeepSWE rows), or
+    `auto` to detect it."""
     path: Path | None = None
     """Benchmark directory. For `tiny`, None generates it under the cache directory."""
     name: str | None = None
@@ -67,8 +69,12 @@ class RolloutConfig(Section):
 
 
 class HarnessConfig(Section):
-    type: Literal["builtin"] = "builtin"
-    """Harness that drives the model: `builtin` is gyre's reference agent."""
+    type: Literal["builtin", "claude-code", "mini-swe-agent", "command"] = "builtin"
+    """Harness that drives the model: `builtin` (gyre's reference agent, runs on the host and
+    acts through the sandbox), or one run inside the sandbox against the proxy: `claude-code`
+    (the `claude` CLI in print mode), `mini-swe-agent` (the `mini` CLI), `command` (`command`)."""
+    command: list[str] = []
+    """argv of the `command` harness; it gets the proxy URL/key and GYRE_INSTRUCTION in its env."""
     max_turns: int = Field(default=4, gt=0)
     """Model calls per execution before the harness stops."""
     harness_timeout_s: float = Field(default=300.0, gt=0)
@@ -88,6 +94,17 @@ class SandboxConfig(Section):
     """Largest file a sandboxed process may write."""
     memory_bytes: int = Field(default=2 * 2**30, gt=0)
     """Address-space limit per sandboxed process."""
+    isolation: Literal["auto", "bwrap", "none"] = "auto"
+    """`auto`: bubblewrap namespaces when `bwrap` works, else plain processes with a loud warning;
+    `bwrap`: refuse to run without it; `none`: plain processes (trusted models only)."""
+    max_processes: int = Field(default=256, gt=0)
+    """Processes + threads of one command's whole tree (cgroup pids.max, where cgroups v1 work)."""
+    tree_memory_bytes: int = Field(default=4 * 2**30, gt=0)
+    """Memory of one command's whole tree (cgroup memory limit, where cgroups v1 work)."""
+    cpu_cores: float = Field(default=1.0, gt=0)
+    """CPU cores one command's tree may use (cgroup CFS quota, where cgroups v1 work)."""
+    max_workspace_bytes: int = Field(default=2 * 2**30, gt=0)
+    """Bytes the workspace and scratch /tmp may hold; a command is killed beyond it."""
 
 
 class EvaluatorConfig(Section):

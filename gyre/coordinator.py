@@ -22,16 +22,16 @@ from pathlib import Path
 
 from gyre.algo.advantages import group_advantages
 from gyre.algo.gspo import GSPO
-from gyre.benchmarks import generate_tiny, load_benchmark
+from gyre.benchmarks import generate_tiny, load_benchmark, task_spec
 from gyre.cells.transport import FileSnapshotTransport
 from gyre.config import RunConfig, dump_config
 from gyre.engines.hf import check_model_dir, load_tokenizer, stop_token_ids
 from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
 from gyre.engines.torch_rollout import TorchRolloutEngine
 from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
-from gyre.evaluators.nl2repo import evaluate as evaluate_nl2repo
+from gyre.evaluators import evaluate_query
 from gyre.harnesses.base import HarnessOutcome, ModelEndpoint
-from gyre.harnesses.builtin import BuiltinHarness
+from gyre.harnesses import make_harness
 from gyre.progress import ProgressEvent, emit
 from gyre.proxy.app import ProxyDefaults, create_app
 from gyre.proxy.router import EngineRouter
@@ -39,6 +39,8 @@ from gyre.proxy.server import ServerThread
 from gyre.proxy.sessions import SessionRegistry
 from gyre.records import Call, Execution, ExecutionStatus, Query, Score, StepRecord, utc_now
 from gyre.sandboxes.base import SandboxLimits
+from gyre.sandboxes.isolation import Isolation
+from gyre.sandboxes.layout import SandboxLayout
 from gyre.sandboxes.local import LocalSandbox
 from gyre.storage.store import RunStore
 from gyre.trajectories.chains import build_trajectories, to_train_sequences
@@ -79,7 +81,8 @@ def resolve_queries(config: RunConfig) -> list[Query]:
         )
     if root is None:
         raise ValueError(f"benchmark.path is required for benchmark kind {bench.kind!r}")
-    return load_benchmark("nl2repo", Path(root), bench.name or bench.kind)
+    kind = "nl2repo" if bench.kind == "tiny" else bench.kind
+    return load_benchmark(kind, Path(root), bench.name or bench.kind)
 
 
 def preflight(config: RunConfig) -> None:
@@ -133,20 +136,24 @@ class Coordinator:
             tokenizer,
             model_name=self.model_dir.name,
             stop_token_ids=stop_token_ids(tokenizer),
+            # the trainer scores tokens at the run's temperature: the harness may not change it
             defaults=ProxyDefaults(
-                temperature=config.rollout.temperature, max_new_tokens=config.rollout.max_new_tokens
+                temperature=config.rollout.temperature,
+                max_new_tokens=config.rollout.max_new_tokens,
+                force_temperature=True,
             ),
         )
         self.server = ServerThread(app).start()
-        self.harness = BuiltinHarness(
-            max_turns=config.harness.max_turns,
-            command_timeout_s=config.harness.command_timeout_s,
-            max_tool_output_chars=config.harness.max_tool_output_chars,
-        )
+        self.harness = make_harness(config.harness)
+        self.isolation = Isolation.detect(config.sandbox.isolation)
         self.limits = SandboxLimits(
             cpu_s=config.sandbox.cpu_seconds,
             max_file_bytes=config.sandbox.max_file_bytes,
             address_space_bytes=config.sandbox.memory_bytes,
+            max_processes=config.sandbox.max_processes,
+            memory_bytes=config.sandbox.tree_memory_bytes,
+            cpu_cores=config.sandbox.cpu_cores,
+            max_workspace_bytes=config.sandbox.max_workspace_bytes,
         )
         self._eval_slots = threading.Semaphore(2)
 
@@ -161,13 +168,17 @@ class Coordinator:
         key = self.sessions.mint(execution_id)
         version = self.policy_version
         started = utc_now()
+        spec = task_spec(query)
         sandbox = LocalSandbox.create(
             query,
             self.run_dir / "workspaces" / execution_id,
             env={"OPENAI_BASE_URL": self.server.base_url, "OPENAI_API_KEY": key},
             limits=self.limits,
+            isolation=self.isolation,
+            layout=SandboxLayout(workdir=spec.workdir) if self.isolation.bwrap else None,
         )
-        deadline = time.monotonic() + self.config.harness.harness_timeout_s
+        harness_timeout_s = min(self.config.harness.harness_timeout_s, spec.agent_timeout_s or float("inf"))
+        deadline = time.monotonic() + harness_timeout_s
         endpoint = ModelEndpoint(self.server.base_url, key, self.model_dir.name)
         try:
             outcome = self.harness.run(query, sandbox, endpoint, deadline)
@@ -196,12 +207,13 @@ class Coordinator:
 
     def evaluate(self, result: ExecutionResult) -> Score:
         with self._eval_slots:
-            score = evaluate_nl2repo(
+            score = evaluate_query(
                 result.query,
                 result.execution.workspace,
                 self.run_dir / "evals" / result.execution.execution_id,
                 result.execution.execution_id,
                 timeout_s=self.config.evaluator.timeout_s,
+                isolation=self.isolation,
             )
         emit(ProgressEvent("execution_scored", result.execution.step, {"score": score.score}))
         return score

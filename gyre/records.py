@@ -82,11 +82,27 @@ class Score(Record):
         return self
 
 
+class OutputSegment(Record):
+    """A run of a call's output tokens sampled by one engine at one policy version.
+
+    A call has several when the proxy continued it on another engine (drain, failure):
+    segment k+1 was sampled from prompt + the tokens of segments 0..k.
+    """
+
+    engine_id: str
+    policy_version: int = Field(ge=0)
+    start: int = Field(ge=0, description="First output index of the segment.")
+    end: int = Field(ge=0, description="One past its last output index.")
+
+
 class Call(Record):
     """One model call, recorded token-in/token-out (TITO) by the proxy.
 
     `prompt_ids` are exactly what the engine consumed and `output_ids` exactly what it
-    sampled; `logprobs[i]` is the behaviour log-probability of `output_ids[i]`.
+    sampled; `logprobs[i]` is the behaviour log-probability of `output_ids[i]`. Only output
+    ids are ever trainable; `prompt_fallback_spans` additionally names the prompt positions
+    where the harness sent back an assistant turn the proxy could not match to recorded
+    output ids (edited, truncated, compacted), so those template tokens stand in for it.
     """
 
     call_id: str
@@ -101,6 +117,20 @@ class Call(Record):
     finish_reason: str = Field(description="stop (end of turn), length (max tokens) or abort.")
     started_at: datetime = Field(default_factory=utc_now)
     finished_at: datetime = Field(default_factory=utc_now)
+    segments: list[OutputSegment] = Field(
+        default_factory=list,
+        description="Engine and policy version per run of output tokens; empty means one segment "
+        "(engine_id, policy_version) covering all of them.",
+    )
+    prompt_fallback_spans: list[tuple[int, int]] = Field(
+        default_factory=list,
+        description="[start, end) prompt positions holding template tokens of an assistant turn the "
+        "harness changed; never trainable.",
+    )
+    session_hint: str | None = Field(
+        default=None, description="The harness's own session id, when it sends one (e.g. Claude Code's)."
+    )
+    first_token_at: datetime | None = Field(default=None, description="When the first output token was sampled.")
 
     @model_validator(mode="after")
     def _lengths_match(self) -> "Call":
@@ -108,6 +138,12 @@ class Call(Record):
             raise ValueError(
                 f"call {self.call_id}: {len(self.output_ids)} output ids but {len(self.logprobs)} logprobs"
             )
+        if self.segments and (
+            self.segments[0].start != 0
+            or self.segments[-1].end != len(self.output_ids)
+            or any(a.end != b.start for a, b in zip(self.segments, self.segments[1:]))
+        ):
+            raise ValueError(f"call {self.call_id}: segments do not tile the {len(self.output_ids)} output ids")
         return self
 
 

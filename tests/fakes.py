@@ -39,3 +39,82 @@ class ScriptedEngine:
 
     def close(self) -> None:
         pass
+
+
+class SpyEngine:
+    """A real engine, watched: every request it gets and every result it returns."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.engine_id = inner.engine_id
+        self.requests: list[GenerationRequest] = []
+        self.results: list[GenerationResult] = []
+        self.tokens_sampled = 0
+        self._lock = threading.Lock()
+
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        if request.on_token is not None:
+            report = request.on_token
+
+            def on_token(token_id: int, logprob: float) -> None:
+                self.tokens_sampled += 1
+                report(token_id, logprob)
+
+            request = GenerationRequest(request.prompt_ids, request.params, request.stop, on_token)
+        result = self.inner.generate(request)
+        with self._lock:
+            self.requests.append(request)
+            self.results.append(result)
+        return result
+
+    def load_weights(self, snapshot: Path, version: int) -> None:
+        self.inner.load_weights(snapshot, version)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class BrokenEngine:
+    """An engine that reports `token_ids` through `on_token` and then fails, like a rollout
+    server whose connection resets mid-request."""
+
+    def __init__(self, token_ids: list[int], engine_id: str = "broken-0") -> None:
+        self.engine_id = engine_id
+        self.token_ids = token_ids
+        self.calls = 0
+
+    @property
+    def policy_version(self) -> int:
+        return 0
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        self.calls += 1
+        for tok in self.token_ids[: request.params.max_new_tokens]:
+            if request.on_token is not None:
+                request.on_token(tok, -0.5)
+        raise ConnectionResetError("engine went away")
+
+    def load_weights(self, snapshot: Path, version: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def serve_proxy(engines, tokenizer, *, max_wait_s: float = 5.0, **kwargs):
+    """The real proxy over HTTP on 127.0.0.1 in front of `engines`: (server, sessions, router)."""
+    from gyre.engines.hf import stop_token_ids
+    from gyre.proxy.app import create_app
+    from gyre.proxy.router import EngineRouter
+    from gyre.proxy.server import ServerThread
+    from gyre.proxy.sessions import SessionRegistry
+
+    sessions = SessionRegistry()
+    router = EngineRouter(list(engines), max_wait_s=max_wait_s)
+    kwargs.setdefault("stop_token_ids", stop_token_ids(tokenizer))
+    app = create_app(router, sessions, tokenizer, model_name="tiny", **kwargs)
+    return ServerThread(app).start(), sessions, router

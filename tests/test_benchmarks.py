@@ -167,6 +167,6 @@ def test_empty_or_missing_root(tmp_path):
 
 
 def test_load_benchmark_unknown_kind(tmp_path):
-    with pytest.raises(ValueError, match="known kinds: nl2repo"):
-        load_benchmark("terminal-bench", tmp_path)
+    with pytest.raises(ValueError, match="known kinds: auto, nl2repo, terminal-bench, harbor, r2e"):
+        load_benchmark("tau-bench", tmp_path)
     assert os.listdir(tmp_path) == []

@@ -12,8 +12,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_shipped_configs_load():
+    """Run configs load as RunConfig; proxy-*.yaml configure `gyre proxy serve` instead."""
+    from gyre.proxy.config import ProxyServeConfig, load_proxy_config
+
     for path in (ROOT / "configs").glob("*.yaml"):
-        assert isinstance(load_config(path), RunConfig)
+        if path.name.startswith("proxy-"):
+            assert isinstance(load_proxy_config(path), ProxyServeConfig)
+        else:
+            assert isinstance(load_config(path), RunConfig)
 
 
 def test_every_field_is_documented():

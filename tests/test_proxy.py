@@ -102,7 +102,7 @@ def test_auth_and_bad_requests_get_openai_errors(tiny_tokenizer):
         assert r.status_code in (400, 401)
         for bad in ({"messages": []}, {"messages": [{"role": "wizard", "content": "x"}]},
                     {"messages": [{"role": "user", "content": "x"}], "temperature": -1},
-                    {"messages": [{"role": "user", "content": "x"}], "stream": True}, "not json"):
+                    {"messages": [{"role": "user", "content": "x"}], "n": 2}, "not json"):
             r = _post(server, key_a, bad)
             assert r.status_code == 400, (bad, r.text)
             assert r.json()["error"]["message"]

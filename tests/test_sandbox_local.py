@@ -10,7 +10,11 @@ import pytest
 
 from gyre.records import Query
 from gyre.sandboxes.base import Sandbox, SandboxLimits
+from gyre.sandboxes.isolation import cgroups_usable, probe_bwrap
 from gyre.sandboxes.local import LocalSandbox
+
+needs_bwrap = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable (apt-get install -y bubblewrap)")
+ISOLATIONS = [pytest.param("bwrap", marks=needs_bwrap), "none"]
 
 
 def _query(tmp_path: Path, with_start: bool = True) -> Query:
@@ -88,27 +92,41 @@ def test_env_is_scrubbed(tmp_path, monkeypatch):
     assert set(inside) <= allowed
 
 
-def test_timeout_kills_process_tree_and_keeps_workspace(tmp_path):
-    sandbox = LocalSandbox.create(_query(tmp_path), tmp_path / "ws")
-    command = "echo started; touch before.txt; (sleep 30; touch after.txt) & echo $! > bg.pid; sleep 30"
+def _running(marker: str) -> list[int]:
+    """Host pids whose command line contains `marker` (to check a sandbox left nothing behind)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(entry.name))
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                pass
+    return [pid for pid in found if not _gone(pid, within_s=0.0)]
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_timeout_kills_process_tree_and_keeps_workspace(tmp_path, isolation):
+    sandbox = LocalSandbox.create(_query(tmp_path), tmp_path / "ws", isolation=isolation)
+    command = "echo started; touch before.txt; (setsid sleep 31.25; touch after.txt) & sleep 30"
     result = sandbox.exec(command, timeout_s=1.0)
     assert result.timed_out
     assert result.stdout == "started\n"
     assert result.duration_s < 5
-    assert _gone(int(sandbox.read_file("bg.pid")))
+    if isolation == "bwrap" or cgroups_usable():  # plain process groups cannot catch setsid()
+        assert _running("sleep 31.25") == []
     assert (sandbox.workspace / "before.txt").exists()
     assert not (sandbox.workspace / "after.txt").exists()
-    assert sandbox.exec("ls", timeout_s=10).stdout.split() == ["before.txt", "bg.pid", "pkg"]
+    assert sandbox.exec("ls", timeout_s=10).stdout.split() == ["before.txt", "pkg"]
 
 
-def test_close_kills_background_processes_and_keeps_workspace(tmp_path):
-    sandbox = LocalSandbox.create(_query(tmp_path), tmp_path / "ws")
-    result = sandbox.exec("sleep 30 >/dev/null 2>&1 & echo $!", timeout_s=10)
-    assert result.duration_s < 5 and not result.timed_out
-    pid = int(result.stdout)
-    assert not _gone(pid, within_s=0.2)  # background work outlives its exec call ...
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_background_processes_end_with_their_command_and_close_keeps_workspace(tmp_path, isolation):
+    sandbox = LocalSandbox.create(_query(tmp_path), tmp_path / "ws", isolation=isolation)
+    result = sandbox.exec("sleep 32.5 >/dev/null 2>&1 & echo started", timeout_s=10)
+    assert result.duration_s < 5 and not result.timed_out and result.stdout == "started\n"
+    assert _running("sleep 32.5") == []
     sandbox.close()
-    assert _gone(pid)  # ... but not the sandbox
     assert (sandbox.workspace / "pkg" / "README.md").exists()
     with pytest.raises(RuntimeError, match="closed"):
         sandbox.exec("true", timeout_s=1)

@@ -1,37 +1,93 @@
 """Benchmarks: turn a directory of benchmark items into validated `Query` records.
 
 One entry point, `load_benchmark(kind, root, name)`, so flows and the CLI never know
-which loader they call. Kinds today:
+which loader they call. Kinds (native on-disk formats, each in its own module):
 
-- `nl2repo`: NL2RepoBench's native layout (`gyre.benchmarks.nl2repo`); the bundled
-  `tiny` set (`gyre.benchmarks.tiny`) is written in the same layout and loads through it.
+- `nl2repo`: NL2RepoBench (`start.md`, `test_case_count.txt`, ...); the bundled `tiny`
+  set (`gyre.benchmarks.tiny`) is written in the same layout and loads through it;
+- `terminal-bench`: Terminal-Bench (`task.yaml`, `tests/`, `run-tests.sh`);
+- `harbor`: Harbor (`task.toml`, `instruction.md`, `tests/test.sh`);
+- `r2e`: R2E-Gym / DeepSWE rows (`*.jsonl` + local repositories and hidden tests);
+- `auto`: whichever of these the directory holds (`detect_benchmark_format`).
 
-Terminal-Bench (`task.yaml`), Harbor (`task.toml`) and DeepSWE / R2E-Gym loaders come
-later; each adds one module and one entry in `LOADERS`.
+Format-specific facts (timeouts, scoring rule, expected paths) come from
+`gyre.benchmarks.spec.task_spec(query)`; `describe_benchmark` lists them for people
+bringing their own task sets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gyre.benchmarks.errors import BenchmarkFormatError
-from gyre.benchmarks.nl2repo import load_nl2repo
+from gyre.benchmarks.harbor import TASK_TOML, load_harbor
+from gyre.benchmarks.nl2repo import INSTRUCTION_FILE, load_nl2repo
+from gyre.benchmarks.r2e import load_r2e
+from gyre.benchmarks.spec import HARBOR, NL2REPO, R2E, TERMINAL_BENCH, TaskSpec, task_spec
+from gyre.benchmarks.terminal_bench import TASK_YAML, load_terminal_bench
 from gyre.benchmarks.tiny import generate_tiny
 from gyre.records import Query
 
-LOADERS: dict[str, Callable[..., list[Query]]] = {"nl2repo": load_nl2repo}
+LOADERS: dict[str, Callable[..., list[Query]]] = {
+    NL2REPO: load_nl2repo,
+    TERMINAL_BENCH: load_terminal_bench,
+    HARBOR: load_harbor,
+    R2E: load_r2e,
+}
+KINDS = ("auto", *LOADERS)
 
-__all__ = ["BenchmarkFormatError", "LOADERS", "generate_tiny", "load_benchmark", "load_nl2repo"]
+__all__ = [
+    "BenchmarkFormatError", "KINDS", "LOADERS", "TaskSpec", "describe_benchmark", "detect_benchmark_format",
+    "generate_tiny", "load_benchmark", "load_nl2repo", "task_spec",
+]
 
 
 def load_benchmark(kind: str, root: Path, name: str | None = None) -> list[Query]:
     """Load every query of a benchmark of `kind` stored under `root`.
 
     `name` becomes each query's `benchmark` field (for example "tiny"); None keeps the
-    loader's default (for `nl2repo`: "nl2repobench").
+    loader's default (the format's name, "nl2repobench" for `nl2repo`).
     """
-    if kind not in LOADERS:
-        raise ValueError(f"unknown benchmark kind {kind!r}; known kinds: {', '.join(sorted(LOADERS))}")
+    if kind not in KINDS:
+        raise ValueError(f"unknown benchmark kind {kind!r}; known kinds: {', '.join(KINDS)}")
+    if kind == "auto":
+        kind = detect_benchmark_format(Path(root))
     loader = LOADERS[kind]
     return loader(Path(root)) if name is None else loader(Path(root), name)
+
+
+def detect_benchmark_format(root: Path) -> str:
+    """The native format of the benchmark under `root` (or of `root` itself, one task)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: benchmark root does not exist or is not a directory")
+    if any(root.glob("*.jsonl")):
+        return R2E
+    markers = {TASK_YAML: TERMINAL_BENCH, TASK_TOML: HARBOR, INSTRUCTION_FILE: NL2REPO}
+    candidates = [root, *sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))]
+    found = {fmt for d in candidates for marker, fmt in markers.items() if (d / marker).is_file()}
+    if len(found) != 1:
+        problem = "mixes formats " + ", ".join(sorted(found)) if found else (
+            f"holds none of {', '.join(markers)} or *.jsonl")
+        raise BenchmarkFormatError(root, "format", f"cannot tell the format: {problem}; pass --format")
+    return found.pop()
+
+
+def describe_benchmark(root: Path, kind: str = "auto") -> list[dict[str, Any]]:
+    """One plain dict per query (id, format, timeouts, scoring rule): what `gyre benchmark ls` prints."""
+    rows = []
+    for query in load_benchmark(kind, root):
+        spec = task_spec(query)
+        rows.append({
+            "id": query.query_id,
+            "format": spec.format,
+            "agent_timeout_s": spec.agent_timeout_s,
+            "test_timeout_s": spec.test_timeout_s,
+            "scoring": spec.scoring,
+            "test_case_count": query.test_case_count,
+            "workdir": spec.workdir,
+            "image": spec.image,
+        })
+    return rows

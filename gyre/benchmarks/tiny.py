@@ -207,6 +207,14 @@ def tiny_task(seed: int, index: int) -> TinyTask:
     return template(rng, rng.choice(_MODULES))
 
 
+def tiny_reference(query) -> tuple[str, str]:
+    """The reference solution of a generated query: (file name, content)."""
+    files = sorted((Path(query.root) / "reference").glob("*.py"))
+    if len(files) != 1:
+        raise FileNotFoundError(f"{query.root}/reference: expected one reference module, found {len(files)}")
+    return files[0].name, files[0].read_text(encoding="utf-8")
+
+
 def generate_tiny(out: Path, num_queries: int = 64, seed: int = 0) -> Path:
     """Write the tiny set to `out` (NL2RepoBench layout) and return `out`.
 

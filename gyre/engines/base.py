@@ -8,6 +8,8 @@ their own backend modules. Nothing above this row knows which backend it talks t
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -26,8 +28,22 @@ class SamplingParams:
 
 @dataclass
 class GenerationRequest:
+    """One generation. The two optional hooks let the proxy continue a request exactly on
+    another engine (drain, failure) without engine-side state:
+
+    - `stop`: once set, the engine ends this request at its next token boundary and returns
+      the tokens sampled so far with `finish_reason == "abort"`.
+    - `on_token(token_id, logprob)`: called (from the engine's thread, in order) for each
+      token as it is sampled, so tokens survive an engine that dies mid-request.
+
+    An engine that ignores both is still correct, just coarser: a drain then waits for its
+    requests to finish, and a failure restarts the lost segment.
+    """
+
     prompt_ids: list[int]
     params: SamplingParams
+    stop: threading.Event | None = None
+    on_token: Callable[[int, float], None] | None = None
 
 
 @dataclass
@@ -37,7 +53,7 @@ class GenerationResult:
 
     output_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "abort" (request.stop was set)
     policy_version: int
     engine_id: str
 

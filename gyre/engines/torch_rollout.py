@@ -8,7 +8,10 @@ drawn from). Requests that arrive while a batch runs wait for the next batch (dy
 batching; continuous batching is a later refinement behind the same interface).
 
 Weights are swapped between batches under the same lock, so every output token carries
-the policy version that actually produced it.
+the policy version that actually produced it. A request whose `stop` event is set leaves
+the batch at the next token boundary with the tokens it has (`finish_reason == "abort"`),
+and `on_token` sees every token as it is sampled: that is what lets the proxy drain this
+engine and continue each request exactly elsewhere.
 """
 
 from __future__ import annotations
@@ -123,6 +126,11 @@ class TorchRolloutEngine:
         logprobs: list[list[float]] = [[] for _ in requests]
         finish = ["length"] * num_rows
         done = [b <= 0 for b in budgets]
+        for row, req in enumerate(requests):
+            if req.stop is not None and req.stop.is_set():
+                done[row], finish[row] = True, "abort"
+        if all(done):
+            return [self._result(outputs[r], logprobs[r], finish[r]) for r in range(num_rows)]
 
         input_ids_BL = input_ids_BL.to(self.device)
         attention_BL = attention_BL.to(self.device)
@@ -139,12 +147,20 @@ class TorchRolloutEngine:
             sampled_B = torch.multinomial(logp_BV.exp(), 1, generator=self._generator).squeeze(-1)
             tokens_B = torch.where(greedy_B, logp_BV.argmax(-1), sampled_B)
             token_logp_B = logp_BV.gather(-1, tokens_B.unsqueeze(-1)).squeeze(-1)
+            tokens_list = tokens_B.tolist()
+            token_logp_list = token_logp_B.tolist()
             for row in range(num_rows):
                 if done[row]:
                     continue
-                tok = int(tokens_B[row])
+                req = requests[row]
+                if req.stop is not None and req.stop.is_set():
+                    done[row], finish[row] = True, "abort"
+                    continue
+                tok = tokens_list[row]
                 outputs[row].append(tok)
-                logprobs[row].append(float(token_logp_B[row]))
+                logprobs[row].append(token_logp_list[row])
+                if req.on_token is not None:
+                    req.on_token(tok, token_logp_list[row])
                 if tok in stops[row]:
                     done[row], finish[row] = True, "stop"
                 elif len(outputs[row]) >= budgets[row]:
@@ -162,13 +178,7 @@ class TorchRolloutEngine:
             past = out[self._cache_arg]
             next_pos_B = next_pos_B + 1
             logits_BV = out.logits[:, -1, :].float()
-        return [
-            GenerationResult(
-                output_ids=outputs[row],
-                logprobs=logprobs[row],
-                finish_reason=finish[row],
-                policy_version=self._version,
-                engine_id=self.engine_id,
-            )
-            for row in range(num_rows)
-        ]
+        return [self._result(outputs[row], logprobs[row], finish[row]) for row in range(num_rows)]
+
+    def _result(self, output_ids: list[int], logprobs: list[float], finish_reason: str) -> GenerationResult:
+        return GenerationResult(output_ids, logprobs, finish_reason, self._version, self.engine_id)

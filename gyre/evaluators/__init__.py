@@ -1,1 +1,65 @@
-"""Evaluators: score a kept workspace against pristine hidden tests; failures are never zeros."""
+"""Evaluators: score a kept workspace against pristine hidden tests; failures are never zeros.
+
+`evaluate_query` is the one entry point: it reads the query's native format
+(`gyre.benchmarks.spec.task_spec`) and dispatches to its scorer (NL2RepoBench: partial
+credit, `nl2repo`; Terminal-Bench: binary, Harbor: reward file, `container_task`;
+R2E-Gym / DeepSWE: binary exact statuses, `r2e`). Every scorer works on a copy of the
+workspace in a fresh sandbox with the pristine tests put in last, and returns
+`Score(status=ok, score in [0, 1])` for whatever the agent did (0 included) or
+`Score(status=error, score=None, detail=why)` when the evaluator itself failed (crash,
+infra error, unparseable output): such a score is dropped from its group and can be
+retried later, never counted as a zero. `score.json` is written next to the evaluation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gyre.records import Query, Score
+from gyre.sandboxes.base import SandboxLimits
+from gyre.sandboxes.isolation import Isolation
+
+EVAL_LIMITS = SandboxLimits(max_output_bytes=256 * 1024)
+
+
+def evaluate_query(
+    query: Query,
+    workspace: Path,
+    eval_dir: Path,
+    execution_id: str,
+    timeout_s: float = 120,
+    *,
+    isolation: Isolation | None = None,
+    limits: SandboxLimits = EVAL_LIMITS,
+) -> Score:
+    """Score `workspace` on `query` by its benchmark's own rule; see the module docstring.
+
+    `timeout_s` bounds each test command unless the format sets its own test timeout.
+    `eval_dir` must not exist: every evaluation, reruns included, gets its own.
+    """
+    from gyre.benchmarks.spec import NL2REPO, R2E, task_spec
+    from gyre.evaluators.common import SCORE_FILE, error
+    from gyre.evaluators.container_task import evaluate_container_task
+    from gyre.evaluators.nl2repo import evaluate
+    from gyre.evaluators.r2e import evaluate_r2e
+
+    try:
+        spec = task_spec(query)
+    except Exception as exc:  # a benchmark broken after loading: the evaluator's failure, not the agent's
+        spec = None
+        spec_error = f"{type(exc).__name__}: {exc}"
+    if spec is not None and spec.format == NL2REPO:
+        return evaluate(query, workspace, eval_dir, execution_id, timeout_s, isolation=isolation, limits=limits)
+    eval_dir = Path(eval_dir).resolve()
+    eval_dir.mkdir(parents=True, exist_ok=False)
+    if spec is None:
+        score = error(execution_id, f"evaluator failed: cannot read the query's format: {spec_error}")
+    else:
+        scorer = evaluate_r2e if spec.format == R2E else evaluate_container_task
+        try:
+            score = scorer(query, spec, Path(workspace).resolve(), eval_dir, execution_id,
+                           spec.test_timeout_s or timeout_s, isolation or Isolation.detect(), limits)
+        except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
+            score = error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
+    (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    return score

@@ -47,3 +47,15 @@ def read_junit(path: Path) -> list[JunitCase]:
                 break
         cases.append(JunitCase(element.get("file"), element.get("classname", ""), name, outcome))
     return cases
+
+
+def nodeid(case: JunitCase) -> str:
+    """pytest's node id of a case (`path/to/test_x.py::Class::test_y`), rebuilt from an xunit1 report."""
+    if case.file is None:
+        return f"{case.classname}::{case.name}" if case.classname else case.name
+    module = case.file.removesuffix(".py").replace("/", ".")
+    parts = [case.file]
+    if case.classname.startswith(module + "."):
+        parts += case.classname[len(module) + 1 :].split(".")
+    parts.append(case.name)
+    return "::".join(parts)

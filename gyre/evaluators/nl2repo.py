@@ -14,8 +14,10 @@ Steps: copy the workspace; remove pytest configuration and code the agent could 
 force passes (`gyre.evaluators.pytest_guard`); copy the pristine hidden tests in LAST,
 replacing any agent edits to those files (symlinks on their way are replaced, never
 followed); pin pytest's rootdir with gyre's own pytest.ini; run each test command with
-`bash -c` in `repo/` through `gyre.sandboxes.process.run_command` (scrubbed environment,
-rlimits, its own process group, `timeout_s` per command), with PYTEST_ADDOPTS asking for
+`bash -c` in `repo/` in a fresh sandbox (`gyre.sandboxes.isolation`: bubblewrap + cgroups
+where available, so the agent's code under test has no network and sees no other
+workspace; scrubbed environment, rlimits, `timeout_s` per command, only `repo/`,
+`reports/` and a scratch `/tmp` writable), with PYTEST_ADDOPTS asking for
 a JUnit report and `--continue-on-collection-errors` (one test file that fails to import
 does not cost the others); count test cases that passed in the reports. Only cases from
 the hidden test files count, each once across commands, so tests the agent wrote itself
@@ -42,10 +44,8 @@ import) is scored as an evaluator failure, i.e. dropped rather than zero.
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
-import stat
 import xml.etree.ElementTree as ET
 from pathlib import Path, PurePosixPath
 
@@ -53,8 +53,11 @@ from gyre.evaluators.junit import PASSED, read_junit
 from gyre.evaluators.pytest_guard import neutralise_pytest_config, pin_rootdir
 from gyre.records import EvalStatus, Query, Score
 from gyre.sandboxes.base import ExecResult, SandboxLimits
+from gyre.sandboxes.isolation import Isolation
+from gyre.sandboxes.layout import Mount, SandboxLayout
 from gyre.sandboxes.paths import clear_path
-from gyre.sandboxes.process import run_command, sandbox_env
+from gyre.sandboxes.process import sandbox_env
+from gyre.evaluators.workspace_copy import copy_workspace
 
 EVAL_LIMITS = SandboxLimits(max_output_bytes=256 * 1024)
 INTERRUPT_GRACE_S = 5.0
@@ -70,7 +73,16 @@ SCORE_FILE = "score.json"
 _TAIL_CHARS = 600
 
 
-def evaluate(query: Query, workspace: Path, eval_dir: Path, execution_id: str, timeout_s: float = 120) -> Score:
+def evaluate(
+    query: Query,
+    workspace: Path,
+    eval_dir: Path,
+    execution_id: str,
+    timeout_s: float = 120,
+    *,
+    isolation: Isolation | None = None,
+    limits: SandboxLimits = EVAL_LIMITS,
+) -> Score:
     """Run `query`'s hidden tests against a copy of `workspace` in the fresh directory `eval_dir`.
 
     `eval_dir` must not exist (FileExistsError): each evaluation, reruns included, gets
@@ -81,24 +93,37 @@ def evaluate(query: Query, workspace: Path, eval_dir: Path, execution_id: str, t
     eval_dir = Path(eval_dir).resolve()  # commands run inside eval_dir/repo: paths must be absolute
     eval_dir.mkdir(parents=True, exist_ok=False)
     try:
-        score = _score(query, Path(workspace).resolve(), eval_dir, execution_id, timeout_s)
+        isolation = isolation or Isolation.detect()
+        score = _score(query, Path(workspace).resolve(), eval_dir, execution_id, timeout_s, isolation, limits)
     except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
         score = _error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
     (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return score
 
 
-def _score(query: Query, workspace: Path, eval_dir: Path, execution_id: str, timeout_s: float) -> Score:
-    if not workspace.is_dir():
-        raise FileNotFoundError(f"workspace {workspace} does not exist")
+def _score(
+    query: Query,
+    workspace: Path,
+    eval_dir: Path,
+    execution_id: str,
+    timeout_s: float,
+    isolation: Isolation,
+    limits: SandboxLimits,
+) -> Score:
     repo = eval_dir / "repo"
     reports = eval_dir / "reports"
-    shutil.copytree(workspace, repo, symlinks=True, ignore=_special_files)
+    scratch = eval_dir / "tmp"
+    too_big = copy_workspace(workspace, repo, limits)
+    if too_big is not None:  # the agent's doing: a valid zero, never a dropped sample
+        return Score(execution_id=execution_id, status=EvalStatus.ok, score=0.0, tests_passed=0,
+                     tests_total=query.test_case_count, detail=too_big)
     neutralised = neutralise_pytest_config(repo)
     for rel in query.test_files:
         shutil.copyfile(Path(query.hidden_tests_dir) / rel, clear_path(repo, rel))
     pin_rootdir(repo, query.test_files)
     reports.mkdir()
+    scratch.mkdir()
+    layout = SandboxLayout(mounts=(Mount(reports, str(reports), writable=True),))
     if neutralised:
         (reports / "neutralised.txt").write_text("\n".join(neutralised) + "\n", encoding="utf-8")
 
@@ -109,11 +134,13 @@ def _score(query: Query, workspace: Path, eval_dir: Path, execution_id: str, tim
     for i, command in enumerate(query.test_commands):
         junit = reports / f"junit_{i}.xml"
         addopts = f"--junitxml={shlex.quote(str(junit))} -o junit_family=xunit1 --continue-on-collection-errors"
-        result = run_command(
+        result = isolation.run(
             command,
-            cwd=repo,
+            workspace=repo,
+            scratch=scratch,
+            layout=layout,
             env=sandbox_env(repo, {"PYTEST_ADDOPTS": addopts}),
-            limits=EVAL_LIMITS,
+            limits=limits,
             timeout_s=timeout_s,
             interrupt_grace_s=INTERRUPT_GRACE_S,
         )
@@ -164,12 +191,6 @@ def _evaluator_failure(i: int, command: str, result: ExecResult, junit: Path) ->
     if not junit.exists():
         return f"command {i} {command!r} exited {result.exit_code} without writing {junit}: {_tail(result)}"
     return None
-
-
-def _special_files(directory: str, names: list[str]) -> list[str]:
-    """Names copytree must skip: FIFOs, sockets and devices (copying a FIFO would block)."""
-    kept_kinds = (stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK)
-    return [name for name in names if not any(kind(os.lstat(Path(directory, name)).st_mode) for kind in kept_kinds)]
 
 
 def _write_log(path: Path, command: str, result: ExecResult) -> None:

@@ -1,1 +1,34 @@
-"""Harnesses: agents that drive the model through the proxy (builtin; Claude Code and others later)."""
+"""Harnesses: agents that drive the model through the proxy (builtin, claude-code, mini-swe-agent, command).
+
+`make_harness(config)` builds the one a run's `harness` config names, so the coordinator
+never branches on harness types.
+"""
+
+from __future__ import annotations
+
+from gyre.config import HarnessConfig
+from gyre.harnesses.base import Harness
+
+
+def make_harness(config: HarnessConfig) -> Harness:
+    if config.type == "builtin":
+        from gyre.harnesses.builtin import BuiltinHarness
+
+        return BuiltinHarness(
+            max_turns=config.max_turns,
+            command_timeout_s=config.command_timeout_s,
+            max_tool_output_chars=config.max_tool_output_chars,
+        )
+    if config.type == "claude-code":
+        from gyre.harnesses.claude_code import ClaudeCodeHarness
+
+        return ClaudeCodeHarness(max_turns=config.max_turns)
+    if config.type == "mini-swe-agent":
+        from gyre.harnesses.mini_swe_agent import MiniSweAgentHarness
+
+        return MiniSweAgentHarness()
+    from gyre.harnesses.command import CommandHarness
+
+    if not config.command:
+        raise ValueError("harness.command must be a non-empty argv when harness.type is 'command'")
+    return CommandHarness(config.command)

@@ -1,1 +1,1 @@
-"""The model-call proxy: OpenAI-compatible HTTP in front of rollout engines, recording TITO."""
+"""The model-call proxy: OpenAI + Anthropic HTTP APIs in front of rollout engines, recording TITO."""

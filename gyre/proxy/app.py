@@ -1,69 +1,59 @@
-"""The model-call proxy's HTTP app: an OpenAI chat-completions endpoint that records TITO.
+"""The model-call proxy's HTTP app: OpenAI and Anthropic endpoints in front of the router.
 
 Every harness reaches the policy only through here. A request is authenticated by its
-per-execution key, rendered to prompt ids (with exact sampled ids spliced back in, see
-`prompt.py`), generated on a rollout engine chosen by the router, and recorded as a `Call`
-before the response leaves. Errors come back in the OpenAI error shape.
+per-execution key (OpenAI `Authorization: Bearer`, Anthropic `x-api-key`; either header
+works on either API), its body is size-checked and validated at this boundary, and the
+call runs in `completion.py`. Errors come back in the shape of the API the path belongs
+to: `/v1/messages*` answers like Anthropic, everything else like OpenAI.
 
-Streaming, the Anthropic Messages API, draining and failover belong to the proxy issue and
-extend this module; a request asking for streaming gets a clear 400 until then.
+Endpoints: `POST /v1/chat/completions`, `POST /v1/messages` (query strings such as
+`?beta=true` are ignored), `POST /v1/messages/count_tokens`, `GET /v1/models[/{id}]`,
+`GET|HEAD /` (Claude Code probes it) and `GET /health`.
+
+Plain Starlette rather than FastAPI: validation is explicit (`model_validate_json` on the
+raw bytes) and the per-request overhead is what the proxy benchmark measures.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
-from gyre.engines.base import ContextLengthError, GenerationRequest, SamplingParams
-from gyre.proxy.prompt import PromptBuilder, Segment
-from gyre.proxy.router import EngineRouter, NoEngineError
-from gyre.proxy.sessions import SessionRegistry
-from gyre.proxy.toolcalls import QwenToolCallParser, ToolCallParser, template_message
-from gyre.records import Call, utc_now
+from gyre.proxy import anthropic_api, openai_api
+from gyre.proxy.completion import CompletionCore, ProxyDefaults
+from gyre.proxy.errors import ProxyError, error_response
+from gyre.proxy.router import EngineRouter
+from gyre.proxy.sessions import ExecutionSession, SessionRegistry
+from gyre.proxy.toolcalls import QwenToolCallParser, ToolCallParser
 
+__all__ = ["ProxyDefaults", "create_app"]
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str = Field(pattern="^(system|developer|user|assistant|tool)$")
-    content: str | list[dict[str, Any]] | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
+log = logging.getLogger(__name__)
 
-
-class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: str = ""
-    messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=10.0)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    n: int = 1
-    stream: bool = False
+DEFAULT_MAX_BODY_BYTES = 32 * 2**20
+"""Largest request body accepted (a 1M-token conversation is ~4 MB of text)."""
+DEFAULT_MAX_CONCURRENT_REQUESTS = 512
+"""Engine calls in flight at once (threads blocked in `RolloutEngine.generate`)."""
 
 
-class ProxyError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
+def _json(payload: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
 
 
-def _error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": status}})
-
-
-class ProxyDefaults(BaseModel):
-    """Sampling applied when a request does not say (the run's rollout settings)."""
-
-    temperature: float = 1.0
-    max_new_tokens: int = 128
-    max_new_tokens_cap: int = 4096
+def _validation_message(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return f"invalid request: {where or 'body'}: {first.get('msg', 'bad input')}"
 
 
 def create_app(
@@ -75,94 +65,106 @@ def create_app(
     stop_token_ids: tuple[int, ...],
     defaults: ProxyDefaults = ProxyDefaults(),
     parser: ToolCallParser | None = None,
-) -> FastAPI:
-    app = FastAPI(title="gyre proxy")
-    builder = PromptBuilder(tokenizer)
-    parser = parser or QwenToolCallParser()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
+) -> Starlette:
+    executor = ThreadPoolExecutor(max_workers=max_concurrent_requests, thread_name_prefix="gyre-proxy-engine")
+    core = CompletionCore(
+        router, sessions, tokenizer, executor,
+        stop_token_ids=stop_token_ids, defaults=defaults, parser=parser or QwenToolCallParser(),
+    )
+    inline_reasoning = "reasoning_content" not in (tokenizer.chat_template or "")
 
-    @app.exception_handler(ProxyError)
-    async def _proxy_error(_: Request, exc: ProxyError) -> JSONResponse:
-        return _error(exc.status, exc.message, exc.kind)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return _error(400, f"invalid request: {where}: {first.get('msg', 'bad input')}", "invalid_request_error")
-
-    @app.get("/health")
-    def health() -> dict[str, Any]:
-        return {"status": "ok", "engines": [e.engine_id for e in router.engines()]}
-
-    @app.get("/v1/models")
-    def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "gyre"}]}
-
-    @app.post("/v1/chat/completions")
-    def chat_completions(body: ChatCompletionRequest, request: Request) -> dict[str, Any]:
-        auth = request.headers.get("authorization", "")
-        key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+    def authenticate(request: Request) -> ExecutionSession:
+        key = request.headers.get("x-api-key")
+        if not key:
+            auth = request.headers.get("authorization", "")
+            key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         session = sessions.session(key) if key else None
         if session is None:
-            raise ProxyError(401, "unknown or missing API key", "authentication_error")
-        if body.stream:
-            raise ProxyError(400, "stream=true is not supported by this proxy yet")
-        if body.n != 1:
-            raise ProxyError(400, "only n=1 is supported")
-        messages = [template_message(m.model_dump(exclude_none=True)) for m in body.messages]
-        try:
-            prompt = builder.build(messages, body.tools, session.segments)
-        except Exception as exc:  # the chat template rejected the conversation: bad input
-            raise ProxyError(400, f"cannot render messages with the chat template: {exc}") from exc
-        max_new = body.max_completion_tokens or body.max_tokens or defaults.max_new_tokens
-        params = SamplingParams(
-            temperature=defaults.temperature if body.temperature is None else body.temperature,
-            max_new_tokens=min(max_new, defaults.max_new_tokens_cap),
-            stop_token_ids=stop_token_ids,
-        )
-        started = utc_now()
-        try:
-            with router.lease(session.execution_id) as engine:
-                result = engine.generate(GenerationRequest(prompt_ids=prompt.ids, params=params))
-        except ContextLengthError as exc:
-            raise ProxyError(400, str(exc), "context_length_exceeded") from exc
-        except NoEngineError as exc:
-            raise ProxyError(503, str(exc), "server_error") from exc
-        ended = bool(result.output_ids) and result.output_ids[-1] in stop_token_ids
-        text_ids = result.output_ids[:-1] if ended else result.output_ids
-        text = tokenizer.decode(text_ids, skip_special_tokens=False)
-        content, tool_calls = parser.parse(text)
-        assistant: dict[str, Any] = {"role": "assistant", "content": content or None}
-        if tool_calls:
-            assistant["tool_calls"] = [tc.to_openai() for tc in tool_calls]
-        call = Call(
-            call_id=f"call-{uuid.uuid4().hex[:16]}",
-            execution_id=session.execution_id,
-            agent_id=request.headers.get("x-gyre-agent-id"),
-            kind="chat",
-            prompt_ids=prompt.ids,
-            output_ids=result.output_ids,
-            logprobs=result.logprobs,
-            policy_version=result.policy_version,
-            engine_id=result.engine_id,
-            finish_reason=result.finish_reason,
-            started_at=started,
-            finished_at=utc_now(),
-        )
-        canonical = builder.canonical_segment(messages, body.tools, template_message(assistant))
-        sessions.record(session, call, canonical, Segment(result.output_ids, ended), prompt.fallback_turns)
-        finish_reason = "tool_calls" if tool_calls else ("stop" if result.finish_reason == "stop" else "length")
-        return {
-            "id": f"chatcmpl-{call.call_id}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.model or model_name,
-            "choices": [{"index": 0, "message": assistant, "finish_reason": finish_reason}],
-            "usage": {
-                "prompt_tokens": len(prompt.ids),
-                "completion_tokens": len(result.output_ids),
-                "total_tokens": len(prompt.ids) + len(result.output_ids),
-            },
-        }
+            raise ProxyError(401, "unknown or missing API key", "authentication")
+        return session
 
+    async def read(request: Request, model: type[BaseModel]) -> BaseModel:
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > max_body_bytes):
+            raise ProxyError(413, f"request body exceeds {max_body_bytes} bytes", "too_large")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_body_bytes:
+                raise ProxyError(413, f"request body exceeds {max_body_bytes} bytes", "too_large")
+        try:
+            return model.model_validate_json(body)
+        except ValidationError as exc:
+            raise ProxyError(400, _validation_message(exc)) from exc
+
+    def endpoint(api: str, handler: Callable[[Request], Awaitable[Response]]):
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ProxyError as exc:
+                return error_response(exc, api)
+            except Exception:  # a bug of ours: log it, answer in the API's shape, keep serving
+                log.exception("proxy: unhandled error on %s", request.url.path)
+                return error_response(ProxyError(500, "internal proxy error", "internal"), api)
+
+        return run
+
+    async def chat_completions(request: Request) -> Response:
+        session = authenticate(request)
+        body = await read(request, openai_api.ChatCompletionRequest)
+        return await openai_api.chat_completions(core, body, session, request.headers, model_name, inline_reasoning)
+
+    async def messages(request: Request) -> Response:
+        session = authenticate(request)
+        body = await read(request, anthropic_api.MessagesRequest)
+        return await anthropic_api.messages(core, body, session, request.headers, model_name, inline_reasoning)
+
+    async def count_tokens(request: Request) -> Response:
+        session = authenticate(request)
+        body = await read(request, anthropic_api.CountTokensRequest)
+        return anthropic_api.count_tokens(core, body, session, request.headers, inline_reasoning)
+
+    created = int(time.time())
+    model_entry = {
+        "id": model_name, "object": "model", "type": "model", "display_name": model_name,
+        "created": created, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)), "owned_by": "gyre",
+    }
+
+    async def models(_: Request) -> Response:
+        return _json({"object": "list", "data": [model_entry], "has_more": False,
+                      "first_id": model_name, "last_id": model_name})
+
+    async def model(request: Request) -> Response:
+        if request.path_params["model_id"] != model_name:
+            raise ProxyError(404, f"model {request.path_params['model_id']!r} not found", "not_found")
+        return _json(model_entry)
+
+    async def root(_: Request) -> Response:
+        return _json({"status": "ok", "service": "gyre proxy"})
+
+    async def health(_: Request) -> Response:
+        return _json({"status": "ok", "engines": router.load()})
+
+    def api_of(path: str) -> str:
+        return "anthropic" if path.startswith("/v1/messages") else "openai"
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        kind = "not_found" if exc.status_code == 404 else "invalid_request"
+        return error_response(ProxyError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind),
+                              api_of(request.url.path))
+
+    routes = [
+        Route("/", endpoint("openai", root), methods=["GET", "HEAD"]),
+        Route("/health", endpoint("openai", health), methods=["GET", "HEAD"]),
+        Route("/v1/models", endpoint("openai", models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", endpoint("openai", model), methods=["GET"]),
+        Route("/v1/chat/completions", endpoint("openai", chat_completions), methods=["POST"]),
+        Route("/chat/completions", endpoint("openai", chat_completions), methods=["POST"]),
+        Route("/v1/messages", endpoint("anthropic", messages), methods=["POST"]),
+        Route("/v1/messages/count_tokens", endpoint("anthropic", count_tokens), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app.state.core = core
     return app

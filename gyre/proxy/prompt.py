@@ -2,95 +2,195 @@
 
 The harness sends its whole conversation back as text on every call. Re-tokenising the
 assistant turns in it would train on tokens the policy never sampled. So for every output
-the proxy returns, it remembers the template's rendering of that assistant turn (the
-canonical segment) and the exact output ids. When a later request contains a turn whose
-rendering matches a remembered segment, the prompt carries the original ids there; the
-text around it is tokenised as template text (not trainable). A turn the harness edited,
-truncated or compacted matches nothing and falls back to template tokens; the builder
-counts such fallbacks so the run can report them.
+the proxy returns, it remembers the template's rendering of that assistant turn in its
+context (the canonical text) and the exact output ids. When a later request contains a
+turn whose rendering matches a remembered one, the prompt carries the original ids there;
+the text around it is tokenised as template text (not trainable). A turn the harness
+edited, truncated or compacted matches nothing and falls back to template tokens; the
+builder counts such fallbacks and reports their prompt positions so they are never
+mistaken for policy tokens.
+
+Cost. An agent loop sends a conversation that is the previous one plus the returned turn
+plus new tool results, hundreds of times. Re-tokenising (or re-rendering every prefix of)
+the whole history each turn is quadratic, so each execution keeps a few *prefix states*:
+the rendered text of a conversation that ended with a returned turn, and its prompt ids
+with the sampled ids spliced in. A request starts from the longest state whose text
+prefixes its own rendering; only the rest is examined and tokenised. A turn-by-turn agent
+therefore costs one template render plus tokenising the new messages per call.
 
 Requires a template that renders a conversation as a prefix of its own continuation
-(every standard chat template does for whole turns).
+(every standard chat template does for whole turns). A template that rewrites earlier
+turns (Qwen3 drops old reasoning) breaks that prefix and shows up as fallbacks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 END_OF_TURN = "<|im_end|>"
+MAX_PREFIX_STATES = 4
+"""Prefix states kept per execution (most recently used first out of the cache last)."""
 
 
 @dataclass
 class Segment:
-    """One recorded assistant turn: its canonical text and the ids that produced it."""
+    """One recorded assistant turn: the ids that produced it."""
 
     output_ids: list[int]
     ended: bool  # True when the output ends with the end-of-turn token
 
 
 @dataclass
+class PrefixState:
+    """Rendered text of a conversation ending with a returned turn, and its prompt ids."""
+
+    text: str
+    ids: list[int]
+    num_messages: int
+    fallback_spans: list[tuple[int, int]]
+
+
+@dataclass
+class TitoCache:
+    """One execution's splice memory: canonical turn text -> segment, and prefix states."""
+
+    segments: dict[str, Segment] = field(default_factory=dict)
+    states: OrderedDict[int, PrefixState] = field(default_factory=OrderedDict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def best_state(self, full: str, num_messages: int) -> PrefixState | None:
+        with self.lock:
+            best = None
+            for key, state in self.states.items():
+                if (
+                    state.num_messages <= num_messages
+                    and (best is None or len(state.text) > len(best.text))
+                    and full.startswith(state.text)
+                ):
+                    best, best_key = state, key
+            if best is not None:
+                self.states.move_to_end(best_key)
+            return best
+
+    def remember(self, canonical: str, segment: Segment, state: PrefixState | None) -> None:
+        with self.lock:
+            self.segments[canonical] = segment
+            if state is not None:
+                self.states[id(state)] = state
+                while len(self.states) > MAX_PREFIX_STATES:
+                    self.states.popitem(last=False)
+
+
+@dataclass
 class BuiltPrompt:
     ids: list[int]
-    spliced_turns: int
-    fallback_turns: int
+    text: str  # the template rendering (with generation prompt) the ids stand for
+    num_messages: int
+    spliced_turns: int = 0
+    fallback_turns: int = 0
+    fallback_spans: list[tuple[int, int]] = field(default_factory=list)
+
+
+def _compiled_template(tokenizer):
+    """transformers' compiled (sandboxed, cached) jinja template, or None if unavailable.
+
+    Rendering it directly skips `apply_chat_template`'s deep copy of every message, which
+    for a long conversation costs more than the render itself. Messages given to it must
+    be plain dicts without None values (what the API front ends produce).
+    """
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        return None
+    return _compile_jinja_template(tokenizer.chat_template)
+
+
+_REASONING_ALIASES = ("thinking", "reasoning")
 
 
 class PromptBuilder:
     def __init__(self, tokenizer, end_of_turn: str = END_OF_TURN) -> None:
         self.tokenizer = tokenizer
         self.end_of_turn = end_of_turn
+        self._backend = getattr(tokenizer, "_tokenizer", None)  # the Rust tokenizer, when fast
+        self._template = _compiled_template(tokenizer)
+        self._template_vars = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict] | None, generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
+        if self._template is None:
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
+            )
+        messages = [
+            {**{a: m["reasoning_content"] for a in _REASONING_ALIASES}, **m} if "reasoning_content" in m else m
+            for m in messages
+        ]
+        return self._template.render(
+            messages=messages, tools=tools or None, add_generation_prompt=generation_prompt, **self._template_vars
         )
 
     def encode(self, text: str) -> list[int]:
+        if not text:
+            return []
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def canonical_segment(
-        self, messages: list[dict[str, Any]], tools: list[dict] | None, assistant: dict[str, Any]
-    ) -> str:
-        """The template's rendering of `assistant` appended after `messages`."""
-        before = self.render(messages, tools, generation_prompt=True)
-        after = self.render(messages + [assistant], tools, generation_prompt=False)
-        if not after.startswith(before):
-            raise ValueError("chat template does not render a conversation as a prefix of its continuation")
-        return after[len(before) :]
-
-    def build(
-        self, messages: list[dict[str, Any]], tools: list[dict] | None, segments: dict[str, Segment]
-    ) -> BuiltPrompt:
+    def build(self, messages: list[dict[str, Any]], tools: list[dict] | None, cache: TitoCache) -> BuiltPrompt:
         full = self.render(messages, tools, generation_prompt=True)
-        ids: list[int] = []
-        cursor = 0
-        spliced = fallback = 0
-        for i, message in enumerate(messages):
-            if message.get("role") != "assistant":
+        state = cache.best_state(full, len(messages))
+        if state is None:
+            prompt = BuiltPrompt(ids=[], text=full, num_messages=len(messages))
+            cursor, first = 0, 0
+        else:
+            prompt = BuiltPrompt(
+                ids=list(state.ids), text=full, num_messages=len(messages), fallback_spans=list(state.fallback_spans)
+            )
+            cursor, first = len(state.text), state.num_messages
+        for i in range(first, len(messages)):
+            if messages[i].get("role") != "assistant":
                 continue
             before = self.render(messages[:i], tools, generation_prompt=True)
             after = self.render(messages[: i + 1], tools, generation_prompt=False)
-            if not (after.startswith(before) and full.startswith(after)):
-                fallback += 1
-                continue
-            segment = segments.get(after[len(before) :])
-            if segment is None:
-                fallback += 1
+            if not (after.startswith(before) and full.startswith(after) and len(before) >= cursor):
+                prompt.fallback_turns += 1  # position unknown: the template rewrote history
                 continue
             text = after[len(before) :]
-            ids += self.encode(full[cursor : len(before)]) + segment.output_ids
-            # What the template adds after the sampled tokens (end marker if the output was
-            # cut at max tokens, then the separator) is template text.
-            end = text.rfind(self.end_of_turn)
-            if end < 0:
-                tail = ""
-            elif segment.ended:
-                tail = text[end + len(self.end_of_turn) :]
+            prompt.ids += self.encode(full[cursor : len(before)])
+            segment = cache.segments.get(text)
+            if segment is None:
+                start = len(prompt.ids)
+                prompt.ids += self.encode(text)
+                prompt.fallback_spans.append((start, len(prompt.ids)))
+                prompt.fallback_turns += 1
             else:
-                tail = text[end:]
-            ids += self.encode(tail)
+                prompt.ids += segment.output_ids + self.encode(self._tail(text, segment.ended))
+                prompt.spliced_turns += 1
             cursor = len(after)
-            spliced += 1
-        ids += self.encode(full[cursor:])
-        return BuiltPrompt(ids=ids, spliced_turns=spliced, fallback_turns=fallback)
+        prompt.ids += self.encode(full[cursor:])
+        return prompt
+
+    def remember(
+        self, cache: TitoCache, prompt: BuiltPrompt, messages: list[dict[str, Any]], tools: list[dict] | None,
+        assistant: dict[str, Any], output_ids: list[int], ended: bool,
+    ) -> None:
+        """Remember a returned turn: its canonical text for splicing, and the prefix state
+        of the conversation ending with it."""
+        after = self.render(messages + [assistant], tools, generation_prompt=False)
+        if not after.startswith(prompt.text):
+            raise ValueError("chat template does not render a conversation as a prefix of its continuation")
+        canonical = after[len(prompt.text) :]
+        ids = prompt.ids + output_ids + self.encode(self._tail(canonical, ended))
+        state = PrefixState(after, ids, len(messages) + 1, prompt.fallback_spans)
+        cache.remember(canonical, Segment(list(output_ids), ended), state)
+
+    def _tail(self, canonical: str, ended: bool) -> str:
+        """What the template adds after the sampled tokens: the separator after the
+        end-of-turn marker, or (output cut at max tokens) the marker too."""
+        end = canonical.rfind(self.end_of_turn)
+        if end < 0:
+            return ""
+        return canonical[end + len(self.end_of_turn) :] if ended else canonical[end:]

@@ -1,8 +1,9 @@
-"""Per-execution proxy state: the API key, the recorded calls, the splice segments.
+"""Per-execution proxy state: the API key, the recorded calls, the TITO splice memory.
 
 The run mints one key per execution; the key is the only thing that maps a request to an
-execution, so one execution's key can never write into another's record. Thread-safe:
-the proxy serves many executions concurrently.
+execution, so one execution's key can never write into another's record, and one
+execution's recorded outputs are never spliced into another's prompt. Thread-safe: the
+proxy serves many executions concurrently while the run mints and closes keys.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import secrets
 import threading
 from dataclasses import dataclass, field
 
-from gyre.proxy.prompt import Segment
+from gyre.proxy.prompt import TitoCache
 from gyre.records import Call
 
 
@@ -19,8 +20,15 @@ from gyre.records import Call
 class ExecutionSession:
     execution_id: str
     calls: list[Call] = field(default_factory=list)
-    segments: dict[str, Segment] = field(default_factory=dict)
+    tito: TitoCache = field(default_factory=TitoCache)
     fallback_turns: int = 0
+    """Assistant turns the harness sent back changed, so template tokens stood in for them."""
+    closed: bool = False
+
+    @property
+    def segments(self):
+        """Canonical turn text -> recorded segment (what splicing matches against)."""
+        return self.tito.segments
 
 
 class SessionRegistry:
@@ -38,18 +46,28 @@ class SessionRegistry:
             self._key_of[execution_id] = key
             return key
 
-    def session(self, key: str) -> ExecutionSession | None:
+    def add(self, execution_id: str, key: str) -> None:
+        """Register a key chosen elsewhere (a standalone proxy's static keys)."""
         with self._lock:
-            return self._by_key.get(key)
+            if execution_id in self._key_of or key in self._by_key:
+                raise ValueError(f"execution {execution_id} or its key is already registered")
+            self._by_key[key] = ExecutionSession(execution_id)
+            self._key_of[execution_id] = key
 
-    def record(self, session: ExecutionSession, call: Call, canonical: str, segment: Segment, fallbacks: int) -> None:
+    def session(self, key: str) -> ExecutionSession | None:
+        return self._by_key.get(key)  # a dict read is atomic; mint/close hold the lock
+
+    def record(self, session: ExecutionSession, call: Call, fallback_turns: int) -> None:
         with self._lock:
+            if session.closed:
+                return  # the execution ended while this call ran: it is not part of its record
             session.calls.append(call)
-            session.segments[canonical] = segment
-            session.fallback_turns += fallbacks
+            session.fallback_turns += fallback_turns
 
     def close(self, execution_id: str) -> ExecutionSession:
         """Revoke the key and hand over everything recorded for the execution."""
         with self._lock:
             key = self._key_of.pop(execution_id)
-            return self._by_key.pop(key)
+            session = self._by_key.pop(key)
+            session.closed = True
+            return session

@@ -1,9 +1,17 @@
-"""Parsing a model's tool-call text into API tool calls, and back into template messages.
+"""Parsing a model's tool-call text into API tool calls, per model family.
 
-The bundled model (like Qwen) writes tool calls as `<tool_call>{"name": ..., "arguments":
-{...}}</tool_call>`. The proxy turns them into OpenAI `tool_calls`; text that does not
-parse stays plain content, never an error. Parsers are per model family behind
-`ToolCallParser`; the Qwen-style one is the default.
+The bundled model (like Qwen and Hermes-style models) writes tool calls as
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`. The proxy turns them into
+OpenAI `tool_calls` and Anthropic `tool_use` blocks; output that does not parse stays
+plain content, never an error. A parser also names the tag that opens a call, so a
+streaming response can hold text back from the moment a call may have begun.
+
+Content, when calls parse, is the text before the first call with trailing whitespace
+removed (what follows the calls is dropped from the content, as vLLM's Hermes parser
+does; the sampled tokens are recorded whole either way). Streaming relies on this: the
+content is always a prefix-extension of what a stream has sent.
+
+Parsers are looked up per model family (`PARSERS`); add a family by adding a class.
 """
 
 from __future__ import annotations
@@ -21,29 +29,30 @@ class ToolCall:
     arguments: dict[str, Any]
     call_id: str
 
-    def to_openai(self) -> dict[str, Any]:
-        return {
-            "id": self.call_id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)},
-        }
-
 
 class ToolCallParser(Protocol):
-    def parse(self, text: str) -> tuple[str, list[ToolCall]]: ...
+    open_tag: str
+    """Text that starts a tool call; streamed content is held back once it appears."""
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """(content, calls); (text, []) when the text holds no well-formed call."""
+        ...
 
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 class QwenToolCallParser:
-    """`<tool_call>{json}</tool_call>` blocks; content is the text outside them."""
+    """`<tool_call>{json}</tool_call>` blocks (Qwen2.5/Qwen3, Hermes, the bundled model)."""
+
+    open_tag = "<tool_call>"
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         calls: list[ToolCall] = []
-        for block in _TOOL_CALL.findall(text):
+        first = None
+        for match in _TOOL_CALL.finditer(text):
             try:
-                obj = json.loads(block)
+                obj = json.loads(match.group(1))
             except json.JSONDecodeError:
                 return text, []
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
@@ -56,30 +65,19 @@ class QwenToolCallParser:
                     return text, []
             if not isinstance(args, dict):
                 return text, []
-            calls.append(ToolCall(name=obj["name"], arguments=args, call_id=f"call_{secrets.token_hex(8)}"))
+            first = match.start() if first is None else first
+            calls.append(ToolCall(name=obj["name"], arguments=args, call_id=secrets.token_hex(12)))
         if not calls:
             return text, []
-        return _TOOL_CALL.sub("", text).strip(), calls
+        return text[:first].rstrip(), calls
 
 
-def template_message(message: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI chat message as a chat template expects it (tool-call arguments as dicts)."""
-    out = {k: v for k, v in message.items() if k in ("role", "content", "name", "tool_call_id")}
-    content = out.get("content")
-    if isinstance(content, list):  # OpenAI content parts: keep the text parts
-        out["content"] = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    elif content is None:
-        out["content"] = ""
-    if message.get("tool_calls"):
-        calls = []
-        for tc in message["tool_calls"]:
-            fn = dict(tc.get("function") or {})
-            args = fn.get("arguments", {})
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except json.JSONDecodeError:
-                    pass
-            calls.append({"type": "function", "function": {"name": fn.get("name", ""), "arguments": args}})
-        out["tool_calls"] = calls
-    return out
+PARSERS: dict[str, type] = {"qwen": QwenToolCallParser, "hermes": QwenToolCallParser}
+"""Model family -> tool-call parser class."""
+
+
+def parser_for(family: str) -> ToolCallParser:
+    try:
+        return PARSERS[family]()
+    except KeyError:
+        raise ValueError(f"no tool-call parser for model family {family!r}; known: {sorted(PARSERS)}") from None

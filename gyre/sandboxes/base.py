@@ -2,9 +2,10 @@
 
 A harness (Claude Code, mini-swe-agent, a script) drives one execution inside one
 sandbox. Everything it needs is here: run a shell command with a timeout, read and write
-files in the workspace, close. Backends differ in how well they isolate: `LocalSandbox`
-(plain process groups + rlimits, the CPU default) today; bubblewrap namespaces and Docker
-later, each behind this same Protocol and imported only inside its own module.
+files in the workspace, close. Backends differ in how they isolate: `LocalSandbox` (the
+default: bubblewrap namespaces + cgroups v1 + rlimits when `bwrap` is installed, plain
+process groups + rlimits with a loud warning otherwise) and `DockerSandbox` (the docker
+SDK, imported only inside its own module), each behind this same Protocol.
 
 Two rules every backend keeps:
 - The workspace directory outlives the sandbox. `close()` stops processes and keeps the
@@ -33,14 +34,19 @@ class ExecResult:
     stderr: str
     timed_out: bool
     duration_s: float
+    limit_hit: str | None = None
+    """Set when gyre killed the command for a limit other than the timeout (workspace too big, ...)."""
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Per-process resource limits applied to every command (POSIX rlimits).
+    """Resource limits applied to every command.
 
-    rlimits bind each process separately, not the command's whole process tree; the
-    wall-clock timeout of `exec` is what bounds a tree. cgroups (bubblewrap backend) come later.
+    rlimits (`cpu_s`, `max_file_bytes`, `address_space_bytes`, `max_open_files`) bind each
+    process separately. The tree-wide limits (`max_processes`, `memory_bytes`, `cpu_cores`)
+    need cgroups (v1 here, see `gyre.sandboxes.cgroups`); without them only the rlimits
+    and the wall-clock timeout hold. `max_workspace_bytes` / `max_workspace_files` are
+    enforced by polling the writable directories (no disk quotas needed).
     """
 
     cpu_s: int = 600
@@ -53,11 +59,24 @@ class SandboxLimits:
     """Open file descriptors per process (RLIMIT_NOFILE)."""
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     """Bytes kept of each of stdout and stderr; the rest is replaced by a truncation marker."""
+    max_processes: int = 512
+    """Processes + threads of one command's whole tree (cgroup pids.max); a fork bomb stops here."""
+    memory_bytes: int = 8 << 30
+    """Memory of one command's whole tree, page cache and /tmp included (cgroup memory limit)."""
+    cpu_cores: float = 2.0
+    """CPU share of one command's whole tree, in cores (cgroup CFS quota)."""
+    max_workspace_bytes: int = 4 << 30
+    """Bytes in the writable directories (workspace, scratch); the command is killed beyond it."""
+    max_workspace_files: int = 200_000
+    """Files + directories in the writable directories; the command is killed beyond it."""
 
     def __post_init__(self) -> None:
-        for name in ("cpu_s", "max_file_bytes", "address_space_bytes", "max_open_files", "max_output_bytes"):
+        for name in ("cpu_s", "max_file_bytes", "address_space_bytes", "max_open_files", "max_output_bytes",
+                     "max_processes", "memory_bytes", "max_workspace_bytes", "max_workspace_files"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SandboxLimits.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.cpu_cores > 0:
+            raise ValueError(f"SandboxLimits.cpu_cores must be > 0, got {self.cpu_cores}")
 
 
 @runtime_checkable

@@ -1,36 +1,48 @@
-"""LocalSandbox: the CPU default; each command is a plain process group on this machine.
+"""LocalSandbox: the default backend; each command confined on this machine, no daemon needed.
 
 What it does: a fresh workspace directory per execution (starting files copied in, hidden
-tests never); every command runs as `bash -c` in that directory, in its own process
-group, with an environment built from scratch (see `gyre.sandboxes.process`: no host
-secrets, HOME is the workspace, the execution's proxy URL/key passed explicitly), POSIX
-rlimits (CPU seconds, file size, address space, open files) and a wall-clock timeout that
-SIGKILLs the whole group. The workspace is kept after a timeout and after `close()`.
+tests never; a starting git repository is stripped to the history reachable from HEAD,
+see `gyre.sandboxes.git_history`), a per-sandbox scratch directory shown as `/tmp`, and
+every command run as `bash -c` through `gyre.sandboxes.isolation`: with bubblewrap
+(the default when installed) in its own user, PID, network, mount, IPC and UTS
+namespaces, seeing a read-only system, only its own workspace writable, no network but
+its own loopback, and nothing else of the host; in a fresh cgroup v1 (processes, memory,
+CPU of the whole tree) where cgroups work; under rlimits always; with an environment built
+from scratch (`gyre.sandboxes.process.sandbox_env`: no host secrets, HOME is the
+workspace, the execution's proxy URL/key passed explicitly); and killed, with every
+process it started, at its wall-clock timeout. The workspace is kept after a timeout,
+after `close()` and after a limit kill; `destroy()` deletes it.
 
-What it does NOT isolate yet (bubblewrap namespaces come in a later issue):
-- the network: commands can reach the host's loopback and the internet;
-- the filesystem outside the workspace: commands run as the same user as gyre and can
-  read (and, permissions allowing, write) anything that user can, including other
-  executions' workspaces and the benchmark's hidden tests if they know the path;
-- processes: commands see the host's processes; a child that calls setsid() escapes the
-  group kill;
-- memory and CPU of a whole process tree (rlimits are per process; cgroups come later).
-Use it for trusted models on a development box, not for untrusted code.
+Every process a command starts ends with that command (PID namespace, cgroup): state
+that must outlive a command lives in the workspace. A harness that runs inside the
+sandbox (Claude Code, mini-swe-agent, a script) therefore runs as one long command, and
+reaches the proxy through `gyre.sandboxes.bridge`, the only way out of its network
+namespace.
+
+Without bubblewrap (`isolation="none"`, or `auto` on a host without it) a loud warning is
+logged once and there is NO network, filesystem or PID isolation: use it for trusted
+models on a development box only. Tasks that expect fixed paths (`/app`) then fail with a
+clear error instead of running in the wrong place.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gyre.records import Query
 from gyre.sandboxes.base import ExecResult, SandboxLimits
+from gyre.sandboxes.git_history import strip_git_history
+from gyre.sandboxes.isolation import Isolation
+from gyre.sandboxes.bridge import INSIDE_DIR, ProxyBridge, proxy_address
+from gyre.sandboxes.layout import Mount, SandboxLayout
 from gyre.sandboxes.paths import resolve_inside
-from gyre.sandboxes.process import run_command, sandbox_env, signal_group
+from gyre.sandboxes.process import sandbox_env, signal_group
+
+SCRATCH_SUFFIX = ".tmp"
 
 
 @dataclass
@@ -40,8 +52,13 @@ class LocalSandbox:
     workspace: Path
     env: dict[str, str]
     limits: SandboxLimits = field(default_factory=SandboxLimits)
+    isolation: Isolation = field(default_factory=Isolation.detect)
+    layout: SandboxLayout = field(default_factory=SandboxLayout)
+    extra_ro: tuple[Path, ...] = ()
+    """Host paths shown read-only inside (a harness's own installation, the proxy bridge)."""
     closed: bool = field(default=False, init=False)
     _live_groups: set[int] = field(default_factory=set, init=False)
+    _bridge: ProxyBridge | None = field(default=None, init=False)
 
     @classmethod
     def create(
@@ -50,6 +67,10 @@ class LocalSandbox:
         workspace: Path,
         env: Mapping[str, str] | None = None,
         limits: SandboxLimits | None = None,
+        *,
+        isolation: Isolation | str = "auto",
+        layout: SandboxLayout | None = None,
+        extra_ro: Iterable[Path] = (),
     ) -> LocalSandbox:
         """Make a fresh workspace for `query` (must not exist or be empty) and copy its starting files."""
         workspace = Path(workspace).resolve()
@@ -59,25 +80,74 @@ class LocalSandbox:
             Path(query.start_dir).resolve()
         ):
             raise ValueError(f"query {query.query_id}: hidden tests {query.hidden_tests_dir} lie inside start_dir")
+        if isinstance(isolation, str):
+            isolation = Isolation.detect(isolation)
+        layout = layout or SandboxLayout()
         workspace.mkdir(parents=True, exist_ok=True)
         if query.start_dir is not None:
             shutil.copytree(query.start_dir, workspace, symlinks=True, dirs_exist_ok=True)
-        return cls(workspace=workspace, env=sandbox_env(workspace, env), limits=limits or SandboxLimits())
+            strip_git_history(workspace)
+        home = layout.inside(workspace)
+        return cls(
+            workspace=workspace,
+            env=sandbox_env(Path(home), env),
+            limits=limits or SandboxLimits(),
+            isolation=isolation,
+            layout=layout,
+            extra_ro=tuple(Path(p) for p in extra_ro),
+        )
+
+    @property
+    def scratch(self) -> Path:
+        """Host directory shown as /tmp inside (bubblewrap); next to the workspace, never scored."""
+        return self.workspace.parent / f".{self.workspace.name}{SCRATCH_SUFFIX}"
+
+    @property
+    def workdir(self) -> str:
+        """The workspace's path as commands see it."""
+        return self.layout.inside(self.workspace)
 
     def exec(self, command: str, timeout_s: float) -> ExecResult:
-        """Run `command` in the workspace. Background processes it leaves keep running until `close()`."""
+        """Run `command` in the workspace; it and everything it started are gone when this returns."""
         self._check_open()
-        result = run_command(
-            command,
-            cwd=self.workspace,
-            env=self.env,
-            limits=self.limits,
-            timeout_s=timeout_s,
-            kill_leftovers=False,
-            on_spawn=self._live_groups.add,
-        )
-        self._forget_finished_groups()
-        return result
+        self.scratch.mkdir(exist_ok=True)
+        spawned: list[int] = []
+
+        def on_spawn(pgid: int) -> None:
+            spawned.append(pgid)
+            self._live_groups.add(pgid)
+
+        try:
+            return self.isolation.run(
+                command,
+                workspace=self.workspace,
+                scratch=self.scratch,
+                layout=self.layout,
+                env=self.env,
+                limits=self.limits,
+                timeout_s=timeout_s,
+                on_spawn=on_spawn,
+                extra_ro=self.extra_ro,
+            )
+        finally:  # a finished group's id may be reused by an unrelated group: never signal it later
+            self._live_groups.difference_update(spawned)
+
+    def open_proxy(self, base_url: str) -> str:
+        """Let commands reach the proxy at `base_url` (and nothing else); returns a shell prefix for them.
+
+        With bubblewrap this starts the bridge (`gyre.sandboxes.bridge`) once and mounts its
+        socket; a command that should reach the proxy starts with the returned prefix. Without
+        bubblewrap the host network is shared anyway and the prefix is empty.
+        """
+        if self.isolation.bwrap is None:
+            return ""
+        if self._bridge is None:
+            self._bridge = ProxyBridge(proxy_address(base_url)).start()
+            mount = Mount(self._bridge.directory, INSIDE_DIR)
+            self.layout = replace(self.layout, mounts=(*self.layout.mounts, mount))
+        elif self._bridge.target != proxy_address(base_url):
+            raise ValueError(f"sandbox already bridged to {self._bridge.target}, not {base_url}")
+        return self._bridge.shell_prefix()
 
     def read_file(self, rel: str) -> str:
         return resolve_inside(self.workspace, rel).read_text(encoding="utf-8")
@@ -88,11 +158,15 @@ class LocalSandbox:
         target.write_text(content, encoding="utf-8")
 
     def close(self) -> None:
-        """SIGKILL every process group this sandbox started that is still alive; keep the workspace."""
-        self._forget_finished_groups()
-        for pgid in self._live_groups:
+        """Kill commands still running (from other threads); keep the workspace, drop the scratch dir."""
+        for pgid in list(self._live_groups):
             signal_group(pgid, signal.SIGKILL)
         self._live_groups.clear()
+        if self._bridge is not None:
+            self._bridge.close()
+            shutil.rmtree(self._bridge.directory, ignore_errors=True)
+            self._bridge = None
+        shutil.rmtree(self.scratch, ignore_errors=True)
         self.closed = True
 
     def destroy(self) -> None:
@@ -102,12 +176,3 @@ class LocalSandbox:
     def _check_open(self) -> None:
         if self.closed:
             raise RuntimeError(f"sandbox for {self.workspace} is closed")
-
-    def _forget_finished_groups(self) -> None:
-        # Dropping empty groups promptly matters: once a group has no members its id may be
-        # reused by an unrelated process group, which close() must never signal.
-        for pgid in list(self._live_groups):
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                self._live_groups.discard(pgid)

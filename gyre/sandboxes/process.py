@@ -20,8 +20,13 @@ run through `run_command`, so both get the same treatment:
   hold the output pipes lose the output they write afterwards; they are killed with the
   group when `kill_leftovers` is set, else they keep running (the caller owns them).
 
-Known gap: a child that calls setsid() leaves the group and escapes the kill; PID and
-mount namespaces (bubblewrap backend) close that later.
+Isolation is layered around this by the caller (`gyre.sandboxes.isolation`): `enter`
+is argv run before the rlimits (joining a cgroup), `confine` is argv run after them and
+before bash (bubblewrap). `watch` is polled while the command runs; when it returns a
+reason the group is killed and the reason lands in `ExecResult.limit_hit`.
+
+Known gap without bubblewrap: a child that calls setsid() leaves the group and escapes
+the kill. With it, the PID namespace dies with the command.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gyre.sandboxes.base import ExecResult, SandboxLimits
@@ -100,17 +105,26 @@ def run_command(
     interrupt_grace_s: float = 0.0,
     kill_leftovers: bool = True,
     on_spawn: Callable[[int], None] | None = None,
+    enter: Sequence[str] = (),
+    confine: Sequence[str] = (),
+    watch: Callable[[], str | None] | None = None,
+    nproc_rlimit: bool = False,
+    interrupt_descendants_only: bool = False,
 ) -> ExecResult:
     """Run `bash -c command` in `cwd` with exactly `env`; see the module docstring.
 
     `on_spawn(pgid)` is called once the process group exists (callers that keep
-    background processes alive use it to kill them later).
+    background processes alive use it to kill them later). RLIMIT_NPROC is set only with
+    `nproc_rlimit=True`: it counts every process of the host user, not only this command's.
+    `interrupt_descendants_only`: the timeout's SIGINT skips the spawned process itself
+    (bubblewrap's monitor would die of it and take the command down before pytest writes
+    its report) and goes to every process below it.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     started = time.monotonic()
     proc = subprocess.Popen(
-        [*_prlimit_argv(limits), "bash", "-c", command],
+        [*enter, *_prlimit_argv(limits, nproc_rlimit), *confine, "bash", "-c", command],
         cwd=cwd,
         env=dict(env),
         stdin=subprocess.DEVNULL,
@@ -126,7 +140,8 @@ def run_command(
         sel.register(proc.stdout, selectors.EVENT_READ, stdout)
         sel.register(proc.stderr, selectors.EVENT_READ, stderr)
         try:
-            timed_out = _pump(proc, sel, started + timeout_s, interrupt_grace_s)
+            interrupt = _signal_descendants if interrupt_descendants_only else signal_group
+            timed_out, limit_hit = _pump(proc, sel, started + timeout_s, interrupt_grace_s, watch, interrupt)
         finally:
             if kill_leftovers or proc.returncode is None:
                 signal_group(proc.pid, signal.SIGKILL)
@@ -139,6 +154,7 @@ def run_command(
         stderr=stderr.text(),
         timed_out=timed_out,
         duration_s=time.monotonic() - started,
+        limit_hit=limit_hit,
     )
 
 
@@ -150,17 +166,54 @@ def signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _pump(proc: subprocess.Popen, sel: selectors.BaseSelector, deadline: float, grace_s: float) -> bool:
-    """Read output until the command's bash exits; signal the group at the deadline. True if it timed out."""
+def _signal_descendants(pid: int, sig: int) -> None:
+    """Send `sig` to every descendant of `pid` (not `pid` itself), found through /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    stack = list(children.get(pid, []))
+    while stack:
+        child = stack.pop()
+        stack += children.get(child, [])
+        try:
+            os.kill(child, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _pump(
+    proc: subprocess.Popen,
+    sel: selectors.BaseSelector,
+    deadline: float,
+    grace_s: float,
+    watch: Callable[[], str | None] | None,
+    interrupt: Callable[[int, int], None],
+) -> tuple[bool, str | None]:
+    """Read output until the command's bash exits; signal the group at the deadline.
+
+    Returns (timed out, the limit `watch` reported or None).
+    """
     timed_out = False
+    limit_hit: str | None = None
     kill_at: float | None = None
     while proc.poll() is None:
         now = time.monotonic()
+        if limit_hit is None and watch is not None:
+            limit_hit = watch()
+            if limit_hit is not None:
+                signal_group(proc.pid, signal.SIGKILL)
+                kill_at = float("inf")
         if not timed_out and now >= deadline:
             timed_out = True
             kill_at = now + grace_s
             if grace_s > 0:
-                signal_group(proc.pid, signal.SIGINT)
+                interrupt(proc.pid, signal.SIGINT)
         if kill_at is not None and now >= kill_at:
             signal_group(proc.pid, signal.SIGKILL)
             kill_at = float("inf")  # now only wait for it to die
@@ -177,7 +230,7 @@ def _pump(proc: subprocess.Popen, sel: selectors.BaseSelector, deadline: float, 
     drain_until = time.monotonic() + _DRAIN_MAX_S
     while sel.get_map() and time.monotonic() < drain_until and _read_ready(sel, _DRAIN_IDLE_S):
         pass
-    return timed_out
+    return timed_out, limit_hit
 
 
 def _read_ready(sel: selectors.BaseSelector, wait_s: float) -> bool:
@@ -192,7 +245,7 @@ def _read_ready(sel: selectors.BaseSelector, wait_s: float) -> bool:
     return bool(events)
 
 
-def _prlimit_argv(limits: SandboxLimits) -> list[str]:
+def _prlimit_argv(limits: SandboxLimits, nproc_rlimit: bool) -> list[str]:
     """`prlimit` (util-linux) sets the rlimits and execs the command.
 
     Limits are applied by a program rather than a Python `preexec_fn`, because the
@@ -205,6 +258,7 @@ def _prlimit_argv(limits: SandboxLimits) -> list[str]:
         ("--fsize", resource.RLIMIT_FSIZE, limits.max_file_bytes, limits.max_file_bytes),
         ("--as", resource.RLIMIT_AS, limits.address_space_bytes, limits.address_space_bytes),
         ("--nofile", resource.RLIMIT_NOFILE, limits.max_open_files, limits.max_open_files),
+        *([("--nproc", resource.RLIMIT_NPROC, limits.max_processes, limits.max_processes)] if nproc_rlimit else []),
     ):
         _, host_hard = resource.getrlimit(res)
         if host_hard != resource.RLIM_INFINITY:

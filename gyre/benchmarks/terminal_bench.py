@@ -1,0 +1,80 @@
+"""Load Terminal-Bench tasks from their native directory layout.
+
+Terminal-Bench asks an agent to get something done in a terminal; a task passes when
+every test of its pytest suite passes (binary). One directory per task:
+
+    <root>/<task>/task.yaml      instruction, max_agent_timeout_sec, max_test_timeout_sec, parser_name
+    <root>/<task>/run-tests.sh   runs the tests (upstream: copied to /tests, run from /app)
+    <root>/<task>/tests/         the hidden tests (test_outputs.py ...)
+    <root>/<task>/Dockerfile     the task's image (docker backend); WORKDIR is /app
+    <root>/<task>/start/         local convention: the files the image puts in /app (optional)
+
+Inside the sandbox the workspace is `/app`; at evaluation the pristine `tests/` plus
+`run-tests.sh` appear read-only at `/tests` (TEST_DIR=/tests), and `bash
+/tests/run-tests.sh` runs from `/app`. Only the `pytest` parser is supported (the one
+Terminal-Bench's tasks use); another is a format error naming the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gyre.benchmarks.errors import BenchmarkFormatError
+from gyre.benchmarks.files import (
+    non_empty_str, optional_start_dir, positive_seconds, query_dirs, read_yaml_mapping, test_files_under,
+)
+from gyre.benchmarks.spec import SCORING_RULES, TERMINAL_BENCH, TaskSpec
+from gyre.records import Query
+
+TASK_YAML = "task.yaml"
+RUN_TESTS = "run-tests.sh"
+TESTS_DIR = "tests"
+WORKDIR = "/app"
+TESTS_MOUNT = "/tests"
+DEFAULT_AGENT_TIMEOUT_S = 360.0
+DEFAULT_TEST_TIMEOUT_S = 60.0
+SUPPORTED_PARSERS = ("pytest",)
+
+
+def load_terminal_bench(root: Path, benchmark: str = "terminal-bench") -> list[Query]:
+    """Every task under `root` (or `root` itself if it is a task), sorted by directory name."""
+    return [load_terminal_bench_task(task_dir, benchmark) for task_dir in query_dirs(root, TASK_YAML)]
+
+
+def load_terminal_bench_task(task_dir: Path, benchmark: str = "terminal-bench") -> Query:
+    task_dir = Path(task_dir)
+    terminal_bench_spec(task_dir)  # validates task.yaml's fields
+    data = read_yaml_mapping(task_dir / TASK_YAML, "task")
+    instruction = non_empty_str(data.get("instruction"), task_dir / TASK_YAML, "instruction")
+    if not (task_dir / RUN_TESTS).is_file():
+        raise BenchmarkFormatError(task_dir / RUN_TESTS, "run_tests", "missing file")
+    test_files = test_files_under(task_dir / TESTS_DIR, "tests")
+    return Query(
+        query_id=task_dir.name,
+        benchmark=benchmark,
+        instruction=instruction,
+        root=task_dir,
+        start_dir=optional_start_dir(task_dir),
+        hidden_tests_dir=task_dir / TESTS_DIR,
+        test_files=test_files,
+        test_commands=[f"bash {TESTS_MOUNT}/{RUN_TESTS}"],
+        test_case_count=1,
+    )
+
+
+def terminal_bench_spec(task_dir: Path) -> TaskSpec:
+    path = Path(task_dir) / TASK_YAML
+    data = read_yaml_mapping(path, "task")
+    parser = data.get("parser_name", "pytest")
+    if parser not in SUPPORTED_PARSERS:
+        raise BenchmarkFormatError(path, "parser_name", f"must be one of {SUPPORTED_PARSERS}, got {parser!r}")
+    return TaskSpec(
+        format=TERMINAL_BENCH,
+        scoring=SCORING_RULES[TERMINAL_BENCH],
+        agent_timeout_s=positive_seconds(data.get("max_agent_timeout_sec"), path, "max_agent_timeout_sec",
+                                         DEFAULT_AGENT_TIMEOUT_S),
+        test_timeout_s=positive_seconds(data.get("max_test_timeout_sec"), path, "max_test_timeout_sec",
+                                        DEFAULT_TEST_TIMEOUT_S),
+        workdir=WORKDIR,
+        tests_mount=TESTS_MOUNT,
+    )

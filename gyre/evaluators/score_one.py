@@ -1,0 +1,37 @@
+"""Score one workspace for one query of a benchmark directory: `gyre benchmark score`'s function.
+
+For people bringing their own task sets: load the benchmark (any native format), pick the
+query, evaluate the workspace exactly as a run would, and answer a plain dict
+`{"status": "ok" | "error", "score": float | None, "reason": str, "eval_dir": str}`:
+`ok` is a scored result (the score may be 0), `error` an evaluator failure (score None).
+A missing query or workspace is bad input and raises a clear error instead.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gyre.benchmarks import load_benchmark
+from gyre.evaluators import evaluate_query
+
+
+def score_workspace(
+    root: Path,
+    query_id: str,
+    workspace: Path,
+    kind: str = "auto",
+    eval_dir: Path | None = None,
+    timeout_s: float = 120,
+) -> dict[str, Any]:
+    queries = {q.query_id: q for q in load_benchmark(kind, Path(root))}
+    if query_id not in queries:
+        known = ", ".join(sorted(queries)[:20])
+        raise KeyError(f"{root}: no query {query_id!r}; known: {known}")
+    if not Path(workspace).is_dir():
+        raise FileNotFoundError(f"workspace {workspace} does not exist or is not a directory")
+    if eval_dir is None:
+        eval_dir = Path(tempfile.mkdtemp(prefix=f"gyre-score-{query_id}-")) / "eval"
+    score = evaluate_query(queries[query_id], Path(workspace), Path(eval_dir), f"score-{query_id}", timeout_s)
+    return {"status": score.status.value, "score": score.score, "reason": score.detail, "eval_dir": str(eval_dir)}

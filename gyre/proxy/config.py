@@ -1,0 +1,86 @@
+"""Configuration of a standalone proxy (`gyre proxy serve`), loaded from YAML under `configs/`.
+
+Inside a run the coordinator wires the proxy itself; standalone, this says which model's
+tokenizer and chat template to speak, which rollout engines to route to, and which static
+keys map to which executions (a run mints keys instead). Every field has a docstring;
+unknown keys and wrong types are errors that name the file and the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gyre.config import ConfigError, ModelConfig
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class EngineSpec(Section):
+    id: str
+    """Engine id, recorded with every output token it samples."""
+    type: Literal["torch"] = "torch"
+    """Backend: `torch` runs the reference engine in this process (SGLang comes as another variant)."""
+    max_batch_size: int = Field(default=32, gt=0)
+    """Most concurrent calls the engine batches together."""
+    seed: int = 0
+    """Sampling seed of this engine."""
+    device: str = "cpu"
+    """Torch device of the reference engine."""
+
+
+class ProxyServeConfig(Section):
+    host: Literal["127.0.0.1", "localhost", "::1"] = "127.0.0.1"
+    """Interface to bind: loopback only (harnesses reach it from the same host or a tunnel)."""
+    port: int = Field(default=8300, ge=0, le=65535)
+    """TCP port; 0 picks a free one (printed at start)."""
+    model: ModelConfig = ModelConfig()
+    """The policy: its tokenizer and chat template (and the torch engines' weights)."""
+    cache_dir: Path = Path(".gyre-cache")
+    """Where the bundled tiny model is built once and reused."""
+    model_name: str | None = None
+    """Model id served by `/v1/models` (default: the model directory's name)."""
+    engines: list[EngineSpec] = Field(min_length=1)
+    """Rollout engines to route to."""
+    tool_parser: Literal["qwen", "hermes"] = "qwen"
+    """How the model writes tool calls (model family)."""
+    temperature: float = Field(default=1.0, gt=0.0)
+    """Sampling temperature when a request does not set one."""
+    force_temperature: bool = False
+    """Ignore the harness's temperature and always sample at `temperature` (what RL wants)."""
+    max_new_tokens: int = Field(default=1024, gt=0)
+    """Tokens per call when a request does not set a limit."""
+    max_new_tokens_cap: int = Field(default=8192, gt=0)
+    """Upper bound on any request's token limit (Claude Code asks for 64000)."""
+    max_body_bytes: int = Field(default=32 * 2**20, gt=0)
+    """Largest request body accepted; larger ones get a 413 in the API's shape."""
+    max_concurrent_requests: int = Field(default=512, gt=0)
+    """Engine calls in flight at once."""
+    no_engine_wait_s: float = Field(default=120.0, ge=0)
+    """How long a request waits for an engine when none is available, before a 503/529."""
+    keys: dict[str, str] = Field(default_factory=dict)
+    """Static API key -> execution id (standalone use; a run mints one key per execution)."""
+    record_path: Path | None = None
+    """Where to write every recorded call as JSON lines when the server stops (None: not kept)."""
+
+
+def load_proxy_config(path: Path | str) -> ProxyServeConfig:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: config file not found") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return ProxyServeConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"field '{'.'.join(str(p) for p in e['loc'])}': {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{path}: {problems}") from exc

@@ -1,0 +1,216 @@
+"""The OpenAI chat-completions front end: request schema, template messages, responses.
+
+What mini-swe-agent (through litellm), the builtin harness and any OpenAI-SDK agent send:
+`POST /v1/chat/completions` with `messages`, optional `tools`, streaming or not, `n=1`.
+Requests are validated here (pydantic, unknown fields ignored so new client versions keep
+working); the call itself runs in `completion.py`. Streaming follows OpenAI's SSE:
+a role chunk, content deltas, tool calls, a finish chunk, an optional usage chunk, then
+`data: [DONE]`. An error after streaming began is sent as a `data: {"error": ...}` event.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response, StreamingResponse
+
+from gyre.proxy.completion import CompletionCore, TurnRequest, TurnResult
+from gyre.proxy.errors import ProxyError, openai_error_body
+from gyre.proxy.output import ParsedOutput
+from gyre.proxy.sessions import ExecutionSession
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class FunctionCallIn(_Open):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(_Open):
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCallIn
+
+
+class ContentPart(_Open):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionDef(_Open):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDef(_Open):
+    type: str = "function"
+    function: FunctionDef
+
+
+class StreamOptions(_Open):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Open):
+    model: str = ""
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+def _arguments(raw: str | dict[str, Any]) -> dict[str, Any] | str:
+    if isinstance(raw, dict):
+        return raw
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+    return parsed if isinstance(parsed, dict) else raw
+
+
+def template_message(message: ChatMessage, inline_reasoning: bool) -> dict[str, Any]:
+    """An OpenAI chat message as a chat template expects it (tool-call arguments as dicts)."""
+    content = message.content
+    if isinstance(content, list):  # content parts: the text parts, in order
+        content = "".join(p.text or "" for p in content if p.text is not None)
+    out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role, "content": content or ""}
+    if message.reasoning_content:
+        if inline_reasoning:
+            out["content"] = f"<think>{message.reasoning_content}</think>\n\n{out['content']}"
+        else:
+            out["reasoning_content"] = message.reasoning_content
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": _arguments(tc.function.arguments)}}
+            for tc in message.tool_calls
+        ]
+    return out
+
+
+def response_message(parsed: ParsedOutput, call_ids: list[str]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None}
+    if parsed.reasoning is not None:
+        message["reasoning_content"] = parsed.reasoning
+    if parsed.tool_calls:
+        message["tool_calls"] = [
+            {"id": cid, "type": "function",
+             "function": {"name": tc.name, "arguments": json.dumps(tc.arguments, ensure_ascii=False)}}
+            for cid, tc in zip(call_ids, parsed.tool_calls)
+        ]
+    return message
+
+
+def _finish_reason(result: TurnResult) -> str:
+    if result.parsed.tool_calls:
+        return "tool_calls"
+    return "stop" if result.finish_reason == "stop" else "length"
+
+
+def _usage(result: TurnResult) -> dict[str, int]:
+    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.output_tokens,
+            "total_tokens": result.prompt_tokens + result.output_tokens}
+
+
+def _call_ids(parsed: ParsedOutput) -> list[str]:
+    return [f"call_{tc.call_id}" for tc in parsed.tool_calls]
+
+
+async def chat_completions(
+    core: CompletionCore, body: ChatCompletionRequest, session: ExecutionSession, headers, model_name: str,
+    inline_reasoning: bool,
+) -> Response:
+    if body.n != 1:
+        raise ProxyError(400, "only n=1 is supported", param="n")
+    req = TurnRequest(
+        session=session,
+        messages=[template_message(m, inline_reasoning) for m in body.messages],
+        tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
+        temperature=body.temperature,
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        kind="chat",
+        assistant_message=lambda p: template_message(
+            ChatMessage.model_validate(response_message(p, _call_ids(p))), inline_reasoning
+        ),
+        agent_id=headers.get("x-gyre-agent-id"),
+        session_hint=headers.get("x-gyre-session-id") or body.user,
+    )
+    turn = core.turn(req)
+    model = body.model or model_name
+    created = int(time.time())
+    completion_id = f"chatcmpl-{turn.call_id}"
+    if not body.stream:
+        result = await turn.complete()
+        payload = {
+            "id": completion_id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": response_message(result.parsed, _call_ids(result.parsed)),
+                         "finish_reason": _finish_reason(result), "logprobs": None}],
+            "usage": _usage(result),
+        }
+        return Response(orjson.dumps(payload), media_type="application/json")
+
+    events = turn.stream()
+    first = await anext(events)  # errors before the first token still get a proper status
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        body_ = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+        return b"data: " + orjson.dumps(body_) + b"\n\n"
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    async def sse() -> AsyncIterator[bytes]:
+        yield chunk({"role": "assistant", "content": ""})
+        try:
+            event = first
+            while True:
+                kind, value = event
+                if kind == "content":
+                    yield chunk({"content": value})
+                elif kind == "reasoning":
+                    yield chunk({"reasoning_content": value})
+                else:
+                    result: TurnResult = value
+                    for i, tc in enumerate(response_message(result.parsed, _call_ids(result.parsed)).get("tool_calls", [])):
+                        yield chunk({"tool_calls": [dict(tc, index=i)]})
+                    yield chunk({}, _finish_reason(result))
+                    if include_usage:
+                        usage = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                                 "model": model, "choices": [], "usage": _usage(result)}
+                        yield b"data: " + orjson.dumps(usage) + b"\n\n"
+                    yield b"data: [DONE]\n\n"
+                    return
+                event = await anext(events)
+        except ProxyError as exc:
+            yield b"data: " + orjson.dumps(openai_error_body(exc)) + b"\n\n"
+        finally:
+            await events.aclose()
+
+    return StreamingResponse(sse(), media_type="text/event-stream", headers={"cache-control": "no-cache"})

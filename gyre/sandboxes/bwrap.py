@@ -1,0 +1,99 @@
+"""The bubblewrap command line that confines one sandboxed command.
+
+bubblewrap (`bwrap`, apt package `bubblewrap`) builds a fresh set of Linux namespaces per
+command; this module only builds its argv (pure, unit-tested), `gyre.sandboxes.isolation`
+runs it. What the command then sees:
+
+- Namespaces: user (it runs as uid/gid 1000, mapped to gyre's own user outside, with no
+  capabilities), PID (it is alone; when it exits or is killed, the kernel kills every
+  process left in the namespace, `setsid()` or not), network (only a loopback interface:
+  the host's 127.0.0.1 and the internet are unreachable), IPC, UTS, cgroup.
+- Filesystem: the root is empty; `/usr /bin /sbin /lib* /etc` and the Python installation
+  running gyre (venv and base prefix) are bound read-only. Host secrets in `/etc`
+  (`shadow`, `gshadow`, `sudoers*`, `ssh/`, `ssl/private/`) are masked. Nothing else of the
+  host exists inside: not `/root` or `/home`, not the run directory, not other
+  executions' workspaces, not the benchmark's hidden tests.
+- Writable: only the workspace (at its host path or at `SandboxLayout.workdir`, e.g.
+  `/app`), a per-sandbox scratch directory at `/tmp`, and the layout's writable mounts.
+- `/proc` is the namespace's own, `/dev` a minimal one (null, zero, random, tty, shm).
+- `--die-with-parent`: if gyre dies, the sandbox dies with it.
+
+Background processes live as long as the command that started them: each `exec` is its
+own PID and network namespace. State that must outlive a command goes in the workspace.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from gyre.sandboxes.layout import SandboxLayout
+
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers")
+MASKED_DIRS = ("/etc/ssh", "/etc/ssl/private", "/etc/sudoers.d")
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+HOSTNAME = "gyre-sandbox"
+
+
+def find_bwrap() -> str | None:
+    """Path of a working `bwrap`, or None."""
+    return shutil.which("bwrap")
+
+
+def python_prefixes() -> list[Path]:
+    """Directories the interpreter running gyre needs (venv, base installation), deduplicated."""
+    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    candidates.append(str(Path(os.path.realpath(sys.executable)).parent.parent))
+    return _outside_system_dirs(Path(c) for c in candidates)
+
+
+def bwrap_argv(
+    bwrap: str,
+    *,
+    workspace: Path,
+    scratch: Path,
+    layout: SandboxLayout,
+    extra_ro: Iterable[Path] = (),
+) -> list[str]:
+    """argv prefix (ends with `--`) that runs the following command confined as the module docstring says."""
+    argv = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--uid", str(SANDBOX_UID),
+        "--gid", str(SANDBOX_GID),
+        "--hostname", HOSTNAME,
+        "--die-with-parent",
+        "--cap-drop", "ALL",
+    ]
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    argv += [arg for path in MASKED_FILES if os.path.exists(path) for arg in ("--ro-bind", "/dev/null", path)]
+    argv += [arg for path in MASKED_DIRS if os.path.isdir(path) for arg in ("--tmpfs", path)]
+    for path in [*python_prefixes(), *_outside_system_dirs(extra_ro)]:
+        argv += ["--ro-bind", str(path), str(path)]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(scratch), "/tmp"]
+    inside = layout.inside(workspace)
+    argv += ["--bind", str(workspace), inside]
+    for mount in layout.mounts:
+        argv += ["--bind" if mount.writable else "--ro-bind", str(mount.source), mount.target]
+    argv += ["--chdir", inside, "--"]
+    return argv
+
+
+def _outside_system_dirs(paths: Iterable[Path]) -> list[Path]:
+    """Existing `paths`, resolved, minus those already visible through a system dir or another entry."""
+    kept: list[Path] = []
+    for path in sorted({Path(os.path.realpath(p)) for p in paths if os.path.exists(p)}, key=lambda p: len(p.parts)):
+        covered = [Path(d) for d in SYSTEM_DIRS if not os.path.islink(d)] + kept
+        if not any(path == c or path.is_relative_to(c) for c in covered):
+            kept.append(path)
+    return kept

@@ -1,0 +1,180 @@
+"""How a local command is confined: bubblewrap + cgroups when the host allows, else plain, loudly.
+
+Both the agent's commands (`LocalSandbox.exec`) and the evaluator's hidden-test commands
+(code written by the agent runs inside them) go through `Isolation.run`, so both get the
+same walls. One command's full wrapping, outermost first:
+
+    /bin/sh (join a fresh cgroup v1: pids, memory, cpu)   gyre.sandboxes.cgroups
+      prlimit (rlimits: CPU s, file size, address space, open files)   gyre.sandboxes.process
+        bwrap (namespaces, read-only system, writable workspace)   gyre.sandboxes.bwrap
+          bash -c COMMAND
+
+plus a `DiskWatch` polling the writable directories, and the wall-clock timeout that
+kills the process group (and with it bwrap, whose PID namespace takes every descendant
+along). After the command the cgroup is emptied with SIGKILL and removed, so nothing the
+command started outlives it.
+
+Modes (`Isolation.detect(mode)`): `auto` uses bubblewrap when a probe run works, else
+falls back to `none` with a loud warning; `bwrap` insists (RuntimeError if unusable);
+`none` is plain process groups. Without bubblewrap there is no network, filesystem or
+PID isolation: commands run as gyre's user and can read whatever it can. cgroups are used
+in every mode where they work; where they do not, a fork bomb or a many-process memory
+bomb is bounded only by rlimits (RLIMIT_NPROC for a non-root user) and the timeout, and
+the warning says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from gyre.sandboxes.base import ExecResult, SandboxLimits
+from gyre.sandboxes.bwrap import bwrap_argv, find_bwrap
+from gyre.sandboxes.cgroups import CgroupV1
+from gyre.sandboxes.diskwatch import DiskWatch
+from gyre.sandboxes.layout import SandboxLayout
+from gyre.sandboxes.process import run_command
+
+log = logging.getLogger("gyre.sandboxes")
+MODES = ("auto", "bwrap", "none")
+_PROBE_TIMEOUT_S = 10
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """The confinement every local command gets; see the module docstring."""
+
+    bwrap: str | None
+    """Path of bwrap, or None for plain process groups."""
+    cgroups: bool
+    """Whether each command gets its own cgroup v1 (pids, memory, cpu)."""
+
+    @property
+    def mode(self) -> str:
+        return "bwrap" if self.bwrap else "none"
+
+    @classmethod
+    def detect(cls, mode: str = "auto") -> Isolation:
+        if mode not in MODES:
+            raise ValueError(f"sandbox isolation must be one of {', '.join(MODES)}, got {mode!r}")
+        cgroups = cgroups_usable()
+        bwrap = probe_bwrap() if mode != "none" else None
+        if mode == "bwrap" and bwrap is None:
+            raise RuntimeError("sandbox isolation 'bwrap' asked for, but bwrap is missing or unusable "
+                               "(apt-get install -y bubblewrap; it needs user namespaces)")
+        isolation = cls(bwrap=bwrap, cgroups=cgroups)
+        _warn_once(isolation)
+        return isolation
+
+    def run(
+        self,
+        command: str,
+        *,
+        workspace: Path,
+        scratch: Path,
+        layout: SandboxLayout,
+        env: Mapping[str, str],
+        limits: SandboxLimits,
+        timeout_s: float,
+        interrupt_grace_s: float = 0.0,
+        on_spawn: Callable[[int], None] | None = None,
+        extra_ro: Iterable[Path] = (),
+    ) -> ExecResult:
+        """Run `command` confined; every process it started is dead when this returns."""
+        if self.bwrap is None and layout.needs_namespaces(workspace):
+            raise RuntimeError(f"this task expects its files at {layout.inside(workspace)} and mounts "
+                               f"{[m.target for m in layout.mounts]}: that needs bubblewrap (or docker)")
+        writable = [workspace, scratch, *(m.source for m in layout.mounts if m.writable)]
+        watch = DiskWatch(writable, limits.max_workspace_bytes, limits.max_workspace_files)
+        confine = (
+            bwrap_argv(self.bwrap, workspace=workspace, scratch=scratch, layout=layout, extra_ro=extra_ro)
+            if self.bwrap else []
+        )
+        group = CgroupV1.create(limits) if self.cgroups else None
+        try:
+            result = run_command(
+                command,
+                cwd=workspace,
+                env=env,
+                limits=limits,
+                timeout_s=timeout_s,
+                interrupt_grace_s=interrupt_grace_s,
+                kill_leftovers=True,
+                on_spawn=on_spawn,
+                enter=group.enter_argv() if group else (),
+                confine=confine,
+                watch=watch,
+                nproc_rlimit=self.bwrap is None and os.geteuid() != 0,
+                interrupt_descendants_only=self.bwrap is not None,
+            )
+            if group is not None and result.limit_hit is None:
+                result = _with_cgroup_verdict(result, group, limits)
+        finally:
+            if group is not None:
+                group.remove()
+        return result
+
+
+@lru_cache(maxsize=1)
+def cgroups_usable() -> bool:
+    group = CgroupV1.create(SandboxLimits())
+    if group is None:
+        return False
+    group.remove()
+    return True
+
+
+@lru_cache(maxsize=1)
+def probe_bwrap() -> str | None:
+    """Path of bwrap if a confined `true` runs (user namespaces allowed), else None."""
+    bwrap = find_bwrap()
+    if bwrap is None:
+        return None
+    probe_dir = Path(os.environ.get("TMPDIR", "/tmp"))
+    argv = bwrap_argv(bwrap, workspace=probe_dir, scratch=probe_dir, layout=SandboxLayout())
+    try:
+        done = subprocess.run([*argv, "true"], capture_output=True, timeout=_PROBE_TIMEOUT_S, env={})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("bwrap probe failed: %s", exc)
+        return None
+    if done.returncode != 0:
+        log.warning("bwrap probe failed (exit %s): %s", done.returncode, done.stderr.decode(errors="replace")[-400:])
+        return None
+    return bwrap
+
+
+def _with_cgroup_verdict(result: ExecResult, group: CgroupV1, limits: SandboxLimits) -> ExecResult:
+    """Name the cgroup limit a killed or failing command ran into, if any."""
+    reasons = []
+    if group.memory_limit_hits() > 0:
+        reasons.append(f"memory limit ({limits.memory_bytes} bytes) reached")
+    if group.pids_limit_hits() > 0:
+        reasons.append(f"process limit ({limits.max_processes}) reached")
+    if not reasons:
+        return result
+    return ExecResult(result.exit_code, result.stdout, result.stderr, result.timed_out, result.duration_s,
+                      "; ".join(reasons))
+
+
+_warned: set[tuple[str | None, bool]] = set()
+
+
+def _warn_once(isolation: Isolation) -> None:
+    key = (isolation.bwrap, isolation.cgroups)
+    if key in _warned:
+        return
+    _warned.add(key)
+    if isolation.bwrap is None:
+        log.warning(
+            "\n%s\nGYRE SANDBOX WARNING: bubblewrap is not in use. Agent commands run as this user with NO "
+            "network, filesystem or PID isolation: they can reach the network, read other workspaces and "
+            "the hidden tests. Applied: scrubbed env, rlimits, timeouts%s. Install it: apt-get install -y "
+            "bubblewrap\n%s", "!" * 78, ", cgroup limits" if isolation.cgroups else " (no cgroups v1)", "!" * 78,
+        )
+    if not isolation.cgroups:
+        log.warning("gyre sandbox: cgroups v1 unusable here; process and memory limits are per process only")

@@ -1,0 +1,98 @@
+"""TITO prompt building and output streaming, without HTTP.
+
+The prefix-state cache must never change a prompt: building with the cache equals
+building from scratch. A changed turn is a counted fallback with its template tokens'
+positions reported. Streamed deltas always add up to exactly the final parse, whatever
+bytes the model samples.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gyre.proxy.output import IncrementalDecoder, OutputStreamer, parse_output
+from gyre.proxy.prompt import PromptBuilder, TitoCache
+from gyre.proxy.toolcalls import QwenToolCallParser
+
+TOOLS = [{"type": "function", "function": {"name": "run_shell", "parameters": {"type": "object"}}}]
+
+
+def _agent_loop(tokenizer, turns: int, seed: int = 0):
+    """Yield (messages, cache-built prompt, scratch-built prompt) along a fake agent loop."""
+    rng = random.Random(seed)
+    builder, cache = PromptBuilder(tokenizer), TitoCache()
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
+    vocab = len(tokenizer)
+    for turn in range(turns):
+        prompt = builder.build(messages, TOOLS, cache)
+        scratch = builder.build(messages, TOOLS, TitoCache(segments=dict(cache.segments)))
+        yield messages, prompt, scratch
+        output = [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 12))]
+        ended = turn % 3 != 2
+        if ended:
+            output.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        text = tokenizer.decode(output[:-1] if ended else output, skip_special_tokens=False)
+        parsed = parse_output(text, QwenToolCallParser())
+        assistant = {"role": "assistant", "content": parsed.content}
+        builder.remember(cache, prompt, messages, TOOLS, assistant, output, ended)
+        messages = messages + [assistant, {"role": "tool", "content": f"out {turn}", "tool_call_id": "t"}]
+
+
+def test_prefix_cache_gives_the_same_prompt_as_building_from_scratch(tiny_tokenizer):
+    previous = None
+    for _, prompt, scratch in _agent_loop(tiny_tokenizer, 12):
+        assert prompt.ids == scratch.ids
+        assert prompt.fallback_turns == 0 and scratch.fallback_turns == 0
+        if previous is not None:
+            assert prompt.ids[: len(previous.ids)] == previous.ids
+        previous = prompt
+
+
+def test_an_edited_turn_is_a_counted_fallback_with_its_span(tiny_tokenizer):
+    builder, cache = PromptBuilder(tiny_tokenizer), TitoCache()
+    messages = [{"role": "user", "content": "hi"}]
+    prompt = builder.build(messages, None, cache)
+    output = tiny_tokenizer("sampled answer", add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]
+    builder.remember(cache, prompt, messages, None, {"role": "assistant", "content": "sampled answer"}, output, True)
+    kept = builder.build(messages + [{"role": "assistant", "content": "sampled answer"},
+                                     {"role": "user", "content": "more"}], None, cache)
+    assert kept.ids[len(prompt.ids): len(prompt.ids) + len(output)] == output and kept.fallback_turns == 0
+    edited = builder.build(messages + [{"role": "assistant", "content": "an edited answer"},
+                                       {"role": "user", "content": "more"}], None, cache)
+    assert edited.fallback_turns == 1
+    ((start, end),) = edited.fallback_spans
+    assert "edited" in tiny_tokenizer.decode(edited.ids[start:end])
+    assert edited.ids[:start] == prompt.ids
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32), pieces=st.lists(st.sampled_from(
+    ["<think>", "</think>", "<tool_call>", "</tool_call>", '{"name": "f", "arguments": {"a": 1}}', "  ", "\n",
+     "hello", "é", "<", "<tool", "think>", "x"]), max_size=10))
+def test_streamed_deltas_add_up_to_the_final_parse(tiny_tokenizer, seed, pieces):
+    rng = random.Random(seed)
+    text_ids = tiny_tokenizer("".join(pieces), add_special_tokens=False)["input_ids"]
+    text_ids += [rng.randrange(3, len(tiny_tokenizer)) for _ in range(rng.randrange(0, 6))]
+    decoder, streamer = IncrementalDecoder(tiny_tokenizer), OutputStreamer(QwenToolCallParser())
+    got = {"reasoning": "", "content": ""}
+    i = 0
+    while i < len(text_ids):
+        n = rng.randrange(1, 4)
+        for kind, delta in streamer.push(decoder.push(text_ids[i: i + n])):
+            got[kind] += delta
+        i += n
+    final = parse_output(decoder.text(), QwenToolCallParser())
+    for kind, delta in streamer.finish(final):
+        got[kind] += delta
+    assert got == {"reasoning": final.reasoning or "", "content": final.content}
+    assert decoder.text() == tiny_tokenizer.decode(text_ids, skip_special_tokens=False)
+
+
+def test_reasoning_and_tool_calls_parse_out_of_the_text():
+    parsed = parse_output('<think>plan</think>\n\nok\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>',
+                          QwenToolCallParser())
+    assert parsed.reasoning == "plan" and parsed.content == "ok"
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("f", {"x": 1})]

@@ -243,6 +243,26 @@ def bench_proxy(
     _print_figures("gyre bench proxy", run_bench(duration_s=duration_s, concurrency=concurrency), as_json)
 
 
+@perf_app.command("trajectories")
+def bench_trajectories(
+    as_json: bool = typer.Option(False, "--json"),
+    quick: bool = typer.Option(False, "--quick", help="A smaller forward-backward batch, fewer repeats."),
+    no_fb: bool = typer.Option(False, "--no-fb", help="Token counts only, no forward-backward."),
+) -> None:
+    """Trajectory processor: build time at 1M tokens; tokens and seconds per packing strategy."""
+    import json
+
+    from gyre.trajectories.bench import run as run_bench
+
+    kwargs = dict(fb_executions=2, fb_total_tokens=8_000, repeats=2) if quick else {}
+    result = run_bench(with_fb=not no_fb, **kwargs)
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        flat = {k: v for k, v in result.items() if not isinstance(v, dict)}
+        _print_figures("gyre bench trajectories", flat, False)
+
+
 @app.command()
 def simulate(
     workload: str = typer.Option("nl2repo-122b", help="Named workload (see gyre/sim/workloads.py)."),

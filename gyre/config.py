@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 class Section(BaseModel):
@@ -125,6 +125,32 @@ class TrainConfig(Section):
     """Padded tokens per micro-batch; gradients accumulate across micro-batches."""
 
 
+class TrajectoryConfig(Section):
+    jmax: int | Literal["uncapped"] = Field(default=5)
+    """Most trajectories trained per execution, by rank main > main-summary > sub-agent >
+    sub-agent-summary (ties: see gyre/trajectories/sampling.py); "uncapped" keeps all."""
+    packing: Literal["tree", "per_trajectory"] = "tree"
+    """`tree`: each execution's kept trajectories in one row with ancestor-only attention, shared
+    prefixes computed once. `per_trajectory`: one causal row per kept trajectory. Same loss."""
+    row_tokens: int | None = Field(default=None, gt=0)
+    """Most tokens in one tree-packed row; None: `train.micro_batch_tokens`."""
+    main_share: float = Field(default=0.5, gt=0, le=1)
+    """Without agent ids, a trajectory is the main agent's iff it shares this fraction of the first prompt."""
+    compaction_markers: list[str] = []
+    """Text of the harness's compaction instruction(s), tokenized with the run's tokenizer (a classifier hint)."""
+
+    @field_validator("jmax")
+    @classmethod
+    def _jmax_positive(cls, value):
+        if isinstance(value, int) and value < 1:
+            raise ValueError('jmax must be >= 1 or "uncapped"')
+        return value
+
+    @property
+    def jmax_or_none(self) -> int | None:
+        return None if self.jmax == "uncapped" else self.jmax
+
+
 class AlgoConfig(Section):
     name: Literal["gspo"] = "gspo"
     """Objective. `gspo`: the GSPO variant of DESIGN.md."""
@@ -163,6 +189,8 @@ class RunConfig(Section):
     """Train engine and optimizer."""
     algo: AlgoConfig = AlgoConfig()
     """The RL objective and advantage estimation."""
+    trajectories: TrajectoryConfig = TrajectoryConfig()
+    """How recorded calls become trained trajectories: Jmax sampling, packing, classifier hints."""
 
 
 class ConfigError(ValueError):

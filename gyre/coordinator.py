@@ -43,7 +43,7 @@ from gyre.sandboxes.isolation import Isolation
 from gyre.sandboxes.layout import SandboxLayout
 from gyre.sandboxes.local import LocalSandbox
 from gyre.storage.store import RunStore
-from gyre.trajectories.chains import build_trajectories, to_train_sequences
+from gyre.trajectories.processor import process_batch, settings_from_config
 
 
 @dataclass
@@ -226,8 +226,18 @@ class Coordinator:
         advantages: dict[str, float] = {}
         for group in by_query.values():
             advantages.update(group_advantages(group, normalize_std=self.config.algo.normalize_std))
-        trajectories = {r.execution.execution_id: build_trajectories(r.calls) for r in results}
-        sequences = to_train_sequences(trajectories, advantages)
+        tokenizer = load_tokenizer(self.model_dir) if self.config.trajectories.compaction_markers else None
+        batch = process_batch(
+            {r.execution.execution_id: r.calls for r in results},
+            advantages,
+            settings_from_config(
+                self.config.trajectories, self.config.train.micro_batch_tokens, tokenizer, self.trainer.pair_cost
+            ),
+        )
+        sequences = batch.sequences
+        emit(ProgressEvent("trajectories_processed", step, {
+            **batch.stats(), "drops": [{"execution_id": d.execution_id, "reason": d.reason} for d in batch.drops],
+        }))
         valid = [s.score for s in scores if s.score is not None]
         staleness = {r.execution.execution_id: self.policy_version - r.execution.policy_version_dispatched for r in results}
         record = dict(

@@ -77,10 +77,12 @@ def test_memory_bomb_one_process_and_many(tmp_path):
     assert single.exit_code != 0 and not single.timed_out
     assert single.limit_hit is not None or "MemoryError" in single.stderr
     many = sandbox.exec(
-        "for i in 1 2 3 4 5 6; do python3 -c 'import time; a=bytearray(40<<20); time.sleep(1)' & done; wait", timeout_s=5
+        "for i in 1 2 3 4 5 6; do python3 -c 'import time; a=bytearray(40<<20); time.sleep(1)' & done; wait", timeout_s=10
     )
+    # Members of the tree are OOM-killed at the cgroup limit (bash's bare `wait` still exits
+    # 0). Under load the whole tree can outlive the timeout first and be killed with it.
     assert "memory limit (134217728 bytes) reached" in (many.limit_hit or "")
-    assert "Killed" in many.stderr
+    assert "Killed" in many.stderr or many.timed_out
 
 
 def test_disk_fill_is_killed_at_the_workspace_limit(tmp_path):

@@ -21,7 +21,8 @@ class Algorithm(Protocol):
         behaviour_logp_BT: torch.Tensor,
         mask_BT: torch.Tensor,
         weight_BT: torch.Tensor,
-        advantage_B: torch.Tensor,
+        advantage_S: torch.Tensor,
+        segment_BT: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Return the scalar loss to backpropagate (already weighted) and float stats.
 
@@ -29,5 +30,7 @@ class Algorithm(Protocol):
         `weight_BT` is the trajectory processor's per-token weight (it sums to 1 per
         execution divided by the number of executions, so the loss is the mean over
         trainable tokens inside an execution, then the mean over executions).
+        `segment_BT` (optional) names the trajectory of each token when a tree-packed row
+        holds several; `advantage_S` is then per trajectory, not per row.
         """
         ...

@@ -9,7 +9,8 @@ For a trajectory i with trainable tokens t (policy-sampled; mask m_t = 1):
     loss      = sum_i,t w_i,t * m_t * l_i,t
 
 with eps_low = 0.005 and eps_high = 0.005 (clip range [0.995, 1.005]), A_i the group-relative
-advantage of trajectory i's execution, and w the trajectory processor's weights (mean over
+advantage of trajectory i's execution (a trajectory is a row, or a segment of a tree-packed
+row named by `segment_BT`: the sums over t run over the trajectory, never the packed row), and w the trajectory processor's weights (mean over
 trainable tokens in an execution, then over executions). Capped tokens (ratio above C)
 pass no gradient, and where the clipped term is the smaller one the token passes no
 gradient either, as in PPO. Writing the sequence ratio per token (the GSPO-token form)
@@ -41,20 +42,30 @@ class GSPO:
                 f"sequence clip range must contain 1, got [{self.seq_clip_low}, {self.seq_clip_high}]"
             )
 
-    def loss(self, logp_BT, behaviour_logp_BT, mask_BT, weight_BT, advantage_B):
+    def loss(self, logp_BT, behaviour_logp_BT, mask_BT, weight_BT, advantage_S, segment_BT=None):
+        """Scalar loss and stats. Trajectory i's tokens are those with `segment_BT == i`
+        (None: row i is trajectory i, the plain layout); `advantage_S[i]` is its advantage.
+        A tree-packed row holds several trajectories, so s_i is summed per segment, not per row."""
         mask = mask_BT.to(logp_BT.dtype)
+        if segment_BT is None:
+            rows, width = mask_BT.shape
+            segment_BT = torch.arange(rows, device=mask_BT.device).unsqueeze(-1).expand(rows, width)
+        segment_N = segment_BT.clamp(min=0).reshape(-1)  # tokens outside a segment are masked out
+        num_segments = advantage_S.shape[0]
         log_ratio_BT = torch.clamp(logp_BT - behaviour_logp_BT, max=math.log(self.token_ratio_cap)) * mask
-        num_tokens_B = mask.sum(-1).clamp(min=1.0)
-        seq_ratio_B = torch.exp(log_ratio_BT.sum(-1) / num_tokens_B)
-        token_ratio_BT = seq_ratio_B.detach().unsqueeze(-1) * torch.exp(log_ratio_BT - log_ratio_BT.detach())
-        adv_B1 = advantage_B.unsqueeze(-1)
-        unclipped = token_ratio_BT * adv_B1
-        clipped = torch.clamp(token_ratio_BT, self.seq_clip_low, self.seq_clip_high) * adv_B1
+        zeros_S = torch.zeros(num_segments, dtype=logp_BT.dtype, device=logp_BT.device)
+        sum_S = zeros_S.index_add(0, segment_N, log_ratio_BT.reshape(-1))
+        num_tokens_S = zeros_S.index_add(0, segment_N, mask.reshape(-1))
+        seq_ratio_S = torch.exp(sum_S / num_tokens_S.clamp(min=1.0))
+        seq_ratio_BT = seq_ratio_S.detach()[segment_N].reshape(log_ratio_BT.shape)
+        token_ratio_BT = seq_ratio_BT * torch.exp(log_ratio_BT - log_ratio_BT.detach())
+        adv_BT = advantage_S.to(logp_BT.dtype)[segment_N].reshape(log_ratio_BT.shape)
+        unclipped = token_ratio_BT * adv_BT
+        clipped = torch.clamp(token_ratio_BT, self.seq_clip_low, self.seq_clip_high) * adv_BT
         per_token = -torch.minimum(unclipped, clipped)
         loss = (per_token * weight_BT * mask).sum()
         with torch.no_grad():
-            has_tokens = mask.sum(-1) > 0
-            seq = seq_ratio_B[has_tokens]
+            seq = seq_ratio_S[num_tokens_S > 0]
             clipped_frac = ((seq < self.seq_clip_low) | (seq > self.seq_clip_high)).float().mean()
             capped = ((logp_BT - behaviour_logp_BT) > math.log(self.token_ratio_cap)) & mask_BT.bool()
             stats = {

@@ -10,8 +10,10 @@ Loss weights make the loss the mean over trainable tokens inside an execution, t
 mean over executions: a target token is identified by (call, index) and counts once even
 when several trajectories contain it.
 
-Kinds, Jmax sampling by role and prefix-sharing trees replace this module's simple rules
-in the trajectory-processor issue; the interface (calls in, `TrainSequence`s out) stays.
+The training path no longer uses this module: `trajectories/processor.py` (prefix-sharing
+tree, kinds, Jmax sampling, tree packing) replaced it in `Coordinator.train`. It stays only
+because the proxy and harness tests use `build_trajectories` as a quick "one exact-token
+chain" check; move them to `trajectories.tree.build_tree` and delete it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`gyre simulate` as a user runs it: JSON keys, the comparison table, clear errors."""
+"""CLI commands as a user runs them: `gyre simulate`, `gyre bench`; JSON keys, tables, clear errors."""
 
 from __future__ import annotations
 
@@ -34,3 +34,12 @@ def test_unknown_workload_and_policy_fail_cleanly():
         result = runner.invoke(app, ["simulate", "--steps", "2", *args])
         assert result.exit_code == 2, (args, result.output)
         assert "error:" in result.output and "Traceback" not in result.output
+
+
+def test_bench_trajectories_token_counts():
+    result = runner.invoke(app, ["bench", "trajectories", "--no-fb", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["build_seconds_1m"] > 0
+    assert data["tokens_per_call"] >= 3 * data["tokens_tree"]
+    assert data["tokens_naive"] > data["tokens_tree"]

@@ -169,3 +169,14 @@ def test_rlimits_apply(tmp_path):
     assert result.stdout == "64\n"
     assert result.exit_code != 0
     assert (sandbox.workspace / "big.bin").stat().st_size <= 4096
+
+
+def test_python_installation_stays_visible_when_it_lives_under_tmp(tmp_path):
+    """A CI clone's venv can sit under /tmp: the scratch /tmp must be mounted before it."""
+    from gyre.sandboxes.bwrap import bwrap_argv, python_prefixes
+    from gyre.sandboxes.layout import SandboxLayout
+
+    argv = bwrap_argv("bwrap", workspace=tmp_path / "ws", scratch=tmp_path / "scratch", layout=SandboxLayout())
+    tmp_bind = argv.index("/tmp", argv.index(str(tmp_path / "scratch")))
+    for prefix in python_prefixes():
+        assert argv.index(str(prefix)) > tmp_bind, prefix

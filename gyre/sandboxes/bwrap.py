@@ -78,9 +78,11 @@ def bwrap_argv(
             argv += ["--ro-bind", path, path]
     argv += [arg for path in MASKED_FILES if os.path.exists(path) for arg in ("--ro-bind", "/dev/null", path)]
     argv += [arg for path in MASKED_DIRS if os.path.isdir(path) for arg in ("--tmpfs", path)]
+    # /tmp first: the Python installation may live under /tmp (a CI clone's venv), and a
+    # later mount on /tmp would hide it.
+    argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(scratch), "/tmp"]
     for path in [*python_prefixes(), *_outside_system_dirs(extra_ro)]:
         argv += ["--ro-bind", str(path), str(path)]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(scratch), "/tmp"]
     inside = layout.inside(workspace)
     argv += ["--bind", str(workspace), inside]
     for mount in layout.mounts:

@@ -42,6 +42,21 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(code=2)
 
 
+class _WarmstartProgress:
+    """Listener for the supervised warm start (runs once, then is cached)."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task = None
+
+    def __call__(self, event) -> None:
+        if event.kind != "warmstart":
+            return
+        if self.task is None:
+            self.task = self.progress.add_task("warm start", total=event.data["steps"], info="")
+        self.progress.update(self.task, completed=event.step + 1, info=f"loss {event.data['loss']:.3f}")
+
+
 class _RichProgress:
     """Listener that turns progress events into a rich display."""
 
@@ -51,18 +66,25 @@ class _RichProgress:
         self.step_task = progress.add_task("steps", total=total_steps, info="")
         self.exec_task = progress.add_task("executions", total=1, info="")
         self.scored = 0
+        self.last_eval = "n/a"
 
     def __call__(self, event) -> None:
         if event.kind == "step_started":
             self.scored = 0
             self.progress.reset(self.exec_task, total=event.data["executions"])
             self.progress.update(self.exec_task, description=f"step {event.step} executions")
+        elif event.kind == "eval_started":
+            self.progress.reset(self.exec_task, total=event.data["executions"])
+            self.progress.update(self.exec_task, description=f"eval before step {event.step}")
         elif event.kind == "execution_finished":
             self.progress.advance(self.exec_task)
+        elif event.kind == "eval_finished":
+            rate = event.data["pass_rate"]
+            self.last_eval = "n/a" if rate is None else f"{rate:.3f}"
         elif event.kind == "step_finished":
             d = event.data
             reward = "n/a" if d["reward_mean"] is None else f"{d['reward_mean']:.3f}"
-            info = f"v{d['policy_version']} reward {reward} dropped {d['num_dropped']}"
+            info = f"v{d['policy_version']} reward {reward} eval {self.last_eval} dropped {d['num_dropped']}"
             if d["logprob_abs_diff"] is not None:
                 info += f" |dlogp| {d['logprob_abs_diff']:.1e} loss {d['loss']:+.4f}"
             if d["skipped_reason"]:
@@ -77,11 +99,18 @@ def run(
     run_dir: Path | None = typer.Option(None, help="Where results land (default runs/<name>-<time>)."),
 ) -> None:
     """Run online RL: rollouts through the proxy, evaluation, GSPO steps, all into DuckDB."""
-    from gyre.coordinator import preflight
+    from gyre import progress as progress_events
+    from gyre.resolve import preflight
 
     try:
         cfg = load_config(config)
-        preflight(cfg)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.fields[info]}"), console=console, transient=True) as bar:
+            unsubscribe = progress_events.subscribe(_WarmstartProgress(bar))
+            try:
+                preflight(cfg)  # builds the cached tiny model, benchmark and warm start once
+            finally:
+                unsubscribe()
     except (*INPUT_ERRORS, ValueError) as exc:
         _fail(exc)
     run_dir = run_dir or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
@@ -90,14 +119,14 @@ def run(
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # Task-run logs still reach the Prefect UI; the terminal shows warnings and the progress bars.
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    from gyre import progress as progress_events
     from gyre.flows.rl_run import rl_run
 
     total = steps or cfg.steps
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[info]}")]
     with Progress(*columns, console=console) as bar:
-        unsubscribe = progress_events.subscribe(_RichProgress(bar, total))
+        listener = _RichProgress(bar, total)
+        unsubscribe = progress_events.subscribe(listener)
         try:
             records = rl_run(config_path=str(config), run_dir=str(run_dir), steps=total)
         except INPUT_ERRORS as exc:
@@ -105,16 +134,19 @@ def run(
         finally:
             unsubscribe()
     table = Table(title=f"gyre run: {run_dir}")
-    for col in ("step", "version", "reward", "dropped", "|dlogp|", "loss", "grad norm", "tokens"):
+    for col in ("step", "version", "eval", "reward", "dropped", "|dlogp|", "loss", "grad norm", "tokens"):
         table.add_column(col, justify="right")
     for r in records:
         table.add_row(
-            str(r.step), str(r.policy_version), "n/a" if r.reward_mean is None else f"{r.reward_mean:.3f}",
+            str(r.step), str(r.policy_version), "" if r.eval_pass_rate is None else f"{r.eval_pass_rate:.3f}",
+            "n/a" if r.reward_mean is None else f"{r.reward_mean:.3f}",
             str(r.num_dropped), "n/a" if r.logprob_abs_diff is None else f"{r.logprob_abs_diff:.2e}",
             "n/a" if r.loss is None else f"{r.loss:+.4f}", "n/a" if r.grad_norm is None else f"{r.grad_norm:.3f}",
             str(r.tokens_trained),
         )
     console.print(table)
+    if cfg.evaluation.every_steps:
+        console.print(f"eval pass rate after the last step: {listener.last_eval}  (table `evals`)")
     console.print(f"results: {run_dir / 'gyre.duckdb'}  (duckdb {run_dir / 'gyre.duckdb'} \"select * from steps\")")
 
 

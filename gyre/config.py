@@ -29,6 +29,20 @@ class TinyModelSettings(Section):
     """Byte-level BPE vocabulary size (256 bytes + merges + special tokens)."""
     seed: int = 0
     """Seed of the tiny model's random initialisation."""
+    domain_tokenizer: bool = True
+    """Train the tokenizer also on the harness's prompts and the training queries' text, so what
+    a run sends compresses into few tokens (fewer tokens per call, faster steps on a CPU)."""
+
+
+class WarmstartSettings(Section):
+    steps: int = Field(default=0, ge=0)
+    """Supervised warm-start steps on generated demonstrations before RL; 0 turns it off."""
+    lr: float = Field(default=2e-3, gt=0)
+    """AdamW learning rate of the warm start (linear warm-up, then decay)."""
+    batch_size: int = Field(default=8, gt=0)
+    """Demonstrations per warm-start step."""
+    seed: int = 0
+    """Seed of the warm start's sampling and initial state."""
 
 
 class ModelConfig(Section):
@@ -36,6 +50,8 @@ class ModelConfig(Section):
     """A local Hugging Face causal-LM directory. None: build (once) and use the bundled tiny model."""
     tiny: TinyModelSettings = TinyModelSettings()
     """Shape of the bundled tiny model, used when `path` is None."""
+    warmstart: WarmstartSettings = WarmstartSettings()
+    """Supervised warm start before RL (needs demonstrations: the bundled tiny benchmark has them)."""
 
 
 class BenchmarkConfig(Section):
@@ -51,6 +67,8 @@ class BenchmarkConfig(Section):
     """Queries the `tiny` generator writes."""
     seed: int = 0
     """Seed of the `tiny` generator."""
+    eval_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Share of queries held out for evaluation (by a hash of the query id); never trained on."""
 
 
 class RolloutConfig(Section):
@@ -110,6 +128,15 @@ class SandboxConfig(Section):
 class EvaluatorConfig(Section):
     timeout_s: float = Field(default=120.0, gt=0)
     """Time limit of one hidden-test command."""
+
+
+class EvaluationConfig(Section):
+    every_steps: int = Field(default=0, ge=0)
+    """Evaluate the policy on the held-out queries before every N-th step and after the last; 0: never."""
+    samples_per_query: int = Field(default=4, gt=0)
+    """Executions per eval query; the eval pass rate is the mean score over them (rollout temperature)."""
+    max_queries: int | None = Field(default=None, gt=0)
+    """Evaluate on at most this many held-out queries (the first by id); None: all."""
 
 
 class TrainConfig(Section):
@@ -185,6 +212,8 @@ class RunConfig(Section):
     """Where executions act, and their resource limits."""
     evaluator: EvaluatorConfig = EvaluatorConfig()
     """How kept workspaces are scored."""
+    evaluation: EvaluationConfig = EvaluationConfig()
+    """Periodic evaluation of the policy on held-out queries (`steps.eval_pass_rate`)."""
     train: TrainConfig = TrainConfig()
     """Train engine and optimizer."""
     algo: AlgoConfig = AlgoConfig()

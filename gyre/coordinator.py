@@ -22,11 +22,10 @@ from pathlib import Path
 
 from gyre.algo.advantages import group_advantages
 from gyre.algo.gspo import GSPO
-from gyre.benchmarks import generate_tiny, load_benchmark, task_spec
+from gyre.benchmarks import task_spec
 from gyre.cells.transport import FileSnapshotTransport
 from gyre.config import RunConfig, dump_config
-from gyre.engines.hf import check_model_dir, load_tokenizer, stop_token_ids
-from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
+from gyre.engines.hf import load_tokenizer, stop_token_ids
 from gyre.engines.torch_rollout import TorchRolloutEngine
 from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
 from gyre.evaluators import evaluate_query
@@ -37,7 +36,8 @@ from gyre.proxy.app import ProxyDefaults, create_app
 from gyre.proxy.router import EngineRouter
 from gyre.proxy.server import ServerThread
 from gyre.proxy.sessions import SessionRegistry
-from gyre.records import Call, Execution, ExecutionStatus, Query, Score, StepRecord, utc_now
+from gyre.records import Call, EvalRecord, Execution, ExecutionStatus, Query, Score, StepRecord, utc_now
+from gyre.resolve import preflight
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.isolation import Isolation
 from gyre.sandboxes.layout import SandboxLayout
@@ -62,49 +62,16 @@ class StepOutcome:
     staleness: dict[str, int]
 
 
-def resolve_model_dir(config: RunConfig) -> Path:
-    if config.model.path is not None:
-        return check_model_dir(config.model.path)
-    tiny = config.model.tiny
-    spec = TinyModelSpec(
-        vocab_size=tiny.vocab_size, hidden_size=tiny.hidden_size, num_hidden_layers=tiny.num_hidden_layers, seed=tiny.seed
-    )
-    return cached_tiny_model(config.cache_dir / "models", spec)
-
-
-def resolve_queries(config: RunConfig) -> list[Query]:
-    bench = config.benchmark
-    root = bench.path
-    if bench.kind == "tiny" and root is None:
-        root = generate_tiny(
-            config.cache_dir / "benchmarks" / f"tiny-s{bench.seed}-n{bench.num_queries}", bench.num_queries, bench.seed
-        )
-    if root is None:
-        raise ValueError(f"benchmark.path is required for benchmark kind {bench.kind!r}")
-    kind = "nl2repo" if bench.kind == "tiny" else bench.kind
-    return load_benchmark(kind, Path(root), bench.name or bench.kind)
-
-
-def preflight(config: RunConfig) -> None:
-    """Check the model directory and benchmark before anything starts (clear errors early)."""
-    load_tokenizer(resolve_model_dir(config))
-    if config.rollout.queries_per_step > len(resolve_queries(config)):
-        raise ValueError(f"rollout.queries_per_step={config.rollout.queries_per_step} exceeds the benchmark's queries")
-
-
 class Coordinator:
     def __init__(self, config: RunConfig, run_dir: Path) -> None:
         self.config = config
         self.run_dir = Path(run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.run_id = uuid.uuid4().hex[:12]
-        self.model_dir = resolve_model_dir(config)
-        self.queries = resolve_queries(config)
-        if config.rollout.queries_per_step > len(self.queries):
-            raise ValueError(
-                f"rollout.queries_per_step={config.rollout.queries_per_step} exceeds the "
-                f"{len(self.queries)} queries of the benchmark"
-            )
+        self.model_dir, split = preflight(config)
+        self.queries = split.train
+        limit = config.evaluation.max_queries
+        self.eval_queries = sorted(split.eval, key=lambda q: q.query_id)[:limit]
         self.store = RunStore(self.run_dir / "gyre.duckdb")
         dump_config(config, self.run_dir / "config.yaml")
         self.store.append(
@@ -163,8 +130,14 @@ class Coordinator:
         rng = random.Random(f"{self.config.seed}:{step}")
         return rng.sample(self.queries, self.config.rollout.queries_per_step)
 
-    def run_execution(self, query: Query, step: int, group_index: int) -> ExecutionResult:
-        execution_id = f"s{step:04d}-{query.query_id}-g{group_index:02d}"
+    def eval_due(self, step: int, total_steps: int) -> bool:
+        """Evaluate before `step` (and after the last one, when `step` == `total_steps`)?"""
+        every = self.config.evaluation.every_steps
+        return every > 0 and (step % every == 0 or step == total_steps)
+
+    def run_execution(self, query: Query, step: int, group_index: int, purpose: str = "train") -> ExecutionResult:
+        prefix = "s" if purpose == "train" else "e"
+        execution_id = f"{prefix}{step:04d}-{query.query_id}-g{group_index:02d}"
         key = self.sessions.mint(execution_id)
         version = self.policy_version
         started = utc_now()
@@ -193,6 +166,7 @@ class Coordinator:
             query_id=query.query_id,
             benchmark=query.benchmark,
             group_index=group_index,
+            purpose=purpose,
             status=outcome.status,
             workspace=sandbox.workspace,
             policy_version_dispatched=version,
@@ -218,7 +192,10 @@ class Coordinator:
         emit(ProgressEvent("execution_scored", result.execution.step, {"score": score.score}))
         return score
 
-    def train(self, step: int, results: list[ExecutionResult], scores: list[Score], started_at) -> StepOutcome:
+    def train(
+        self, step: int, results: list[ExecutionResult], scores: list[Score], started_at,
+        eval_pass_rate: float | None = None,
+    ) -> StepOutcome:
         """Advantages per group, trajectories, one optimizer step; returns the step's record."""
         by_query: dict[str, dict[str, float | None]] = {}
         for res, score in zip(results, scores):
@@ -246,6 +223,7 @@ class Coordinator:
             num_executions=len(results),
             num_dropped=len(scores) - len(valid),
             mean_staleness=sum(staleness.values()) / len(staleness),
+            eval_pass_rate=eval_pass_rate,
             started_at=started_at,
         )
         skipped = "no trainable tokens" if not sequences else None
@@ -287,6 +265,24 @@ class Coordinator:
         self.store.append_calls([c for r in results for c in r.calls])
         self.store.append_steps([record])
         emit(ProgressEvent("step_finished", record.step, record.model_dump(mode="json")))
+
+    def record_eval(self, step: int, results: list[ExecutionResult], scores: list[Score], started_at) -> EvalRecord:
+        """Store an evaluation round: its executions, their calls, and the pass rate."""
+        valid = [s.score for s in scores if s.score is not None]
+        record = EvalRecord(
+            step=step,
+            policy_version=self.policy_version,
+            pass_rate=sum(valid) / len(valid) if valid else None,
+            num_executions=len(results),
+            num_dropped=len(scores) - len(valid),
+            started_at=started_at,
+            finished_at=utc_now(),
+        )
+        self.store.append_executions([(r.execution, s, 0, None) for r, s in zip(results, scores)])
+        self.store.append_calls([c for r in results for c in r.calls])
+        self.store.append_evals([record])
+        emit(ProgressEvent("eval_finished", step, record.model_dump(mode="json")))
+        return record
 
     def close(self) -> None:
         self.server.stop()

@@ -15,6 +15,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -155,6 +156,9 @@ class Execution(Record):
     query_id: str
     benchmark: str
     group_index: int = Field(ge=0, description="Position of this execution inside its query's group.")
+    purpose: Literal["train", "eval"] = Field(
+        default="train", description="train: rolled out for a step's batch; eval: a held-out evaluation sample."
+    )
     status: ExecutionStatus
     workspace: Path = Field(description="The kept workspace; evaluation can be rerun from it.")
     policy_version_dispatched: int = Field(ge=0)
@@ -163,6 +167,18 @@ class Execution(Record):
     error: str | None = None
     started_at: datetime = Field(default_factory=utc_now)
     finished_at: datetime = Field(default_factory=utc_now)
+
+
+class EvalRecord(Record):
+    """One evaluation of a policy version on the held-out queries."""
+
+    step: int = Field(ge=0, description="Evaluated before this step (== the number of steps taken).")
+    policy_version: int = Field(ge=0)
+    pass_rate: float | None = Field(description="Mean score over valid eval executions; None if all failed.")
+    num_executions: int
+    num_dropped: int = Field(description="Eval executions whose evaluation failed (not counted as zeros).")
+    started_at: datetime
+    finished_at: datetime
 
 
 class StepRecord(Record):

@@ -30,7 +30,11 @@ def _gyre(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_two_steps_land_in_duckdb(tmp_path, tiny_model_dir):
-    config = _config(tmp_path, tmp_path / "cache", f"model:\n  path: {tiny_model_dir}\n")
+    config = _config(
+        tmp_path, tmp_path / "cache",
+        f"model:\n  path: {tiny_model_dir}\nbenchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
+        "evaluation:\n  every_steps: 1\n  samples_per_query: 1\n  max_queries: 2\n",
+    )
     run_dir = tmp_path / "run"  # given relative to the working directory, as users do
     proc = _gyre("run", "--config", str(config), "--steps", "2", "--run-dir", "run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -42,18 +46,26 @@ def test_two_steps_land_in_duckdb(tmp_path, tiny_model_dir):
     assert steps[0][1] < steps[1][1]  # policy version increases
     assert all(s[2] is not None and s[2] < 1e-3 for s in steps)
     assert all(s[3] == 0.0 and s[4] == 4 for s in steps)  # synchronous step: staleness 0
-    scored = con.execute("select count(*) from executions where eval_status = 'ok' and score is not null").fetchone()
+    scored = con.execute("select count(*) from executions where purpose = 'train' and eval_status = 'ok' "
+                         "and score is not null").fetchone()
     assert scored[0] == 4 * 2
+    # held-out evaluation before each step and after the last, on queries never trained on
+    evals = con.execute("select step, policy_version, num_executions from evals order by step").fetchall()
+    assert evals == [(0, 0, 2), (1, 1, 2), (2, 2, 2)]
+    assert con.execute("select count(*) from steps where eval_pass_rate is not null").fetchone() == (2,)
+    eval_queries = {q for (q,) in con.execute("select query_id from executions where purpose = 'eval'").fetchall()}
+    train_queries = {q for (q,) in con.execute("select query_id from executions where purpose = 'train'").fetchall()}
+    assert len(eval_queries) == 2 and not eval_queries & train_queries
     versions = con.execute("select step, min(policy_version_dispatched), max(policy_version_dispatched) "
-                           "from executions group by step order by step").fetchall()
+                           "from executions where purpose = 'train' group by step order by step").fetchall()
     assert versions == [(0, 0, 0), (1, 1, 1)]
     calls = con.execute("select count(*), min(output_tokens) from calls").fetchone()
     assert calls[0] >= 8 and calls[1] > 0
     # calls made in step 1 were sampled by the policy step 0 produced
     assert con.execute("select distinct c.policy_version from calls c join executions e using (execution_id) "
-                       "where e.step = 1").fetchall() == [(1,)]
+                       "where e.step = 1 and e.purpose = 'train'").fetchall() == [(1,)]
     assert (run_dir / "config.yaml").exists()
-    assert len(list((run_dir / "workspaces").iterdir())) == 8
+    assert len(list((run_dir / "workspaces").iterdir())) == 8 + 6
     # a second run into the same directory is refused, and the first run's data is untouched
     again = _gyre("run", "--config", str(config), "--run-dir", "run", cwd=tmp_path)
     assert again.returncode == 2 and "already holds a run" in again.stderr

@@ -95,14 +95,17 @@ class TinyModelSpec:
     head_dim: int = 16
     max_position_embeddings: int = 8192
     seed: int = 0
+    corpus: tuple[str, ...] = ()
+    """Extra tokenizer training text (the harness's prompts, the benchmark's instructions), so
+    the text a run actually sends compresses into few tokens."""
 
     def digest(self) -> str:
         payload = json.dumps(asdict(self), sort_keys=True) + CHAT_TEMPLATE + "".join(_CORPUS_SNIPPETS)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
-def build_tokenizer(vocab_size: int):
-    """Train a byte-level BPE tokenizer on the built-in corpus (deterministic, < 1 s)."""
+def build_tokenizer(vocab_size: int, corpus: tuple[str, ...] = ()):
+    """Train a byte-level BPE tokenizer on the built-in corpus plus `corpus` (deterministic, < 1 s)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -115,7 +118,7 @@ def build_tokenizer(vocab_size: int):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    core.train_from_iterator(_CORPUS_SNIPPETS * 4, trainer=trainer)
+    core.train_from_iterator(_CORPUS_SNIPPETS * 4 + list(corpus), trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         eos_token="<|im_end|>",
@@ -134,7 +137,7 @@ def build_tiny_model(out: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
     out = Path(out)
     if out.exists():
         raise FileExistsError(f"{out}: already exists; refusing to overwrite a model directory")
-    tokenizer = build_tokenizer(spec.vocab_size)
+    tokenizer = build_tokenizer(spec.vocab_size, spec.corpus)
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = Qwen3Config(

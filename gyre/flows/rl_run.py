@@ -1,6 +1,7 @@
 """The RL run as a Prefect flow; it reads like the algorithm.
 
-For each step: sample queries; dispatch a group of executions per query (each a task run,
+Before every N-th step (and after the last), an evaluation round samples the policy on the
+held-out queries. For each step: sample queries; dispatch a group of executions per query (each a task run,
 concurrent, all talking to the proxy); evaluate each kept workspace as soon as its
 execution ends; build trajectories and take one optimizer step; publish the new weights
 to the rollout engine; record everything in DuckDB. This is the Colocate schedule (the
@@ -19,13 +20,23 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from gyre.config import load_config
 from gyre.coordinator import Coordinator
 from gyre.progress import ProgressEvent, emit
-from gyre.records import StepRecord, utc_now
-from gyre.tasks.step import evaluate, execute, publish_weights, record, train
+from gyre.records import EvalRecord, StepRecord, utc_now
+from gyre.tasks.step import evaluate, execute, publish_weights, record, record_eval, train
 
 MAX_CONCURRENT_TASKS = 256
 
 
-def rl_step(coord: Coordinator, step: int) -> StepRecord:
+def eval_round(coord: Coordinator, step: int) -> EvalRecord:
+    """Sample the current policy on every held-out query; record the mean score."""
+    started_at = utc_now()
+    samples = coord.config.evaluation.samples_per_query
+    emit(ProgressEvent("eval_started", step, {"executions": len(coord.eval_queries) * samples}))
+    executions = [execute.submit(coord, q, step, i, "eval") for q in coord.eval_queries for i in range(samples)]
+    evaluations = [evaluate.submit(coord, e) for e in executions]
+    return record_eval(coord, step, [e.result() for e in executions], [e.result() for e in evaluations], started_at)
+
+
+def rl_step(coord: Coordinator, step: int, eval_pass_rate: float | None = None) -> StepRecord:
     started_at = utc_now()
     queries = coord.sample_queries(step)
     group_size = coord.config.rollout.group_size
@@ -34,7 +45,7 @@ def rl_step(coord: Coordinator, step: int) -> StepRecord:
     evaluations = [evaluate.submit(coord, e) for e in executions]
     results = [e.result() for e in executions]
     scores = [e.result() for e in evaluations]
-    outcome = train(coord, step, results, scores, started_at)
+    outcome = train(coord, step, results, scores, started_at, eval_pass_rate)
     if outcome.record.skipped_reason is None:
         publish_weights(coord, outcome.record.policy_version)
     record(coord, outcome, results, scores)
@@ -43,14 +54,23 @@ def rl_step(coord: Coordinator, step: int) -> StepRecord:
 
 @flow(name="rl-run", task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENT_TASKS))
 def rl_run(config_path: str, run_dir: str | None = None, steps: int | None = None) -> list[StepRecord]:
-    """Run `steps` RL steps (default: the config's) into `run_dir` (default: runs/<name>-<time>)."""
+    """Run `steps` RL steps (default: the config's) into `run_dir` (default: runs/<name>-<time>).
+
+    With `evaluation.every_steps` set, the policy is evaluated on held-out queries before
+    every N-th step and after the last; the pass rate lands in `evals` and `steps`.
+    """
     config = load_config(config_path)
     run_dir = run_dir or str(Path("runs") / f"{config.name}-{datetime.now():%Y%m%d-%H%M%S}")
     coord = Coordinator(config, Path(run_dir))
     try:
         total = steps or config.steps
         emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir}))
-        records = [rl_step(coord, step) for step in range(total)]
+        records = []
+        for step in range(total):
+            pass_rate = eval_round(coord, step).pass_rate if coord.eval_due(step, total) else None
+            records.append(rl_step(coord, step, pass_rate))
+        if coord.eval_due(total, total):
+            eval_round(coord, total)
         emit(ProgressEvent("run_finished", None, {"steps": total}))
         return records
     finally:

@@ -1,4 +1,4 @@
-"""The run's DuckDB file: runs, steps, executions, calls and their token arrays.
+"""The run's DuckDB file: runs, steps, evals, executions, calls and their token arrays.
 
 DuckDB allows one read-write process per file, so exactly one process (the coordinator)
 opens a `RunStore`; cells and tasks hand it records. Rows are appended in batches with one
@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import duckdb
 
-from gyre.records import Call, Execution, Score, StepRecord
+from gyre.records import Call, EvalRecord, Execution, Score, StepRecord
 
 SCHEMA: dict[str, list[tuple[str, str]]] = {
     "runs": [
@@ -48,6 +48,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("query_id", "VARCHAR"),
         ("benchmark", "VARCHAR"),
         ("group_index", "INTEGER"),
+        ("purpose", "VARCHAR"),
         ("status", "VARCHAR"),
         ("eval_status", "VARCHAR"),
         ("score", "DOUBLE"),
@@ -61,6 +62,15 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("advantage", "DOUBLE"),
         ("workspace", "VARCHAR"),
         ("error", "VARCHAR"),
+        ("started_at", "TIMESTAMPTZ"),
+        ("finished_at", "TIMESTAMPTZ"),
+    ],
+    "evals": [
+        ("step", "INTEGER"),
+        ("policy_version", "INTEGER"),
+        ("pass_rate", "DOUBLE"),
+        ("num_executions", "INTEGER"),
+        ("num_dropped", "INTEGER"),
         ("started_at", "TIMESTAMPTZ"),
         ("finished_at", "TIMESTAMPTZ"),
     ],
@@ -121,6 +131,9 @@ class RunStore:
 
     def append_steps(self, steps: Sequence[StepRecord]) -> int:
         return self.append("steps", [s.model_dump() for s in steps])
+
+    def append_evals(self, evals: Sequence[EvalRecord]) -> int:
+        return self.append("evals", [e.model_dump() for e in evals])
 
     def append_calls(self, calls: Sequence[Call]) -> int:
         self.append(

@@ -1,4 +1,5 @@
-"""The tasks of one RL step: execute, evaluate, train, publish weights, record."""
+"""The tasks of one RL step (execute, evaluate, train, publish weights, record) and of an
+evaluation round (execute and evaluate with purpose "eval", record-eval)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
-from gyre.records import Query, Score
+from gyre.records import EvalRecord, Query, Score
 
 
-@task(name="execute", task_run_name="execute-{query.query_id}-g{group_index}", cache_policy=NONE)
-def execute(coord: Coordinator, query: Query, step: int, group_index: int) -> ExecutionResult:
-    return coord.run_execution(query, step, group_index)
+@task(name="execute", task_run_name="{purpose}-{query.query_id}-g{group_index}", cache_policy=NONE)
+def execute(coord: Coordinator, query: Query, step: int, group_index: int, purpose: str = "train") -> ExecutionResult:
+    return coord.run_execution(query, step, group_index, purpose)
 
 
 @task(name="evaluate", task_run_name="evaluate-{result.execution.execution_id}", cache_policy=NONE)
@@ -23,8 +24,8 @@ def evaluate(coord: Coordinator, result: ExecutionResult) -> Score:
 
 @task(name="train", task_run_name="train-step-{step}", cache_policy=NONE)
 def train(coord: Coordinator, step: int, results: list[ExecutionResult], scores: list[Score],
-          started_at: datetime) -> StepOutcome:
-    return coord.train(step, results, scores, started_at)
+          started_at: datetime, eval_pass_rate: float | None = None) -> StepOutcome:
+    return coord.train(step, results, scores, started_at, eval_pass_rate)
 
 
 @task(name="publish-weights", task_run_name="publish-weights-v{version}", cache_policy=NONE)
@@ -35,3 +36,9 @@ def publish_weights(coord: Coordinator, version: int) -> None:
 @task(name="record", task_run_name="record-step-{outcome.record.step}", cache_policy=NONE)
 def record(coord: Coordinator, outcome: StepOutcome, results: list[ExecutionResult], scores: list[Score]) -> None:
     coord.record_step(outcome, results, scores)
+
+
+@task(name="record-eval", task_run_name="record-eval-before-step-{step}", cache_policy=NONE)
+def record_eval(coord: Coordinator, step: int, results: list[ExecutionResult], scores: list[Score],
+                started_at: datetime) -> EvalRecord:
+    return coord.record_eval(step, results, scores, started_at)

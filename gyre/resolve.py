@@ -1,0 +1,108 @@
+"""What a run starts from: its queries (split train / eval) and its model directory.
+
+Both are resolved from the config alone, before anything starts, so bad input fails early
+with a clear error (`preflight`), and both are cached: the bundled `tiny` benchmark and
+model are generated once under `cache_dir`, and a warm-started model is trained once per
+(base model, training queries, warm-start settings).
+
+The split is by a hash of the query id, so a query stays on its side when the benchmark
+grows, and the warm start only ever sees training queries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from gyre.benchmarks import generate_tiny, load_benchmark
+from gyre.benchmarks.tiny import tiny_reference
+from gyre.config import RunConfig
+from gyre.engines.hf import check_model_dir, load_tokenizer
+from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
+from gyre.harnesses.builtin import SYSTEM_PROMPT, TOOLS
+from gyre.records import Query
+from gyre.warmstart import WarmstartSpec, cached_warmstart
+
+
+@dataclass(frozen=True)
+class QuerySplit:
+    train: list[Query]
+    eval: list[Query]
+
+
+def is_eval_query(query_id: str, eval_fraction: float) -> bool:
+    bucket = int(hashlib.sha256(query_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return bucket < eval_fraction
+
+
+def resolve_queries(config: RunConfig) -> QuerySplit:
+    bench = config.benchmark
+    root = bench.path
+    if bench.kind == "tiny" and root is None:
+        root = generate_tiny(
+            config.cache_dir / "benchmarks" / f"tiny-s{bench.seed}-n{bench.num_queries}", bench.num_queries, bench.seed
+        )
+    if root is None:
+        raise ValueError(f"benchmark.path is required for benchmark kind {bench.kind!r}")
+    kind = "nl2repo" if bench.kind == "tiny" else bench.kind
+    queries = load_benchmark(kind, Path(root), bench.name or bench.kind)
+    split = QuerySplit(
+        train=[q for q in queries if not is_eval_query(q.query_id, bench.eval_fraction)],
+        eval=[q for q in queries if is_eval_query(q.query_id, bench.eval_fraction)],
+    )
+    if config.rollout.queries_per_step > len(split.train):
+        raise ValueError(
+            f"rollout.queries_per_step={config.rollout.queries_per_step} exceeds the "
+            f"{len(split.train)} training queries of the benchmark at {root}"
+        )
+    if config.evaluation.every_steps and not split.eval:
+        raise ValueError("evaluation.every_steps is set but benchmark.eval_fraction leaves no eval queries")
+    return split
+
+
+def _tokenizer_corpus(train: list[Query]) -> tuple[str, ...]:
+    """What the run will send, so the bundled tokenizer compresses it: prompts, tools, tasks."""
+    texts = [SYSTEM_PROMPT, json.dumps(TOOLS)]
+    for query in train:
+        texts.append(query.instruction)
+        if (query.root / "reference").is_dir():
+            texts.append(tiny_reference(query)[1])
+    return tuple(texts)
+
+
+def resolve_model_dir(config: RunConfig, split: QuerySplit) -> Path:
+    """The configured model directory, or the bundled tiny model (warm-started if configured)."""
+    if config.model.path is not None:
+        base = check_model_dir(config.model.path)
+    else:
+        tiny = config.model.tiny
+        heads = 4
+        spec = TinyModelSpec(
+            vocab_size=tiny.vocab_size,
+            hidden_size=tiny.hidden_size,
+            intermediate_size=3 * tiny.hidden_size,
+            num_hidden_layers=tiny.num_hidden_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads // 2,
+            head_dim=tiny.hidden_size // heads,
+            seed=tiny.seed,
+            corpus=_tokenizer_corpus(split.train) if tiny.domain_tokenizer else (),
+        )
+        base = cached_tiny_model(config.cache_dir / "models", spec)
+    warm = config.model.warmstart
+    if warm.steps == 0:
+        return base
+    if config.benchmark.kind != "tiny":
+        raise ValueError("model.warmstart needs demonstrations: only the bundled tiny benchmark ships them")
+    spec = WarmstartSpec(steps=warm.steps, lr=warm.lr, batch_size=warm.batch_size, seed=warm.seed)
+    return cached_warmstart(base, config.cache_dir / "models", split.train, spec)
+
+
+def preflight(config: RunConfig) -> tuple[Path, QuerySplit]:
+    """Resolve and check the benchmark and the model directory (builds cached ones)."""
+    split = resolve_queries(config)
+    model_dir = resolve_model_dir(config, split)
+    load_tokenizer(model_dir)
+    return model_dir, split

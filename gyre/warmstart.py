@@ -1,0 +1,166 @@
+"""Supervised warm start: teach a fresh model the harness's tool-call format before RL.
+
+A randomly initialised model never emits a parseable tool call, so every execution scores
+0, every group has zero variance and RL has nothing to learn from. The warm start fixes
+that the way real pipelines do (SFT, then RL): it builds demonstrations the project
+generates itself (the builtin harness's own conversation for a training query: system
+prompt and tools, the instruction, a `write_file` call with the query's reference
+solution, the tool result, a `finish` call), renders them with the model's chat template
+exactly as the proxy renders a live request, and trains on the assistant turns only.
+
+It is deliberately short: the goal is a policy that solves some queries but not all, so
+the RL run has variance to learn from. The result is an ordinary HF model directory,
+cached under a name derived from everything that determines it, so `make run` builds it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gyre.benchmarks.tiny import tiny_reference
+from gyre.engines.hf import load_causal_lm, load_tokenizer
+from gyre.engines.base import TrainSequence
+from gyre.harnesses.builtin import SYSTEM_PROMPT, TOOLS
+from gyre.proxy.prompt import PromptBuilder
+from gyre.progress import ProgressEvent, emit
+from gyre.records import Query
+
+
+@dataclass(frozen=True)
+class WarmstartSpec:
+    steps: int
+    lr: float
+    batch_size: int
+    seed: int
+
+
+def demonstration(query: Query, solution_file: str, solution: str) -> list[dict[str, Any]]:
+    """The builtin harness's conversation for `query`, solved in two tool calls."""
+    write = {"name": "write_file", "arguments": {"path": solution_file, "content": solution}}
+    finish = {"name": "finish", "arguments": {"summary": "done"}}
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": query.instruction},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": write}]},
+        {"role": "tool", "content": f"wrote {len(solution)} characters to {solution_file}"},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": finish}]},
+    ]
+
+
+def render(builder: PromptBuilder, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
+    """Token ids of the conversation and, per token, whether the model is to learn it.
+
+    The same split the proxy makes: template text is context; each assistant turn up to
+    and including its end-of-turn marker is a target.
+    """
+    full = builder.render(messages, TOOLS, generation_prompt=False)
+    ids: list[int] = []
+    trainable: list[bool] = []
+    cursor = 0
+
+    def add(text: str, target: bool) -> None:
+        piece = builder.encode(text)
+        ids.extend(piece)
+        trainable.extend([target] * len(piece))
+
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(builder.render(messages[:i], TOOLS, generation_prompt=True))
+        stop = len(builder.render(messages[: i + 1], TOOLS, generation_prompt=False))
+        segment = full[start:stop]
+        end = segment.rfind(builder.end_of_turn) + len(builder.end_of_turn)
+        add(full[cursor:start], False)
+        add(segment[:end], True)
+        add(segment[end:], False)
+        cursor = stop
+    add(full[cursor:], False)
+    return ids, trainable
+
+
+def spec_digest(base_model: Path, queries: list[Query], spec: WarmstartSpec) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps(asdict(spec), sort_keys=True).encode())
+    for weights in sorted(Path(base_model).glob("*.safetensors")):
+        h.update(weights.read_bytes())
+    for q in queries:
+        h.update(q.query_id.encode() + q.instruction.encode())
+    h.update((SYSTEM_PROMPT + json.dumps(TOOLS)).encode())
+    return h.hexdigest()[:12]
+
+
+def warmstart(base_model: Path, out: Path, queries: list[Query], spec: WarmstartSpec) -> Path:
+    """Fine-tune `base_model` on demonstrations for `queries`; write an HF model dir to `out`."""
+    if spec.steps < 1:
+        raise ValueError("warm start needs steps >= 1")
+    tokenizer = load_tokenizer(base_model)
+    builder = PromptBuilder(tokenizer)
+    rows = []
+    for query in queries:
+        solution_file, solution = tiny_reference(query)
+        ids, trainable = render(builder, demonstration(query, solution_file, solution))
+        rows.append(TrainSequence(ids, trainable, [0.0] * len(ids), [1.0] * len(ids), 0.0, query.query_id))
+    torch.manual_seed(spec.seed)
+    rng = random.Random(spec.seed)
+    model = load_causal_lm(base_model)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / spec.steps))
+    for step in range(spec.steps):
+        batch = rng.sample(rows, min(spec.batch_size, len(rows)))
+        loss = _sft_loss(model, batch, int(model.config.pad_token_id or 0))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        emit(ProgressEvent("warmstart", step, {"steps": spec.steps, "loss": float(loss.detach())}))
+    model.eval()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "gyre_warmstart.json").write_text(
+            json.dumps({"base": str(base_model), "queries": len(queries), **asdict(spec)}, indent=2) + "\n"
+        )
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _sft_loss(model, batch: list[TrainSequence], pad_id: int) -> torch.Tensor:
+    width = max(len(r.tokens) for r in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    for i, r in enumerate(batch):
+        n = len(r.tokens)
+        ids[i, :n] = torch.tensor(r.tokens)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(r.trainable)
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
+    target = ids[:, 1:]
+    tmask = mask[:, 1:]
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none")
+    return (nll.view_as(target) * tmask).sum() / tmask.sum().clamp(min=1)
+
+
+def cached_warmstart(base_model: Path, cache_dir: Path, queries: list[Query], spec: WarmstartSpec) -> Path:
+    path = Path(cache_dir) / f"{Path(base_model).name}-warm-{spec_digest(base_model, queries, spec)}"
+    if path.exists():
+        return path
+    return warmstart(base_model, path, queries, spec)

@@ -97,6 +97,7 @@ def run(
     config: Path = typer.Option(Path("configs/tiny-cpu.yaml"), help="Run configuration (YAML)."),
     steps: int | None = typer.Option(None, min=1, help="Optimizer steps (overrides the config)."),
     run_dir: Path | None = typer.Option(None, help="Where results land (default runs/<name>-<time>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue --run-dir from its newest checkpoint."),
 ) -> None:
     """Run online RL: rollouts through the proxy, evaluation, GSPO steps, all into DuckDB."""
     from gyre import progress as progress_events
@@ -114,8 +115,10 @@ def run(
     except (*INPUT_ERRORS, ValueError) as exc:
         _fail(exc)
     run_dir = run_dir or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    if (run_dir / "gyre.duckdb").exists():
-        _fail(ValueError(f"{run_dir} already holds a run (gyre.duckdb); choose another --run-dir"))
+    if resume and not (run_dir / "checkpoints").is_dir():
+        _fail(ValueError(f"--resume: {run_dir} has no checkpoints/ (set train.checkpoint_every)"))
+    if not resume and (run_dir / "gyre.duckdb").exists():
+        _fail(ValueError(f"{run_dir} already holds a run (gyre.duckdb); choose another --run-dir or --resume"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # Task-run logs still reach the Prefect UI; the terminal shows warnings and the progress bars.
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
@@ -128,7 +131,7 @@ def run(
         listener = _RichProgress(bar, total)
         unsubscribe = progress_events.subscribe(listener)
         try:
-            records = rl_run(config_path=str(config), run_dir=str(run_dir), steps=total)
+            records = rl_run(config_path=str(config), run_dir=str(run_dir), steps=total, resume=resume)
         except INPUT_ERRORS as exc:
             _fail(exc)
         finally:

@@ -150,6 +150,8 @@ class TrainConfig(Section):
     """Global gradient-norm clip."""
     micro_batch_tokens: int = Field(default=16384, gt=0)
     """Padded tokens per micro-batch; gradients accumulate across micro-batches."""
+    checkpoint_every: int = Field(default=0, ge=0)
+    """Write a checkpoint (weights, optimizer, step, RNG) every N steps and after the last; 0: never."""
 
 
 class TrajectoryConfig(Section):

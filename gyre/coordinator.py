@@ -25,6 +25,7 @@ from gyre.algo.gspo import GSPO
 from gyre.benchmarks import task_spec
 from gyre.cells.transport import FileSnapshotTransport
 from gyre.config import RunConfig, dump_config
+from gyre.engines.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from gyre.engines.hf import load_tokenizer, stop_token_ids
 from gyre.engines.torch_rollout import TorchRolloutEngine
 from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
@@ -251,6 +252,34 @@ class Coordinator:
     def publish_weights(self, version: int) -> None:
         self.transport.publish(self.trainer, self.router.engines(), version)
         self.policy_version = version
+
+    def checkpoint_due(self, step: int, total_steps: int) -> bool:
+        every = self.config.train.checkpoint_every
+        return every > 0 and ((step + 1) % every == 0 or step + 1 == total_steps)
+
+    def checkpoint(self, step: int) -> Path:
+        """Checkpoint the train engine after `step` (checkpoints/step-NNNNNN, written then renamed)."""
+        return save_checkpoint(self.trainer, self.run_dir / "checkpoints", step + 1)
+
+    def resume(self) -> int:
+        """Restore the newest checkpoint of this run directory; returns the first step to run.
+
+        The train engine gets weights, optimizer state and RNG back; the rollout engine gets
+        the same weights with the checkpoint's policy version; rows already in DuckDB stay.
+        """
+        path = latest_checkpoint(self.run_dir / "checkpoints")
+        if path is None:
+            raise FileNotFoundError(f"{self.run_dir}/checkpoints: no complete checkpoint to resume from")
+        steps_done = load_checkpoint(self.trainer, path)
+        self.publish_weights(self.trainer.steps_taken)
+        # Workspaces of steps the crash interrupted are set aside (kept), so those steps rerun.
+        aside = self.run_dir / f"abandoned-{utc_now():%Y%m%d-%H%M%S}"
+        for kind in ("workspaces", "evals"):
+            for old in (self.run_dir / kind).glob("[se]*"):
+                if int(old.name[1:5]) >= steps_done:
+                    (aside / kind).mkdir(parents=True, exist_ok=True)
+                    old.rename(aside / kind / old.name)
+        return steps_done
 
     def record_step(self, outcome: StepOutcome, results: list[ExecutionResult], scores: list[Score]) -> None:
         """One batch per table: executions (with staleness and advantage), calls, the step."""

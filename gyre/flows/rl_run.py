@@ -21,7 +21,7 @@ from gyre.config import load_config
 from gyre.coordinator import Coordinator
 from gyre.progress import ProgressEvent, emit
 from gyre.records import EvalRecord, StepRecord, utc_now
-from gyre.tasks.step import evaluate, execute, publish_weights, record, record_eval, train
+from gyre.tasks.step import checkpoint, evaluate, execute, publish_weights, record, record_eval, train
 
 MAX_CONCURRENT_TASKS = 256
 
@@ -53,22 +53,29 @@ def rl_step(coord: Coordinator, step: int, eval_pass_rate: float | None = None) 
 
 
 @flow(name="rl-run", task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENT_TASKS))
-def rl_run(config_path: str, run_dir: str | None = None, steps: int | None = None) -> list[StepRecord]:
+def rl_run(
+    config_path: str, run_dir: str | None = None, steps: int | None = None, resume: bool = False
+) -> list[StepRecord]:
     """Run `steps` RL steps (default: the config's) into `run_dir` (default: runs/<name>-<time>).
 
     With `evaluation.every_steps` set, the policy is evaluated on held-out queries before
-    every N-th step and after the last; the pass rate lands in `evals` and `steps`.
+    every N-th step and after the last; the pass rate lands in `evals` and `steps`. With
+    `train.checkpoint_every` set, checkpoints land in `run_dir/checkpoints`; `resume`
+    continues a run directory from its newest checkpoint.
     """
     config = load_config(config_path)
     run_dir = run_dir or str(Path("runs") / f"{config.name}-{datetime.now():%Y%m%d-%H%M%S}")
     coord = Coordinator(config, Path(run_dir))
     try:
         total = steps or config.steps
-        emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir}))
+        first = coord.resume() if resume else 0
+        emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir, "first_step": first}))
         records = []
-        for step in range(total):
+        for step in range(first, total):
             pass_rate = eval_round(coord, step).pass_rate if coord.eval_due(step, total) else None
             records.append(rl_step(coord, step, pass_rate))
+            if coord.checkpoint_due(step, total):
+                checkpoint(coord, step)
         if coord.eval_due(total, total):
             eval_round(coord, total)
         emit(ProgressEvent("run_finished", None, {"steps": total}))

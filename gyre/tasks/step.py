@@ -42,3 +42,8 @@ def record(coord: Coordinator, outcome: StepOutcome, results: list[ExecutionResu
 def record_eval(coord: Coordinator, step: int, results: list[ExecutionResult], scores: list[Score],
                 started_at: datetime) -> EvalRecord:
     return coord.record_eval(step, results, scores, started_at)
+
+
+@task(name="checkpoint", task_run_name="checkpoint-after-step-{step}", cache_policy=NONE)
+def checkpoint(coord: Coordinator, step: int) -> None:
+    coord.checkpoint(step)

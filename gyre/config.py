@@ -10,7 +10,7 @@ Megatron-core adds a variant, not a flag.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -224,11 +224,15 @@ class RunConfig(Section):
     """How recorded calls become trained trajectories: Jmax sampling, packing, classifier hints."""
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
 class ConfigError(ValueError):
     """A config file is unreadable or invalid; the message names the file and field."""
 
 
-def load_config(path: Path | str) -> RunConfig:
+def load_yaml_model(path: Path | str, model: type[M]) -> M:
+    """Read a YAML mapping from `path` into `model`; every problem names the file and field."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -239,12 +243,16 @@ def load_config(path: Path | str) -> RunConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
     try:
-        return RunConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
             f"field '{'.'.join(str(p) for p in err['loc'])}': {err['msg']}" for err in exc.errors()
         )
         raise ConfigError(f"{path}: {problems}") from exc
+
+
+def load_config(path: Path | str) -> RunConfig:
+    return load_yaml_model(path, RunConfig)
 
 
 def dump_config(config: RunConfig, path: Path) -> None:

@@ -11,10 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from gyre.config import ConfigError, ModelConfig
+from gyre.config import ModelConfig, load_yaml_model
 
 
 class Section(BaseModel):
@@ -70,17 +69,4 @@ class ProxyServeConfig(Section):
 
 
 def load_proxy_config(path: Path | str) -> ProxyServeConfig:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{path}: config file not found") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    try:
-        return ProxyServeConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"field '{'.'.join(str(p) for p in e['loc'])}': {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{path}: {problems}") from exc
+    return load_yaml_model(path, ProxyServeConfig)

@@ -27,6 +27,7 @@ import json
 from pathlib import Path, PurePosixPath
 
 from gyre.benchmarks.errors import BenchmarkFormatError
+from gyre.benchmarks.files import read_text
 from gyre.records import Query
 
 INSTRUCTION_FILE = "start.md"
@@ -53,7 +54,7 @@ def load_nl2repo(root: Path, benchmark: str = "nl2repobench") -> list[Query]:
 def load_nl2repo_query(project_dir: Path, benchmark: str = "nl2repobench") -> Query:
     """One query from one project directory in the layout described above."""
     project_dir = Path(project_dir)
-    instruction = _read_text(project_dir / INSTRUCTION_FILE, "instruction")
+    instruction = read_text(project_dir / INSTRUCTION_FILE, "instruction")
     if not instruction.strip():
         raise BenchmarkFormatError(project_dir / INSTRUCTION_FILE, "instruction", "must not be empty")
     test_case_count = _parse_positive_int(project_dir / TEST_CASE_COUNT_FILE, "test_case_count")
@@ -92,24 +93,15 @@ def load_nl2repo_query(project_dir: Path, benchmark: str = "nl2repobench") -> Qu
     )
 
 
-def _read_text(path: Path, field: str) -> str:
-    if not path.is_file():
-        raise BenchmarkFormatError(path, field, "missing file")
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise BenchmarkFormatError(path, field, f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
-
-
 def _parse_positive_int(path: Path, field: str) -> int:
-    text = _read_text(path, field).strip()
+    text = read_text(path, field).strip()
     if not (text.isascii() and text.isdigit() and int(text) > 0):
         raise BenchmarkFormatError(path, field, f"must be a positive integer, got {text[:40]!r}")
     return int(text)
 
 
 def _read_string_list(path: Path, field: str) -> list[str]:
-    text = _read_text(path, field)
+    text = read_text(path, field)
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -100,8 +100,13 @@ def run(
     resume: bool = typer.Option(False, "--resume", help="Continue --run-dir from its newest checkpoint."),
 ) -> None:
     """Run online RL: rollouts through the proxy, evaluation, GSPO steps, all into DuckDB."""
+    from transformers.utils import logging as hf_logging
+
     from gyre import progress as progress_events
     from gyre.resolve import preflight
+
+    hf_logging.disable_progress_bar()  # rich shows progress; transformers' bars would interleave
+    hf_logging.set_verbosity_error()
 
     try:
         cfg = load_config(config)

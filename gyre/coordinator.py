@@ -7,7 +7,8 @@ weights, record. Prefect tasks call these methods one each; tests call them dire
 Nothing here imports Prefect.
 
 Run directory layout: `gyre.duckdb`, `config.yaml` (the resolved config), `workspaces/`
-(each execution's kept workspace), `evals/` (evaluation copies), `snapshots/`.
+(each execution's kept workspace), `evals/` (evaluation copies), `snapshots/` (weights for
+rollout engines), `checkpoints/` (train-engine state for `--resume`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ from gyre.storage.store import RunStore
 from gyre.trajectories.processor import process_batch, settings_from_config
 
 
+EVAL_CONCURRENCY = 2
+"""Evaluations (hidden-test runs) at once: each is a pytest process; more than the CPU box's
+cores only slows the rollouts that share it."""
+
+
 @dataclass
 class ExecutionResult:
     query: Query
@@ -81,7 +87,7 @@ class Coordinator:
               "started_at": utc_now()}],
         )
         self.policy_version = 0
-        tokenizer = load_tokenizer(self.model_dir)
+        self.tokenizer = tokenizer = load_tokenizer(self.model_dir)
         self.rollout = TorchRolloutEngine(
             self.model_dir, max_batch_size=config.rollout.max_batch_size, seed=config.seed
         )
@@ -123,7 +129,7 @@ class Coordinator:
             cpu_cores=config.sandbox.cpu_cores,
             max_workspace_bytes=config.sandbox.max_workspace_bytes,
         )
-        self._eval_slots = threading.Semaphore(2)
+        self._eval_slots = threading.Semaphore(EVAL_CONCURRENCY)
 
     # -- stages of one step -----------------------------------------------------------
 
@@ -204,7 +210,7 @@ class Coordinator:
         advantages: dict[str, float] = {}
         for group in by_query.values():
             advantages.update(group_advantages(group, normalize_std=self.config.algo.normalize_std))
-        tokenizer = load_tokenizer(self.model_dir) if self.config.trajectories.compaction_markers else None
+        tokenizer = self.tokenizer if self.config.trajectories.compaction_markers else None
         batch = process_batch(
             {r.execution.execution_id: r.calls for r in results},
             advantages,

@@ -246,6 +246,14 @@ def benchmark_score(
     print(json.dumps(result, indent=2, default=str))
 
 
+@perf_app.callback()
+def _bench_quiet() -> None:
+    """Performance benchmarks print one table (or JSON); transformers' own bars are off."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 @proxy_app.command("serve")
 def proxy_serve(config: Path = typer.Option(Path("configs/proxy-local.yaml"), "--config", "-c")) -> None:
     """Serve the proxy alone (foreground) in front of the engines a config names."""
@@ -281,6 +289,23 @@ def bench_proxy(
     from gyre.proxy.bench import run as run_bench
 
     _print_figures("gyre bench proxy", run_bench(duration_s=duration_s, concurrency=concurrency), as_json)
+
+
+@perf_app.command("rollout")
+def bench_rollout(
+    as_json: bool = typer.Option(False, "--json"),
+    model: Path | None = typer.Option(None, help="A local HF causal-LM directory (default: the bundled tiny model)."),
+    concurrency: int = typer.Option(16, min=1),
+    new_tokens: int = typer.Option(64, min=1),
+) -> None:
+    """Torch rollout engine: sampled tokens/s for 1 call and for N concurrent calls (same run)."""
+    from gyre.engines.bench import run as run_bench
+
+    try:
+        figures = run_bench(model, concurrency=concurrency, new_tokens=new_tokens)
+    except INPUT_ERRORS as exc:
+        _fail(exc)
+    _print_figures("gyre bench rollout", figures, as_json)
 
 
 @perf_app.command("trajectories")

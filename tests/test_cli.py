@@ -43,3 +43,12 @@ def test_bench_trajectories_token_counts():
     assert data["build_seconds_1m"] > 0
     assert data["tokens_per_call"] >= 3 * data["tokens_tree"]
     assert data["tokens_naive"] > data["tokens_tree"]
+
+
+def test_bench_rollout_reports_single_and_concurrent_throughput(tiny_model_dir):
+    result = runner.invoke(app, ["bench", "rollout", "--json", "--model", str(tiny_model_dir),
+                                 "--concurrency", "4", "--new-tokens", "8"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["tokens_per_s_1"] > 0 and data["tokens_per_s_4"] > 0
+    assert abs(data["speedup"] - data["tokens_per_s_4"] / data["tokens_per_s_1"]) < 0.02

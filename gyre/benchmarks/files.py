@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from gyre.benchmarks.errors import BenchmarkFormatError
+from gyre.records import Query
 
 
 def read_text(path: Path, field: str) -> str:
@@ -93,3 +94,22 @@ def query_dirs(root: Path, marker: str) -> list[Path]:
     if not dirs:
         raise BenchmarkFormatError(root, "queries", f"no query directories (expected <root>/<task>/{marker})")
     return dirs
+
+
+def script_task_query(
+    task_dir: Path, benchmark: str, instruction: str, tests_dir: str, test_files: list[str], script: str,
+    tests_mount: str,
+) -> Query:
+    """A task scored by one verifier script run from the tests mount (Terminal-Bench, Harbor);
+    `tests_dir` holds its tests, relative to `task_dir`."""
+    return Query(
+        query_id=task_dir.name,
+        benchmark=benchmark,
+        instruction=instruction,
+        root=task_dir,
+        start_dir=optional_start_dir(task_dir),
+        hidden_tests_dir=task_dir / tests_dir,
+        test_files=test_files,
+        test_commands=[f"bash {tests_mount}/{script}"],
+        test_case_count=1,
+    )

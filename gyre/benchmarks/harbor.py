@@ -25,7 +25,7 @@ from typing import Any
 
 from gyre.benchmarks.errors import BenchmarkFormatError
 from gyre.benchmarks.files import (
-    non_empty_str, optional_start_dir, positive_seconds, query_dirs, read_text, read_toml, test_files_under,
+    non_empty_str, positive_seconds, query_dirs, read_text, read_toml, script_task_query, test_files_under,
 )
 from gyre.benchmarks.spec import HARBOR, SCORING_RULES, TaskSpec
 from gyre.records import Query
@@ -58,17 +58,7 @@ def load_harbor_task(task_dir: Path, benchmark: str = "harbor") -> Query:
     test_files = test_files_under(task_dir / TESTS_DIR, "tests")
     if TEST_SCRIPT not in test_files:
         raise BenchmarkFormatError(task_dir / TESTS_DIR / TEST_SCRIPT, "tests", "missing verifier script")
-    return Query(
-        query_id=task_dir.name,
-        benchmark=benchmark,
-        instruction=instruction,
-        root=task_dir,
-        start_dir=optional_start_dir(task_dir),
-        hidden_tests_dir=task_dir / TESTS_DIR,
-        test_files=test_files,
-        test_commands=[f"bash {TESTS_MOUNT}/{TEST_SCRIPT}"],
-        test_case_count=1,
-    )
+    return script_task_query(task_dir, benchmark, instruction, TESTS_DIR, test_files, TEST_SCRIPT, TESTS_MOUNT)
 
 
 def harbor_spec(task_dir: Path) -> TaskSpec:

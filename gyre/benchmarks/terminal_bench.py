@@ -21,7 +21,7 @@ from pathlib import Path
 
 from gyre.benchmarks.errors import BenchmarkFormatError
 from gyre.benchmarks.files import (
-    non_empty_str, optional_start_dir, positive_seconds, query_dirs, read_yaml_mapping, test_files_under,
+    non_empty_str, positive_seconds, query_dirs, read_yaml_mapping, script_task_query, test_files_under,
 )
 from gyre.benchmarks.spec import SCORING_RULES, TERMINAL_BENCH, TaskSpec
 from gyre.records import Query
@@ -49,17 +49,7 @@ def load_terminal_bench_task(task_dir: Path, benchmark: str = "terminal-bench") 
     if not (task_dir / RUN_TESTS).is_file():
         raise BenchmarkFormatError(task_dir / RUN_TESTS, "run_tests", "missing file")
     test_files = test_files_under(task_dir / TESTS_DIR, "tests")
-    return Query(
-        query_id=task_dir.name,
-        benchmark=benchmark,
-        instruction=instruction,
-        root=task_dir,
-        start_dir=optional_start_dir(task_dir),
-        hidden_tests_dir=task_dir / TESTS_DIR,
-        test_files=test_files,
-        test_commands=[f"bash {TESTS_MOUNT}/{RUN_TESTS}"],
-        test_case_count=1,
-    )
+    return script_task_query(task_dir, benchmark, instruction, TESTS_DIR, test_files, RUN_TESTS, TESTS_MOUNT)
 
 
 def terminal_bench_spec(task_dir: Path) -> TaskSpec:

@@ -24,7 +24,7 @@ from typing import Any
 
 from gyre.records import Query
 from gyre.sandboxes.base import ExecResult, SandboxLimits
-from gyre.sandboxes.paths import resolve_inside
+from gyre.sandboxes.paths import read_inside, write_inside
 from gyre.sandboxes.process import BoundedCapture
 
 DEFAULT_IMAGE = "python:3.11-slim"
@@ -119,12 +119,10 @@ class DockerSandbox:
         return ExecResult(result.exit_code, out.text(), err.text(), False, time.monotonic() - started)
 
     def read_file(self, rel: str) -> str:
-        return resolve_inside(self.workspace, rel).read_text(encoding="utf-8")
+        return read_inside(self.workspace, rel)
 
     def write_file(self, rel: str, content: str) -> None:
-        target = resolve_inside(self.workspace, rel)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
+        write_inside(self.workspace, rel, content)
 
     def close(self) -> None:
         if self.container is not None:

@@ -39,7 +39,7 @@ from gyre.sandboxes.git_history import strip_git_history
 from gyre.sandboxes.isolation import Isolation
 from gyre.sandboxes.bridge import INSIDE_DIR, ProxyBridge, proxy_address
 from gyre.sandboxes.layout import Mount, SandboxLayout
-from gyre.sandboxes.paths import resolve_inside
+from gyre.sandboxes.paths import read_inside, write_inside
 from gyre.sandboxes.process import sandbox_env, signal_group
 
 SCRATCH_SUFFIX = ".tmp"
@@ -150,12 +150,10 @@ class LocalSandbox:
         return self._bridge.shell_prefix()
 
     def read_file(self, rel: str) -> str:
-        return resolve_inside(self.workspace, rel).read_text(encoding="utf-8")
+        return read_inside(self.workspace, rel)
 
     def write_file(self, rel: str, content: str) -> None:
-        target = resolve_inside(self.workspace, rel)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
+        write_inside(self.workspace, rel, content)
 
     def close(self) -> None:
         """Kill commands still running (from other threads); keep the workspace, drop the scratch dir."""

@@ -49,3 +49,15 @@ def clear_path(root: Path, rel: str) -> Path:
     elif target.is_symlink() or target.exists():
         target.unlink()
     return target
+
+
+def read_inside(root: Path, rel: str) -> str:
+    """The text of `rel` inside `root` (refused if it resolves outside)."""
+    return resolve_inside(root, rel).read_text(encoding="utf-8")
+
+
+def write_inside(root: Path, rel: str, content: str) -> None:
+    """Write `content` to `rel` inside `root`, creating parent directories (refused outside)."""
+    target = resolve_inside(root, rel)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(content, encoding="utf-8")

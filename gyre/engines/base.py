@@ -20,11 +20,22 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one request. `temperature == 0` means greedy."""
+    """How to sample one request. `temperature == 0` means greedy.
+
+    `top_p < 1` samples from the nucleus: the most likely tokens whose probabilities (after
+    temperature) first sum to at least `top_p`, renormalised; `top_k > 0` likewise keeps
+    only the `top_k` most likely tokens (0: all). Behaviour log-probs are then those of the
+    truncated, renormalised distribution the token was actually drawn from. The trainer
+    scores tokens under the full temperature-scaled softmax, so with truncation each token's
+    importance ratio carries the kept mass (ratio = mass <= 1); at the defaults (1.0, 0)
+    nothing is truncated and rollout and train log-probs agree exactly.
+    """
 
     temperature: float = 1.0
     max_new_tokens: int = 128
     stop_token_ids: tuple[int, ...] = ()
+    top_p: float = 1.0
+    top_k: int = 0
 
 
 @dataclass
@@ -50,7 +61,7 @@ class GenerationRequest:
 @dataclass
 class GenerationResult:
     """Exactly what was sampled, with the behaviour log-prob of each token under the
-    temperature-scaled distribution it was drawn from."""
+    temperature-scaled (and, with top_p / top_k, truncated) distribution it was drawn from."""
 
     output_ids: list[int]
     logprobs: list[float]

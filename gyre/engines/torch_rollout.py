@@ -4,8 +4,10 @@ Harness executions call the proxy concurrently; each call blocks in `generate`. 
 thread collects whatever requests are waiting, runs them as one left-padded batch with a
 shared KV cache, and hands each caller its exact sampled token ids and behaviour
 log-probs (log-softmax of the temperature-scaled logits, the distribution the token was
-drawn from). Requests that arrive while a batch runs wait for the next batch (dynamic
-batching; continuous batching is a later refinement behind the same interface).
+drawn from; with `top_p < 1` or `top_k > 0`, of that distribution truncated to the
+nucleus and renormalised, which is then what the token was drawn from; see
+`SamplingParams`). Requests that arrive while a batch runs wait for the next batch
+(dynamic batching; continuous batching is a later refinement behind the same interface).
 
 Weights are swapped between batches under the same lock, so every output token carries
 the policy version that actually produced it. A request whose `stop` event is set leaves
@@ -120,6 +122,12 @@ class TorchRolloutEngine:
         budgets = [min(r.params.max_new_tokens, self.max_context - n) for r, n in zip(requests, lengths)]
         temps_B1 = torch.tensor([[max(r.params.temperature, 0.0)] for r in requests], dtype=torch.float32)
         greedy_B = temps_B1[:, 0] == 0.0
+        top_p_B = torch.tensor([r.params.top_p for r in requests], dtype=torch.float32)
+        top_k_B = torch.tensor([r.params.top_k for r in requests], dtype=torch.long)
+        truncate_B = ~greedy_B & ((top_p_B < 1.0) | (top_k_B > 0))
+        truncating = bool(truncate_B.any())
+        if truncating:
+            top_p_B, top_k_B, truncate_B = top_p_B.to(self.device), top_k_B.to(self.device), truncate_B.to(self.device)
         stops = [set(r.params.stop_token_ids) for r in requests]
 
         outputs: list[list[int]] = [[] for _ in requests]
@@ -144,6 +152,8 @@ class TorchRolloutEngine:
         while not all(done):
             scaled_BV = logits_BV / torch.where(greedy_B, 1.0, temps_B1[:, 0]).unsqueeze(-1)
             logp_BV = torch.log_softmax(scaled_BV, dim=-1)
+            if truncating:
+                logp_BV = torch.where(truncate_B.unsqueeze(-1), _truncated(logp_BV, top_p_B, top_k_B), logp_BV)
             sampled_B = torch.multinomial(logp_BV.exp(), 1, generator=self._generator).squeeze(-1)
             tokens_B = torch.where(greedy_B, logp_BV.argmax(-1), sampled_B)
             token_logp_B = logp_BV.gather(-1, tokens_B.unsqueeze(-1)).squeeze(-1)
@@ -182,3 +192,16 @@ class TorchRolloutEngine:
 
     def _result(self, output_ids: list[int], logprobs: list[float], finish_reason: str) -> GenerationResult:
         return GenerationResult(output_ids, logprobs, finish_reason, self._version, self.engine_id)
+
+
+def _truncated(logp_BV: torch.Tensor, top_p_B: torch.Tensor, top_k_B: torch.Tensor) -> torch.Tensor:
+    """Log-probs renormalised over each row's nucleus (top_p) and top_k; -inf elsewhere.
+    The most likely token is always kept; a row with top_p = 1 and top_k = 0 keeps all."""
+    sorted_BV, order_BV = torch.sort(logp_BV, dim=-1, descending=True)
+    probs_BV = sorted_BV.exp()
+    mass_before_BV = probs_BV.cumsum(-1) - probs_BV  # mass of the more likely tokens
+    rank_V = torch.arange(logp_BV.shape[-1], device=logp_BV.device)
+    keep_BV = (mass_before_BV < top_p_B.unsqueeze(-1)) | (rank_V == 0)
+    keep_BV &= (top_k_B.unsqueeze(-1) <= 0) | (rank_V < top_k_B.unsqueeze(-1))
+    kept_BV = torch.full_like(logp_BV, float("-inf")).scatter(-1, order_BV, sorted_BV.masked_fill(~keep_BV, float("-inf")))
+    return torch.log_softmax(kept_BV, dim=-1)

@@ -1,0 +1,69 @@
+"""Nucleus (top_p) and top_k sampling in the torch reference rollout engine.
+
+Sampled tokens stay inside the nucleus, and each behaviour log-prob is the log-prob of the
+truncated, renormalised distribution the token was drawn from; at top_p = 1 the engine's
+log-probs are exactly the full temperature-scaled softmax the trainer computes.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from gyre.engines.base import GenerationRequest, SamplingParams
+from gyre.engines.hf import load_causal_lm
+from gyre.engines.torch_rollout import TorchRolloutEngine, _truncated
+from gyre.engines.torch_train import token_logprobs
+
+
+def _prompt(tokenizer, text: str) -> list[int]:
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+    return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+def test_truncation_keeps_the_nucleus_and_renormalises():
+    logp_BV = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.5, 0.3, 0.15, 0.05], [0.5, 0.3, 0.15, 0.05]]))
+    out = _truncated(logp_BV, torch.tensor([0.7, 1.0, 0.01]), torch.tensor([0, 2, 0]))
+    assert torch.allclose(out[0].exp(), torch.tensor([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0]))  # 0.5 < 0.7 -> take 0.3 too
+    assert torch.allclose(out[1].exp(), torch.tensor([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0]))  # top_k = 2
+    assert torch.allclose(out[2].exp(), torch.tensor([1.0, 0.0, 0.0, 0.0]))  # the top token is always kept
+
+
+def test_top_p_samples_inside_the_nucleus_with_its_logprobs(tiny_model_dir, tiny_tokenizer):
+    engine = TorchRolloutEngine(tiny_model_dir, seed=5)
+    prompt = _prompt(tiny_tokenizer, "write calc.py")
+    results = {}
+
+    def call(name, params):
+        results[name] = engine.generate(GenerationRequest(prompt, params))
+
+    # one batch: a truncating row next to a plain one
+    threads = [threading.Thread(target=call, args=("nucleus", SamplingParams(0.9, 12, top_p=0.5))),
+               threading.Thread(target=call, args=("full", SamplingParams(0.9, 12)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    engine.close()
+    model = load_causal_lm(tiny_model_dir)
+    for name, res in results.items():
+        ids = torch.tensor([prompt + res.output_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / 0.9
+        full = torch.log_softmax(logits, -1)
+        if name == "full":  # top_p = 1: exactly the trainer's log-probs
+            train = token_logprobs(model, ids, torch.ones_like(ids), temperature=0.9)[0, len(prompt):]
+            assert torch.allclose(train, torch.tensor(res.logprobs), atol=1e-4)
+            continue
+        for pos, (tok, lp) in enumerate(zip(res.output_ids, res.logprobs)):
+            probs = full[pos].exp()
+            ranked = torch.argsort(probs, descending=True)
+            rank = int((ranked == tok).nonzero())
+            mass_before = float(probs[ranked[:rank]].sum())
+            assert mass_before < 0.5 + 1e-5  # inside the nucleus
+            nucleus = int(((probs[ranked].cumsum(0) - probs[ranked]) < 0.5).sum())
+            kept_mass = float(probs[ranked[:nucleus]].sum())
+            assert abs(lp - (float(full[pos, tok]) - torch.log(torch.tensor(kept_mass)).item())) < 1e-4
+            assert lp >= float(full[pos, tok]) - 1e-6  # renormalised: never below the full log-prob

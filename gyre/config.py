@@ -96,11 +96,20 @@ class HarnessConfig(Section):
     max_turns: int = Field(default=4, gt=0)
     """Model calls per execution before the harness stops."""
     harness_timeout_s: float = Field(default=300.0, gt=0)
-    """Wall-clock budget of the harness; past it the execution ends as harness_timeout."""
+    """Wall-clock budget of the harness; past it the agent is stopped, the execution ends as
+    harness_timeout and its kept workspace is still scored."""
     command_timeout_s: float = Field(default=20.0, gt=0)
     """Time limit of one shell command run by the agent."""
     max_tool_output_chars: int = Field(default=2000, gt=0)
     """Tool output beyond this many characters is cut before it goes back to the model."""
+    compaction_threshold_tokens: int | None = Field(default=None, gt=0)
+    """`builtin`: when an agent's context (the last call's prompt + output tokens) reaches this, it
+    asks the model for a summary and continues in a fresh context, as Claude Code does. None: never."""
+    max_sub_agents: int = Field(default=0, ge=0)
+    """`builtin`: sub-agents the main agent may spawn per execution (its `spawn_agent` tool, offered
+    only when this is above 0); each works in a fresh context and returns a report."""
+    sub_agent_max_turns: int = Field(default=4, gt=0)
+    """`builtin`: model calls per sub-agent before it stops."""
 
 
 class SandboxConfig(Section):

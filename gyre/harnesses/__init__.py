@@ -18,6 +18,9 @@ def make_harness(config: HarnessConfig) -> Harness:
             max_turns=config.max_turns,
             command_timeout_s=config.command_timeout_s,
             max_tool_output_chars=config.max_tool_output_chars,
+            compaction_threshold_tokens=config.compaction_threshold_tokens,
+            max_sub_agents=config.max_sub_agents,
+            sub_agent_max_turns=config.sub_agent_max_turns,
         )
     if config.type == "claude-code":
         from gyre.harnesses.claude_code import ClaudeCodeHarness

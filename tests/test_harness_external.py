@@ -118,10 +118,6 @@ def test_mini_swe_agent_command_line_and_environment():
     assert env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True" and env["MSWEA_GLOBAL_CONFIG_DIR"].startswith("/tmp/")
 
 
-def _has_messages_route(app) -> bool:
-    return any(getattr(r, "path", "") == "/v1/messages" for r in app.routes)
-
-
 @needs_bwrap
 @pytest.mark.slow
 @pytest.mark.skipif(find_claude() is None, reason="the claude CLI is not installed (npm i -g @anthropic-ai/claude-code)")
@@ -129,10 +125,6 @@ def test_claude_code_live_against_the_proxy(tmp_path, tiny_tokenizer):
     from gyre.harnesses.claude_code import claude_install_dirs
 
     sessions, server = _proxy(tiny_tokenizer, ["Done."] * 8)
-    if not _has_messages_route(server.app if hasattr(server, "app") else create_app(
-            EngineRouter([]), SessionRegistry(), tiny_tokenizer, model_name="tiny")):
-        server.stop()
-        pytest.skip("the proxy has no /v1/messages endpoint yet")
     key = sessions.mint("exec-cc")
     query = _query(tmp_path)
     sandbox = LocalSandbox.create(query, tmp_path / "ws", isolation="bwrap", extra_ro=claude_install_dirs(find_claude()))

@@ -4,8 +4,12 @@ What Claude Code sends (see DEPENDENCIES.md): streaming `POST /v1/messages?beta=
 with `system` as blocks, 12-24 `tools`, `thinking`, `context_management`, `metadata`,
 `max_tokens` 64000, `tool_use` / `tool_result` blocks, sometimes a `role: "system"` entry
 inside `messages`. Unknown fields and block types are accepted (ignored or kept as a
-placeholder), so a new client version does not break a run. The call itself runs in
-`completion.py`; this module maps blocks to template messages and the outcome back to
+placeholder), so a new client version does not break a run. Sampling: `temperature`,
+`top_p`, `top_k`, `max_tokens`, `stop_sequences` (cut as `stops.py` says; stop_reason
+"stop_sequence" with `stop_sequence` set). `tool_choice`: "auto" (default), "none" (tools
+not rendered, output never parsed for tool calls); "any" and "tool" are a 400, since
+decoding cannot be constrained here; `disable_parallel_tool_use` is accepted and not
+enforced. The call itself runs in `completion.py`; this module maps blocks to template messages and the outcome back to
 Anthropic's message shape and its SSE order: message_start, ping, per block
 content_block_start / deltas / content_block_stop, message_delta, message_stop.
 """
@@ -19,7 +23,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from starlette.responses import Response, StreamingResponse
 
-from gyre.proxy.completion import CompletionCore, TurnRequest, TurnResult
+from gyre.proxy.completion import MAX_STOP_CHARS, MAX_STOP_STRINGS, CompletionCore, TurnRequest, TurnResult
 from gyre.proxy.errors import ProxyError, anthropic_error_body
 from gyre.proxy.output import ParsedOutput
 from gyre.proxy.sessions import ExecutionSession
@@ -115,16 +119,29 @@ class Metadata(_Open):
     user_id: str | None = None
 
 
+class ToolChoice(_Open):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
 class CountTokensRequest(_Open):
     model: str = ""
     messages: list[Message] = Field(min_length=1)
     system: str | list[SystemBlock] | None = None
     tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+
+
+StopSequence = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    stop_sequences: Annotated[list[StopSequence], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool = False
     metadata: Metadata | None = None
 
@@ -210,17 +227,32 @@ def content_blocks(parsed: ParsedOutput) -> list[dict[str, Any]]:
 def _stop_reason(result: TurnResult) -> str:
     if result.parsed.tool_calls:
         return "tool_use"
+    if result.stop_sequence is not None:
+        return "stop_sequence"
     return "end_turn" if result.finish_reason == "stop" else "max_tokens"
+
+
+def _stop_sequence(result: TurnResult) -> str | None:
+    return result.stop_sequence if _stop_reason(result) == "stop_sequence" else None
 
 
 def _request(body: CountTokensRequest, session: ExecutionSession, headers, inline_reasoning: bool) -> TurnRequest:
     full = body if isinstance(body, MessagesRequest) else None  # count_tokens has no sampling fields
     metadata = full.metadata if full else None
+    choice = body.tool_choice.type if body.tool_choice else "auto"
+    if choice in ("any", "tool"):
+        raise ProxyError(400, f"tool_choice type {choice!r} is not supported: this proxy cannot constrain decoding "
+                         "to a tool call; use 'auto' (the model decides) or 'none'")
+    plain = choice == "none"
     return TurnRequest(
         session=session,
         messages=template_messages(body, inline_reasoning),
-        tools=template_tools(body.tools),
+        tools=None if plain else template_tools(body.tools),
         temperature=full.temperature if full else None,
+        top_p=full.top_p if full else None,
+        top_k=full.top_k if full else None,
+        stop=tuple(dict.fromkeys(full.stop_sequences or ())) if full else (),
+        parse_tool_calls=not plain,
         max_tokens=full.max_tokens if full else None,
         kind="messages",
         assistant_message=lambda p: _message(
@@ -242,15 +274,16 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
 
 
 async def messages(core: CompletionCore, body: MessagesRequest, session: ExecutionSession, headers, model_name: str,
-                   inline_reasoning: bool) -> Response:
+                   inline_reasoning: bool, receive=None) -> Response:
     turn = core.turn(_request(body, session, headers, inline_reasoning))
     model = body.model or model_name
     message_id = f"msg_{turn.call_id[5:]}"
     if not body.stream:
-        result = await turn.complete()
+        result = await turn.complete(receive)
         payload = {
             "id": message_id, "type": "message", "role": "assistant", "model": model,
-            "content": content_blocks(result.parsed), "stop_reason": _stop_reason(result), "stop_sequence": None,
+            "content": content_blocks(result.parsed), "stop_reason": _stop_reason(result),
+            "stop_sequence": _stop_sequence(result),
             "usage": {"input_tokens": result.prompt_tokens, "output_tokens": result.output_tokens},
         }
         return Response(orjson.dumps(payload), media_type="application/json")
@@ -316,7 +349,8 @@ async def messages(core: CompletionCore, body: MessagesRequest, session: Executi
                     for b in close():
                         yield b
                     yield _sse("message_delta", {"type": "message_delta",
-                                                 "delta": {"stop_reason": _stop_reason(result), "stop_sequence": None},
+                                                 "delta": {"stop_reason": _stop_reason(result),
+                                                           "stop_sequence": _stop_sequence(result)},
                                                  "usage": {"output_tokens": result.output_tokens}})
                     yield _sse("message_stop", {"type": "message_stop"})
                     return

@@ -114,12 +114,14 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         session = authenticate(request)
         body = await read(request, openai_api.ChatCompletionRequest)
-        return await openai_api.chat_completions(core, body, session, request.headers, model_name, inline_reasoning)
+        return await openai_api.chat_completions(core, body, session, request.headers, model_name, inline_reasoning,
+                                                 request.receive)
 
     async def messages(request: Request) -> Response:
         session = authenticate(request)
         body = await read(request, anthropic_api.MessagesRequest)
-        return await anthropic_api.messages(core, body, session, request.headers, model_name, inline_reasoning)
+        return await anthropic_api.messages(core, body, session, request.headers, model_name, inline_reasoning,
+                                            request.receive)
 
     async def count_tokens(request: Request) -> Response:
         session = authenticate(request)

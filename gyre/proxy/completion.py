@@ -12,9 +12,12 @@ back into their own shapes. Everything that decides what is trained happens here
    completes; the turn as the harness will send it back (`assistant_message`) is
    remembered for splicing.
 
-A call that ends without a complete output (client gone, engines failed after sampling
-some tokens) is recorded with `finish_reason == "abort"` and never remembered for
-splicing: a partial record is never passed off as complete.
+A call that ends without a complete output (client gone, streaming or not; engines failed
+after sampling some tokens) is recorded with `finish_reason == "abort"` and never
+remembered for splicing: a partial record is never passed off as complete.
+
+Stop strings cut the output at a token boundary (`stops.py` says which tokens are kept and
+why); such a call is recorded with `finish_reason == "stop"` and no end-of-turn token.
 """
 
 from __future__ import annotations
@@ -35,8 +38,15 @@ from gyre.proxy.output import IncrementalDecoder, OutputStreamer, ParsedOutput, 
 from gyre.proxy.prompt import BuiltPrompt, PromptBuilder
 from gyre.proxy.router import EngineRouter, NoEngineError
 from gyre.proxy.sessions import ExecutionSession, SessionRegistry
-from gyre.proxy.toolcalls import ToolCallParser
+from gyre.proxy.stops import StopMatcher
+from gyre.proxy.toolcalls import NO_TOOL_CALLS, ToolCallParser
 from gyre.records import Call, utc_now
+
+
+MAX_STOP_STRINGS = 32
+"""Most stop strings one request may give (OpenAI allows 4; some clients send more)."""
+MAX_STOP_CHARS = 512
+"""Longest stop string accepted."""
 
 
 class ProxyDefaults(BaseModel):
@@ -46,8 +56,9 @@ class ProxyDefaults(BaseModel):
     max_new_tokens: int = 128
     max_new_tokens_cap: int = 4096
     force_temperature: bool = False
-    """Sample at `temperature` whatever the harness asks (the trainer scores at the run's
-    temperature, so an RL run wants this)."""
+    """Sample at `temperature`, untruncated (top_p = 1, no top_k), whatever the harness
+    asks: the trainer scores tokens under the full softmax at the run's temperature, so an
+    RL run wants this."""
 
 
 @dataclass
@@ -62,6 +73,12 @@ class TurnRequest:
     """How this API's harness will send the output back, as a template message."""
     agent_id: str | None = None
     session_hint: str | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: tuple[str, ...] = ()
+    """Stop strings (non-empty)."""
+    parse_tool_calls: bool = True
+    """False for tool_choice "none": the output is plain text, never tool calls."""
 
 
 @dataclass
@@ -69,6 +86,8 @@ class TurnResult:
     call: Call
     parsed: ParsedOutput
     finish_reason: str  # stop | length | abort
+    stop_sequence: str | None = None
+    """The stop string that ended the output, if one did."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -106,11 +125,13 @@ class CompletionCore:
     def turn(self, req: TurnRequest) -> "Turn":
         prompt = self.build_prompt(req)
         d = self.defaults
-        temperature = d.temperature if (req.temperature is None or d.force_temperature) else req.temperature
+        forced = d.force_temperature
         params = SamplingParams(
-            temperature=temperature,
+            temperature=d.temperature if (req.temperature is None or forced) else req.temperature,
             max_new_tokens=min(req.max_tokens or d.max_new_tokens, d.max_new_tokens_cap),
             stop_token_ids=self._stop_tuple,
+            top_p=1.0 if (req.top_p is None or forced) else req.top_p,
+            top_k=0 if (req.top_k is None or forced) else req.top_k,
         )
         return Turn(self, req, prompt, params)
 
@@ -119,26 +140,54 @@ class Turn:
     def __init__(self, core: CompletionCore, req: TurnRequest, prompt: BuiltPrompt, params: SamplingParams) -> None:
         self.core, self.req, self.prompt, self.params = core, req, prompt, params
         self.call_id = f"call-{uuid.uuid4().hex[:16]}"
+        self.parser = core.parser if req.parse_tool_calls else NO_TOOL_CALLS
+        self._stops = StopMatcher(core.tokenizer, req.stop, core.stop_token_ids) if req.stop else None
+        self._queue: asyncio.Queue[list[int] | None] | None = None
+        self._generation: Generation | None = None
 
-    async def complete(self) -> TurnResult:
-        """Generate the whole output, record it, return it."""
-        return await self._run(Generation(
-            self.core.router, self.core.executor, self.req.session.execution_id, self.prompt.ids, self.params
-        ))
+    def _start(self, streaming: bool) -> Generation:
+        if streaming:
+            self._queue = asyncio.Queue()
+        watch = streaming or self._stops is not None
+        self._generation = Generation(
+            self.core.router, self.core.executor, self.req.session.execution_id, self.prompt.ids, self.params,
+            on_tokens=self._on_tokens if watch else None,
+        )
+        return self._generation
+
+    def _on_tokens(self, ids: list[int]) -> None:
+        """Sampled ids, in order, on the event loop: cut at stop strings, feed the stream."""
+        if self._stops is not None:
+            ids = self._stops.push(ids)
+            if self._stops.keep is not None:
+                self._generation.stop_after(self._stops.keep)
+        if self._queue is not None and ids:
+            self._queue.put_nowait(ids)
+
+    async def complete(self, receive=None) -> TurnResult:
+        """Generate the whole output, record it, return it. With `receive` (the ASGI
+        receive of a request whose body was read), a client that disconnects meanwhile
+        cancels the generation, which is then recorded as an abort."""
+        generation = self._start(streaming=False)
+        if receive is None:
+            return await self._run(generation)
+        watcher = asyncio.ensure_future(_disconnect(receive))
+        watcher.add_done_callback(lambda t: t.cancelled() or generation.cancel())
+        try:
+            return await self._run(generation)
+        finally:
+            watcher.cancel()
 
     async def stream(self) -> AsyncIterator[tuple[str, Any]]:
         """("reasoning" | "content", text) events as tokens arrive, then ("result", TurnResult).
         Closing the iterator early (client gone) cancels the generation; it is recorded as
         an abort once the engine has stopped."""
         core = self.core
-        queue: asyncio.Queue[list[int] | None] = asyncio.Queue()
-        generation = Generation(
-            core.router, core.executor, self.req.session.execution_id, self.prompt.ids, self.params,
-            on_tokens=queue.put_nowait,
-        )
+        generation = self._start(streaming=True)
+        queue = self._queue
         task = asyncio.ensure_future(self._run(generation))
         task.add_done_callback(lambda t: (queue.put_nowait(None), t.cancelled() or t.exception()))
-        decoder, streamer = IncrementalDecoder(core.tokenizer), OutputStreamer(core.parser)
+        decoder, streamer = IncrementalDecoder(core.tokenizer), OutputStreamer(self.parser)
         try:
             while (ids := await queue.get()) is not None:
                 ids = [t for t in ids if t not in core.stop_token_ids]
@@ -169,17 +218,22 @@ class Turn:
             generation.cancel()
             raise
         finish = out.finish_reason
+        stop_sequence = self._stops.matched if self._stops is not None and finish == "stop" else None
+        if self._stops is not None and self._queue is not None and finish != "abort":
+            rest = self._stops.flush()  # no stop string: what was held back is shown now
+            if rest:
+                self._queue.put_nowait(rest)
         ended = finish == "stop" and bool(out.output_ids) and out.output_ids[-1] in self.core.stop_token_ids
         text_ids = out.output_ids[:-1] if ended else out.output_ids
         text = self.core.tokenizer.decode(text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        parsed = parse_output(text, self.core.parser)
+        parsed = parse_output(text, self.parser)
         call = self._record(out, finish, started)
         if finish != "abort":
             self.core.builder.remember(
                 self.req.session.tito, self.prompt, self.req.messages, self.req.tools,
                 self.req.assistant_message(parsed), out.output_ids, ended,
             )
-        return TurnResult(call, parsed, finish)
+        return TurnResult(call, parsed, finish, stop_sequence)
 
     def _record(self, out: Generated, finish: str, started) -> Call:
         req, segments = self.req, out.segments
@@ -203,3 +257,9 @@ class Turn:
         )
         self.core.sessions.record(req.session, call, self.prompt.fallback_turns)
         return call
+
+
+async def _disconnect(receive) -> None:
+    """Returns when the client of a request whose body was read disconnects."""
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -17,7 +17,9 @@ an exact sample of one response; each segment records its engine and policy vers
 Tokens become visible to a streaming consumer as the engine samples them: the engine's
 thread appends to the current segment and wakes the event loop (coalesced), where
 `on_tokens` receives them in order. A client that goes away calls `cancel()`: the current
-attempt is stopped and the generation ends with `finish_reason == "abort"`.
+attempt is stopped and the generation ends with `finish_reason == "abort"`. A stop string
+found in the output (`stops.py`, fed from `on_tokens`) calls `stop_after(n)`: the attempt
+is stopped and the output cut to its first n tokens, `finish_reason == "stop"`.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class Generation:
         self._on_tokens = on_tokens
         self.out = Generated()
         self._cancelled = False
+        self._keep: int | None = None  # set by stop_after
         self._lease: Lease | None = None
         self._partial_ids: list[int] = []  # the current segment, appended by the engine thread
         self._partial_logprobs: list[float] = []
@@ -80,6 +83,19 @@ class Generation:
         if self._lease is not None:
             self._lease.stop.set()
 
+    def stop_after(self, keep: int) -> None:
+        """A stop string was found: end the generation with its first `keep` output tokens."""
+        self._keep = keep
+        if self._lease is not None:
+            self._lease.stop.set()
+
+    def _cut(self) -> Generated:
+        out, keep = self.out, self._keep
+        out.output_ids, out.logprobs = out.output_ids[:keep], out.logprobs[:keep]
+        out.segments = [s.model_copy(update={"end": min(s.end, keep)}) for s in out.segments if s.start < keep]
+        out.finish_reason = "stop"
+        return out
+
     async def run(self) -> Generated:
         self._loop = asyncio.get_running_loop()
         failures = 0
@@ -89,13 +105,15 @@ class Generation:
             if self._cancelled:
                 out.finish_reason = "abort"
                 return out
+            if self._keep is not None:
+                return self._cut()
             remaining = self._params.max_new_tokens - len(out.output_ids)
             if remaining <= 0:
                 out.finish_reason = "length"
                 return out
             lease = await self._router.acquire(self._execution_id, avoid)
             self._lease = lease
-            if self._cancelled:
+            if self._cancelled or self._keep is not None:
                 lease.stop.set()
             self._partial_ids, self._partial_logprobs = [], []
             request = GenerationRequest(
@@ -128,6 +146,8 @@ class Generation:
             if result.output_ids[: len(reported)] != reported:
                 raise RuntimeError(f"engine {result.engine_id}: result disagrees with the tokens it reported")
             self._commit(result.engine_id, result.policy_version, result.output_ids, result.logprobs)
+            if self._keep is not None and not self._cancelled:
+                return self._cut()
             if result.finish_reason != "abort":
                 out.finish_reason = result.finish_reason
                 return out

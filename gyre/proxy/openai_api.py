@@ -2,6 +2,11 @@
 
 What mini-swe-agent (through litellm), the builtin harness and any OpenAI-SDK agent send:
 `POST /v1/chat/completions` with `messages`, optional `tools`, streaming or not, `n=1`.
+Sampling: `temperature`, `top_p`, `max_tokens` / `max_completion_tokens`, `stop` (cut as
+`stops.py` says; finish_reason "stop"). `tool_choice`: "auto" (default; the model decides),
+"none" (tools are not rendered into the prompt and the output is never parsed for tool
+calls); "required" and a named function are a 400, since decoding cannot be constrained
+here. `parallel_tool_calls` is accepted and not enforced (the model calls what it calls).
 Requests are validated here (pydantic, unknown fields ignored so new client versions keep
 working); the call itself runs in `completion.py`. Streaming follows OpenAI's SSE:
 a role chunk, content deltas, tool calls, a finish chunk, an optional usage chunk, then
@@ -13,13 +18,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response, StreamingResponse
 
-from gyre.proxy.completion import CompletionCore, TurnRequest, TurnResult
+from gyre.proxy.completion import MAX_STOP_CHARS, MAX_STOP_STRINGS, CompletionCore, TurnRequest, TurnResult
 from gyre.proxy.errors import ProxyError, openai_error_body
 from gyre.proxy.output import ParsedOutput
 from gyre.proxy.sessions import ExecutionSession
@@ -69,11 +74,27 @@ class StreamOptions(_Open):
     include_usage: bool = False
 
 
+class NamedFunction(_Open):
+    name: str
+
+
+class ToolChoiceFunction(_Open):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+
+
 class ChatCompletionRequest(_Open):
     model: str = ""
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
+    parallel_tool_calls: bool | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     n: int = 1
@@ -128,6 +149,16 @@ def response_message(parsed: ParsedOutput, call_ids: list[str]) -> dict[str, Any
     return message
 
 
+def _choice_name(choice: str | ToolChoiceFunction) -> str:
+    return choice if isinstance(choice, str) else f"function {choice.function.name}"
+
+
+def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(dict.fromkeys(stop))
+
+
 def _finish_reason(result: TurnResult) -> str:
     if result.parsed.tool_calls:
         return "tool_calls"
@@ -145,15 +176,23 @@ def _call_ids(parsed: ParsedOutput) -> list[str]:
 
 async def chat_completions(
     core: CompletionCore, body: ChatCompletionRequest, session: ExecutionSession, headers, model_name: str,
-    inline_reasoning: bool,
+    inline_reasoning: bool, receive=None,
 ) -> Response:
     if body.n != 1:
         raise ProxyError(400, "only n=1 is supported", param="n")
+    if body.tool_choice is not None and body.tool_choice not in ("auto", "none"):
+        raise ProxyError(400, f"tool_choice {_choice_name(body.tool_choice)!r} is not supported: this proxy cannot "
+                         "constrain decoding to a tool call; use 'auto' (the model decides) or 'none'",
+                         param="tool_choice")
+    plain = body.tool_choice == "none"
     req = TurnRequest(
         session=session,
         messages=[template_message(m, inline_reasoning) for m in body.messages],
-        tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
+        tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools and not plain else None,
         temperature=body.temperature,
+        top_p=body.top_p,
+        stop=_stops(body.stop),
+        parse_tool_calls=not plain,
         max_tokens=body.max_completion_tokens or body.max_tokens,
         kind="chat",
         assistant_message=lambda p: template_message(
@@ -167,7 +206,7 @@ async def chat_completions(
     created = int(time.time())
     completion_id = f"chatcmpl-{turn.call_id}"
     if not body.stream:
-        result = await turn.complete()
+        result = await turn.complete(receive)
         payload = {
             "id": completion_id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": response_message(result.parsed, _call_ids(result.parsed)),

@@ -113,13 +113,13 @@ class OutputStreamer:
             self._mode = "content"
         if self._mode == "content":
             tag = self._parser.open_tag
-            at = self._buffer.find(tag)
+            at = self._buffer.find(tag) if tag is not None else -1
             if at >= 0:
                 self._send(events, "content", self._buffer[:at].rstrip())
                 self._buffer, self._mode = self._buffer[len(self._buffer[:at].rstrip()) :], "held"
                 return events
             stripped = self._buffer.rstrip()
-            safe = stripped[: len(stripped) - _held_suffix(stripped, tag)]
+            safe = stripped[: len(stripped) - _held_suffix(stripped, tag)] if tag is not None else stripped
             self._send(events, "content", safe)
             self._buffer = self._buffer[len(safe) :]
         return events

@@ -31,8 +31,9 @@ class ToolCall:
 
 
 class ToolCallParser(Protocol):
-    open_tag: str
-    """Text that starts a tool call; streamed content is held back once it appears."""
+    open_tag: str | None
+    """Text that starts a tool call; streamed content is held back once it appears
+    (None: no text ever starts one)."""
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """(content, calls); (text, []) when the text holds no well-formed call."""
@@ -71,6 +72,17 @@ class QwenToolCallParser:
             return text, []
         return text[:first].rstrip(), calls
 
+
+class NoToolCallParser:
+    """Every output is plain text (a request with tool_choice "none")."""
+
+    open_tag = None
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        return text, []
+
+
+NO_TOOL_CALLS = NoToolCallParser()
 
 PARSERS: dict[str, type] = {"qwen": QwenToolCallParser, "hermes": QwenToolCallParser}
 """Model family -> tool-call parser class."""

@@ -113,8 +113,12 @@ class HarnessConfig(Section):
 
 
 class SandboxConfig(Section):
-    type: Literal["local"] = "local"
-    """Sandbox backend: `local` (a workspace directory per execution, resource limits)."""
+    type: Literal["local", "docker"] = "local"
+    """Sandbox backend: `local` (a workspace directory per execution, bubblewrap + resource limits)
+    or `docker` (a container per execution; needs `pip install gyre-rl[docker]` and a running Docker
+    engine, checked before the run starts)."""
+    image: str | None = None
+    """`docker`: the image for queries whose benchmark names none (None: python:3.11-slim)."""
     cpu_seconds: int = Field(default=60, gt=0)
     """CPU-time limit per process started in the sandbox."""
     max_file_bytes: int = Field(default=64 * 2**20, gt=0)

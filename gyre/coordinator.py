@@ -41,9 +41,8 @@ from gyre.proxy.sessions import SessionRegistry
 from gyre.records import Call, EvalRecord, Execution, ExecutionStatus, Query, Score, StepRecord, utc_now
 from gyre.resolve import preflight
 from gyre.sandboxes.base import SandboxLimits
+from gyre.sandboxes.factory import create_sandbox
 from gyre.sandboxes.isolation import Isolation
-from gyre.sandboxes.layout import SandboxLayout
-from gyre.sandboxes.local import LocalSandbox
 from gyre.storage.store import RunStore
 from gyre.trajectories.processor import process_batch, settings_from_config
 
@@ -149,13 +148,15 @@ class Coordinator:
         version = self.policy_version
         started = utc_now()
         spec = task_spec(query)
-        sandbox = LocalSandbox.create(
+        sandbox = create_sandbox(
+            self.config.sandbox,
             query,
             self.run_dir / "workspaces" / execution_id,
-            env={"OPENAI_BASE_URL": self.server.base_url, "OPENAI_API_KEY": key},
-            limits=self.limits,
-            isolation=self.isolation,
-            layout=SandboxLayout(workdir=spec.workdir) if self.isolation.bwrap else None,
+            {"OPENAI_BASE_URL": self.server.base_url, "OPENAI_API_KEY": key},
+            self.limits,
+            self.isolation,
+            image=spec.image,
+            workdir=spec.workdir,
         )
         harness_timeout_s = min(self.config.harness.harness_timeout_s, spec.agent_timeout_s or float("inf"))
         deadline = time.monotonic() + harness_timeout_s

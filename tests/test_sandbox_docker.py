@@ -1,12 +1,23 @@
-"""DockerSandbox: container arguments unit-tested; live tests only where a Docker engine answers."""
+"""DockerSandbox: container arguments and backend selection unit-tested (the docker SDK faked at
+the edge), the preflight error without an engine checked for real; live tests only where a
+Docker engine answers."""
 
 from __future__ import annotations
 
+import sys
+import types
 
 import pytest
+from pydantic import ValidationError
 
+from gyre.config import RunConfig, SandboxConfig
+from gyre.records import Query
+from gyre.resolve import preflight
 from gyre.sandboxes.base import SandboxLimits
-from gyre.sandboxes.docker import container_kwargs
+from gyre.sandboxes.docker import DockerSandbox, container_kwargs
+from gyre.sandboxes.factory import SandboxBackendError, create_sandbox
+from gyre.sandboxes.isolation import Isolation
+from gyre.sandboxes.local import LocalSandbox
 
 
 def _engine_available() -> bool:
@@ -48,3 +59,56 @@ def test_live_container_runs_without_network(tmp_path):
         assert sandbox.read_file("out.txt") == "hi\n"
     finally:
         sandbox.destroy()
+
+
+def _query(tmp_path) -> Query:
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "start").mkdir()
+    (tmp_path / "start" / "a.py").write_text("x = 1\n")
+    return Query(query_id="q", benchmark="t", instruction="x", root=tmp_path, start_dir=tmp_path / "start",
+                 hidden_tests_dir=tmp_path / "hidden", test_files=["t.py"], test_commands=["pytest"],
+                 test_case_count=1)
+
+
+def test_sandbox_type_is_local_or_docker():
+    assert SandboxConfig().type == "local"
+    assert SandboxConfig(type="docker", image="img:2").image == "img:2"
+    with pytest.raises(ValidationError):
+        SandboxConfig(type="podman")
+
+
+def test_preflight_stops_a_docker_run_when_no_engine_answers(tmp_path, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    config = RunConfig.model_validate({"cache_dir": str(tmp_path / "cache"), "sandbox": {"type": "docker"}})
+    with pytest.raises(SandboxBackendError, match="sandbox.type is 'docker' but .*sandbox.type: local"):
+        preflight(config)
+    assert not (tmp_path / "cache").exists()  # stopped before building the benchmark or the model
+    assert isinstance(SandboxBackendError("x"), ValueError)  # `gyre run` prints it as an input error
+
+
+def test_create_sandbox_starts_a_container_for_docker_and_a_local_sandbox_otherwise(tmp_path, monkeypatch):
+    started: list[dict] = []
+
+    class FakeContainers:
+        def run(self, **kwargs):
+            started.append(kwargs)
+            return types.SimpleNamespace(remove=lambda force: None)
+
+    fake_sdk = types.ModuleType("docker")
+    fake_sdk.from_env = lambda **_: types.SimpleNamespace(containers=FakeContainers())
+    monkeypatch.setitem(sys.modules, "docker", fake_sdk)  # the SDK is the outer edge
+    query, limits, isolation = _query(tmp_path), SandboxLimits(), Isolation.detect("none")
+    env = {"OPENAI_API_KEY": "k"}
+
+    docker_box = create_sandbox(SandboxConfig(type="docker", image="fallback:1"), query, tmp_path / "ws-d", env,
+                                limits, isolation, image=None, workdir=None)
+    assert isinstance(docker_box, DockerSandbox) and (docker_box.workspace / "a.py").exists()
+    assert started[-1]["image"] == "fallback:1" and started[-1]["working_dir"] == "/app"
+    create_sandbox(SandboxConfig(type="docker"), query, tmp_path / "ws-i", env, limits, isolation,
+                   image="task-image:3", workdir="/work")
+    assert started[-1]["image"] == "task-image:3" and started[-1]["working_dir"] == "/work"  # the query's own
+    docker_box.close()
+
+    local_box = create_sandbox(SandboxConfig(), query, tmp_path / "ws-l", env, limits, isolation)
+    assert isinstance(local_box, LocalSandbox) and len(started) == 2
+    local_box.close()

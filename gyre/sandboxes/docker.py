@@ -9,11 +9,18 @@ the scrubbed environment; the container is removed at `close()`, the workspace k
 `container_kwargs` (pure) builds the arguments and is what the unit tests check; the SDK
 is imported only when a container is really started. Known gap: `docker exec` has no
 timeout of its own, so a timed-out command is stopped by killing the whole container
-(`docker kill`); the sandbox is closed after that, the workspace kept.
+(`docker kill`); the sandbox is closed after that, the workspace kept. Another: the
+container has no way to the proxy (no bridge like the local sandbox's), so only the
+`builtin` harness, which calls the model from the host, runs in it.
+
+`engine_problem()` says, before a run starts, why no container could be started here
+(SDK missing, no engine answering), so `sandbox.type: docker` fails at preflight with
+the reason instead of at the first execution.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -24,11 +31,26 @@ from typing import Any
 
 from gyre.records import Query
 from gyre.sandboxes.base import ExecResult, SandboxLimits
+from gyre.sandboxes.git_history import strip_git_history
 from gyre.sandboxes.paths import read_inside, write_inside
 from gyre.sandboxes.process import BoundedCapture
 
 DEFAULT_IMAGE = "python:3.11-slim"
 DEFAULT_WORKDIR = "/app"
+PING_TIMEOUT_S = 10
+
+
+def engine_problem() -> str | None:
+    """Why no Docker engine can be used from here, or None when one answers a ping."""
+    try:
+        import docker  # the optional extra, imported only here
+    except ImportError:
+        return "the docker SDK is not installed (pip install 'gyre-rl[docker]')"
+    try:
+        docker.from_env(timeout=PING_TIMEOUT_S).ping()
+    except docker.errors.DockerException as exc:
+        return f"no Docker engine answers at {os.environ.get('DOCKER_HOST') or 'the default socket'}: {exc}"
+    return None
 
 
 def container_kwargs(
@@ -88,6 +110,7 @@ class DockerSandbox:
         workspace.mkdir(parents=True, exist_ok=True)
         if query.start_dir is not None:
             shutil.copytree(query.start_dir, workspace, symlinks=True, dirs_exist_ok=True)
+            strip_git_history(workspace)
         limits = limits or SandboxLimits()
         workdir = workdir or DEFAULT_WORKDIR
         kwargs = container_kwargs(image or DEFAULT_IMAGE, workspace, workdir, limits, dict(env or {}),

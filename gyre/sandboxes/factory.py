@@ -1,0 +1,57 @@
+"""Which sandbox backend an execution gets: `sandbox.type` decides, here and nowhere else.
+
+The coordinator asks `create_sandbox` for each execution's sandbox and never branches on
+backends; `check_backend` runs at preflight, so a run configured for a backend this
+machine cannot provide (`docker` without a Docker engine) stops before anything is built,
+with the reason and what to do about it, instead of failing every execution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from gyre.config import SandboxConfig
+from gyre.records import Query
+from gyre.sandboxes.base import Sandbox, SandboxLimits
+from gyre.sandboxes.isolation import Isolation
+from gyre.sandboxes.layout import SandboxLayout
+
+
+class SandboxBackendError(ValueError):
+    """The configured sandbox backend cannot run on this machine."""
+
+
+def check_backend(config: SandboxConfig) -> None:
+    """Raise SandboxBackendError when `config.type` cannot start sandboxes here."""
+    if config.type == "docker":
+        from gyre.sandboxes.docker import engine_problem
+
+        problem = engine_problem()
+        if problem is not None:
+            raise SandboxBackendError(
+                f"sandbox.type is 'docker' but {problem}. Start a Docker engine (or point DOCKER_HOST at one), "
+                "or set sandbox.type: local (bubblewrap)"
+            )
+
+
+def create_sandbox(
+    config: SandboxConfig,
+    query: Query,
+    workspace: Path,
+    env: Mapping[str, str],
+    limits: SandboxLimits,
+    isolation: Isolation,
+    *,
+    image: str | None = None,
+    workdir: str | None = None,
+) -> Sandbox:
+    """A fresh sandbox for one execution; `image` / `workdir` are what the query's format asks for."""
+    if config.type == "docker":
+        from gyre.sandboxes.docker import DockerSandbox
+
+        return DockerSandbox.create(query, workspace, env, limits, image=image or config.image, workdir=workdir)
+    from gyre.sandboxes.local import LocalSandbox
+
+    layout = SandboxLayout(workdir=workdir) if isolation.bwrap else None
+    return LocalSandbox.create(query, workspace, env=env, limits=limits, isolation=isolation, layout=layout)

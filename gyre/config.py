@@ -98,6 +98,10 @@ class HarnessConfig(Section):
     harness_timeout_s: float = Field(default=300.0, gt=0)
     """Wall-clock budget of the harness; past it the agent is stopped, the execution ends as
     harness_timeout and its kept workspace is still scored."""
+    overall_timeout_s: float | None = Field(default=None, gt=0)
+    """Wall-clock budget of the whole execution: sandbox, harness and evaluation. The harness is
+    stopped `evaluator.timeout_s` before it (status overall_timeout, still scored); an evaluation
+    still running at it is an evaluator failure (dropped, retryable). None: no overall bound."""
     command_timeout_s: float = Field(default=20.0, gt=0)
     """Time limit of one shell command run by the agent."""
     max_tool_output_chars: int = Field(default=2000, gt=0)

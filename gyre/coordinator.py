@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
 from gyre.evaluators import evaluate_query
 from gyre.harnesses.base import HarnessOutcome, ModelEndpoint
 from gyre.harnesses import make_harness
+from gyre.harnesses.timeouts import execution_timeouts
 from gyre.progress import ProgressEvent, emit
 from gyre.proxy.app import ProxyDefaults, create_app
 from gyre.proxy.router import EngineRouter
@@ -57,6 +57,8 @@ class ExecutionResult:
     query: Query
     execution: Execution
     calls: list[Call]
+    overall_deadline_s: float | None = None
+    """The execution's overall deadline (time.monotonic); its evaluation must end before it."""
 
 
 @dataclass
@@ -118,6 +120,7 @@ class Coordinator:
         )
         self.server = ServerThread(app).start()
         self.harness = make_harness(config.harness)
+        self.timeouts = execution_timeouts(config)
         self.isolation = Isolation.detect(config.sandbox.isolation)
         self.limits = SandboxLimits(
             cpu_s=config.sandbox.cpu_seconds,
@@ -148,6 +151,7 @@ class Coordinator:
         version = self.policy_version
         started = utc_now()
         spec = task_spec(query)
+        deadlines = self.timeouts.start(spec.agent_timeout_s)  # harness and overall timeouts, kept apart
         sandbox = create_sandbox(
             self.config.sandbox,
             query,
@@ -158,11 +162,9 @@ class Coordinator:
             image=spec.image,
             workdir=spec.workdir,
         )
-        harness_timeout_s = min(self.config.harness.harness_timeout_s, spec.agent_timeout_s or float("inf"))
-        deadline = time.monotonic() + harness_timeout_s
         endpoint = ModelEndpoint(self.server.base_url, key, self.model_dir.name)
         try:
-            outcome = self.harness.run(query, sandbox, endpoint, deadline)
+            outcome = self.harness.run(query, sandbox, endpoint, deadlines.harness_s)
         except Exception as exc:  # deliberate: a harness crash is this execution's outcome, recorded
             outcome = HarnessOutcome(ExecutionStatus.harness_error, 0, f"{type(exc).__name__}: {exc}")
         finally:
@@ -175,7 +177,7 @@ class Coordinator:
             benchmark=query.benchmark,
             group_index=group_index,
             purpose=purpose,
-            status=outcome.status,
+            status=deadlines.status(outcome.status),
             workspace=sandbox.workspace,
             policy_version_dispatched=version,
             num_calls=len(session.calls),
@@ -184,8 +186,8 @@ class Coordinator:
             started_at=started,
             finished_at=utc_now(),
         )
-        emit(ProgressEvent("execution_finished", step, {"execution_id": execution_id, "status": outcome.status.value}))
-        return ExecutionResult(query, execution, session.calls)
+        emit(ProgressEvent("execution_finished", step, {"execution_id": execution_id, "status": execution.status.value}))
+        return ExecutionResult(query, execution, session.calls, deadlines.overall_s)
 
     def evaluate(self, result: ExecutionResult) -> Score:
         with self._eval_slots:
@@ -196,6 +198,7 @@ class Coordinator:
                 result.execution.execution_id,
                 timeout_s=self.config.evaluator.timeout_s,
                 isolation=self.isolation,
+                deadline_s=result.overall_deadline_s,
             )
         emit(ProgressEvent("execution_scored", result.execution.step, {"score": score.score}))
         return score

@@ -22,6 +22,7 @@ from gyre.config import RunConfig
 from gyre.engines.hf import check_model_dir, load_tokenizer
 from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
 from gyre.harnesses.builtin import SYSTEM_PROMPT, TOOLS
+from gyre.harnesses.timeouts import execution_timeouts
 from gyre.records import Query
 from gyre.sandboxes.factory import check_backend
 from gyre.warmstart import WarmstartSpec, cached_warmstart
@@ -102,8 +103,9 @@ def resolve_model_dir(config: RunConfig, split: QuerySplit) -> Path:
 
 
 def preflight(config: RunConfig) -> tuple[Path, QuerySplit]:
-    """Check the sandbox backend, then resolve the benchmark and the model directory (builds
-    cached ones)."""
+    """Check the execution timeouts and the sandbox backend, then resolve the benchmark and the
+    model directory (builds cached ones)."""
+    execution_timeouts(config)
     check_backend(config.sandbox)
     split = resolve_queries(config)
     model_dir = resolve_model_dir(config, split)

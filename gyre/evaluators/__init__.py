@@ -9,6 +9,8 @@ workspace in a fresh sandbox with the pristine tests put in last, and returns
 `Score(status=error, score=None, detail=why)` when the evaluator itself failed (crash,
 infra error, unparseable output): such a score is dropped from its group and can be
 retried later, never counted as a zero. `score.json` is written next to the evaluation.
+With the execution's overall deadline (`deadline_s`), an evaluation that cannot finish
+before it is such a failure too, marked `overall_timeout` (`deadline.py`).
 """
 
 from __future__ import annotations
@@ -31,15 +33,18 @@ def evaluate_query(
     *,
     isolation: Isolation | None = None,
     limits: SandboxLimits = EVAL_LIMITS,
+    deadline_s: float | None = None,
 ) -> Score:
     """Score `workspace` on `query` by its benchmark's own rule; see the module docstring.
 
     `timeout_s` bounds each test command unless the format sets its own test timeout.
     `eval_dir` must not exist: every evaluation, reruns included, gets its own.
+    `deadline_s` (time.monotonic) is the execution's overall deadline, if it has one.
     """
     from gyre.benchmarks.spec import NL2REPO, R2E, task_spec
     from gyre.evaluators.common import SCORE_FILE, error
     from gyre.evaluators.container_task import evaluate_container_task
+    from gyre.evaluators.deadline import OVERALL_TIMEOUT, capped, overall_timeout_error, past
     from gyre.evaluators.nl2repo import evaluate
     from gyre.evaluators.r2e import evaluate_r2e
 
@@ -48,18 +53,26 @@ def evaluate_query(
     except Exception as exc:  # a benchmark broken after loading: the evaluator's failure, not the agent's
         spec = None
         spec_error = f"{type(exc).__name__}: {exc}"
-    if spec is not None and spec.format == NL2REPO:
-        return evaluate(query, workspace, eval_dir, execution_id, timeout_s, isolation=isolation, limits=limits)
     eval_dir = Path(eval_dir).resolve()
-    eval_dir.mkdir(parents=True, exist_ok=False)
-    if spec is None:
-        score = error(execution_id, f"evaluator failed: cannot read the query's format: {spec_error}")
+    if past(deadline_s):
+        eval_dir.mkdir(parents=True, exist_ok=False)
+        score = overall_timeout_error(execution_id, "the execution's overall budget ran out before its evaluation")
+    elif spec is not None and spec.format == NL2REPO:
+        score = evaluate(query, workspace, eval_dir, execution_id, timeout_s, isolation=isolation, limits=limits,
+                         deadline_s=deadline_s)
     else:
-        scorer = evaluate_r2e if spec.format == R2E else evaluate_container_task
-        try:
-            score = scorer(query, spec, Path(workspace).resolve(), eval_dir, execution_id,
-                           spec.test_timeout_s or timeout_s, isolation or Isolation.detect(), limits)
-        except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
-            score = error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
+        eval_dir.mkdir(parents=True, exist_ok=False)
+        if spec is None:
+            score = error(execution_id, f"evaluator failed: cannot read the query's format: {spec_error}")
+        else:
+            scorer = evaluate_r2e if spec.format == R2E else evaluate_container_task
+            try:
+                score = scorer(query, spec, Path(workspace).resolve(), eval_dir, execution_id,
+                               max(capped(spec.test_timeout_s or timeout_s, deadline_s), 0.01),
+                               isolation or Isolation.detect(), limits)
+            except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
+                score = error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
+    if past(deadline_s) and not score.detail.startswith(OVERALL_TIMEOUT):
+        score = overall_timeout_error(execution_id, f"evaluation still running at the overall deadline ({score.detail})")
     (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return score

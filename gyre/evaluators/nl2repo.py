@@ -49,6 +49,7 @@ import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path, PurePosixPath
 
+from gyre.evaluators.deadline import capped, overall_timeout_error
 from gyre.evaluators.junit import PASSED, read_junit
 from gyre.evaluators.pytest_guard import neutralise_pytest_config, pin_rootdir
 from gyre.records import EvalStatus, Query, Score
@@ -82,11 +83,14 @@ def evaluate(
     *,
     isolation: Isolation | None = None,
     limits: SandboxLimits = EVAL_LIMITS,
+    deadline_s: float | None = None,
 ) -> Score:
     """Run `query`'s hidden tests against a copy of `workspace` in the fresh directory `eval_dir`.
 
     `eval_dir` must not exist (FileExistsError): each evaluation, reruns included, gets
-    its own. `timeout_s` bounds each test command.
+    its own. `timeout_s` bounds each test command, `deadline_s` (the execution's overall
+    deadline, time.monotonic) all of them: a command it cuts makes an `overall_timeout`
+    evaluator failure (`gyre.evaluators.evaluate_query` labels it).
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -94,7 +98,8 @@ def evaluate(
     eval_dir.mkdir(parents=True, exist_ok=False)
     try:
         isolation = isolation or Isolation.detect()
-        score = _score(query, Path(workspace).resolve(), eval_dir, execution_id, timeout_s, isolation, limits)
+        score = _score(query, Path(workspace).resolve(), eval_dir, execution_id, timeout_s, isolation, limits,
+                       deadline_s)
     except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
         score = _error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
     (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")
@@ -109,6 +114,7 @@ def _score(
     timeout_s: float,
     isolation: Isolation,
     limits: SandboxLimits,
+    deadline_s: float | None = None,
 ) -> Score:
     repo = eval_dir / "repo"
     reports = eval_dir / "reports"
@@ -132,6 +138,9 @@ def _score(
     num_ignored = 0
     notes: list[str] = []
     for i, command in enumerate(query.test_commands):
+        command_timeout_s = capped(timeout_s, deadline_s)
+        if command_timeout_s <= 0:
+            return overall_timeout_error(execution_id, f"no time left for test command {i}")
         junit = reports / f"junit_{i}.xml"
         addopts = f"--junitxml={shlex.quote(str(junit))} -o junit_family=xunit1 --continue-on-collection-errors"
         result = isolation.run(
@@ -141,7 +150,7 @@ def _score(
             layout=layout,
             env=sandbox_env(repo, {"PYTEST_ADDOPTS": addopts}),
             limits=limits,
-            timeout_s=timeout_s,
+            timeout_s=command_timeout_s,
             interrupt_grace_s=INTERRUPT_GRACE_S,
         )
         _write_log(reports / f"command_{i}.log", command, result)
@@ -149,7 +158,7 @@ def _score(
         if failure is not None:
             return _error(execution_id, failure)
         if not junit.exists():  # timed out and killed before pytest could write its report
-            notes.append(f"command {i} timed out after {timeout_s:g}s before pytest wrote a report: none counted")
+            notes.append(f"command {i} timed out after {command_timeout_s:g}s before pytest wrote a report: none counted")
             continue
         try:
             cases = read_junit(junit)
@@ -163,7 +172,7 @@ def _score(
             else:
                 num_ignored += 1
         if result.timed_out:
-            notes.append(f"command {i} timed out after {timeout_s:g}s: counted what passed before")
+            notes.append(f"command {i} timed out after {command_timeout_s:g}s: counted what passed before")
 
     num_passed = len(passed)
     detail = [f"{num_passed}/{query.test_case_count} hidden test cases passed", *notes]

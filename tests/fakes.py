@@ -105,6 +105,35 @@ class BrokenEngine:
         pass
 
 
+class TokenByTokenEngine:
+    """The model edge faked: samples the tokens of a fixed text one at a time (reporting
+    each through on_token, log-prob -0.25), honouring the stop event between tokens."""
+
+    def __init__(self, tokenizer, text: str, engine_id: str = "steady-0", token_s: float = 0.002) -> None:
+        self.engine_id, self.policy_version = engine_id, 0
+        self.ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        self.token_s = token_s
+        self.results: list[GenerationResult] = []
+
+    def generate(self, request):
+        out = []
+        for tok in self.ids[: request.params.max_new_tokens]:
+            if request.stop is not None and request.stop.wait(self.token_s):
+                break
+            out.append(tok)
+            if request.on_token is not None:
+                request.on_token(tok, -0.25)
+        finish = "abort" if len(out) < min(len(self.ids), request.params.max_new_tokens) else "length"
+        self.results.append(GenerationResult(out, [-0.25] * len(out), finish, 0, self.engine_id))
+        return self.results[-1]
+
+    def load_weights(self, snapshot, version):
+        pass
+
+    def close(self):
+        pass
+
+
 def serve_proxy(engines, tokenizer, *, max_wait_s: float = 5.0, **kwargs):
     """The real proxy over HTTP on 127.0.0.1 in front of `engines`: (server, sessions, router)."""
     from gyre.engines.hf import stop_token_ids

@@ -15,42 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre.engines.base import GenerationResult
 from gyre.proxy.stops import StopMatcher
-from tests.fakes import ScriptedEngine, serve_proxy
+from tests.fakes import ScriptedEngine, TokenByTokenEngine, serve_proxy
 
 MAX_TOKENS = 40
 
 
 REPLY = "Thought: I should list the files.\nAction: ls -la\nObservation: calc.py tests.py\nThought: done"
-
-
-class TokenByTokenEngine:
-    """The model edge faked: samples the tokens of a fixed text one at a time (reporting
-    each through on_token, log-prob -0.25), honouring the stop event between tokens."""
-
-    def __init__(self, tokenizer, text: str, engine_id: str = "steady-0") -> None:
-        self.engine_id, self.policy_version = engine_id, 0
-        self.ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        self.results = []
-
-    def generate(self, request):
-        out = []
-        for tok in self.ids[: request.params.max_new_tokens]:
-            if request.stop is not None and request.stop.wait(0.002):
-                break
-            out.append(tok)
-            if request.on_token is not None:
-                request.on_token(tok, -0.25)
-        finish = "abort" if len(out) < min(len(self.ids), request.params.max_new_tokens) else "length"
-        self.results.append(GenerationResult(out, [-0.25] * len(out), finish, 0, self.engine_id))
-        return self.results[-1]
-
-    def load_weights(self, snapshot, version):
-        pass
-
-    def close(self):
-        pass
 
 
 @pytest.fixture(scope="module")

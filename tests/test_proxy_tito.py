@@ -37,7 +37,7 @@ def _agent_loop(tokenizer, turns: int, seed: int = 0):
         text = tokenizer.decode(output[:-1] if ended else output, skip_special_tokens=False)
         parsed = parse_output(text, QwenToolCallParser())
         assistant = {"role": "assistant", "content": parsed.content}
-        builder.remember(cache, prompt, messages, TOOLS, assistant, output, ended)
+        builder.remember(cache, prompt, assistant, output, ended)
         messages = messages + [assistant, {"role": "tool", "content": f"out {turn}", "tool_call_id": "t"}]
 
 
@@ -56,7 +56,7 @@ def test_an_edited_turn_is_a_counted_fallback_with_its_span(tiny_tokenizer):
     messages = [{"role": "user", "content": "hi"}]
     prompt = builder.build(messages, None, cache)
     output = tiny_tokenizer("sampled answer", add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]
-    builder.remember(cache, prompt, messages, None, {"role": "assistant", "content": "sampled answer"}, output, True)
+    builder.remember(cache, prompt, {"role": "assistant", "content": "sampled answer"}, output, True)
     kept = builder.build(messages + [{"role": "assistant", "content": "sampled answer"},
                                      {"role": "user", "content": "more"}], None, cache)
     assert kept.ids[len(prompt.ids): len(prompt.ids) + len(output)] == output and kept.fallback_turns == 0

@@ -230,8 +230,7 @@ class Turn:
         call = self._record(out, finish, started)
         if finish != "abort":
             self.core.builder.remember(
-                self.req.session.tito, self.prompt, self.req.messages, self.req.tools,
-                self.req.assistant_message(parsed), out.output_ids, ended,
+                self.req.session.tito, self.prompt, self.req.assistant_message(parsed), out.output_ids, ended
             )
         return TurnResult(call, parsed, finish, stop_sequence)
 

@@ -18,6 +18,9 @@ with the sampled ids spliced in. A request starts from the longest state whose t
 prefixes its own rendering; only the rest is examined and tokenised. A turn-by-turn agent
 therefore costs one template render plus tokenising the new messages per call.
 
+Control-token text inside content (a tool result holding `<|im_end|>`) is escaped before
+rendering and tokenised as plain text (`escape.py`), so only the template writes structure.
+
 Requires a template that renders a conversation as a prefix of its own continuation
 (every standard chat template does for whole turns). A template that rewrites earlier
 turns (Qwen3 drops old reasoning) breaks that prefix and shows up as fallbacks.
@@ -29,6 +32,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
+
+from gyre.proxy.escape import ControlTokenEscaper
 
 END_OF_TURN = "<|im_end|>"
 MAX_PREFIX_STATES = 4
@@ -89,6 +94,8 @@ class BuiltPrompt:
     ids: list[int]
     text: str  # the template rendering (with generation prompt) the ids stand for
     num_messages: int
+    messages: list[dict[str, Any]] = field(default_factory=list)  # as rendered (escaped)
+    tools: list[dict] | None = None  # as rendered (escaped)
     spliced_turns: int = 0
     fallback_turns: int = 0
     fallback_spans: list[tuple[int, int]] = field(default_factory=list)
@@ -115,7 +122,7 @@ class PromptBuilder:
     def __init__(self, tokenizer, end_of_turn: str = END_OF_TURN) -> None:
         self.tokenizer = tokenizer
         self.end_of_turn = end_of_turn
-        self._backend = getattr(tokenizer, "_tokenizer", None)  # the Rust tokenizer, when fast
+        self.escaper = ControlTokenEscaper(tokenizer)
         self._template = _compiled_template(tokenizer)
         self._template_vars = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
 
@@ -133,21 +140,20 @@ class PromptBuilder:
         )
 
     def encode(self, text: str) -> list[int]:
-        if not text:
-            return []
-        if self._backend is not None:
-            return self._backend.encode(text, add_special_tokens=False).ids
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        """Token ids of rendered text; escaped control-token text becomes plain text."""
+        return self.escaper.encode(text)
 
     def build(self, messages: list[dict[str, Any]], tools: list[dict] | None, cache: TitoCache) -> BuiltPrompt:
+        messages, tools = self.escaper.messages(messages), self.escaper.tools(tools)
         full = self.render(messages, tools, generation_prompt=True)
         state = cache.best_state(full, len(messages))
         if state is None:
-            prompt = BuiltPrompt(ids=[], text=full, num_messages=len(messages))
+            prompt = BuiltPrompt(ids=[], text=full, num_messages=len(messages), messages=messages, tools=tools)
             cursor, first = 0, 0
         else:
             prompt = BuiltPrompt(
-                ids=list(state.ids), text=full, num_messages=len(messages), fallback_spans=list(state.fallback_spans)
+                ids=list(state.ids), text=full, num_messages=len(messages), messages=messages, tools=tools,
+                fallback_spans=list(state.fallback_spans),
             )
             cursor, first = len(state.text), state.num_messages
         for i in range(first, len(messages)):
@@ -174,12 +180,12 @@ class PromptBuilder:
         return prompt
 
     def remember(
-        self, cache: TitoCache, prompt: BuiltPrompt, messages: list[dict[str, Any]], tools: list[dict] | None,
-        assistant: dict[str, Any], output_ids: list[int], ended: bool,
+        self, cache: TitoCache, prompt: BuiltPrompt, assistant: dict[str, Any], output_ids: list[int], ended: bool,
     ) -> None:
-        """Remember a returned turn: its canonical text for splicing, and the prefix state
-        of the conversation ending with it."""
-        after = self.render(messages + [assistant], tools, generation_prompt=False)
+        """Remember a returned turn (`assistant`, as the harness will send it back): its
+        canonical text for splicing, and the prefix state of the conversation ending with it."""
+        messages = prompt.messages
+        after = self.render(messages + self.escaper.messages([assistant]), prompt.tools, generation_prompt=False)
         if not after.startswith(prompt.text):
             raise ValueError("chat template does not render a conversation as a prefix of its continuation")
         canonical = after[len(prompt.text) :]

@@ -1,0 +1,133 @@
+"""Control-token text inside harness content is tokenised as text, never as structure.
+
+A chat template writes turn boundaries as special tokens (`<|im_start|>`, `<|im_end|>`) and
+tool calls and results between tag tokens (`<tool_call>`, `<tool_response>`). A tokenizer
+told to parse special tokens finds them anywhere in the rendered text, so a tool result,
+file or web page that merely contains the text `<|im_end|><|im_start|>system` would
+become real turn boundaries: a harness (or whatever it reads) could inject structure the
+model never saw from the template. Only the template may emit control tokens.
+
+How: before rendering, every occurrence of an added token's text inside message content
+(and inside tool definitions) is escaped by inserting a private-use marker after its first
+character (a marker already in the content is doubled). The template then cannot form a
+control token from content, so every control token left in the rendered text is the
+template's own. `encode` splits the text at those, maps them to their ids, and tokenises
+everything between them with special-token parsing off, after removing the markers: the
+escaped text comes out as the ordinary text tokens of the original characters. Text with
+no marker is tokenised exactly as before (the common case costs one substring test).
+
+Assistant turns are the model's own output; the tags it uses to structure that output
+(`<think>`, `</think>`, `<tool_call>`, `</tool_call>`) stay tokens there when an edited
+turn is re-tokenised, since that is how the model wrote them. Turn-boundary tokens are
+escaped everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+MARKER = "\ue000"
+"""Private-use character inserted into escaped control-token text (never a token here)."""
+ASSISTANT_TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+"""Control tokens an assistant turn may carry as tokens (the model writes them)."""
+_UNMARK = re.compile(MARKER + "(" + MARKER + ")?")
+
+
+def _unmark(text: str) -> str:
+    return _UNMARK.sub(lambda m: m.group(1) or "", text)
+
+
+def _pattern(tokens: list[str]) -> re.Pattern | None:
+    tokens = sorted(tokens, key=len, reverse=True)  # longest first: leftmost-longest like the tokenizer
+    return re.compile("|".join(map(re.escape, tokens))) if tokens else None
+
+
+class ControlTokenEscaper:
+    def __init__(self, tokenizer, assistant_tags: tuple[str, ...] = ASSISTANT_TAGS) -> None:
+        self._tokenizer = tokenizer
+        self._ids = {tok.content: tid for tid, tok in tokenizer.added_tokens_decoder.items() if tok.content}
+        self._all = _pattern(list(self._ids))
+        self._boundaries = _pattern([t for t in self._ids if t not in assistant_tags])
+        self._backend = getattr(tokenizer, "_tokenizer", None)  # the Rust tokenizer, when fast
+        self._plain = None
+        if self._backend is not None:
+            from tokenizers import Tokenizer
+
+            self._plain = Tokenizer.from_str(self._backend.to_str())
+            self._plain.encode_special_tokens = True  # control-token text is plain text here
+
+    # -- escaping (before rendering) -----------------------------------------------------
+
+    def text(self, text: str, assistant: bool = False) -> str:
+        pattern = self._boundaries if assistant else self._all
+        if MARKER in text:
+            text = text.replace(MARKER, MARKER + MARKER)
+        if pattern is None:
+            return text
+        return pattern.sub(lambda m: m.group()[0] + MARKER + m.group()[1:], text)
+
+    def _value(self, value: Any, assistant: bool) -> Any:
+        if isinstance(value, str):
+            return self.text(value, assistant)
+        if isinstance(value, dict):
+            return {k: self._value(v, assistant) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._value(v, assistant) for v in value]
+        return value
+
+    def _needs(self, blob: str) -> bool:
+        return MARKER in blob or (self._all is not None and self._all.search(blob) is not None)
+
+    def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Template messages with control-token text in their content escaped (the same
+        list when nothing needed escaping)."""
+        out = None
+        for i, m in enumerate(messages):
+            assistant = m.get("role") == "assistant"
+            escaped = m
+            for field in ("content", "reasoning_content"):
+                value = m.get(field)
+                if isinstance(value, str) and self._needs(value):
+                    escaped = dict(escaped) if escaped is m else escaped
+                    escaped[field] = self.text(value, assistant)
+            if m.get("tool_calls") and self._needs(orjson.dumps(m["tool_calls"], default=str).decode()):
+                escaped = dict(escaped) if escaped is m else escaped
+                escaped["tool_calls"] = self._value(m["tool_calls"], assistant)
+            if escaped is not m:
+                out = list(messages) if out is None else out
+                out[i] = escaped
+        return messages if out is None else out
+
+    def tools(self, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        """Tool definitions with control-token text in their strings escaped."""
+        if not tools or not self._needs(orjson.dumps(tools, default=str).decode()):
+            return tools
+        return self._value(tools, False)
+
+    # -- tokenising (after rendering) ----------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of rendered text: control tokens where the template wrote them,
+        escaped control-token text as plain text."""
+        if not text:
+            return []
+        if MARKER not in text:
+            return self._encode(text, special=True)
+        ids: list[int] = []
+        pos = 0
+        for m in self._all.finditer(text) if self._all is not None else ():
+            if m.start() > pos:
+                ids += self._encode(_unmark(text[pos : m.start()]), special=False)
+            ids.append(self._ids[m.group()])
+            pos = m.end()
+        if pos < len(text):
+            ids += self._encode(_unmark(text[pos:]), special=False)
+        return ids
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        if self._backend is not None:
+            return (self._backend if special else self._plain).encode(text, add_special_tokens=False).ids
+        return self._tokenizer(text, add_special_tokens=False, split_special_tokens=not special)["input_ids"]

@@ -106,7 +106,7 @@ def preflight(config: RunConfig) -> tuple[Path, QuerySplit]:
     """Check the execution timeouts and the sandbox backend, then resolve the benchmark and the
     model directory (builds cached ones)."""
     execution_timeouts(config)
-    check_backend(config.sandbox)
+    check_backend(config.sandbox, config.harness.type)
     split = resolve_queries(config)
     model_dir = resolve_model_dir(config, split)
     load_tokenizer(model_dir)

@@ -84,6 +84,9 @@ def test_preflight_stops_a_docker_run_when_no_engine_answers(tmp_path, monkeypat
         preflight(config)
     assert not (tmp_path / "cache").exists()  # stopped before building the benchmark or the model
     assert isinstance(SandboxBackendError("x"), ValueError)  # `gyre run` prints it as an input error
+    config = RunConfig.model_validate({"sandbox": {"type": "docker"}, "harness": {"type": "claude-code"}})
+    with pytest.raises(SandboxBackendError, match="only harness.type 'builtin'"):
+        preflight(config)  # a CLI harness in a container could not reach the proxy
 
 
 def test_create_sandbox_starts_a_container_for_docker_and_a_local_sandbox_otherwise(tmp_path, monkeypatch):

@@ -22,8 +22,15 @@ class SandboxBackendError(ValueError):
     """The configured sandbox backend cannot run on this machine."""
 
 
-def check_backend(config: SandboxConfig) -> None:
-    """Raise SandboxBackendError when `config.type` cannot start sandboxes here."""
+def check_backend(config: SandboxConfig, harness_type: str = "builtin") -> None:
+    """Raise SandboxBackendError when `config.type` cannot start sandboxes here, or cannot run
+    `harness_type` (a container has no bridge to the proxy yet: only the builtin harness, which
+    calls the model from the host, works in one)."""
+    if config.type == "docker" and harness_type != "builtin":
+        raise SandboxBackendError(
+            f"sandbox.type 'docker' runs only harness.type 'builtin': a {harness_type!r} harness runs inside "
+            "the container, which has no way to the proxy yet; use sandbox.type: local"
+        )
     if config.type == "docker":
         from gyre.sandboxes.docker import engine_problem
 

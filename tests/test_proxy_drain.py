@@ -17,6 +17,7 @@ import pytest
 
 from gyre.engines.torch_rollout import TorchRolloutEngine
 from gyre.proxy.generation import MAX_ENGINE_FAILURES
+from gyre.storage.store import RunStore
 from tests.fakes import BrokenEngine, ScriptedEngine, SpyEngine, serve_proxy
 
 MAX_TOKENS = 40
@@ -88,7 +89,7 @@ def test_drain_moves_eight_streaming_requests_to_the_other_engine(tiny_model_dir
     assert moved >= 1 and all(call.segments[-1].engine_id == "torch-b" for (call,) in calls.values())
 
 
-def test_engine_failure_continues_on_another_engine_from_the_tokens_so_far(tiny_tokenizer):
+def test_engine_failure_continues_on_another_engine_from_the_tokens_so_far(tiny_tokenizer, tmp_path):
     reported = tiny_tokenizer("partial ", add_special_tokens=False)["input_ids"]
     broken = BrokenEngine(reported, engine_id="a-broken")
     good = ScriptedEngine(tiny_tokenizer, ["rest"], engine_id="b-good")
@@ -105,6 +106,11 @@ def test_engine_failure_continues_on_another_engine_from_the_tokens_so_far(tiny_
     assert [s.engine_id for s in call.segments] == ["a-broken", "b-good"]
     assert good.prompts[-1] == call.prompt_ids + reported
     assert call.logprobs[: len(reported)] == [-0.5] * len(reported)
+    store = RunStore(tmp_path / "gyre.duckdb")  # the run's record shows both engines
+    store.append_calls([call])
+    assert store.query("select engine_id, output_start, output_end from call_segments order by segment_index") == [
+        ("a-broken", 0, len(reported)), ("b-good", len(reported), len(call.output_ids))]
+    store.close()
 
 
 def test_engine_failures_past_the_budget_are_an_api_error_and_an_abort_record(tiny_tokenizer):

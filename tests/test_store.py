@@ -50,3 +50,25 @@ def test_a_bad_batch_is_refused_whole_and_earlier_rows_stay(tmp_path):
     reopened = RunStore(tmp_path / "gyre.duckdb")  # reopening keeps the schema and the rows
     assert reopened.query("select count(*) from calls") == [(1,)]
     reopened.close()
+
+
+def test_segments_and_fallback_spans_show_which_engines_served_each_call(tmp_path):
+    from gyre.records import OutputSegment
+
+    moved = Call(call_id="m", execution_id="e1", prompt_ids=list(range(20)), output_ids=[1, 2, 3, 4, 5],
+                 logprobs=[-0.1] * 5, policy_version=3, engine_id="a", finish_reason="stop",
+                 segments=[OutputSegment(engine_id="a", policy_version=3, start=0, end=2),
+                           OutputSegment(engine_id="b", policy_version=4, start=2, end=5)],
+                 prompt_fallback_spans=[(4, 9), (12, 15)])
+    plain = _call(1)  # recorded without segments: one segment of its engine
+    empty = Call(call_id="z", execution_id="e1", prompt_ids=[1], output_ids=[], logprobs=[], policy_version=0,
+                 engine_id="", finish_reason="abort")
+    store = RunStore(tmp_path / "gyre.duckdb")
+    store.append_calls([moved, plain, empty])
+    assert store.query("select call_id, segment_index, engine_id, policy_version, output_start, output_end "
+                       "from call_segments order by call_id, segment_index") == [
+        ("c1", 0, "torch-0", 1, 0, 2), ("m", 0, "a", 3, 0, 2), ("m", 1, "b", 4, 2, 5)]
+    assert store.query("select call_id, execution_id, prompt_start, prompt_end from call_fallbacks "
+                       "order by prompt_start") == [("m", "e1", 4, 9), ("m", "e1", 12, 15)]
+    assert store.query("select count(*) from calls") == [(3,)]
+    store.close()

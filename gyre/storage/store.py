@@ -1,4 +1,5 @@
-"""The run's DuckDB file: runs, steps, evals, executions, calls and their token arrays.
+"""The run's DuckDB file: runs, steps, evals, executions, calls, their token arrays, the
+engines that served each call (segments) and where TITO fell back to template tokens.
 
 DuckDB allows one read-write process per file, so exactly one process (the coordinator)
 opens a `RunStore`; cells and tasks hand it records. Rows are appended in batches with one
@@ -17,7 +18,7 @@ from typing import Any, Sequence
 
 import duckdb
 
-from gyre.records import Call, EvalRecord, Execution, Score, StepRecord
+from gyre.records import Call, EvalRecord, Execution, OutputSegment, Score, StepRecord
 
 SCHEMA: dict[str, list[tuple[str, str]]] = {
     "runs": [
@@ -93,7 +94,33 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("output_ids", "INTEGER[]"),
         ("logprobs", "FLOAT[]"),
     ],
+    # One row per run of a call's output tokens sampled by one engine at one policy
+    # version: several when the proxy continued the call elsewhere (drain, failure).
+    "call_segments": [
+        ("call_id", "VARCHAR"),
+        ("execution_id", "VARCHAR"),
+        ("segment_index", "INTEGER"),
+        ("engine_id", "VARCHAR"),
+        ("policy_version", "INTEGER"),
+        ("output_start", "INTEGER"),
+        ("output_end", "INTEGER"),
+    ],
+    # TITO fallbacks: prompt positions [prompt_start, prompt_end) holding template tokens of
+    # an assistant turn the harness changed (never trainable).
+    "call_fallbacks": [
+        ("call_id", "VARCHAR"),
+        ("execution_id", "VARCHAR"),
+        ("prompt_start", "INTEGER"),
+        ("prompt_end", "INTEGER"),
+    ],
 }
+
+
+def _whole(call: Call) -> list[OutputSegment]:
+    if not call.output_ids:
+        return []
+    return [OutputSegment(engine_id=call.engine_id, policy_version=call.policy_version, start=0,
+                          end=len(call.output_ids))]
 
 
 class RunStore:
@@ -136,11 +163,31 @@ class RunStore:
         return self.append("evals", [e.model_dump() for e in evals])
 
     def append_calls(self, calls: Sequence[Call]) -> int:
+        """Calls with their token arrays, output segments (engine and policy version per
+        run of output tokens; a call recorded without segments is one segment) and TITO
+        fallback spans; one batch per table, the `calls` rows last."""
         self.append(
             "call_tokens",
             [
                 {"call_id": c.call_id, "prompt_ids": c.prompt_ids, "output_ids": c.output_ids, "logprobs": c.logprobs}
                 for c in calls
+            ],
+        )
+        self.append(
+            "call_segments",
+            [
+                {"call_id": c.call_id, "execution_id": c.execution_id, "segment_index": i, "engine_id": s.engine_id,
+                 "policy_version": s.policy_version, "output_start": s.start, "output_end": s.end}
+                for c in calls
+                for i, s in enumerate(c.segments or _whole(c))
+            ],
+        )
+        self.append(
+            "call_fallbacks",
+            [
+                {"call_id": c.call_id, "execution_id": c.execution_id, "prompt_start": start, "prompt_end": end}
+                for c in calls
+                for start, end in c.prompt_fallback_spans
             ],
         )
         return self.append(

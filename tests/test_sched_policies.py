@@ -72,11 +72,32 @@ def test_colocate_without_lookahead_has_zero_staleness_and_flips_whole_pool():
     assert sorted(c.cell_id for c in switches) == [0, 1, 2, 3]
 
 
-def test_async_keeps_pools_pinned():
-    s = make("async", num_train_cells=2)
+def test_async_keeps_pools_pinned_half_and_half_by_default():
+    s = make("async")
     assert [c.role for c in s.state.cells] == [Role.train, Role.train, Role.rollout, Role.rollout]
     dispatched = of(s.start(), ev.DispatchExecution)
-    assert len(dispatched) == 8  # two rollout cells x 4 slots
+    assert len(dispatched) == 8  # the room (one batch of 2 groups x 4), into two rollout cells
+
+
+def test_async_dispatches_what_the_staleness_room_allows_beyond_its_slots():
+    s = make("async", lookahead_groups=2)
+    dispatched = of(s.start(), ev.DispatchExecution)
+    assert len(dispatched) == 16  # 4 groups x 4 executions on 8 full-speed slots: they share
+    assert s.state.waterlevel > s.state.rollout_slots()
+
+
+@pytest.mark.parametrize(("policy", "flips_at_first_batch"), [("colocate", False), ("colocate-standalone", True)])
+def test_plain_colocate_drains_every_live_execution_before_it_flips(policy, flips_at_first_batch):
+    s = make(policy, lookahead_groups=2)
+    dispatched = of(s.start(), ev.DispatchExecution)
+    assert len(dispatched) == 16  # 4 groups: 4 cells x 4 slots
+    switches = []
+    for d in dispatched[:8]:  # the first two groups complete step 0's batch
+        switches += of(s.handle(ev.ExecutionFinished(d.execution_id, 100)), ev.SwitchCell)
+    assert bool(switches) is flips_at_first_batch
+    for d in dispatched[8:]:
+        switches += of(s.handle(ev.ExecutionFinished(d.execution_id, 100)), ev.SwitchCell)
+    assert sorted(c.cell_id for c in switches) == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize(

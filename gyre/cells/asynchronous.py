@@ -1,10 +1,17 @@
 """Async: fixed rollout and training pools (the second baseline).
 
 The first `num_train_cells` cells hold the train role for the whole run (cell 0 is the
-core); the rest only ever serve rollout. Dispatch is bounded by the rollout pool's slots
-and by the staleness room; the training pool trains each batch as it becomes ready
-(micro-step by micro-step when `streaming`, which is the paper's A3 "streaming Async").
-Neither pool can lend capacity to the other: that rigidity is what Elastic removes.
+core); the rest only ever serve rollout. The split is fixed, not tuned: by default half
+the cells train (`num_train_cells=None`), the split the paper's own account implies (see
+docs/scheduler.md: reclaiming the training pool is "where the 1.78x comes from", which
+needs a training share >= 0.44). The training pool trains each batch as it becomes ready
+(micro-step by micro-step when `streaming`, the paper's A3 "streaming Async").
+
+Dispatch is bounded by the staleness room only, not by the rollout pool's full-speed
+slots: an Async rollout pool accepts every session its staleness bound allows, and
+sessions beyond its slots share the engines (each runs slower). Without that a half pool
+could never reach the matched E[d] of the comparison. Neither pool can lend capacity to
+the other: that rigidity is what Elastic removes.
 """
 
 from __future__ import annotations
@@ -19,17 +26,23 @@ from gyre.cells.topology import BatchShape, SchedulingConfigError, Topology
 class Async(Policy):
     name = "async"
     min_cells = 2
+    keeps_waterlevel_covered = False
+    dispatch_within_slots = False
+
+    def num_train_cells(self, topology: Topology) -> int:
+        num_train = self.knobs.num_train_cells
+        return topology.num_cells // 2 if num_train is None else num_train
 
     def validate(self, topology: Topology, shape: BatchShape) -> None:
         super().validate(topology, shape)
-        num_train = self.knobs.num_train_cells
+        num_train = self.num_train_cells(topology)
         if not 1 <= num_train < topology.num_cells:
             raise SchedulingConfigError(
                 f"async needs 1 <= num_train_cells < num_cells ({topology.num_cells}); got {num_train}"
             )
 
     def initial_roles(self, topology: Topology) -> tuple[list[Role], int]:
-        num_train = self.knobs.num_train_cells
+        num_train = self.num_train_cells(topology)
         return [Role.train] * num_train + [Role.rollout] * (topology.num_cells - num_train), 0
 
     def decide(self, state: SchedulerState) -> list[ev.Command]:

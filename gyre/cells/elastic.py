@@ -11,8 +11,9 @@ Rules, applied after every event (cell 0 is the core; "fixed order" is cell id):
 3. With no pending demand, move rollout cells to train in id order, each one only if
    the slots of the cells left in rollout still cover the waterlevel: live executions
    migrate to the remaining engines and are never interrupted.
-4. `max_updates_per_burst=k` (E1: k=1) ends a burst: after k optimizer updates an idle
-   train cell goes back to rollout and returns to train only through rule 3.
+4. `max_updates_per_burst=k` (E1: k=1) ends a burst: after k optimizer updates of the
+   core's burst no train cell claims more work; idle train cells go back to rollout
+   (satellites first, the core last) and return to train only through rule 3.
 5. Train cells claim ready micro-steps (streaming); satellites pull the core's weights
    on joining (part of their switch) and after each optimizer step.
 """
@@ -63,7 +64,7 @@ class Elastic(Policy):
             return []
         commands: list[ev.Command] = []
         for cell in sorted(state.cells_in(Role.train), key=lambda c: (c.is_core, -c.cell_id)):
-            if cell.updates_in_burst >= limit and self._may_leave(state, cell):
+            if self.burst_over(state, cell) and self._may_leave(state, cell):
                 commands.append(state.switch(cell, Role.rollout))
         return commands
 

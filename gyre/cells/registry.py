@@ -2,9 +2,11 @@
 
 | name                 | paper     | what it is                                             |
 | -------------------- | --------- | ------------------------------------------------------ |
-| colocate             | Colocate  | whole pool flips; complete batch split statically      |
-| colocate-streaming   | C2        | whole pool flips; micro-steps claimed by idle cells    |
-| async                | Async     | pinned pools; the trainer waits for a complete batch   |
+| colocate             | Colocate  | whole pool flips once every live execution has ended   |
+|                      |           | (rounds drain); complete batches split statically      |
+| colocate-standalone  | (C1)      | flips when the batch is ready; live executions stall   |
+| colocate-streaming   | C2        | colocate-standalone, micro-steps claimed by idle cells |
+| async                | Async     | pinned half/half pools; trainer waits for a full batch |
 | async-streaming      | A3        | pinned pools; micro-steps trained as groups are ready  |
 | elastic              | E0        | waterlevel cells, core + satellites, streaming, bursts |
 | elastic-single-step  | E1        | E0 with one optimizer update per train burst           |
@@ -21,7 +23,8 @@ from gyre.cells.policy import Policy, PolicyKnobs
 from gyre.cells.topology import SchedulingConfigError
 
 POLICIES: dict[str, tuple[type[Policy], PolicyKnobs]] = {
-    "colocate": (Colocate, PolicyKnobs(streaming=False)),
+    "colocate": (Colocate, PolicyKnobs(streaming=False, standalone=False)),
+    "colocate-standalone": (Colocate, PolicyKnobs(streaming=False)),
     "colocate-streaming": (Colocate, PolicyKnobs(streaming=True)),
     "async": (Async, PolicyKnobs(streaming=False)),
     "async-streaming": (Async, PolicyKnobs(streaming=True)),

@@ -1,7 +1,8 @@
 """The paper's checks (issue 4). Measured numbers and verdicts: docs/scheduler.md.
 
-Checks the model does not meet with its a-priori parameters are xfail (not strict), so
-the suite records them honestly instead of hiding them; see the doc for why.
+The ratios come out of the real scheduler on workloads calibrated from the seeds; none is
+fitted. Checks the model does not meet are xfail (strict, so a model change that meets
+one is noticed), each with the reason docs/scheduler.md explains.
 """
 
 import pytest
@@ -29,49 +30,66 @@ def ablation():
 
 
 @pytest.mark.slow
-def test_comparisons_are_at_matched_staleness(table_122b, table_2t4):
-    for table in (table_122b, table_2t4):
-        values = table["mean_staleness"].values()
+def test_comparisons_are_at_matched_staleness(table_122b, table_2t4, ablation):
+    for values in (table_122b["mean_staleness"].values(), table_2t4["mean_staleness"].values()):
         assert max(values) - min(values) <= 0.1
         assert all(abs(v - api.REFERENCE_STALENESS) <= 0.1 for v in values)
+    assert all(abs(v - api.REFERENCE_STALENESS) <= 0.1 for v in ablation["mean_staleness"].values())
 
 
 @pytest.mark.slow
-def test_elastic_beats_both_baselines_and_timeouts_shrink_the_colocate_gap(table_122b, table_2t4):
-    for table in (table_122b, table_2t4):
-        assert table["async_over_elastic"] > 1.0 and table["colocate_over_elastic"] > 1.0
-    assert table_2t4["colocate_over_elastic"] <= 1.35
-    assert table_2t4["colocate_over_elastic"] < table_122b["colocate_over_elastic"]
-
-
-@pytest.mark.slow
-def test_ablation_colocate_and_merged_cells(ablation):
-    ratios = ablation["ratio_to_E0"]
-    assert abs(ratios["C2"] / 1.193 - 1) <= 0.15
-    assert 1.0 <= ratios["E0-merged"] <= 1.06
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(reason="async/elastic 1.25 on 122B, 1.15 on 2.4T: Async with its best split loses less than the paper reports")
-def test_paper_async_ratios(table_122b, table_2t4, ablation):
+def test_paper_main_table_122b(table_122b):
+    assert table_122b["async_train_cells"] == 4  # the fixed half/half split, not a tuned one
     assert 1.35 <= table_122b["async_over_elastic"] <= 1.8
-    assert table_2t4["async_over_elastic"] >= 1.5
-    assert abs(ablation["ratio_to_E0"]["A3"] / 1.376 - 1) <= 0.15
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(reason="colocate/elastic 1.15 on 122B with FLOP-derived training cost (0.21 h/step on the pool)")
-def test_paper_colocate_ratio_122b(table_122b):
     assert 1.25 <= table_122b["colocate_over_elastic"] <= 1.6
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="E1 ~= E0: recalled cells return to training within seconds, multi-step bursts buy little")
+def test_timeouts_shrink_the_colocate_gap_on_2t4(table_122b, table_2t4):
+    assert 1.0 < table_2t4["colocate_over_elastic"] <= 1.35
+    assert table_2t4["colocate_over_elastic"] < table_122b["colocate_over_elastic"]
+    assert table_2t4["async_over_elastic"] > 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="async/elastic 1.41 on 2.4T: at E[d]=1.5 elastic is bound by the staleness room, not by "
+    "rollout capacity, so reclaiming Async's half pool gains less than the paper's 1.78x",
+)
+def test_paper_async_ratio_2t4(table_2t4):
+    assert table_2t4["async_over_elastic"] >= 1.5
+
+
+@pytest.mark.slow
+def test_paper_ablation_ratios(ablation):
+    ratios = ablation["ratio_to_E0"]
+    for key in ("A3", "C2", "E1"):
+        assert abs(ratios[key] / api.PAPER_ABLATION_RATIOS[key] - 1) <= 0.15, key
+    assert 1.0 <= ratios["E0-merged"] <= 1.06
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="E1/E0 0.99: inside the 15 % band only by its lower edge; ending a burst costs one "
+    "switch + snapshot pull (~15 s) and idle train cells exist at E[d]=1.5, so single-step bursts "
+    "cost almost nothing here (paper: +10.9 %)",
+)
 def test_single_step_bursts_cost_time(ablation):
     assert ablation["ratio_to_E0"]["E1"] > 1.05
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="elastic efficiency ~0.79: the staleness room, not capacity, limits throughput")
-def test_elastic_efficiency_target(table_122b):
+@pytest.mark.xfail(
+    strict=True,
+    reason="elastic efficiency 0.79 at E[d]=1.5: the lower bound ignores staleness and ~20 % of "
+    "capacity idles because the staleness room forbids more dispatch (0.94 with the room open)",
+)
+def test_elastic_efficiency_at_matched_staleness(table_122b):
     assert table_122b["elastic_efficiency"] >= 0.9
+
+
+@pytest.mark.slow
+def test_elastic_efficiency_when_capacity_binds():
+    assert paper_checks.unbounded_efficiency()["efficiency"] >= 0.9

@@ -12,7 +12,8 @@ CLI wiring (gyre/cli.py, owned by the lead):
         results = compare(W, steps=N)   # {"elastic": ..., "async": ..., "colocate": ...}
 
 Every comparison runs at a matched mean staleness (`target_staleness`, default 1.5, the
-paper's ablation setting); Async policies additionally get their fastest pool split.
+paper's ablation setting, the only E[d] the seeds state); Async policies run with their
+fixed half/half split unless `num_train_cells` or `tune_async_split` says otherwise.
 Bad input raises `SchedulingConfigError` (a ValueError) naming the violated constraint.
 """
 
@@ -59,13 +60,16 @@ def simulate(
     seed: int = 0,
     lookahead_groups: int = 0,
     num_train_cells: int | None = None,
+    tune_async_split: bool = False,
 ) -> SimResult:
     """Simulate `steps` optimizer steps (default: the workload's) of `policy` on `workload`.
 
     target_staleness: tune the staleness room until E[d] is within 0.1 of it; None runs
         with `lookahead_groups` as given (0: no carry-over, E[d] = 0).
     num_cells / cell_nodes: re-cut the workload's pool (cell size must divide it).
-    num_train_cells: Async only; None tries every split and keeps the fastest.
+    num_train_cells: Async only; None = the fixed default split (half the cells train).
+    tune_async_split: Async only; try every split and keep the fastest (a sensitivity
+        check: the paper's Async has a fixed split, see docs/scheduler.md).
     """
     spec = get_workload(workload)
     policy_class(policy)
@@ -77,7 +81,7 @@ def simulate(
     kwargs: dict = {"cell_nodes": cell_nodes, "num_cells": num_cells, "seed": seed}
     spec.topology(cell_nodes, num_cells).validate(spec.group_size)
     if policy.startswith("async"):
-        if num_train_cells is None:
+        if tune_async_split:
             return best_async(spec, policy, steps, target_staleness, lookahead_groups, **kwargs)
         kwargs["num_train_cells"] = num_train_cells
     if target_staleness is None:

@@ -31,6 +31,28 @@ Assumptions (not in the seeds):
   * Weights bf16 (2 bytes/param); RDMA 400 GB/s per node; snapshot pull = weights /
     (cell RDMA bandwidth) + 2 s; optimizer step 30 s (122B) / 60 s (2.4T); weight
     publication to the rollout engines 10 s; 5 s fixed overhead per micro-step.
+    Cross-check against the seeds (not fitted): one 122B step trains in 0.21 h on the
+    whole pool; the paper's C2 - E0 gap (19.23 h - 16.12 h over 12 steps, the cost of a
+    whole-pool flip) is 0.26 h/step and its 2.4T Colocate - Elastic gap 0.33 h/step;
+    Async's half pool trains a batch in 0.42 h, shorter than the ~2 h a batch takes to
+    arrive ("waiting for a ready batch often outlasts a training step").
+
+How the comparisons are run (gyre/sim/api.py, gyre/cells/; docs/scheduler.md):
+  * Every policy at E[d] = 1.5 (within 0.1), the only E[d] the seeds state (the 12-step
+    ablation); the seeds give no E[d] for the main tables, only "matched".
+  * Async's split is fixed at half the cells training (4 of 8 for 122B, 2 of 4 for
+    2.4T), not tuned: the seeds attribute Async's 1.78x loss to its pinned training
+    pool ("giving that capacity to rollout is where the 1.78x comes from"); reclaiming a
+    share x of the pool gains at most 1/(1-x), so 1.78x needs x >= 0.44, and with four
+    cells only the half split qualifies. Async's rollout pool accepts every session its
+    staleness room allows (sessions beyond its slots share the engines), else a half
+    pool could not reach E[d] = 1.5. The best split (tuned) is reported as sensitivity.
+  * Plain Colocate cannot keep an execution alive across a flip (its engine is about to
+    train), so each rollout round drains to its slowest execution before the pool
+    trains ("training remains completely blocked until the slowest rollout
+    terminates"); staleness comes from training one round as successive updates. The
+    paper's C2 adds "standalone" executions (kept alive by the proxy, stalled while the
+    pool trains) and streaming: `colocate-streaming`.
 """
 
 from __future__ import annotations

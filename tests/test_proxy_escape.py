@@ -57,9 +57,13 @@ def test_injected_control_text_is_plain_text_and_decodes_verbatim(tiny_tokenizer
 
 def test_text_without_control_tokens_is_tokenised_as_before(tiny_tokenizer):
     builder = PromptBuilder(tiny_tokenizer)
-    messages = [{"role": "user", "content": "write calc.py < 3 > 2 | x"}]
-    text = builder.render(messages, None, True)
-    assert builder.build(messages, None, TitoCache()).ids == tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+    tools = [{"type": "function", "function": {"name": "f", "description": "d"}}]
+    for system in ("sys", "other sys", "sys"):  # the cached first turn gives the same ids
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": "write calc.py < 3 > 2 | x"}]
+        for t in (None, tools):
+            text = builder.render(messages, t, True)
+            assert builder.build(messages, t, TitoCache()).ids == tiny_tokenizer(text, add_special_tokens=False)[
+                "input_ids"]
 
 
 def test_an_edited_assistant_turn_keeps_its_own_tags_but_not_turn_boundaries(tiny_tokenizer):

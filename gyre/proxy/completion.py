@@ -23,7 +23,8 @@ why); such a call is recorded with `finish_reason == "stop"` and no end-of-turn 
 from __future__ import annotations
 
 import asyncio
-import uuid
+import itertools
+import secrets
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -42,6 +43,12 @@ from gyre.proxy.stops import StopMatcher
 from gyre.proxy.toolcalls import NO_TOOL_CALLS, ToolCallParser
 from gyre.records import Call, utc_now
 
+
+DISCONNECT_WATCH_AFTER_S = 0.05
+"""A non-streaming call watches for its client going away once it has run this long
+(calls shorter than that finish before a cancel could save anything)."""
+_CALL_ID_PREFIX = secrets.token_hex(4)  # per process; a counter makes ids unique within it
+_CALL_NUMBERS = itertools.count()
 
 MAX_STOP_STRINGS = 32
 """Most stop strings one request may give (OpenAI allows 4; some clients send more)."""
@@ -139,7 +146,7 @@ class CompletionCore:
 class Turn:
     def __init__(self, core: CompletionCore, req: TurnRequest, prompt: BuiltPrompt, params: SamplingParams) -> None:
         self.core, self.req, self.prompt, self.params = core, req, prompt, params
-        self.call_id = f"call-{uuid.uuid4().hex[:16]}"
+        self.call_id = f"call-{_CALL_ID_PREFIX}{next(_CALL_NUMBERS):08x}"
         self.parser = core.parser if req.parse_tool_calls else NO_TOOL_CALLS
         self._stops = StopMatcher(core.tokenizer, req.stop, core.stop_token_ids) if req.stop else None
         self._queue: asyncio.Queue[list[int] | None] | None = None
@@ -171,12 +178,20 @@ class Turn:
         generation = self._start(streaming=False)
         if receive is None:
             return await self._run(generation)
-        watcher = asyncio.ensure_future(_disconnect(receive))
-        watcher.add_done_callback(lambda t: t.cancelled() or generation.cancel())
+        watcher: asyncio.Task | None = None
+
+        def watch() -> None:
+            nonlocal watcher
+            watcher = asyncio.ensure_future(_disconnect(receive))
+            watcher.add_done_callback(lambda t: t.cancelled() or generation.cancel())
+
+        timer = asyncio.get_running_loop().call_later(DISCONNECT_WATCH_AFTER_S, watch)
         try:
             return await self._run(generation)
         finally:
-            watcher.cancel()
+            timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
 
     async def stream(self) -> AsyncIterator[tuple[str, Any]]:
         """("reasoning" | "content", text) events as tokens arrive, then ("result", TurnResult).

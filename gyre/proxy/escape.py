@@ -33,6 +33,10 @@ MARKER = "\ue000"
 """Private-use character inserted into escaped control-token text (never a token here)."""
 ASSISTANT_TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 """Control tokens an assistant turn may carry as tokens (the model writes them)."""
+SMALL_TEXT_CHARS = 64
+"""Texts up to this long are tokenised once and remembered (the separators and turn
+headers between spliced outputs recur on every call)."""
+SMALL_CACHE_ENTRIES = 4096
 _UNMARK = re.compile(MARKER + "(" + MARKER + ")?")
 
 
@@ -52,12 +56,17 @@ class ControlTokenEscaper:
         self._all = _pattern(list(self._ids))
         self._boundaries = _pattern([t for t in self._ids if t not in assistant_tags])
         self._backend = getattr(tokenizer, "_tokenizer", None)  # the Rust tokenizer, when fast
+        self._small: dict[str, list[int]] = {}
         self._plain = None
         if self._backend is not None:
             from tokenizers import Tokenizer
 
             self._plain = Tokenizer.from_str(self._backend.to_str())
             self._plain.encode_special_tokens = True  # control-token text is plain text here
+
+    def is_control_token(self, text: str) -> bool:
+        """Whether `text` is one of the tokenizer's added tokens (tokenisation splits there)."""
+        return text in self._ids
 
     # -- escaping (before rendering) -----------------------------------------------------
 
@@ -112,6 +121,16 @@ class ControlTokenEscaper:
     def encode(self, text: str) -> list[int]:
         """Token ids of rendered text: control tokens where the template wrote them,
         escaped control-token text as plain text."""
+        if len(text) <= SMALL_TEXT_CHARS:
+            ids = self._small.get(text)
+            if ids is None:
+                ids = self._encode_marked(text)
+                if len(self._small) < SMALL_CACHE_ENTRIES:
+                    self._small[text] = ids
+            return list(ids)
+        return self._encode_marked(text)
+
+    def _encode_marked(self, text: str) -> list[int]:
         if not text:
             return []
         if MARKER not in text:

@@ -25,7 +25,6 @@ is stopped and the output cut to its first n tokens, `finish_reason == "stop"`.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
@@ -74,7 +73,7 @@ class Generation:
         self._partial_ids: list[int] = []  # the current segment, appended by the engine thread
         self._partial_logprobs: list[float] = []
         self._delivered = 0  # output tokens handed to on_tokens
-        self._wake_pending = threading.Event()
+        self._wake_pending = False  # a delivery is scheduled on the loop (engine thread sets, loop clears)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def cancel(self) -> None:
@@ -116,9 +115,12 @@ class Generation:
             if self._cancelled or self._keep is not None:
                 lease.stop.set()
             self._partial_ids, self._partial_logprobs = [], []
+            params = self._params
+            if remaining != params.max_new_tokens:
+                params = replace(params, max_new_tokens=remaining)
             request = GenerationRequest(
                 self._prompt_ids + out.output_ids,
-                replace(self._params, max_new_tokens=remaining),
+                params,
                 stop=lease.stop,
                 on_token=self._on_token,
             )
@@ -161,12 +163,12 @@ class Generation:
             self.out.first_token_at = utc_now()
         self._partial_ids.append(token_id)
         self._partial_logprobs.append(logprob)
-        if self._on_tokens is not None and not self._wake_pending.is_set():
-            self._wake_pending.set()
+        if self._on_tokens is not None and not self._wake_pending:
+            self._wake_pending = True
             self._loop.call_soon_threadsafe(self._deliver_partial)
 
     def _deliver_partial(self) -> None:
-        self._wake_pending.clear()
+        self._wake_pending = False
         committed = len(self.out.output_ids)
         visible = self._partial_ids[: len(self._partial_ids)]
         if committed + len(visible) > self._delivered:

@@ -16,7 +16,11 @@ the whole history each turn is quadratic, so each execution keeps a few *prefix 
 the rendered text of a conversation that ended with a returned turn, and its prompt ids
 with the sampled ids spliced in. A request starts from the longest state whose text
 prefixes its own rendering; only the rest is examined and tokenised. A turn-by-turn agent
-therefore costs one template render plus tokenising the new messages per call.
+therefore costs one template render plus tokenising the new messages per call. A
+conversation's first turn (the system prompt and tool definitions, the same for every
+execution of a run and often most of a first prompt) is tokenised once per process
+(`MAX_CACHED_HEADS`): text ending in a control token splits there without changing its
+tokens, so the cached ids are exact.
 
 Control-token text inside content (a tool result holding `<|im_end|>`) is escaped before
 rendering and tokenised as plain text (`escape.py`), so only the template writes structure.
@@ -36,6 +40,8 @@ from typing import Any
 from gyre.proxy.escape import ControlTokenEscaper
 
 END_OF_TURN = "<|im_end|>"
+MAX_CACHED_HEADS = 64
+"""First turns (system prompt + tools) whose token ids are kept, across executions."""
 MAX_PREFIX_STATES = 4
 """Prefix states kept per execution (most recently used first out of the cache last)."""
 
@@ -123,6 +129,7 @@ class PromptBuilder:
         self.tokenizer = tokenizer
         self.end_of_turn = end_of_turn
         self.escaper = ControlTokenEscaper(tokenizer)
+        self._heads: dict[str, list[int]] | None = {} if self.escaper.is_control_token(end_of_turn) else None
         self._template = _compiled_template(tokenizer)
         self._template_vars = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
 
@@ -142,6 +149,20 @@ class PromptBuilder:
     def encode(self, text: str) -> list[int]:
         """Token ids of rendered text; escaped control-token text becomes plain text."""
         return self.escaper.encode(text)
+
+    def _encode_start(self, text: str) -> list[int]:
+        """`encode(text)` for text that starts a conversation, its first turn from the cache."""
+        end = text.find(self.end_of_turn) if self._heads is not None else -1
+        if end < 0:
+            return self.encode(text)
+        end += len(self.end_of_turn)
+        head = self._heads.get(text[:end])
+        if head is None:
+            head = self.encode(text[:end])
+            if len(self._heads) >= MAX_CACHED_HEADS:
+                self._heads.clear()
+            self._heads[text[:end]] = head
+        return head + self.encode(text[end:])
 
     def build(self, messages: list[dict[str, Any]], tools: list[dict] | None, cache: TitoCache) -> BuiltPrompt:
         messages, tools = self.escaper.messages(messages), self.escaper.tools(tools)
@@ -165,7 +186,7 @@ class PromptBuilder:
                 prompt.fallback_turns += 1  # position unknown: the template rewrote history
                 continue
             text = after[len(before) :]
-            prompt.ids += self.encode(full[cursor : len(before)])
+            prompt.ids += (self._encode_start if cursor == 0 else self.encode)(full[cursor : len(before)])
             segment = cache.segments.get(text)
             if segment is None:
                 start = len(prompt.ids)
@@ -176,7 +197,7 @@ class PromptBuilder:
                 prompt.ids += segment.output_ids + self.encode(self._tail(text, segment.ended))
                 prompt.spliced_turns += 1
             cursor = len(after)
-        prompt.ids += self.encode(full[cursor:])
+        prompt.ids += (self._encode_start if cursor == 0 else self.encode)(full[cursor:])
         return prompt
 
     def remember(

@@ -16,6 +16,7 @@ Parsers are looked up per model family (`PARSERS`); add a family by adding a cla
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import secrets
@@ -38,6 +39,14 @@ class ToolCallParser(Protocol):
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """(content, calls); (text, []) when the text holds no well-formed call."""
         ...
+
+
+_ID_PREFIX = secrets.token_hex(8)  # per process; a counter makes ids unique within it
+_ID_NUMBERS = itertools.count()
+
+
+def _call_id() -> str:
+    return f"{_ID_PREFIX}{next(_ID_NUMBERS):08x}"
 
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -67,7 +76,7 @@ class QwenToolCallParser:
             if not isinstance(args, dict):
                 return text, []
             first = match.start() if first is None else first
-            calls.append(ToolCall(name=obj["name"], arguments=args, call_id=secrets.token_hex(12)))
+            calls.append(ToolCall(name=obj["name"], arguments=args, call_id=_call_id()))
         if not calls:
             return text, []
         return text[:first].rstrip(), calls

@@ -54,6 +54,8 @@ class ControlTokenEscaper:
         self._tokenizer = tokenizer
         self._ids = {tok.content: tid for tid, tok in tokenizer.added_tokens_decoder.items() if tok.content}
         self._all = _pattern(list(self._ids))
+        firsts = {t[0] for t in self._ids}
+        self._first = firsts.pop() if len(firsts) == 1 else None  # "<" for Qwen-style tokens: a fast pre-check
         self._boundaries = _pattern([t for t in self._ids if t not in assistant_tags])
         self._backend = getattr(tokenizer, "_tokenizer", None)  # the Rust tokenizer, when fast
         self._small: dict[str, list[int]] = {}
@@ -88,7 +90,11 @@ class ControlTokenEscaper:
         return value
 
     def _needs(self, blob: str) -> bool:
-        return MARKER in blob or (self._all is not None and self._all.search(blob) is not None)
+        if MARKER in blob:
+            return True
+        if self._all is None or (self._first is not None and self._first not in blob):
+            return False
+        return self._all.search(blob) is not None
 
     def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Template messages with control-token text in their content escaped (the same

@@ -131,7 +131,10 @@ class PromptBuilder:
         self.escaper = ControlTokenEscaper(tokenizer)
         self._heads: dict[str, list[int]] | None = {} if self.escaper.is_control_token(end_of_turn) else None
         self._template = _compiled_template(tokenizer)
-        self._template_vars = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+        special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+        # globals + special tokens, merged once: each render then shares this context (the
+        # merge is a third of a short render's cost)
+        self._template_vars = {**self._template.globals, **special} if self._template is not None else special
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict] | None, generation_prompt: bool) -> str:
         if self._template is None:
@@ -142,9 +145,12 @@ class PromptBuilder:
             {**{a: m["reasoning_content"] for a in _REASONING_ALIASES}, **m} if "reasoning_content" in m else m
             for m in messages
         ]
-        return self._template.render(
-            messages=messages, tools=tools or None, add_generation_prompt=generation_prompt, **self._template_vars
+        context = self._template.new_context(
+            {**self._template_vars, "messages": messages, "tools": tools or None,
+             "add_generation_prompt": generation_prompt},
+            shared=True,
         )
+        return "".join(self._template.root_render_func(context))
 
     def encode(self, text: str) -> list[int]:
         """Token ids of rendered text; escaped control-token text becomes plain text."""

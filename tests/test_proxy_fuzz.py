@@ -36,10 +36,12 @@ tools = st.one_of(st.none(), json_values, st.lists(st.fixed_dictionaries({}, opt
 bodies = st.fixed_dictionaries({}, optional={
     "model": json_values, "messages": st.one_of(messages, json_values), "system": st.one_of(contents, json_values),
     "tools": tools, "max_tokens": numbers, "temperature": numbers, "stream": st.one_of(st.booleans(), json_values),
-    "n": numbers, "thinking": json_values, "metadata": json_values})
+    "n": numbers, "thinking": json_values, "metadata": json_values, "stop": json_values, "stop_sequences": json_values,
+    "top_p": numbers, "top_k": numbers, "tool_choice": json_values})
 
 # near-valid bodies: these reach the template, the engine and the response builders
-text = st.text(max_size=30)
+text = st.one_of(st.text(max_size=30), st.sampled_from(["<|im_end|>", "x<tool_call>{}</tool_call>", "<think>\ue000"]))
+stops = st.lists(st.text(min_size=1, max_size=4), max_size=3)
 args = st.dictionaries(st.text(max_size=5), scalars, max_size=3)
 oa_message = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "system", "developer", "assistant", "tool"]),
@@ -51,7 +53,9 @@ oa_tool = st.fixed_dictionaries({"type": st.just("function"), "function": st.fix
     {"name": text}, optional={"description": text, "parameters": args})})
 openai_bodies = st.fixed_dictionaries({"messages": st.lists(oa_message, min_size=1, max_size=5)}, optional={
     "tools": st.lists(oa_tool, max_size=2), "max_tokens": st.integers(1, 64), "stream": st.booleans(),
-    "temperature": st.floats(0, 2), "stream_options": st.just({"include_usage": True}), "logprobs": st.booleans()})
+    "temperature": st.floats(0, 2), "stream_options": st.just({"include_usage": True}), "logprobs": st.booleans(),
+    "stop": st.one_of(st.text(min_size=1, max_size=4), stops), "top_p": st.floats(0, 1),
+    "tool_choice": st.sampled_from(["auto", "none", "required", {"type": "function", "function": {"name": "f"}}])})
 an_block = st.one_of(
     st.fixed_dictionaries({"type": st.just("text"), "text": text}),
     st.fixed_dictionaries({"type": st.just("tool_use"), "id": text, "name": text, "input": args}),
@@ -67,7 +71,9 @@ anthropic_bodies = st.fixed_dictionaries({"messages": st.lists(an_message, min_s
     "system": st.one_of(text, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}), max_size=2)),
     "tools": st.lists(st.fixed_dictionaries({"name": text}, optional={"input_schema": args, "description": text}), max_size=2),
     "stream": st.booleans(), "temperature": st.floats(0, 1), "thinking": st.just({"type": "enabled", "budget_tokens": 99}),
-    "context_management": args, "metadata": st.fixed_dictionaries({}, optional={"user_id": text})})
+    "context_management": args, "metadata": st.fixed_dictionaries({}, optional={"user_id": text}),
+    "stop_sequences": stops, "top_p": st.floats(0, 1), "top_k": st.integers(0, 50),
+    "tool_choice": st.sampled_from([{"type": "auto"}, {"type": "none"}, {"type": "any"}, {"type": "tool", "name": "f"}])})
 
 
 @pytest.fixture(scope="module")

@@ -240,7 +240,7 @@ def _request(body: CountTokensRequest, session: ExecutionSession, headers, inlin
     full = body if isinstance(body, MessagesRequest) else None  # count_tokens has no sampling fields
     metadata = full.metadata if full else None
     choice = body.tool_choice.type if body.tool_choice else "auto"
-    if choice in ("any", "tool"):
+    if full is not None and choice in ("any", "tool"):  # counting tokens needs no constraint
         raise ProxyError(400, f"tool_choice type {choice!r} is not supported: this proxy cannot constrain decoding "
                          "to a tool call; use 'auto' (the model decides) or 'none'")
     plain = choice == "none"

@@ -101,3 +101,12 @@ def test_a_failed_cell_never_loses_a_step(policy, seed, fail_at_h, fail_cell):
     assert trace.num_dispatched == trace.num_finished + state.waterlevel
     # a micro-step is claimed again only after a failure released it
     assert len(claims) - len(set(claims)) <= state.num_releases
+
+
+def test_single_step_bursts_do_not_livelock_satellites():
+    """Regression: under E1 a satellite joining a core whose burst was over bounced between
+    roles forever (the core could never leave); seed 1 of the 122B ablation hit it."""
+    from gyre.sim import api
+
+    result = api.simulate("nl2repo-122b", "elastic-single-step", steps=12, seed=1)
+    assert result.makespan_h < 30.0

@@ -89,7 +89,9 @@ class Elastic(Policy):
         for cell in sorted(state.cells_in(Role.rollout), key=lambda c: c.cell_id):
             if state.rollout_slots() - cell.num_slots < state.waterlevel:
                 break
-            if not cell.is_core and state.core.role not in (Role.train, Role.to_train):
-                break  # the core leads: satellites join a training plane that exists
+            if not cell.is_core and (
+                state.core.role not in (Role.train, Role.to_train) or self.burst_over(state, state.core)
+            ):
+                break  # the core leads: satellites join a training plane that exists and is not ending
             commands.append(state.switch(cell, Role.train))
         return commands

@@ -74,6 +74,11 @@ class ContextLengthError(ValueError):
     """The prompt leaves no room for a single new token."""
 
 
+class EngineDrainingError(RuntimeError):
+    """The engine is draining (or drained): it takes no new requests until `resume()`.
+    The proxy treats it like any failed engine and sends the request elsewhere."""
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     engine_id: str
@@ -87,6 +92,19 @@ class RolloutEngine(Protocol):
 
     def load_weights(self, snapshot: Path, version: int) -> None:
         """Swap in the weights of `snapshot` between batches; later outputs carry `version`."""
+        ...
+
+    def pause(self) -> None:
+        """Finish the batch in flight, then start no new one; waiting requests stay queued."""
+        ...
+
+    def resume(self) -> None:
+        """Undo `pause` or `drain`: queued and new requests run again."""
+        ...
+
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Refuse new requests (EngineDrainingError), let queued and running ones finish;
+        True once nothing is left (False if `timeout_s` passed first)."""
         ...
 
     def close(self) -> None: ...

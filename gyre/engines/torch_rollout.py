@@ -14,6 +14,13 @@ the policy version that actually produced it. A request whose `stop` event is se
 the batch at the next token boundary with the tokens it has (`finish_reason == "abort"`),
 and `on_token` sees every token as it is sampled: that is what lets the proxy drain this
 engine and continue each request exactly elsewhere.
+
+Engine-level control, for a scheduler that flips a cell between rollout and training:
+`pause()` lets the running batch finish and holds queued requests; `drain()` also refuses
+new ones (the proxy sends them elsewhere) and waits until the queued and running ones are
+done; `resume()` undoes either. The sampling generator's state can be saved and restored
+(`rng_state` / `set_rng_state`) so a resumed run continues the same random stream; with
+concurrent callers the order in which requests consume it still depends on timing.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from gyre.engines.base import ContextLengthError, GenerationRequest, GenerationResult
+from gyre.engines.base import ContextLengthError, EngineDrainingError, GenerationRequest, GenerationResult
 from gyre.engines.hf import load_causal_lm
 
 
@@ -55,6 +62,11 @@ class TorchRolloutEngine:
         self._version = policy_version
         self._lock = threading.Lock()  # held while a batch runs or weights swap
         self._queue: queue.Queue[tuple[GenerationRequest, Future] | None] = queue.Queue()
+        self._running = threading.Event()  # cleared by pause/drain: no new batch starts
+        self._running.set()
+        self._draining = False
+        self._pending = 0  # requests queued or in a batch
+        self._idle = threading.Condition()
         self._worker = threading.Thread(target=self._serve, name=f"{engine_id}-worker", daemon=True)
         self._worker.start()
 
@@ -68,8 +80,43 @@ class TorchRolloutEngine:
                 f"prompt has {len(request.prompt_ids)} tokens; the model's context is {self.max_context}"
             )
         future: Future = Future()
+        with self._idle:
+            if self._draining:
+                raise EngineDrainingError(f"engine {self.engine_id} is draining")
+            self._pending += 1
+        future.add_done_callback(self._done)
         self._queue.put((request, future))
         return future.result()
+
+    def pause(self) -> None:
+        self._running.clear()
+        with self._lock:  # returns once the batch in flight (if any) has finished
+            pass
+
+    def resume(self) -> None:
+        with self._idle:
+            self._draining = False
+        self._running.set()
+
+    def drain(self, timeout_s: float | None = None) -> bool:
+        with self._idle:
+            self._draining = True
+        self._running.set()  # a paused engine must run its queue to drain it
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout_s)
+
+    def rng_state(self) -> torch.Tensor:
+        return self._generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        with self._lock:
+            self._generator.set_state(state)
+
+    def _done(self, _future: Future) -> None:
+        with self._idle:
+            self._pending -= 1
+            if self._pending == 0:
+                self._idle.notify_all()
 
     def load_weights(self, snapshot: Path, version: int) -> None:
         from safetensors.torch import load_model
@@ -79,6 +126,7 @@ class TorchRolloutEngine:
             self._version = version
 
     def close(self) -> None:
+        self._running.set()
         self._queue.put(None)
         self._worker.join(timeout=10)
 
@@ -89,25 +137,37 @@ class TorchRolloutEngine:
             item = self._queue.get()
             if item is None:
                 return
-            batch = [item]
-            while len(batch) < self.max_batch_size:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._queue.put(None)
-                    break
-                batch.append(nxt)
+            self._acquire_running()
             try:
-                with self._lock:
+                batch = [item]
+                while len(batch) < self.max_batch_size:
+                    try:
+                        nxt = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is None:
+                        self._queue.put(None)
+                        break
+                    batch.append(nxt)
+                try:
                     results = self._generate_batch([req for req, _ in batch])
-            except BaseException as exc:  # hand the failure to every waiting caller
-                for _, fut in batch:
-                    fut.set_exception(exc)
-                continue
+                except BaseException as exc:  # hand the failure to every waiting caller
+                    for _, fut in batch:
+                        fut.set_exception(exc)
+                    continue
+            finally:
+                self._lock.release()
             for (_, fut), result in zip(batch, results):
                 fut.set_result(result)
+
+    def _acquire_running(self) -> None:
+        """Take the batch lock while not paused (pause clears the flag, then takes the lock)."""
+        while True:
+            self._running.wait()
+            self._lock.acquire()
+            if self._running.is_set():
+                return
+            self._lock.release()
 
     @torch.no_grad()
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:

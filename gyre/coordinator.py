@@ -269,18 +269,19 @@ class Coordinator:
 
     def checkpoint(self, step: int) -> Path:
         """Checkpoint the train engine after `step` (checkpoints/step-NNNNNN, written then renamed)."""
-        return save_checkpoint(self.trainer, self.run_dir / "checkpoints", step + 1)
+        return save_checkpoint(self.trainer, self.run_dir / "checkpoints", step + 1, rollout=self.rollout)
 
     def resume(self) -> int:
         """Restore the newest checkpoint of this run directory; returns the first step to run.
 
         The train engine gets weights, optimizer state and RNG back; the rollout engine gets
-        the same weights with the checkpoint's policy version; rows already in DuckDB stay.
+        the same weights with the checkpoint's policy version and its sampling RNG; rows
+        already in DuckDB stay.
         """
         path = latest_checkpoint(self.run_dir / "checkpoints")
         if path is None:
             raise FileNotFoundError(f"{self.run_dir}/checkpoints: no complete checkpoint to resume from")
-        steps_done = load_checkpoint(self.trainer, path)
+        steps_done = load_checkpoint(self.trainer, path, rollout=self.rollout)
         self.publish_weights(self.trainer.steps_taken)
         # Workspaces of steps the crash interrupted are set aside (kept), so those steps rerun.
         aside = self.run_dir / f"abandoned-{utc_now():%Y%m%d-%H%M%S}"

@@ -49,3 +49,21 @@ def test_incomplete_checkpoints_are_never_picked(tmp_path, tiny_model_dir):
         load_checkpoint(engine, broken)
     with pytest.raises(FileExistsError):
         save_checkpoint(engine, tmp_path, step=3)
+
+
+def test_checkpoint_carries_the_rollout_engines_sampling_rng(tmp_path, tiny_model_dir):
+    from gyre.engines.base import GenerationRequest, SamplingParams
+    from gyre.engines.torch_rollout import TorchRolloutEngine
+
+    trainer = TorchTrainEngine(tiny_model_dir, lr=1e-3, seed=0)
+    first, other = TorchRolloutEngine(tiny_model_dir, seed=1), TorchRolloutEngine(tiny_model_dir, seed=99)
+    try:
+        ask = GenerationRequest([5, 6, 7], SamplingParams(1.0, 24))
+        first.generate(ask)  # advance the stream before the checkpoint
+        checkpoint = save_checkpoint(trainer, tmp_path / "ckpt", step=1, rollout=first)
+        expected = first.generate(ask).output_ids
+        load_checkpoint(TorchTrainEngine(tiny_model_dir, lr=1e-3, seed=5), checkpoint, rollout=other)
+        assert other.generate(ask).output_ids == expected
+    finally:
+        first.close()
+        other.close()

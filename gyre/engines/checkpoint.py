@@ -2,7 +2,8 @@
 
 A multi-hour run must survive a crash and resume exactly where it stopped, so a checkpoint
 holds everything the next optimizer step depends on: the weights (safetensors), the AdamW
-state, the engine's step counter, and the torch RNG state. It is written to a temporary
+state, the engine's step counter, the torch RNG state, and (when a rollout engine is passed)
+the rollout engine's sampling-generator state. It is written to a temporary
 directory beside its final place and renamed into place last, so a crash mid-write leaves
 the previous checkpoint intact and no directory that looks complete but is not.
 
@@ -24,10 +25,12 @@ WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer.pt"
 STATE = "state.json"
 RNG = "rng.pt"
+ROLLOUT_RNG = "rollout_rng.pt"
 
 
-def save_checkpoint(engine, directory: Path, step: int) -> Path:
-    """Write `directory/step-NNNNNN/` for `engine` (a TorchTrainEngine) and return it."""
+def save_checkpoint(engine, directory: Path, step: int, rollout=None) -> Path:
+    """Write `directory/step-NNNNNN/` for `engine` (a TorchTrainEngine) and return it;
+    `rollout` (an engine with `rng_state()`) adds its sampling RNG."""
     from safetensors.torch import save_model
 
     directory = Path(directory)
@@ -40,6 +43,8 @@ def save_checkpoint(engine, directory: Path, step: int) -> Path:
         save_model(engine.model, str(tmp / WEIGHTS))
         torch.save(engine.optimizer.state_dict(), tmp / OPTIMIZER)
         torch.save(torch.get_rng_state(), tmp / RNG)
+        if rollout is not None:
+            torch.save(rollout.rng_state(), tmp / ROLLOUT_RNG)
         (tmp / STATE).write_text(json.dumps({"step": step, "steps_taken": engine.steps_taken}, indent=2) + "\n")
         os.replace(tmp, final)
     except BaseException:
@@ -54,8 +59,8 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(engine, path: Path) -> int:
-    """Restore `engine` from `path`; returns the checkpoint's step."""
+def load_checkpoint(engine, path: Path, rollout=None) -> int:
+    """Restore `engine` (and `rollout`'s sampling RNG, when saved) from `path`; returns the step."""
     from safetensors.torch import load_model
 
     path = Path(path)
@@ -65,6 +70,8 @@ def load_checkpoint(engine, path: Path) -> int:
     load_model(engine.model, str(path / WEIGHTS), strict=True)
     engine.optimizer.load_state_dict(torch.load(path / OPTIMIZER, weights_only=True))
     torch.set_rng_state(torch.load(path / RNG, weights_only=True))
+    if rollout is not None and (path / ROLLOUT_RNG).is_file():
+        rollout.set_rng_state(torch.load(path / ROLLOUT_RNG, weights_only=True))
     state = json.loads((path / STATE).read_text())
     engine.steps_taken = int(state["steps_taken"])
     return int(state["step"])

@@ -154,7 +154,11 @@ def run(
         )
     console.print(table)
     if cfg.evaluation.every_steps:
+        from gyre.learning_curve import quarter_gain, read_eval_rounds
+
         console.print(f"eval pass rate after the last step: {listener.last_eval}  (table `evals`)")
+        gain = quarter_gain(read_eval_rounds(run_dir / "gyre.duckdb"), total)
+        console.print(f"held-out eval pass rate, {gain.describe()}")
     console.print(f"results: {run_dir / 'gyre.duckdb'}  (duckdb {run_dir / 'gyre.duckdb'} \"select * from steps\")")
 
 

@@ -43,6 +43,12 @@ class WarmstartSettings(Section):
     """Demonstrations per warm-start step."""
     seed: int = 0
     """Seed of the warm start's sampling and initial state."""
+    flawed_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Share of demonstrations drawn in a flawed style: the solution prints its result instead of
+    returning it (the most common novice bug; the hidden tests reject it). Real SFT data mixes
+    sources of uneven quality; with a share > 0 the warm-started policy is split between the two
+    styles and RL has to find out from reward alone which one passes. 0: every demonstration is
+    correct."""
 
 
 class ModelConfig(Section):

@@ -98,7 +98,10 @@ def resolve_model_dir(config: RunConfig, split: QuerySplit) -> Path:
         return base
     if config.benchmark.kind != "tiny":
         raise ValueError("model.warmstart needs demonstrations: only the bundled tiny benchmark ships them")
-    spec = WarmstartSpec(steps=warm.steps, lr=warm.lr, batch_size=warm.batch_size, seed=warm.seed)
+    spec = WarmstartSpec(
+        steps=warm.steps, lr=warm.lr, batch_size=warm.batch_size, seed=warm.seed,
+        flawed_fraction=warm.flawed_fraction,
+    )
     return cached_warmstart(base, config.cache_dir / "models", split.train, spec)
 
 

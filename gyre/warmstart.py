@@ -9,7 +9,12 @@ solution, the tool result, a `finish` call), renders them with the model's chat 
 exactly as the proxy renders a live request, and trains on the assistant turns only.
 
 It is deliberately short: the goal is a policy that solves some queries but not all, so
-the RL run has variance to learn from. The result is an ordinary HF model directory,
+the RL run has variance to learn from. Optionally (`flawed_fraction`) a share of the
+demonstrations is drawn in a flawed style, `print(x)` where the solution must `return x`,
+as SFT data from sources of uneven quality is: the warm-started policy then hesitates
+between the two styles on every function it writes, and RL must learn from reward alone
+which one the hidden tests accept. The flaw is one decision shared across task families,
+so what RL learns on training queries shows on held-out ones. The result is an ordinary HF model directory,
 cached under a name derived from everything that determines it, so `make run` builds it once.
 """
 
@@ -42,6 +47,7 @@ class WarmstartSpec:
     lr: float
     batch_size: int
     seed: int
+    flawed_fraction: float = 0.0
 
 
 def demonstration(query: Query, solution_file: str, solution: str) -> list[dict[str, Any]]:
@@ -55,6 +61,17 @@ def demonstration(query: Query, solution_file: str, solution: str) -> list[dict[
         {"role": "tool", "content": f"wrote {len(solution)} characters to {solution_file}"},
         {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": finish}]},
     ]
+
+
+def print_instead_of_return(solution: str) -> str:
+    """The flawed style of a solution: every `return x` line becomes `print(x)`."""
+    lines = []
+    for line in solution.split("\n"):
+        body = line.lstrip()
+        if body.startswith("return "):
+            line = f"{line[: len(line) - len(body)]}print({body[len('return '):]})"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def render(builder: PromptBuilder, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
@@ -103,13 +120,16 @@ def warmstart(base_model: Path, out: Path, queries: list[Query], spec: Warmstart
     """Fine-tune `base_model` on demonstrations for `queries`; write an HF model dir to `out`."""
     if spec.steps < 1:
         raise ValueError("warm start needs steps >= 1")
+    if not 0.0 <= spec.flawed_fraction <= 1.0:
+        raise ValueError(f"flawed_fraction must be in [0, 1], got {spec.flawed_fraction}")
     tokenizer = load_tokenizer(base_model)
     builder = PromptBuilder(tokenizer)
-    rows = []
+    rows, flawed = [], []
     for query in queries:
         solution_file, solution = tiny_reference(query)
-        ids, trainable = render(builder, demonstration(query, solution_file, solution))
-        rows.append(TrainSequence(ids, trainable, [0.0] * len(ids), [1.0] * len(ids), 0.0, query.query_id))
+        for out_rows, text in ((rows, solution), (flawed, print_instead_of_return(solution))):
+            ids, trainable = render(builder, demonstration(query, solution_file, text))
+            out_rows.append(TrainSequence(ids, trainable, [0.0] * len(ids), [1.0] * len(ids), 0.0, query.query_id))
     torch.manual_seed(spec.seed)
     rng = random.Random(spec.seed)
     model = load_causal_lm(base_model)
@@ -117,7 +137,11 @@ def warmstart(base_model: Path, out: Path, queries: list[Query], spec: Warmstart
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / spec.steps))
     for step in range(spec.steps):
-        batch = rng.sample(rows, min(spec.batch_size, len(rows)))
+        picks = rng.sample(range(len(rows)), min(spec.batch_size, len(rows)))
+        if spec.flawed_fraction > 0.0:
+            batch = [(flawed if rng.random() < spec.flawed_fraction else rows)[i] for i in picks]
+        else:
+            batch = [rows[i] for i in picks]
         loss = _sft_loss(model, batch, int(model.config.pad_token_id or 0))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

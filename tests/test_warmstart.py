@@ -82,3 +82,24 @@ def test_bad_split_and_warmstart_settings_are_refused(tmp_path):
         preflight(RunConfig.model_validate({**base, "evaluation": {"every_steps": 1}, "rollout": {"queries_per_step": 1}}))
     with pytest.raises(ValueError, match="exceeds"):
         preflight(RunConfig.model_validate({**base, "rollout": {"queries_per_step": 9}}))
+
+
+def test_flawed_style_prints_instead_of_returning():
+    from gyre.warmstart import print_instead_of_return
+
+    assert print_instead_of_return("def f(a, b):\n    return a + b\n") == "def f(a, b):\n    print(a + b)\n"
+    assert print_instead_of_return("X = 3\n") == "X = 3\n"  # nothing to return: unchanged
+
+
+def test_flawed_fraction_mixes_styles_and_is_part_of_the_cache_key(tmp_path, queries, tiny_model_dir):
+    from gyre.warmstart import spec_digest
+
+    clean = WarmstartSpec(steps=2, lr=1e-3, batch_size=2, seed=0)
+    mixed = WarmstartSpec(steps=2, lr=1e-3, batch_size=2, seed=0, flawed_fraction=0.5)
+    assert spec_digest(tiny_model_dir, queries, clean) != spec_digest(tiny_model_dir, queries, mixed)
+    a = warmstart(tiny_model_dir, tmp_path / "a", queries, clean)
+    b = warmstart(tiny_model_dir, tmp_path / "b", queries, mixed)
+    wa, wb = (load_file(str(p / "model.safetensors")) for p in (a, b))
+    assert any(not (wa[k] == wb[k]).all() for k in wa)  # different demonstrations, different weights
+    with pytest.raises(ValueError, match="flawed_fraction"):
+        warmstart(tiny_model_dir, tmp_path / "c", queries, WarmstartSpec(steps=1, lr=1e-3, batch_size=2, seed=0, flawed_fraction=1.5))

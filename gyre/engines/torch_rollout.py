@@ -106,7 +106,8 @@ class TorchRolloutEngine:
             return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout_s)
 
     def rng_state(self) -> torch.Tensor:
-        return self._generator.get_state()
+        with self._lock:  # never mid-batch
+            return self._generator.get_state()
 
     def set_rng_state(self, state: torch.Tensor) -> None:
         with self._lock:

@@ -32,6 +32,7 @@ from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
 from gyre.evaluators import evaluate_query
 from gyre.harnesses.base import HarnessOutcome, ModelEndpoint
 from gyre.harnesses import make_harness
+from gyre.harnesses.compaction import classifier_markers
 from gyre.harnesses.timeouts import execution_timeouts
 from gyre.progress import ProgressEvent, emit
 from gyre.proxy.app import ProxyDefaults, create_app
@@ -120,6 +121,9 @@ class Coordinator:
         )
         self.server = ServerThread(app).start()
         self.harness = make_harness(config.harness)
+        # the builtin agent's compaction prompt marks its compactions for the trajectory classifier
+        markers = [*config.trajectories.compaction_markers, *classifier_markers(config.harness)]
+        self.trajectory_config = config.trajectories.model_copy(update={"compaction_markers": list(dict.fromkeys(markers))})
         self.timeouts = execution_timeouts(config)
         self.isolation = Isolation.detect(config.sandbox.isolation)
         self.limits = SandboxLimits(
@@ -214,12 +218,12 @@ class Coordinator:
         advantages: dict[str, float] = {}
         for group in by_query.values():
             advantages.update(group_advantages(group, normalize_std=self.config.algo.normalize_std))
-        tokenizer = self.tokenizer if self.config.trajectories.compaction_markers else None
+        tokenizer = self.tokenizer if self.trajectory_config.compaction_markers else None
         batch = process_batch(
             {r.execution.execution_id: r.calls for r in results},
             advantages,
             settings_from_config(
-                self.config.trajectories, self.config.train.micro_batch_tokens, tokenizer, self.trainer.pair_cost
+                self.trajectory_config, self.config.train.micro_batch_tokens, tokenizer, self.trainer.pair_cost
             ),
         )
         sequences = batch.sequences

@@ -146,3 +146,12 @@ def test_defaults_offer_the_tools_they_always_did(tmp_path, tiny_tokenizer):
     _, outcome, calls, _, _ = _execute(tmp_path, tiny_tokenizer, "off", default, script)
     assert outcome.status is ExecutionStatus.completed and len(calls) == 2
     assert "unknown tool 'spawn_agent'" in tiny_tokenizer.decode(calls[1].prompt_ids)
+
+
+def test_a_compacting_builtin_agent_hands_its_prompt_to_the_classifier():
+    from gyre.config import HarnessConfig
+    from gyre.harnesses.compaction import classifier_markers
+
+    assert classifier_markers(HarnessConfig(type="builtin", compaction_threshold_tokens=512)) == [COMPACTION_PROMPT]
+    assert classifier_markers(HarnessConfig(type="builtin")) == []
+    assert classifier_markers(HarnessConfig(type="command", command=["true"])) == []

@@ -42,6 +42,14 @@ CONTINUATION_PREFIX = (
 TASK_HEADER = "\n\nThe task, as first given:\n"
 
 
+def classifier_markers(harness_config) -> list[str]:
+    """Compaction markers the run should give the trajectory classifier for this harness:
+    the builtin agent's own compaction prompt when it compacts, else none."""
+    if harness_config.type == "builtin" and harness_config.compaction_threshold_tokens:
+        return [COMPACTION_PROMPT]
+    return []
+
+
 def due(context_tokens: int, threshold_tokens: int | None) -> bool:
     return threshold_tokens is not None and context_tokens >= threshold_tokens
 

@@ -123,7 +123,9 @@ class Coordinator:
         self.harness = make_harness(config.harness)
         # the builtin agent's compaction prompt marks its compactions for the trajectory classifier
         markers = [*config.trajectories.compaction_markers, *classifier_markers(config.harness)]
-        self.trajectory_config = config.trajectories.model_copy(update={"compaction_markers": list(dict.fromkeys(markers))})
+        self.trajectory_config = config.trajectories.model_copy(
+            update={"compaction_markers": list(dict.fromkeys(markers))}
+        )
         self.timeouts = execution_timeouts(config)
         self.isolation = Isolation.detect(config.sandbox.isolation)
         self.limits = SandboxLimits(

@@ -14,8 +14,9 @@ demonstrations is drawn in a flawed style, `print(x)` where the solution must `r
 as SFT data from sources of uneven quality is: the warm-started policy then hesitates
 between the two styles on every function it writes, and RL must learn from reward alone
 which one the hidden tests accept. The flaw is one decision shared across task families,
-so what RL learns on training queries shows on held-out ones. The result is an ordinary HF model directory,
-cached under a name derived from everything that determines it, so `make run` builds it once.
+so what RL learns on training queries shows on held-out ones. The result is an ordinary HF
+model directory, cached under a name derived from everything that determines it, so
+`make run` builds it once.
 """
 
 from __future__ import annotations
@@ -124,12 +125,13 @@ def warmstart(base_model: Path, out: Path, queries: list[Query], spec: Warmstart
         raise ValueError(f"flawed_fraction must be in [0, 1], got {spec.flawed_fraction}")
     tokenizer = load_tokenizer(base_model)
     builder = PromptBuilder(tokenizer)
-    rows, flawed = [], []
-    for query in queries:
-        solution_file, solution = tiny_reference(query)
-        for out_rows, text in ((rows, solution), (flawed, print_instead_of_return(solution))):
-            ids, trainable = render(builder, demonstration(query, solution_file, text))
-            out_rows.append(TrainSequence(ids, trainable, [0.0] * len(ids), [1.0] * len(ids), 0.0, query.query_id))
+    def row(query: Query, solution_file: str, text: str) -> TrainSequence:
+        ids, trainable = render(builder, demonstration(query, solution_file, text))
+        return TrainSequence(ids, trainable, [0.0] * len(ids), [1.0] * len(ids), 0.0, query.query_id)
+
+    solutions = [(query, *tiny_reference(query)) for query in queries]
+    rows = [row(q, name, text) for q, name, text in solutions]
+    flawed = [row(q, name, print_instead_of_return(text)) for q, name, text in solutions] if spec.flawed_fraction else []
     torch.manual_seed(spec.seed)
     rng = random.Random(spec.seed)
     model = load_causal_lm(base_model)

@@ -16,7 +16,8 @@ The compaction call extends the agent's chain (its trajectory ends in the summar
 `main-summary`, or `sub-agent-summary` for a sub-agent); call k+1 is a fresh context that
 shares the system prompt and tools and carries the summary right after them, which is
 what `gyre.trajectories.classify` looks for (rule b). The prompt text is also a
-classifier hint: put `COMPACTION_PROMPT` in `trajectories.compaction_markers`.
+classifier hint: the coordinator adds `classifier_markers(harness config)` to
+`trajectories.compaction_markers`, so a compaction that ends an execution is found too.
 
 When: before a turn, if the context after the previous call (prompt + output tokens, as
 the proxy reported in `usage`) reached `threshold_tokens`. Tool results added since are

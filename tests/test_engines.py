@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import threading
 from pathlib import Path
 
@@ -164,3 +166,26 @@ def test_micro_batches_respect_the_token_budget():
     assert [len(b) for b in batches] == [2, 2, 1]  # [10,30] [5,40] [40]
     assert all(max(len(s.tokens) for s in b) * len(b) <= 80 for b in batches)
     assert micro_batches([TrainSequence([1] * 100, [True] * 100, [0.0] * 100, [0.0] * 100, 0.0)], 10)[0]
+
+
+def test_streamed_micro_steps_on_core_and_satellite_equal_one_batch(tiny_model_dir, tiny_tokenizer):
+    """What `gyre.live_cells` relies on: micro-steps accumulated on the core, plus a
+    satellite replica's reduced onto it, give the gradients of the whole step at once."""
+    rollout = TorchRolloutEngine(tiny_model_dir, seed=5)
+    seqs = _sampled_sequences(rollout, tiny_tokenizer, [1.0, -1.0, 0.5, -0.5])
+    rollout.close()
+    whole = TorchTrainEngine(tiny_model_dir, lr=1e-2)
+    whole.forward_backward(seqs, GSPO().loss)
+    core, satellite = TorchTrainEngine(tiny_model_dir, lr=1e-2), TorchTrainEngine(tiny_model_dir, lr=1e-2, seed=9)
+    satellite.copy_weights_from(core)
+    core.forward_backward(seqs[:1], GSPO().loss, accumulate=True)
+    satellite.forward_backward(seqs[1:3], GSPO().loss, accumulate=True)
+    core.forward_backward(seqs[3:], GSPO().loss, accumulate=True)
+    core.add_gradients_from(satellite)
+    assert all(p.grad is None for p in satellite.model.parameters())
+    for (name, mine), theirs in zip(core.model.named_parameters(), whole.model.parameters()):
+        assert torch.allclose(mine.grad, theirs.grad, atol=1e-6, rtol=1e-4), name
+    before = [p.detach().clone() for p in core.model.parameters()]
+    assert math.isclose(core.apply_gradients(), whole.apply_gradients(), rel_tol=1e-4)
+    assert core.steps_taken == 1 and all(p.grad is None for p in core.model.parameters())
+    assert any(not torch.equal(b, p) for b, p in zip(before, core.model.parameters()))

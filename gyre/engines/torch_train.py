@@ -241,10 +241,14 @@ class TorchTrainEngine:
         token_flops = 2 * sum(p.numel() for p in self.model.parameters())  # embedding ~ LM head matmul
         return pair_flops / token_flops
 
-    def forward_backward(self, sequences: list[TrainSequence], loss_fn: LossFn) -> TrainStats:
-        """Accumulate the gradients of the loss over micro-batches (no clip, no step).
+    def forward_backward(
+        self, sequences: list[TrainSequence], loss_fn: LossFn, accumulate: bool = False
+    ) -> TrainStats:
+        """Compute the gradients of the loss over micro-batches (no clip, no step).
 
-        The parameters' `.grad` hold the result; `grad_norm` is reported as 0. A non-finite
+        The parameters' `.grad` hold the result; `grad_norm` is reported as 0. With
+        `accumulate` the gradients add to those already held (a streamed step's
+        micro-steps, claimed one at a time); otherwise they replace them. A non-finite
         loss zeroes the gradients and raises `NonFiniteError`.
         """
         if not sequences:
@@ -252,7 +256,8 @@ class TorchTrainEngine:
         for seq in sequences:
             _check(seq)
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        if not accumulate:
+            self.optimizer.zero_grad(set_to_none=True)
         total_loss = 0.0
         abs_diff_sum = 0.0
         num_trained = 0
@@ -290,6 +295,14 @@ class TorchTrainEngine:
         if not sequences:
             raise ValueError("train_step needs at least one sequence")
         stats = self.forward_backward(sequences, loss_fn)
+        stats.grad_norm = self.apply_gradients()
+        return stats
+
+    def apply_gradients(self) -> float:
+        """Clip the held gradients, take one optimizer step, clear them; returns the norm.
+
+        A non-finite norm clears the gradients and raises `NonFiniteError` (weights unchanged).
+        """
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
@@ -298,8 +311,23 @@ class TorchTrainEngine:
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
         self.steps_taken += 1
-        stats.grad_norm = grad_norm
-        return stats
+        return grad_norm
+
+    def add_gradients_from(self, other: "TorchTrainEngine") -> None:
+        """Reduce a data-parallel replica's gradients into this one's (the in-process form of
+        a satellite's all-reduce onto the core cell), and clear the replica's."""
+        for mine, theirs in zip(self.model.parameters(), other.model.parameters(), strict=True):
+            if theirs.grad is None:
+                continue
+            if mine.grad is None:
+                mine.grad = theirs.grad.detach().clone()
+            else:
+                mine.grad.add_(theirs.grad)
+        other.optimizer.zero_grad(set_to_none=True)
+
+    def copy_weights_from(self, other: "TorchTrainEngine") -> None:
+        """Take another replica's weights (a satellite pulling the core's snapshot)."""
+        self.model.load_state_dict(other.model.state_dict())
 
     def save_snapshot(self, path: Path) -> Path:
         from safetensors.torch import save_model

@@ -105,7 +105,11 @@ def process_batch(
     calls_by_execution: Mapping[str, Sequence[Call] | Sequence[CallTokens]],
     advantages: Mapping[str, float],
     settings: ProcessorSettings = ProcessorSettings(),
+    num_executions: int | None = None,
 ) -> ProcessedBatch:
+    """`num_executions`: how many executions the loss averages over (default: the kept
+    executions of this batch). A micro-step of a larger optimizer step passes the step's
+    count, so its rows carry the weights they would have in the whole step."""
     unknown = sorted(set(advantages) - set(calls_by_execution))
     if unknown:
         raise KeyError(f"advantages given for unknown execution ids {unknown}")
@@ -136,4 +140,4 @@ def process_batch(
             continue
         plans.append(execution_plan)
     packer = make_packer(settings.packing, settings.row_tokens, settings.pair_cost)
-    return ProcessedBatch(packer.pack(plans, len(plans)), plans, drops)
+    return ProcessedBatch(packer.pack(plans, len(plans) if num_executions is None else num_executions), plans, drops)

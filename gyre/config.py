@@ -216,6 +216,23 @@ class AlgoConfig(Section):
     """Divide group-relative advantages by the group's standard deviation."""
 
 
+class SchedulerConfig(Section):
+    policy: Literal["colocate", "colocate-standalone", "colocate-streaming", "async", "async-streaming",
+                    "elastic", "elastic-single-step"] | None = None
+    """Drive the run with the cell scheduler (`gyre/cells/`) under this policy: the same
+    scheduler the simulator runs. null: the step-synchronous loop (dispatch a step's groups,
+    wait for all, train, publish), with an evaluation round every `evaluation.every_steps`."""
+    num_cells: int = Field(default=2, gt=0)
+    """Cells the box is cut into; each serves rollout with its own engine or trains with a
+    full replica (cell 0 is the core: the trainer that owns the optimizer)."""
+    slots_per_cell: int = Field(default=16, gt=0)
+    """Live executions one rollout cell hosts (at least one group)."""
+    lookahead_groups: int = Field(default=0, ge=0)
+    """Groups allowed in flight beyond one step's batch: the staleness room (0: d = 0)."""
+    executions_per_micro_step: int = Field(default=4, gt=0)
+    """Executions per streamed micro-step (must divide rollout.group_size)."""
+
+
 class RunConfig(Section):
     name: str = "gyre"
     """Run name, shown in the Prefect UI and recorded in DuckDB."""
@@ -245,6 +262,8 @@ class RunConfig(Section):
     """The RL objective and advantage estimation."""
     trajectories: TrajectoryConfig = TrajectoryConfig()
     """How recorded calls become trained trajectories: Jmax sampling, packing, classifier hints."""
+    scheduler: SchedulerConfig = SchedulerConfig()
+    """Cell scheduling on the box (off by default: the step-synchronous loop)."""
 
 
 M = TypeVar("M", bound=BaseModel)

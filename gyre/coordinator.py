@@ -150,11 +150,14 @@ class Coordinator:
         every = self.config.evaluation.every_steps
         return every > 0 and (step % every == 0 or step == total_steps)
 
-    def run_execution(self, query: Query, step: int, group_index: int, purpose: str = "train") -> ExecutionResult:
+    def run_execution(
+        self, query: Query, step: int, group_index: int, purpose: str = "train", policy_version: int | None = None
+    ) -> ExecutionResult:
+        """`policy_version`: the version the scheduler dispatched at (default: the newest published)."""
         prefix = "s" if purpose == "train" else "e"
         execution_id = f"{prefix}{step:04d}-{query.query_id}-g{group_index:02d}"
         key = self.sessions.mint(execution_id)
-        version = self.policy_version
+        version = self.policy_version if policy_version is None else policy_version
         started = utc_now()
         spec = task_spec(query)
         deadlines = self.timeouts.start(spec.agent_timeout_s)  # harness and overall timeouts, kept apart

@@ -31,3 +31,10 @@ class FileSnapshotTransport:
         for old in sorted(self.snapshot_dir.glob("policy-v*.safetensors"))[: -self.keep]:
             old.unlink()
         return path
+
+    def latest(self) -> Path:
+        """The newest published snapshot (a cell returning to rollout loads it)."""
+        snapshots = sorted(self.snapshot_dir.glob("policy-v*.safetensors"))
+        if not snapshots:
+            raise FileNotFoundError(f"{self.snapshot_dir}: no snapshot has been published yet")
+        return snapshots[-1]

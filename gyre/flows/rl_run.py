@@ -4,9 +4,11 @@ Before every N-th step (and after the last), an evaluation round samples the pol
 held-out queries. For each step: sample queries; dispatch a group of executions per query (each a task run,
 concurrent, all talking to the proxy); evaluate each kept workspace as soon as its
 execution ends; build trajectories and take one optimizer step; publish the new weights
-to the rollout engine; record everything in DuckDB. This is the Colocate schedule (the
-whole box flips between rollout and training); the elastic scheduler drives the same
-tasks in the scheduler issue.
+to the rollout engine; record everything in DuckDB. That step-synchronous loop is the
+default. With `scheduler.policy` set, the cell scheduler of `gyre/cells/` (the one the
+simulator runs) drives the box instead (`gyre.live_cells`): executions, streamed
+micro-steps, role switches and publications follow its commands, and the held-out
+evaluation runs before the first step and after the last.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from gyre.live_cells import LiveCells
 from gyre.config import load_config
 from gyre.coordinator import Coordinator
 from gyre.progress import ProgressEvent, emit
@@ -52,6 +55,20 @@ def rl_step(coord: Coordinator, step: int, eval_pass_rate: float | None = None) 
     return outcome.record
 
 
+def cells_run(coord: Coordinator, total: int) -> list[StepRecord]:
+    """The run under the cell scheduler: evaluate, let the cells train `total` steps, evaluate."""
+    cells = LiveCells(coord, total)  # first: a topology the policy cannot run fails before any work
+    try:
+        if coord.config.evaluation.every_steps:
+            eval_round(coord, 0)
+        records = cells.run()
+    finally:
+        cells.close()
+    if coord.config.evaluation.every_steps:
+        eval_round(coord, total)
+    return records
+
+
 @flow(name="rl-run", task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENT_TASKS))
 def rl_run(
     config_path: str, run_dir: str | None = None, steps: int | None = None, resume: bool = False
@@ -68,6 +85,13 @@ def rl_run(
     coord = Coordinator(config, Path(run_dir))
     try:
         total = steps or config.steps
+        if config.scheduler.policy is not None:
+            if resume or config.train.checkpoint_every:
+                raise ValueError("scheduler.policy: checkpoints and --resume are not supported with the cell scheduler yet")
+            emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir, "first_step": 0}))
+            records = cells_run(coord, total)
+            emit(ProgressEvent("run_finished", None, {"steps": total}))
+            return records
         first = coord.resume() if resume else 0
         emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir, "first_step": first}))
         records = []

@@ -1,0 +1,324 @@
+"""Real cells on one box, driven by the same `Scheduler` the simulator drives.
+
+The simulator answers the scheduler's commands with a simulated clock; this driver
+answers them with real work, on the wall clock:
+
+| command | what the driver does | event it reports |
+| --- | --- | --- |
+| `DispatchExecution` | run the harness through the proxy, then score the workspace | `ExecutionFinished` / `ExecutionTimedOut` |
+| `SwitchCell` to train | drain the cell's rollout engine out of the proxy's router (calls in flight move to other engines); a satellite also pulls the core's weights | `SwitchDone` |
+| `SwitchCell` to rollout | load the newest published weights into the cell's engine, route to it again | `SwitchDone` |
+| `ClaimMicroStep` | trajectories of the micro-step's executions, forward-backward on the cell's replica (gradients accumulate) | `MicroStepDone` |
+| `PullSnapshot` | a satellite copies the core's weights | `SnapshotPulled` |
+| `ApplyOptimizerStep` | reduce the satellites' gradients onto the core, clip, step, record the step | `OptimizerStepDone` |
+| `PublishWeights` | snapshot to every routed rollout engine | `WeightsPublished` |
+
+A cell here is a logical slice of the box: its own rollout engine (cell 0 uses the
+coordinator's) and, in the train role, a full training replica (cell 0's is the
+coordinator's trainer, the core; satellites get their own). On a cluster the same
+commands go to cell workers on separate nodes; the scheduler cannot tell the difference.
+
+Commands are carried out by worker threads; their results come back as events on one
+queue, and only the loop thread talks to the scheduler. A worker that raises stops the
+run with that error. Every micro-step's rows are weighted as part of the whole step
+(`process_batch(num_executions=...)`): the loss averages over the step's nominal
+executions, so an execution dropped for a failed evaluation lowers the step's weight
+slightly instead of being renormalised away as in the step-synchronous loop.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from gyre.algo.advantages import group_advantages
+from gyre.cells import events as ev
+from gyre.cells.events import Role
+from gyre.cells.registry import make_policy
+from gyre.cells.scheduler import Scheduler
+from gyre.cells.topology import BatchShape, SchedulingConfigError, Topology
+from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
+from gyre.engines.torch_rollout import TorchRolloutEngine
+from gyre.engines.torch_train import TorchTrainEngine
+from gyre.progress import ProgressEvent, emit
+from gyre.records import ExecutionStatus, Score, StepRecord, utc_now
+from gyre.trajectories.processor import process_batch, settings_from_config
+
+TIMED_OUT = {
+    ExecutionStatus.harness_timeout: ev.ExecutionEnd.harness_timeout,
+    ExecutionStatus.overall_timeout: ev.ExecutionEnd.overall_timeout,
+}
+
+
+@dataclass
+class LiveCell:
+    cell_id: int
+    engine: TorchRolloutEngine
+    trainer: TorchTrainEngine | None = None
+    """The core's trainer (cell 0) or a satellite replica, created when first needed."""
+
+
+@dataclass
+class StepBooks:
+    """What one optimizer step has accumulated across its micro-steps."""
+
+    started_at: object = field(default_factory=utc_now)
+    loss: float = 0.0
+    abs_diff_sum: float = 0.0
+    tokens: int = 0
+    satellites: set[int] = field(default_factory=set)
+
+
+@dataclass
+class CommandLog:
+    """Every command carried out, with its wall time (tests and reports read it)."""
+
+    entries: list[tuple[float, ev.Command]] = field(default_factory=list)
+
+    def of(self, kind: type) -> list[ev.Command]:
+        return [c for _, c in self.entries if isinstance(c, kind)]
+
+
+class LiveCells:
+    def __init__(self, coord: Coordinator, steps: int, check_invariants: bool = True) -> None:
+        cfg = coord.config.scheduler
+        if cfg.policy is None:
+            raise SchedulingConfigError("scheduler.policy is null: the run uses the step-synchronous loop")
+        rollout = coord.config.rollout
+        self.coord = coord
+        self.steps = steps
+        self.shape = BatchShape(rollout.queries_per_step, rollout.group_size, cfg.executions_per_micro_step, steps)
+        topology = Topology(cfg.num_cells, 1, cfg.slots_per_cell)
+        self.clock: Callable[[], float] = time.monotonic
+        self.scheduler = Scheduler(
+            make_policy(cfg.policy, lookahead_groups=cfg.lookahead_groups),
+            topology, self.shape, self.clock, check_invariants=check_invariants,
+        )  # fmt: skip
+        self.cells = [LiveCell(0, coord.rollout, coord.trainer)]
+        for i in range(1, cfg.num_cells):
+            engine = TorchRolloutEngine(
+                coord.model_dir, f"cell-{i}", max_batch_size=rollout.max_batch_size,
+                seed=coord.config.seed + i, policy_version=coord.policy_version,
+            )  # fmt: skip
+            engine.model.load_state_dict(coord.rollout.model.state_dict())
+            self.cells.append(LiveCell(i, engine))
+        for cell, state in zip(self.cells, self.scheduler.state.cells):
+            (coord.router.register if state.role is Role.rollout else self._unroute)(cell.engine)
+        self.events: queue.Queue[ev.Event | BaseException] = queue.Queue()
+        # every execution the staleness room allows in flight, plus each cell's train work
+        in_flight = (rollout.queries_per_step + cfg.lookahead_groups) * rollout.group_size
+        self.pool = ThreadPoolExecutor(max_workers=in_flight + 2 * cfg.num_cells + 2)
+        self.results: dict[int, ExecutionResult] = {}
+        self.scores: dict[int, Score] = {}
+        self.advantages: dict[str, float] = {}
+        self.books: dict[int, StepBooks] = {}
+        self.records: list[StepRecord] = []
+        self.log = CommandLog()
+        self._train_locks = {cell.cell_id: threading.Lock() for cell in self.cells}
+        self._core_weights = threading.Lock()  # a satellite never copies the core mid-update
+        self._publishing = threading.Lock()  # a cell rejoining rollout never misses a publication
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> list[StepRecord]:
+        """Run until the scheduler has applied `steps` updates and the last one is published."""
+        commands = self.scheduler.start()
+        try:
+            while not self.scheduler.state.done():
+                self._carry_out(commands)
+                commands = self.scheduler.handle(self._next_event())
+            # the last update's publication (all dispatched groups were consumed: nothing else runs)
+            for command in commands:
+                if isinstance(command, ev.PublishWeights):
+                    self.log.entries.append((self.clock(), command))
+                    self._publish(command.version)
+        except BaseException:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        self.pool.shutdown(wait=True)
+        return self.records
+
+    def _next_event(self) -> ev.Event:
+        event = self.events.get()
+        if isinstance(event, BaseException):
+            raise event
+        return event
+
+    def close(self) -> None:
+        """Hand the box back to the coordinator: its own engine routed, with the newest weights
+        (it missed the publications made while cell 0 trained), the other cells' engines closed."""
+        for cell in self.cells[1:]:
+            self.coord.router.deregister(cell.engine.engine_id)
+            cell.engine.close()
+        self._route_current(self.coord.rollout)
+
+    def _carry_out(self, commands: list[ev.Command]) -> None:
+        for command in commands:
+            self.log.entries.append((self.clock(), command))
+            match command:
+                case ev.DispatchExecution():
+                    self._submit(self._execute, command)
+                case ev.SwitchCell():
+                    self._submit(self._switch, command)
+                case ev.ClaimMicroStep():
+                    self._submit(self._micro_step, command)
+                case ev.PullSnapshot(cell_id=cid, version=version):
+                    self._submit(self._pull, cid, version)
+                case ev.ApplyOptimizerStep():
+                    self._submit(self._optimizer_step, command)
+                case ev.PublishWeights(version=version):
+                    self._submit(self._publish, version)
+
+    def _submit(self, fn: Callable[..., ev.Event | None], *args: object) -> None:
+        def work() -> None:
+            try:
+                event = fn(*args)
+            except BaseException as exc:  # deliberate: a worker's error ends the run, in the loop
+                self.events.put(exc)
+                return
+            if event is not None:
+                self.events.put(event)
+
+        self.pool.submit(work)
+
+    # ------------------------------------------------------------------ commands
+
+    def _execute(self, command: ev.DispatchExecution) -> ev.Event:
+        q, g = self.shape.queries_per_step, self.shape.group_size
+        block = command.group_id // q
+        query = self.coord.sample_queries(block)[command.group_id % q]
+        self.events.put(ev.ExecutionDispatched(command.execution_id))
+        result = self.coord.run_execution(query, block, command.execution_id % g, policy_version=command.policy_version)
+        score = self.coord.evaluate(result)
+        self.results[command.execution_id] = result
+        self.scores[command.execution_id] = score
+        tokens = sum(len(c.output_ids) for c in result.calls)
+        end = TIMED_OUT.get(result.execution.status)
+        if end is None:
+            return ev.ExecutionFinished(command.execution_id, tokens)
+        return ev.ExecutionTimedOut(command.execution_id, tokens, end)
+
+    def _unroute(self, engine: TorchRolloutEngine) -> None:
+        self.coord.router.deregister(engine.engine_id)
+
+    def _switch(self, command: ev.SwitchCell) -> ev.Event:
+        cell = self.cells[command.cell_id]
+        if command.role is Role.train:
+            self.coord.router.drain(cell.engine.engine_id)
+            self._unroute(cell.engine)
+            if command.pull_snapshot:
+                self._pull(cell.cell_id, self.coord.trainer.steps_taken)
+        else:
+            self._route_current(cell.engine)
+        return ev.SwitchDone(command.cell_id, command.role)
+
+    def _route_current(self, engine: TorchRolloutEngine) -> None:
+        """Load the newest published weights into `engine` and route calls to it again; under
+        the publication lock, so a publication in progress cannot miss the engine."""
+        with self._publishing:
+            published = self.coord.policy_version
+            if engine.policy_version != published:
+                engine.load_weights(self.coord.transport.latest(), published)
+            self.coord.router.register(engine)
+
+    def _replica(self, cell: LiveCell) -> TorchTrainEngine:
+        if cell.trainer is None:
+            cfg = self.coord.config
+            cell.trainer = TorchTrainEngine(
+                self.coord.model_dir, lr=cfg.train.lr, grad_clip=cfg.train.grad_clip,
+                micro_batch_tokens=cfg.train.micro_batch_tokens, temperature=cfg.rollout.temperature,
+                seed=cfg.seed + cell.cell_id,
+            )  # fmt: skip
+        return cell.trainer
+
+    def _pull(self, cell_id: int, version: int) -> ev.Event:
+        replica = self._replica(self.cells[cell_id])
+        with self._core_weights:
+            replica.copy_weights_from(self.coord.trainer)
+        return ev.SnapshotPulled(cell_id, version)
+
+    def _group_advantages(self, group_id: int) -> None:
+        g = self.shape.group_size
+        eids = range(group_id * g, (group_id + 1) * g)
+        scores = {self.results[e].execution.execution_id: self.scores[e].score for e in eids}
+        self.advantages.update(group_advantages(scores, normalize_std=self.coord.config.algo.normalize_std))
+
+    def _micro_step(self, command: ev.ClaimMicroStep) -> ev.Event:
+        cell = self.cells[command.cell_id]
+        group_id = command.execution_ids[0] // self.shape.group_size
+        if self.results[command.execution_ids[0]].execution.execution_id not in self.advantages:
+            self._group_advantages(group_id)
+        results = [self.results[e] for e in command.execution_ids]
+        coord = self.coord
+        tokenizer = coord.tokenizer if coord.trajectory_config.compaction_markers else None
+        trainer = self._replica(cell)
+        batch = process_batch(
+            {r.execution.execution_id: r.calls for r in results},
+            {r.execution.execution_id: self.advantages[r.execution.execution_id] for r in results
+             if self.advantages.get(r.execution.execution_id) is not None},
+            settings_from_config(coord.trajectory_config, coord.config.train.micro_batch_tokens, tokenizer,
+                                 trainer.pair_cost),
+            num_executions=self.shape.executions_per_step,
+        )  # fmt: skip
+        emit(ProgressEvent("trajectories_processed", command.step_index, {
+            **batch.stats(), "drops": [{"execution_id": d.execution_id, "reason": d.reason} for d in batch.drops],
+        }))  # fmt: skip
+        books = self.books.setdefault(command.step_index, StepBooks())
+        with self._train_locks[cell.cell_id]:
+            if batch.sequences:
+                stats = trainer.forward_backward(batch.sequences, coord.algorithm.loss, accumulate=True)
+                books.loss += stats.loss
+                books.abs_diff_sum += stats.logprob_abs_diff * stats.tokens_trained
+                books.tokens += stats.tokens_trained
+                if cell.cell_id != 0:
+                    books.satellites.add(cell.cell_id)
+        return ev.MicroStepDone(command.cell_id, command.micro_step_id)
+
+    def _optimizer_step(self, command: ev.ApplyOptimizerStep) -> ev.Event:
+        core = self.coord.trainer
+        books = self.books.pop(command.step_index, StepBooks())
+        for cid in sorted(books.satellites):
+            with self._train_locks[cid]:
+                core.add_gradients_from(self.cells[cid].trainer)
+        with self._core_weights:
+            grad_norm = core.apply_gradients() if books.tokens else None
+        self._record(command.step_index, books, grad_norm)
+        return ev.OptimizerStepDone(command.cell_id, command.step_index + 1)
+
+    def _record(self, step: int, books: StepBooks, grad_norm: float | None) -> None:
+        state = self.scheduler.state
+        g = self.shape.group_size
+        eids = [gid * g + i for gid in state.steps[step].group_ids for i in range(g)]
+        results = [self.results[e] for e in eids]
+        scores = [self.scores[e] for e in eids]
+        valid = [s.score for s in scores if s.score is not None]
+        staleness = {r.execution.execution_id: step - r.execution.policy_version_dispatched for r in results}
+        record = StepRecord(
+            step=step,
+            policy_version=step + 1 if grad_norm is not None else step,
+            reward_mean=sum(valid) / len(valid) if valid else None,
+            num_executions=len(results),
+            num_dropped=len(scores) - len(valid),
+            mean_staleness=sum(staleness.values()) / len(staleness),
+            logprob_abs_diff=books.abs_diff_sum / books.tokens if books.tokens else None,
+            loss=books.loss if books.tokens else None,
+            grad_norm=grad_norm,
+            tokens_trained=books.tokens,
+            skipped_reason=None if books.tokens else "no trainable tokens",
+            started_at=books.started_at,
+            finished_at=utc_now(),
+        )
+        advantages = {r.execution.execution_id: self.advantages.get(r.execution.execution_id) for r in results}
+        outcome = StepOutcome(record, {k: v for k, v in advantages.items() if v is not None}, staleness)
+        self.coord.record_step(outcome, results, scores)
+        self.records.append(record)
+        emit(ProgressEvent("cells", step, {"roles": [c.role.value for c in state.cells]}))
+
+    def _publish(self, version: int) -> ev.Event:
+        with self._publishing:
+            self.coord.publish_weights(version)
+        return ev.WeightsPublished(version)

@@ -1,0 +1,102 @@
+"""Real cells driven by the pure scheduler: the simulator's decisions, carried out on the box.
+
+The tiny model really rolls out through the proxy, micro-steps really run forward-backward
+on the core and satellite replicas, switches really drain engines out of the router, and
+the run lands in DuckDB like the step-synchronous loop's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import duckdb
+import pytest
+
+from gyre.cells import events as ev
+from gyre.cells.events import Role
+from gyre.live_cells import LiveCells
+from gyre.config import RunConfig
+from gyre.coordinator import Coordinator
+
+
+def _config(tiny_model_dir, tmp_path, **scheduler) -> RunConfig:
+    return RunConfig.model_validate({
+        "name": "live", "steps": 3, "cache_dir": str(tmp_path / "cache"),
+        "model": {"path": str(tiny_model_dir)},
+        "benchmark": {"num_queries": 16},
+        "rollout": {"queries_per_step": 2, "group_size": 4, "max_new_tokens": 24},
+        "harness": {"max_turns": 2},
+        "train": {"lr": 3e-4},
+        "scheduler": scheduler,
+    })  # fmt: skip
+
+
+def _run(config: RunConfig, run_dir) -> tuple[LiveCells, list]:
+    coord = Coordinator(config, run_dir)
+    cells = LiveCells(coord, config.steps)
+    try:
+        records = cells.run()
+        cells.close()
+        # the box is handed back with the newest weights on the coordinator's own engine
+        assert coord.rollout.policy_version == coord.policy_version == config.steps
+        assert [e.engine_id for e in coord.router.engines()] == [coord.rollout.engine_id]
+    finally:
+        coord.close()
+    return cells, records
+
+
+@pytest.mark.slow
+def test_elastic_cells_train_and_record(tiny_model_dir, tmp_path):
+    config = _config(
+        tiny_model_dir, tmp_path, policy="elastic", num_cells=3, slots_per_cell=8, lookahead_groups=2,
+        executions_per_micro_step=2,
+    )
+    cells, records = _run(config, tmp_path / "run")
+    assert [r.step for r in records] == [0, 1, 2]
+    assert [r.policy_version for r in records] == [1, 2, 3]
+    assert all(r.tokens_trained > 0 and r.grad_norm is not None and math.isfinite(r.grad_norm) for r in records)
+    assert cells.coord.trainer.steps_taken == 3
+    assert [c.version for c in cells.log.of(ev.PublishWeights)] == [1, 2, 3]
+    # the waterlevel moved cells: some went to train and came back, every micro-step ran once
+    switches = cells.log.of(ev.SwitchCell)
+    assert any(s.role is Role.train for s in switches)
+    claims = cells.log.of(ev.ClaimMicroStep)
+    assert len({c.micro_step_id for c in claims}) == len(claims) == 3 * 2 * 4 // 2
+    # satellites joined the in-flight batches; their gradients were reduced onto the core
+    assert any(c.cell_id != 0 for c in claims)
+    assert any(a.num_satellites > 0 for a in cells.log.of(ev.ApplyOptimizerStep))
+    # dispatch ran ahead of training: some executions were consumed by a later version
+    con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
+    rows = con.execute("select count(*), max(staleness), count(score) from executions where purpose = 'train'").fetchone()
+    assert rows[0] == 24 and rows[2] == 24
+    assert rows[1] >= 1
+    steps = con.execute("select step, mean_staleness from steps order by step").fetchall()
+    assert [s[0] for s in steps] == [0, 1, 2]
+    assert steps[0][1] == 0.0 and max(s[1] for s in steps) > 0
+
+
+@pytest.mark.slow
+def test_colocate_cells_match_the_synchronous_schedule(tiny_model_dir, tmp_path):
+    config = _config(tiny_model_dir, tmp_path, policy="colocate", num_cells=1, slots_per_cell=8)
+    cells, records = _run(config, tmp_path / "run")
+    assert [r.policy_version for r in records] == [1, 2, 3]
+    assert all(r.mean_staleness == 0.0 for r in records)  # no lookahead: d = 0, as in the step loop
+    roles = [s.role for s in cells.log.of(ev.SwitchCell)]
+    assert roles == [Role.train, Role.rollout] * 2 + [Role.train]  # the whole pool flips each step
+    assert all(r.logprob_abs_diff is not None and r.logprob_abs_diff < 1e-3 for r in records)
+
+
+def test_a_topology_the_policy_cannot_run_is_refused_before_any_work(tiny_model_dir, tmp_path):
+    from gyre.cells.topology import SchedulingConfigError
+
+    coord = Coordinator(_config(tiny_model_dir, tmp_path, policy="elastic", num_cells=1), tmp_path / "run")
+    try:
+        with pytest.raises(SchedulingConfigError, match="needs at least 2 cells"):
+            LiveCells(coord, 2)
+        bad = _config(tiny_model_dir, tmp_path, policy="colocate", num_cells=1, slots_per_cell=2)
+        coord.config = bad
+        with pytest.raises(SchedulingConfigError, match="fewer than one group"):
+            LiveCells(coord, 2)
+    finally:
+        coord.close()
+    assert not list((tmp_path / "run" / "workspaces").glob("*"))

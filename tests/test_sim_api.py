@@ -56,3 +56,27 @@ def test_gantt_and_duckdb(tmp_path):
     path = tmp_path / "sweep.duckdb"
     api.write_results([result], path)
     assert duckdb.connect(str(path)).execute("SELECT count(*) FROM sim_results").fetchone()[0] == 1
+    # a file written before the bound columns existed keeps its rows and gains the columns
+    old = duckdb.connect(str(tmp_path / "old.duckdb"))
+    old.execute("CREATE TABLE sim_results (sweep_id VARCHAR, run_index INTEGER, policy VARCHAR, makespan_h DOUBLE)")
+    old.execute("INSERT INTO sim_results VALUES ('before', 0, 'colocate', 9.5)")
+    api.write_results([result], old, sweep_id="after")
+    rows = old.execute("SELECT sweep_id, run_index, policy, lower_bound_room_h IS NULL FROM sim_results ORDER BY run_index")
+    assert rows.fetchall() == [("before", 0, "colocate", True), ("after", 1, "elastic", False)]
+
+
+@pytest.mark.parametrize("workload", ["deepswe-122b", "nl2repo-122b"])
+def test_every_lower_bound_holds_for_every_policy_room_and_seed(workload):
+    """The room bound claims no schedule with the same staleness room finishes sooner: check
+    it (and the work and critical-path bounds) against every policy, several rooms and seeds."""
+    from gyre.sim.tuning import run_once
+    from gyre.sim.workloads import get_workload
+
+    spec = get_workload(workload)
+    for policy in api.policy_names():
+        for lookahead in (0, 5, 17, 40):
+            for seed in (0, 1):
+                r = run_once(spec, policy, 8, lookahead, seed=seed)
+                for bound in (r.lower_bound_work_h, r.lower_bound_critical_path_h, r.lower_bound_room_h):
+                    assert bound <= r.makespan_h * (1 + 1e-9), (policy, lookahead, seed, bound, r.makespan_h)
+                assert r.capacity_efficiency <= r.efficiency <= 1.0

@@ -29,7 +29,11 @@ RESULT_COLUMNS = {
     "makespan_h": "DOUBLE",
     "mean_staleness": "DOUBLE",
     "lower_bound_h": "DOUBLE",
+    "lower_bound_work_h": "DOUBLE",
+    "lower_bound_critical_path_h": "DOUBLE",
+    "lower_bound_room_h": "DOUBLE",
     "efficiency": "DOUBLE",
+    "capacity_efficiency": "DOUBLE",
     "busy_h": "DOUBLE",
     "idle_h": "DOUBLE",
     "switching_h": "DOUBLE",
@@ -49,10 +53,13 @@ CELL_COLUMNS = {
 
 def _insert(con: duckdb.DuckDBPyConnection, table: str, columns: dict[str, str], rows: list[dict]) -> None:
     con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(f'{c} {t}' for c, t in columns.items())})")
+    for column, kind in columns.items():  # a file written before a column existed gains it (old rows: NULL)
+        con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}")
     if not rows:
         return
     selects = ", ".join(f"unnest(?::{t}[]) AS {c}" for c, t in columns.items())
-    con.execute(f"INSERT INTO {table} SELECT {selects}", [[row[c] for row in rows] for c in columns])
+    names = ", ".join(columns)
+    con.execute(f"INSERT INTO {table} ({names}) SELECT {selects}", [[row[c] for row in rows] for c in columns])
 
 
 def write(results: list[SimResult], db: duckdb.DuckDBPyConnection | str | Path, sweep_id: str = "") -> int:

@@ -18,9 +18,10 @@ coordinator's) and, in the train role, a full training replica (cell 0's is the
 coordinator's trainer, the core; satellites get their own). On a cluster the same
 commands go to cell workers on separate nodes; the scheduler cannot tell the difference.
 
-Commands are carried out by worker threads; their results come back as events on one
-queue, and only the loop thread talks to the scheduler. A worker that raises stops the
-run with that error. Every micro-step's rows are weighted as part of the whole step
+Commands are carried out by worker threads (the run flow launches each as a Prefect task
+run, so the UI shows every execution, switch, micro-step and publication); their results
+come back as events on one queue, and only the loop thread talks to the scheduler. A
+worker that raises stops the run with that error. Every micro-step's rows are weighted as part of the whole step
 (`process_batch(num_executions=...)`): the loss averages over the step's nominal
 executions, so an execution dropped for a failed evaluation lowers the step's weight
 slightly instead of being renormalised away as in the step-synchronous loop.
@@ -32,8 +33,9 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gyre.algo.advantages import group_advantages
 from gyre.cells import events as ev
@@ -83,8 +85,18 @@ class CommandLog:
         return [c for _, c in self.entries if isinstance(c, kind)]
 
 
+class Launcher(Protocol):
+    """Starts one command's work; the run flow passes one that makes each a Prefect task run."""
+
+    def __call__(self, name: str, fn: Callable[..., ev.Event | None], args: tuple) -> Future: ...
+
+
 class LiveCells:
-    def __init__(self, coord: Coordinator, steps: int, check_invariants: bool = True) -> None:
+    def __init__(
+        self, coord: Coordinator, steps: int, launch: Launcher | None = None, check_invariants: bool = True
+    ) -> None:
+        """`launch`: how a command's work starts (default: this driver's thread pool); whatever
+        it returns must offer `add_done_callback` and `result` (concurrent or Prefect futures)."""
         cfg = coord.config.scheduler
         if cfg.policy is None:
             raise SchedulingConfigError("scheduler.policy is null: the run uses the step-synchronous loop")
@@ -112,6 +124,8 @@ class LiveCells:
         # every execution the staleness room allows in flight, plus each cell's train work
         in_flight = (rollout.queries_per_step + cfg.lookahead_groups) * rollout.group_size
         self.pool = ThreadPoolExecutor(max_workers=in_flight + 2 * cfg.num_cells + 2)
+        self.launch: Launcher = launch or self._thread
+        self._pending: set[Future] = set()
         self.results: dict[int, ExecutionResult] = {}
         self.scores: dict[int, Score] = {}
         self.advantages: dict[str, float] = {}
@@ -136,6 +150,8 @@ class LiveCells:
                 if isinstance(command, ev.PublishWeights):
                     self.log.entries.append((self.clock(), command))
                     self._publish(command.version)
+            for future in list(self._pending):  # pulls and switches the last update set off
+                future.result()
         except BaseException:
             self.pool.shutdown(wait=False, cancel_futures=True)
             raise
@@ -160,30 +176,37 @@ class LiveCells:
         for command in commands:
             self.log.entries.append((self.clock(), command))
             match command:
-                case ev.DispatchExecution():
-                    self._submit(self._execute, command)
-                case ev.SwitchCell():
-                    self._submit(self._switch, command)
-                case ev.ClaimMicroStep():
-                    self._submit(self._micro_step, command)
+                case ev.DispatchExecution(execution_id=eid, group_id=gid):
+                    self._submit(f"execute-g{gid}-x{eid}", self._execute, command)
+                case ev.SwitchCell(cell_id=cid, role=role):
+                    self._submit(f"switch-cell{cid}-to-{role.value}", self._switch, command)
+                case ev.ClaimMicroStep(cell_id=cid, micro_step_id=mid, step_index=step):
+                    self._submit(f"micro-step-{mid}-of-step-{step}-on-cell{cid}", self._micro_step, command)
                 case ev.PullSnapshot(cell_id=cid, version=version):
-                    self._submit(self._pull, cid, version)
-                case ev.ApplyOptimizerStep():
-                    self._submit(self._optimizer_step, command)
+                    self._submit(f"pull-v{version}-to-cell{cid}", self._pull, cid, version)
+                case ev.ApplyOptimizerStep(step_index=step, num_satellites=sats):
+                    self._submit(f"optimizer-step-{step}-with-{sats}-satellites", self._optimizer_step, command)
                 case ev.PublishWeights(version=version):
-                    self._submit(self._publish, version)
+                    self._submit(f"publish-weights-v{version}", self._publish, version)
 
-    def _submit(self, fn: Callable[..., ev.Event | None], *args: object) -> None:
-        def work() -> None:
-            try:
-                event = fn(*args)
-            except BaseException as exc:  # deliberate: a worker's error ends the run, in the loop
-                self.events.put(exc)
-                return
-            if event is not None:
-                self.events.put(event)
+    def _submit(self, name: str, fn: Callable[..., ev.Event | None], *args: object) -> None:
+        """Start `fn(*args)` through the launcher; its event (or error) comes back on the queue."""
+        future = self.launch(name, fn, args)
+        self._pending.add(future)
+        future.add_done_callback(self._done)
 
-        self.pool.submit(work)
+    def _done(self, future: Future) -> None:
+        self._pending.discard(future)
+        try:
+            event = future.result()
+        except BaseException as exc:  # deliberate: a worker's error ends the run, in the loop
+            self.events.put(exc)
+            return
+        if event is not None:
+            self.events.put(event)
+
+    def _thread(self, name: str, fn: Callable[..., ev.Event | None], args: tuple) -> Future:
+        return self.pool.submit(fn, *args)
 
     # ------------------------------------------------------------------ commands
 

@@ -72,6 +72,31 @@ def test_two_steps_land_in_duckdb(tmp_path, tiny_model_dir):
     assert con.execute("select count(*) from steps").fetchone() == (2,)
 
 
+@pytest.mark.slow
+def test_the_cell_scheduler_drives_a_run_through_the_flow(tmp_path, tiny_model_dir):
+    """`scheduler.policy` set: the flow hands the box to the scheduler; every command is a
+    Prefect task run; steps, executions (with staleness) and both evaluations land."""
+    config = _config(
+        tmp_path, tmp_path / "cache",
+        f"model:\n  path: {tiny_model_dir}\nbenchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
+        "evaluation:\n  every_steps: 1\n  samples_per_query: 1\n  max_queries: 2\n"
+        "scheduler:\n  policy: elastic\n  num_cells: 2\n  slots_per_cell: 4\n  lookahead_groups: 1\n"
+        "  executions_per_micro_step: 1\n",
+    )
+    proc = _gyre("run", "--config", str(config), "--steps", "3", "--run-dir", "run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "held-out eval pass rate" in proc.stdout
+    con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
+    steps = con.execute("select step, policy_version, num_executions from steps order by step").fetchall()
+    assert steps == [(0, 1, 4), (1, 2, 4), (2, 3, 4)]
+    train = con.execute("select count(*), count(score), max(staleness) from executions where purpose = 'train'")
+    assert train.fetchone()[:2] == (12, 12)
+    evals = con.execute("select step, policy_version from evals order by step").fetchall()
+    assert evals == [(0, 0), (3, 3)]  # before the first step and after the last, on the last weights
+    assert con.execute("select distinct c.policy_version from calls c join executions e using (execution_id) "
+                       "where e.purpose = 'eval' and e.step = 3").fetchall() == [(3,)]
+
+
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [

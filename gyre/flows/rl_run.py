@@ -19,12 +19,14 @@ from pathlib import Path
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from gyre.live_cells import LiveCells
 from gyre.config import load_config
 from gyre.coordinator import Coordinator
+from gyre.live_cells import LiveCells
 from gyre.progress import ProgressEvent, emit
 from gyre.records import EvalRecord, StepRecord, utc_now
-from gyre.tasks.step import checkpoint, evaluate, execute, publish_weights, record, record_eval, train
+from gyre.tasks.step import (
+    checkpoint, evaluate, execute, launch_cell_command, publish_weights, record, record_eval, train,
+)
 
 MAX_CONCURRENT_TASKS = 256
 
@@ -57,7 +59,7 @@ def rl_step(coord: Coordinator, step: int, eval_pass_rate: float | None = None) 
 
 def cells_run(coord: Coordinator, total: int) -> list[StepRecord]:
     """The run under the cell scheduler: evaluate, let the cells train `total` steps, evaluate."""
-    cells = LiveCells(coord, total)  # first: a topology the policy cannot run fails before any work
+    cells = LiveCells(coord, total, launch=launch_cell_command)  # first: a topology the policy cannot run fails before any work
     try:
         if coord.config.evaluation.every_steps:
             eval_round(coord, 0)

@@ -1,11 +1,14 @@
-"""The tasks of one RL step (execute, evaluate, train, publish weights, record) and of an
-evaluation round (execute and evaluate with purpose "eval", record-eval)."""
+"""The tasks of one RL step (execute, evaluate, train, publish weights, record), of an
+evaluation round (execute and evaluate with purpose "eval", record-eval), and the one task
+that carries out a command of the cell scheduler (`cell-command`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from prefect import task
+from prefect.futures import PrefectFuture
 from prefect.cache_policies import NONE
 
 from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
@@ -47,3 +50,14 @@ def record_eval(coord: Coordinator, step: int, results: list[ExecutionResult], s
 @task(name="checkpoint", task_run_name="checkpoint-after-step-{step}", cache_policy=NONE)
 def checkpoint(coord: Coordinator, step: int) -> None:
     coord.checkpoint(step)
+
+
+@task(name="cell-command", task_run_name="{name}", cache_policy=NONE)
+def cell_command(name: str, fn: Callable[..., object], args: tuple) -> object:
+    """One command of the cell scheduler carried out (`gyre.live_cells`), as its own task run."""
+    return fn(*args)
+
+
+def launch_cell_command(name: str, fn: Callable[..., object], args: tuple) -> PrefectFuture:
+    """The `Launcher` the run flow gives `LiveCells`: every command's work is a task run."""
+    return cell_command.submit(name, fn, args)

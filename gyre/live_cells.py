@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from gyre.algo.advantages import group_advantages
@@ -309,6 +309,8 @@ class LiveCells:
                 core.add_gradients_from(self.cells[cid].trainer)
         with self._core_weights:
             grad_norm = core.apply_gradients() if books.tokens else None
+            if self.coord.checkpoint_due(command.step_index, self.steps):
+                self.coord.checkpoint(command.step_index)
         self._record(command.step_index, books, grad_norm)
         return ev.OptimizerStepDone(command.cell_id, command.step_index + 1)
 
@@ -316,13 +318,18 @@ class LiveCells:
         state = self.scheduler.state
         g = self.shape.group_size
         eids = [gid * g + i for gid in state.steps[step].group_ids for i in range(g)]
-        results = [self.results[e] for e in eids]
+        # an execution belongs to the step whose batch it joined (arrival order), which with a
+        # staleness room need not be the block of queries it was dispatched from
+        results = [
+            replace(self.results[e], execution=self.results[e].execution.model_copy(update={"step": step}))
+            for e in eids
+        ]
         scores = [self.scores[e] for e in eids]
         valid = [s.score for s in scores if s.score is not None]
         staleness = {r.execution.execution_id: step - r.execution.policy_version_dispatched for r in results}
         record = StepRecord(
             step=step,
-            policy_version=step + 1 if grad_norm is not None else step,
+            policy_version=step + 1,  # published even when nothing trained: versions count steps
             reward_mean=sum(valid) / len(valid) if valid else None,
             num_executions=len(results),
             num_dropped=len(scores) - len(valid),

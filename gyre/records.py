@@ -152,7 +152,8 @@ class Execution(Record):
     """One harness run of one query in one sandbox, with what it produced."""
 
     execution_id: str
-    step: int = Field(ge=0, description="The step whose batch this execution was dispatched for.")
+    step: int = Field(ge=0, description="The step whose batch this execution trained in (the step-synchronous "
+                      "loop dispatches it for that step; under the cell scheduler it joins a batch on arrival).")
     query_id: str
     benchmark: str
     group_index: int = Field(ge=0, description="Position of this execution inside its query's group.")

@@ -51,6 +51,7 @@ def test_elastic_cells_train_and_record(tiny_model_dir, tmp_path):
         tiny_model_dir, tmp_path, policy="elastic", num_cells=3, slots_per_cell=8, lookahead_groups=2,
         executions_per_micro_step=2,
     )
+    config.train.checkpoint_every = 2
     cells, records = _run(config, tmp_path / "run")
     assert [r.step for r in records] == [0, 1, 2]
     assert [r.policy_version for r in records] == [1, 2, 3]
@@ -73,6 +74,11 @@ def test_elastic_cells_train_and_record(tiny_model_dir, tmp_path):
     steps = con.execute("select step, mean_staleness from steps order by step").fetchall()
     assert [s[0] for s in steps] == [0, 1, 2]
     assert steps[0][1] == 0.0 and max(s[1] for s in steps) > 0
+    # each execution is filed under the step whose batch it joined
+    per_step = con.execute("select step, count(*) from executions group by step order by step").fetchall()
+    assert per_step == [(0, 8), (1, 8), (2, 8)]
+    # checkpoints after step 1 (every 2) and after the last step, with the core's weights
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
 
 
 @pytest.mark.slow

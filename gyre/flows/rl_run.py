@@ -88,8 +88,8 @@ def rl_run(
     try:
         total = steps or config.steps
         if config.scheduler.policy is not None:
-            if resume or config.train.checkpoint_every:
-                raise ValueError("scheduler.policy: checkpoints and --resume are not supported with the cell scheduler yet")
+            if resume:
+                raise ValueError("scheduler.policy: --resume is not supported with the cell scheduler yet")
             emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir, "first_step": 0}))
             records = cells_run(coord, total)
             emit(ProgressEvent("run_finished", None, {"steps": total}))

@@ -369,16 +369,18 @@ def simulate(
         print(json.dumps(payload if (ablation or compare) else next(iter(payload.values())), indent=2))
         return
     table = Table(title=f"gyre simulate: {workload}")
-    columns = ("config", "policy", "makespan h", "E\\[d]", "lower bound h", "efficiency", "capacity eff.", "ratio")
-    for col in columns:
+    show_config = any(key != r.policy for key, r in results.items())  # the ablation's E0, A3, ...
+    columns = ("makespan h", "E\\[d]", "bound h", "eff.", "cap. eff.", "ratio")
+    for col in (("config",) if show_config else ()) + ("policy",) + columns:
         table.add_column(col, justify="right")
     base = min(r.makespan_h for r in results.values())
     for key, r in results.items():
-        table.add_row(key, r.policy, f"{r.makespan_h:.2f}", f"{r.mean_staleness:.2f}", f"{r.lower_bound_h:.2f}",
-                      f"{r.efficiency:.2f}", f"{r.capacity_efficiency:.2f}", f"{r.makespan_h / base:.3f}")
+        cells = [r.policy, f"{r.makespan_h:.2f}", f"{r.mean_staleness:.2f}", f"{r.lower_bound_h:.2f}",
+                 f"{r.efficiency:.2f}", f"{r.capacity_efficiency:.2f}", f"{r.makespan_h / base:.3f}"]
+        table.add_row(*([key] if show_config else []), *cells)
     console.print(table)
-    console.print("efficiency: lower bound (work, critical path, staleness room) / makespan; capacity eff.: "
-                  "the room bound left out (docs/scheduler.md)")
+    console.print("eff.: lower bound (work, critical path, staleness room) / makespan; cap. eff.: the same "
+                  "without the room bound (docs/scheduler.md)")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from gyre.cells import events as ev
 from gyre.cells.events import Role
 from gyre.cells.registry import make_policy
 from gyre.cells.scheduler import Scheduler
+from gyre.cells.timeline import Timeline
 from gyre.cells.topology import BatchShape, SchedulingConfigError, Topology
 from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
 from gyre.engines.torch_rollout import TorchRolloutEngine
@@ -132,6 +133,7 @@ class LiveCells:
         self.books: dict[int, StepBooks] = {}
         self.records: list[StepRecord] = []
         self.log = CommandLog()
+        self.timeline = Timeline(cfg.num_cells, self.clock(), [c.role for c in self.scheduler.state.cells])
         self._train_locks = {cell.cell_id: threading.Lock() for cell in self.cells}
         self._core_weights = threading.Lock()  # a satellite never copies the core mid-update
         self._publishing = threading.Lock()  # a cell rejoining rollout never misses a publication
@@ -144,7 +146,9 @@ class LiveCells:
         try:
             while not self.scheduler.state.done():
                 self._carry_out(commands)
-                commands = self.scheduler.handle(self._next_event())
+                event = self._next_event()
+                commands = self.scheduler.handle(event)
+                self.timeline.event(event, self.clock(), self.scheduler.state.waterlevel)
             # the last update's publication (all dispatched groups were consumed: nothing else runs)
             for command in commands:
                 if isinstance(command, ev.PublishWeights):
@@ -156,7 +160,26 @@ class LiveCells:
             self.pool.shutdown(wait=False, cancel_futures=True)
             raise
         self.pool.shutdown(wait=True)
+        self.timeline.close(self.clock())
+        self._save_timeline()
         return self.records
+
+    def _save_timeline(self) -> None:
+        """Cells' states over time: `cell_segments` in DuckDB and `cells.png` in the run directory."""
+        from gyre.sim.gantt import UNITS_S, draw_timeline, unit_for
+
+        run_id = self.coord.run_id
+        self.coord.store.append("cell_segments", [
+            {"run_id": run_id, "cell_id": c, "state": state, "start_s": a, "end_s": b}
+            for c, state, a, b in self.timeline.segments
+        ])  # fmt: skip
+        end_s = max((b for *_, b in self.timeline.segments), default=0.0)
+        state = self.scheduler.state
+        unit = unit_for(end_s)
+        title = (f"{self.coord.config.scheduler.policy} on {len(self.cells)} cells: {self.steps} steps in "
+                 f"{end_s / UNITS_S[unit]:.1f} {unit}, E[d]={state.mean_staleness:.2f}")  # fmt: skip
+        draw_timeline(self.timeline.segments, self.timeline.waterlevel, len(self.cells), end_s, title,
+                      self.coord.run_dir / "cells.png", unit)  # fmt: skip
 
     def _next_event(self) -> ev.Event:
         event = self.events.get()
@@ -174,7 +197,9 @@ class LiveCells:
 
     def _carry_out(self, commands: list[ev.Command]) -> None:
         for command in commands:
-            self.log.entries.append((self.clock(), command))
+            now = self.clock()
+            self.log.entries.append((now, command))
+            self.timeline.command(command, now)
             match command:
                 case ev.DispatchExecution(execution_id=eid, group_id=gid):
                     self._submit(f"execute-g{gid}-x{eid}", self._execute, command)

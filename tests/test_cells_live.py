@@ -77,6 +77,14 @@ def test_elastic_cells_train_and_record(tiny_model_dir, tmp_path):
     # each execution is filed under the step whose batch it joined
     per_step = con.execute("select step, count(*) from executions group by step order by step").fetchall()
     assert per_step == [(0, 8), (1, 8), (2, 8)]
+    # the cells' timeline: every cell accounted for over the whole run, drawn next to the data
+    segments = con.execute("select cell_id, state, sum(end_s - start_s) from cell_segments group by all").fetchall()
+    assert {c for c, _, _ in segments} == {0, 1, 2}
+    assert {s for _, s, _ in segments} <= {"rollout", "switching", "train-idle", "train-busy"}
+    assert any(s == "train-busy" for _, s, _ in segments) and any(s == "rollout" for _, s, _ in segments)
+    spans = con.execute("select cell_id, sum(end_s - start_s), max(end_s) from cell_segments group by cell_id").fetchall()
+    assert all(abs(total - end) < 1e-6 for _, total, end in spans)  # contiguous from 0, no overlap
+    assert (tmp_path / "run" / "cells.png").read_bytes()[:4] == b"\x89PNG"
     # checkpoints after step 1 (every 2) and after the last step, with the core's weights
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
 

@@ -1,4 +1,4 @@
-"""A Gantt chart of a simulated run: each cell's role over time, and the waterlevel.
+"""A Gantt chart of a simulated (or real-cell) run: each cell's role over time, and the waterlevel.
 
 Reading it: green = rollout (shade = engine load), blue = training a micro-step or the
 optimizer, light blue = in the train role with nothing ready, orange = switching; the
@@ -21,36 +21,58 @@ COLORS = {
 }
 
 
+UNITS_S = {"hours": 3600.0, "minutes": 60.0, "seconds": 1.0}
+
+
+def unit_for(span_s: float) -> str:
+    """The unit a span of `span_s` seconds reads best in."""
+    return "seconds" if span_s < 120 else "minutes" if span_s < 2 * 3600 else "hours"
+
+
 def draw(result: SimResult, path: Path) -> Path:
+    title = (
+        f"{result.workload} / {result.policy}: {result.steps} steps in {result.makespan_h:.1f} h, "
+        f"E[d]={result.mean_staleness:.2f}, efficiency {result.efficiency:.2f}"
+    )
+    return draw_timeline(
+        result.segments, result.waterlevel, result.num_cells, result.makespan_h * 3600, title, path, "hours"
+    )
+
+
+def draw_timeline(
+    segments: list[tuple[int, str, float, float]],
+    waterlevel: list[tuple[float, int]],
+    num_cells: int,
+    end_s: float,
+    title: str,
+    path: Path,
+    unit: str = "hours",
+) -> Path:
+    """Cells' states over time (segments and waterlevel in seconds), drawn in `unit`. The
+    simulator's runs and real-cell runs (`gyre.cells.timeline`) both come through here."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.45 * result.num_cells))
-    by_state: dict[str, list[tuple[int, float, float]]] = {}
-    for cell_id, state, start_s, end_s in result.segments:
-        by_state.setdefault(state, []).append((cell_id, start_s / 3600, (end_s - start_s) / 3600))
-    for state, bars in by_state.items():
-        for cell_id, start_h, width_h in bars:
-            ax.broken_barh([(start_h, width_h)], (cell_id - 0.4, 0.8), facecolors=COLORS.get(state, "black"))
-    ax.set_yticks(range(result.num_cells), [f"cell {i}" + (" (core)" if i == 0 else "") for i in range(result.num_cells)])
-    ax.set_xlabel("hours")
-    ax.set_xlim(0, result.makespan_h)
+    scale = UNITS_S[unit]
+    fig, ax = plt.subplots(figsize=(12, 1.6 + 0.45 * num_cells))
+    for cell_id, state, start_s, stop_s in segments:
+        ax.broken_barh([(start_s / scale, (stop_s - start_s) / scale)], (cell_id - 0.4, 0.8),
+                       facecolors=COLORS.get(state, "black"))  # fmt: skip
+    ax.set_yticks(range(num_cells), [f"cell {i}" + (" (core)" if i == 0 else "") for i in range(num_cells)])
+    ax.set_xlabel(unit)
+    ax.set_xlim(0, end_s / scale)
     ax.invert_yaxis()
-    if result.waterlevel:
+    if waterlevel:
         level = ax.twinx()
-        times_h = [t / 3600 for t, _ in result.waterlevel] + [result.makespan_h]
-        values = [v for _, v in result.waterlevel]
-        level.stairs(values, times_h, color="black", linewidth=0.8)
+        times = [t / scale for t, _ in waterlevel] + [end_s / scale]
+        level.stairs([v for _, v in waterlevel], times, color="black", linewidth=0.8)
         level.set_ylabel("waterlevel (executions)")
     ax.legend(handles=[Patch(color=c, label=s) for s, c in COLORS.items()], loc="upper center",
-              bbox_to_anchor=(0.5, -0.25 if result.num_cells > 4 else -0.45), ncol=5, fontsize=8)  # fmt: skip
-    ax.set_title(
-        f"{result.workload} / {result.policy}: {result.steps} steps in {result.makespan_h:.1f} h, "
-        f"E[d]={result.mean_staleness:.2f}, efficiency {result.efficiency:.2f}"
-    )
+              bbox_to_anchor=(0.5, -0.25 if num_cells > 4 else -0.45), ncol=5, fontsize=8)  # fmt: skip
+    ax.set_title(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -105,6 +105,15 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("output_start", "INTEGER"),
         ("output_end", "INTEGER"),
     ],
+    # Under the cell scheduler (scheduler.policy): what each cell did when, seconds since the
+    # scheduler started; state is rollout, switching, train-idle or train-busy.
+    "cell_segments": [
+        ("run_id", "VARCHAR"),
+        ("cell_id", "INTEGER"),
+        ("state", "VARCHAR"),
+        ("start_s", "DOUBLE"),
+        ("end_s", "DOUBLE"),
+    ],
     # TITO fallbacks: prompt positions [prompt_start, prompt_end) holding template tokens of
     # an assistant turn the harness changed (never trainable).
     "call_fallbacks": [

@@ -133,7 +133,6 @@ class LiveCells:
         self.books: dict[int, StepBooks] = {}
         self.records: list[StepRecord] = []
         self.log = CommandLog()
-        self.timeline = Timeline(cfg.num_cells, self.clock(), [c.role for c in self.scheduler.state.cells])
         self._train_locks = {cell.cell_id: threading.Lock() for cell in self.cells}
         self._core_weights = threading.Lock()  # a satellite never copies the core mid-update
         self._publishing = threading.Lock()  # a cell rejoining rollout never misses a publication
@@ -142,6 +141,7 @@ class LiveCells:
 
     def run(self) -> list[StepRecord]:
         """Run until the scheduler has applied `steps` updates and the last one is published."""
+        self.timeline = Timeline(len(self.cells), self.clock(), [c.role for c in self.scheduler.state.cells])
         commands = self.scheduler.start()
         try:
             while not self.scheduler.state.done():

@@ -94,10 +94,22 @@ class Launcher(Protocol):
 
 class LiveCells:
     def __init__(
-        self, coord: Coordinator, steps: int, launch: Launcher | None = None, check_invariants: bool = True
+        self,
+        coord: Coordinator,
+        steps: int,
+        launch: Launcher | None = None,
+        on_published: Callable[[int], None] | None = None,
+        check_invariants: bool = True,
     ) -> None:
         """`launch`: how a command's work starts (default: this driver's thread pool); whatever
-        it returns must offer `add_done_callback` and `result` (concurrent or Prefect futures)."""
+        it returns must offer `add_done_callback` and `result` (concurrent or Prefect futures).
+
+        `on_published(version)`: called in the loop thread once `version` (< steps) is served
+        (the run flow runs its evaluation rounds there). While it runs the scheduler hears
+        nothing, so no command goes out: nothing is dispatched and no newer weights are
+        published, so an evaluation sees `version` (a publication already under way when it
+        lands may still finish; each call records the version that served it). Work already
+        started goes on."""
         cfg = coord.config.scheduler
         if cfg.policy is None:
             raise SchedulingConfigError("scheduler.policy is null: the run uses the step-synchronous loop")
@@ -126,6 +138,7 @@ class LiveCells:
         in_flight = (rollout.queries_per_step + cfg.lookahead_groups) * rollout.group_size
         self.pool = ThreadPoolExecutor(max_workers=in_flight + 2 * cfg.num_cells + 2)
         self.launch: Launcher = launch or self._thread
+        self.on_published = on_published
         self._pending: set[Future] = set()
         self.results: dict[int, ExecutionResult] = {}
         self.scores: dict[int, Score] = {}
@@ -149,6 +162,8 @@ class LiveCells:
                 event = self._next_event()
                 commands = self.scheduler.handle(event)
                 self.timeline.event(event, self.clock(), self.scheduler.state.waterlevel)
+                if isinstance(event, ev.WeightsPublished) and event.version < self.steps and self.on_published:
+                    self.on_published(event.version)
             # the last update's publication (all dispatched groups were consumed: nothing else runs)
             for command in commands:
                 if isinstance(command, ev.PublishWeights):

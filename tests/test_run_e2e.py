@@ -92,9 +92,10 @@ def test_the_cell_scheduler_drives_a_run_through_the_flow(tmp_path, tiny_model_d
     train = con.execute("select count(*), count(score), max(staleness) from executions where purpose = 'train'")
     assert train.fetchone()[:2] == (12, 12)
     evals = con.execute("select step, policy_version from evals order by step").fetchall()
-    assert evals == [(0, 0), (3, 3)]  # before the first step and after the last, on the last weights
-    assert con.execute("select distinct c.policy_version from calls c join executions e using (execution_id) "
-                       "where e.purpose = 'eval' and e.step = 3").fetchall() == [(3,)]
+    assert evals == [(0, 0), (1, 1), (2, 2), (3, 3)]  # before each step (every_steps: 1) and after the last
+    served = con.execute("select e.step, min(c.policy_version), max(c.policy_version) from calls c "
+                         "join executions e using (execution_id) where e.purpose = 'eval' group by 1 order by 1")
+    assert served.fetchall() == [(0, 0, 0), (1, 1, 1), (2, 2, 2), (3, 3, 3)]  # each round saw one version
 
 
 @pytest.mark.parametrize(

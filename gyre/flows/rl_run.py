@@ -7,8 +7,8 @@ execution ends; build trajectories and take one optimizer step; publish the new 
 to the rollout engine; record everything in DuckDB. That step-synchronous loop is the
 default. With `scheduler.policy` set, the cell scheduler of `gyre/cells/` (the one the
 simulator runs) drives the box instead (`gyre.live_cells`): executions, streamed
-micro-steps, role switches and publications follow its commands, and the held-out
-evaluation runs before the first step and after the last.
+micro-steps, role switches and publications follow its commands, and an evaluation round
+runs before the first step, each time a due version is published, and after the last.
 """
 
 from __future__ import annotations
@@ -58,8 +58,15 @@ def rl_step(coord: Coordinator, step: int, eval_pass_rate: float | None = None) 
 
 
 def cells_run(coord: Coordinator, total: int) -> list[StepRecord]:
-    """The run under the cell scheduler: evaluate, let the cells train `total` steps, evaluate."""
-    cells = LiveCells(coord, total, launch=launch_cell_command)  # first: a topology the policy cannot run fails before any work
+    """The run under the cell scheduler: evaluate, let the cells train `total` steps (with an
+    evaluation round each time a due version is published), evaluate."""
+
+    def evaluate_version(version: int) -> None:
+        if coord.eval_due(version, total):
+            eval_round(coord, version)
+
+    # built first: a topology the policy cannot run fails before any work
+    cells = LiveCells(coord, total, launch=launch_cell_command, on_published=evaluate_version)
     try:
         if coord.config.evaluation.every_steps:
             eval_round(coord, 0)

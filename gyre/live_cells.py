@@ -109,7 +109,9 @@ class LiveCells:
         nothing, so no command goes out: nothing is dispatched and no newer weights are
         published, so an evaluation sees `version` (a publication already under way when it
         lands may still finish; each call records the version that served it). Work already
-        started goes on."""
+        started goes on. An evaluation engine of its own is routed meanwhile: the policy may
+        have every cell training (elastic does when nothing is live), and no command that
+        would bring one back goes out while the loop waits."""
         cfg = coord.config.scheduler
         if cfg.policy is None:
             raise SchedulingConfigError("scheduler.policy is null: the run uses the step-synchronous loop")
@@ -139,6 +141,7 @@ class LiveCells:
         self.pool = ThreadPoolExecutor(max_workers=in_flight + 2 * cfg.num_cells + 2)
         self.launch: Launcher = launch or self._thread
         self.on_published = on_published
+        self._eval_engine: TorchRolloutEngine | None = None
         self._pending: set[Future] = set()
         self.results: dict[int, ExecutionResult] = {}
         self.scores: dict[int, Score] = {}
@@ -163,7 +166,7 @@ class LiveCells:
                 commands = self.scheduler.handle(event)
                 self.timeline.event(event, self.clock(), self.scheduler.state.waterlevel)
                 if isinstance(event, ev.WeightsPublished) and event.version < self.steps and self.on_published:
-                    self.on_published(event.version)
+                    self._while_published(event.version, self.on_published)
             # the last update's publication (all dispatched groups were consumed: nothing else runs)
             for command in commands:
                 if isinstance(command, ev.PublishWeights):
@@ -196,6 +199,19 @@ class LiveCells:
         draw_timeline(self.timeline.segments, self.timeline.waterlevel, len(self.cells), end_s, title,
                       self.coord.run_dir / "cells.png", unit)  # fmt: skip
 
+    def _while_published(self, version: int, hook: Callable[[int], None]) -> None:
+        if self._eval_engine is None:
+            rollout = self.coord.config.rollout
+            self._eval_engine = TorchRolloutEngine(
+                self.coord.model_dir, "eval", max_batch_size=rollout.max_batch_size, seed=self.coord.config.seed - 1,
+            )  # fmt: skip
+        self._route_current(self._eval_engine)
+        try:
+            hook(version)
+        finally:
+            self.coord.router.drain(self._eval_engine.engine_id)
+            self._unroute(self._eval_engine)
+
     def _next_event(self) -> ev.Event:
         event = self.events.get()
         if isinstance(event, BaseException):
@@ -205,9 +221,10 @@ class LiveCells:
     def close(self) -> None:
         """Hand the box back to the coordinator: its own engine routed, with the newest weights
         (it missed the publications made while cell 0 trained), the other cells' engines closed."""
-        for cell in self.cells[1:]:
-            self.coord.router.deregister(cell.engine.engine_id)
-            cell.engine.close()
+        engines = [cell.engine for cell in self.cells[1:]]
+        for engine in engines + ([self._eval_engine] if self._eval_engine else []):
+            self.coord.router.deregister(engine.engine_id)
+            engine.close()
         self._route_current(self.coord.rollout)
 
     def _carry_out(self, commands: list[ev.Command]) -> None:

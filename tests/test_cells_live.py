@@ -114,3 +114,26 @@ def test_a_topology_the_policy_cannot_run_is_refused_before_any_work(tiny_model_
     finally:
         coord.close()
     assert not list((tmp_path / "run" / "workspaces").glob("*"))
+
+
+def test_evaluation_while_every_cell_trains_is_served_by_its_own_engine(tiny_model_dir, tmp_path):
+    """Elastic moves every cell to train when nothing is live; an evaluation round held in
+    the loop (no command goes out) must still find an engine, serving the published version."""
+    config = _config(tiny_model_dir, tmp_path, policy="elastic", num_cells=2, slots_per_cell=8)
+    coord = Coordinator(config, tmp_path / "run")
+    cells = LiveCells(coord, 2)
+    try:
+        for cell in cells.cells:  # as after two switches to train
+            coord.router.deregister(cell.engine.engine_id)
+        seen = []
+
+        def hook(version):
+            result = coord.run_execution(coord.queries[0], version, 0, purpose="eval")
+            seen.extend((c.engine_id, c.policy_version) for c in result.calls)
+
+        cells._while_published(0, hook)
+        assert seen and set(seen) == {("eval", 0)}
+        assert "eval" not in {e.engine_id for e in coord.router.engines()}  # routed only meanwhile
+    finally:
+        cells.close()
+        coord.close()

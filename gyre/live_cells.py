@@ -21,10 +21,8 @@ commands go to cell workers on separate nodes; the scheduler cannot tell the dif
 Commands are carried out by worker threads (the run flow launches each as a Prefect task
 run, so the UI shows every execution, switch, micro-step and publication); their results
 come back as events on one queue, and only the loop thread talks to the scheduler. A
-worker that raises stops the run with that error. Every micro-step's rows are weighted as part of the whole step
-(`process_batch(num_executions=...)`): the loss averages over the step's nominal
-executions, so an execution dropped for a failed evaluation lowers the step's weight
-slightly instead of being renormalised away as in the step-synchronous loop.
+worker that raises stops the run with that error. The training commands land in
+`gyre.live_training` (replicas, gradient reduction, the step's record).
 """
 
 from __future__ import annotations
@@ -34,22 +32,20 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from gyre.algo.advantages import group_advantages
 from gyre.cells import events as ev
 from gyre.cells.events import Role
 from gyre.cells.registry import make_policy
 from gyre.cells.scheduler import Scheduler
 from gyre.cells.timeline import Timeline
 from gyre.cells.topology import BatchShape, SchedulingConfigError, Topology
-from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
+from gyre.coordinator import Coordinator, ExecutionResult
 from gyre.engines.torch_rollout import TorchRolloutEngine
-from gyre.engines.torch_train import TorchTrainEngine
 from gyre.progress import ProgressEvent, emit
-from gyre.records import ExecutionStatus, Score, StepRecord, utc_now
-from gyre.trajectories.processor import process_batch, settings_from_config
+from gyre.live_training import TrainingPlane
+from gyre.records import ExecutionStatus, Score, StepRecord
 
 TIMED_OUT = {
     ExecutionStatus.harness_timeout: ev.ExecutionEnd.harness_timeout,
@@ -61,19 +57,6 @@ TIMED_OUT = {
 class LiveCell:
     cell_id: int
     engine: TorchRolloutEngine
-    trainer: TorchTrainEngine | None = None
-    """The core's trainer (cell 0) or a satellite replica, created when first needed."""
-
-
-@dataclass
-class StepBooks:
-    """What one optimizer step has accumulated across its micro-steps."""
-
-    started_at: object = field(default_factory=utc_now)
-    loss: float = 0.0
-    abs_diff_sum: float = 0.0
-    tokens: int = 0
-    satellites: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -125,7 +108,7 @@ class LiveCells:
             make_policy(cfg.policy, lookahead_groups=cfg.lookahead_groups),
             topology, self.shape, self.clock, check_invariants=check_invariants,
         )  # fmt: skip
-        self.cells = [LiveCell(0, coord.rollout, coord.trainer)]
+        self.cells = [LiveCell(0, coord.rollout)]
         for i in range(1, cfg.num_cells):
             engine = TorchRolloutEngine(
                 coord.model_dir, f"cell-{i}", max_batch_size=rollout.max_batch_size,
@@ -145,12 +128,8 @@ class LiveCells:
         self._pending: set[Future] = set()
         self.results: dict[int, ExecutionResult] = {}
         self.scores: dict[int, Score] = {}
-        self.advantages: dict[str, float] = {}
-        self.books: dict[int, StepBooks] = {}
-        self.records: list[StepRecord] = []
+        self.training = TrainingPlane(coord, self.shape, steps, cfg.num_cells)
         self.log = CommandLog()
-        self._train_locks = {cell.cell_id: threading.Lock() for cell in self.cells}
-        self._core_weights = threading.Lock()  # a satellite never copies the core mid-update
         self._publishing = threading.Lock()  # a cell rejoining rollout never misses a publication
 
     # ------------------------------------------------------------------ the loop
@@ -180,7 +159,7 @@ class LiveCells:
         self.pool.shutdown(wait=True)
         self.timeline.close(self.clock())
         self._save_timeline()
-        return self.records
+        return self.training.records
 
     def _save_timeline(self) -> None:
         """Cells' states over time: `cell_segments` in DuckDB and `cells.png` in the run directory."""
@@ -291,7 +270,7 @@ class LiveCells:
             self.coord.router.drain(cell.engine.engine_id)
             self._unroute(cell.engine)
             if command.pull_snapshot:
-                self._pull(cell.cell_id, self.coord.trainer.steps_taken)
+                self.training.pull(cell.cell_id)
         else:
             self._route_current(cell.engine)
         return ev.SwitchDone(command.cell_id, command.role)
@@ -305,105 +284,25 @@ class LiveCells:
                 engine.load_weights(self.coord.transport.latest(), published)
             self.coord.router.register(engine)
 
-    def _replica(self, cell: LiveCell) -> TorchTrainEngine:
-        if cell.trainer is None:
-            cfg = self.coord.config
-            cell.trainer = TorchTrainEngine(
-                self.coord.model_dir, lr=cfg.train.lr, grad_clip=cfg.train.grad_clip,
-                micro_batch_tokens=cfg.train.micro_batch_tokens, temperature=cfg.rollout.temperature,
-                seed=cfg.seed + cell.cell_id,
-            )  # fmt: skip
-        return cell.trainer
-
     def _pull(self, cell_id: int, version: int) -> ev.Event:
-        replica = self._replica(self.cells[cell_id])
-        with self._core_weights:
-            replica.copy_weights_from(self.coord.trainer)
+        self.training.pull(cell_id)
         return ev.SnapshotPulled(cell_id, version)
 
-    def _group_advantages(self, group_id: int) -> None:
-        g = self.shape.group_size
-        eids = range(group_id * g, (group_id + 1) * g)
-        scores = {self.results[e].execution.execution_id: self.scores[e].score for e in eids}
-        self.advantages.update(group_advantages(scores, normalize_std=self.coord.config.algo.normalize_std))
-
     def _micro_step(self, command: ev.ClaimMicroStep) -> ev.Event:
-        cell = self.cells[command.cell_id]
-        group_id = command.execution_ids[0] // self.shape.group_size
-        if self.results[command.execution_ids[0]].execution.execution_id not in self.advantages:
-            self._group_advantages(group_id)
+        g = self.shape.group_size
+        group_id = command.execution_ids[0] // g
+        group = [(self.results[e], self.scores[e]) for e in range(group_id * g, (group_id + 1) * g)]
         results = [self.results[e] for e in command.execution_ids]
-        coord = self.coord
-        tokenizer = coord.tokenizer if coord.trajectory_config.compaction_markers else None
-        trainer = self._replica(cell)
-        batch = process_batch(
-            {r.execution.execution_id: r.calls for r in results},
-            {r.execution.execution_id: self.advantages[r.execution.execution_id] for r in results
-             if self.advantages.get(r.execution.execution_id) is not None},
-            settings_from_config(coord.trajectory_config, coord.config.train.micro_batch_tokens, tokenizer,
-                                 trainer.pair_cost),
-            num_executions=self.shape.executions_per_step,
-        )  # fmt: skip
-        emit(ProgressEvent("trajectories_processed", command.step_index, {
-            **batch.stats(), "drops": [{"execution_id": d.execution_id, "reason": d.reason} for d in batch.drops],
-        }))  # fmt: skip
-        books = self.books.setdefault(command.step_index, StepBooks())
-        with self._train_locks[cell.cell_id]:
-            if batch.sequences:
-                stats = trainer.forward_backward(batch.sequences, coord.algorithm.loss, accumulate=True)
-                books.loss += stats.loss
-                books.abs_diff_sum += stats.logprob_abs_diff * stats.tokens_trained
-                books.tokens += stats.tokens_trained
-                if cell.cell_id != 0:
-                    books.satellites.add(cell.cell_id)
+        self.training.micro_step(command.cell_id, command.step_index, results, group)
         return ev.MicroStepDone(command.cell_id, command.micro_step_id)
 
     def _optimizer_step(self, command: ev.ApplyOptimizerStep) -> ev.Event:
-        core = self.coord.trainer
-        books = self.books.pop(command.step_index, StepBooks())
-        for cid in sorted(books.satellites):
-            with self._train_locks[cid]:
-                core.add_gradients_from(self.cells[cid].trainer)
-        with self._core_weights:
-            grad_norm = core.apply_gradients() if books.tokens else None
-            if self.coord.checkpoint_due(command.step_index, self.steps):
-                self.coord.checkpoint(command.step_index)
-        self._record(command.step_index, books, grad_norm)
-        return ev.OptimizerStepDone(command.cell_id, command.step_index + 1)
-
-    def _record(self, step: int, books: StepBooks, grad_norm: float | None) -> None:
         state = self.scheduler.state
         g = self.shape.group_size
-        eids = [gid * g + i for gid in state.steps[step].group_ids for i in range(g)]
-        # an execution belongs to the step whose batch it joined (arrival order), which with a
-        # staleness room need not be the block of queries it was dispatched from
-        results = [
-            replace(self.results[e], execution=self.results[e].execution.model_copy(update={"step": step}))
-            for e in eids
-        ]
-        scores = [self.scores[e] for e in eids]
-        valid = [s.score for s in scores if s.score is not None]
-        staleness = {r.execution.execution_id: step - r.execution.policy_version_dispatched for r in results}
-        record = StepRecord(
-            step=step,
-            policy_version=step + 1,  # published even when nothing trained: versions count steps
-            reward_mean=sum(valid) / len(valid) if valid else None,
-            num_executions=len(results),
-            num_dropped=len(scores) - len(valid),
-            mean_staleness=sum(staleness.values()) / len(staleness),
-            logprob_abs_diff=books.abs_diff_sum / books.tokens if books.tokens else None,
-            loss=books.loss if books.tokens else None,
-            grad_norm=grad_norm,
-            tokens_trained=books.tokens,
-            skipped_reason=None if books.tokens else "no trainable tokens",
-            started_at=books.started_at,
-            finished_at=utc_now(),
-        )
-        advantages = {r.execution.execution_id: self.advantages.get(r.execution.execution_id) for r in results}
-        outcome = StepOutcome(record, {k: v for k, v in advantages.items() if v is not None}, staleness)
-        self.coord.record_step(outcome, results, scores)
-        self.records.append(record)
-        emit(ProgressEvent("cells", step, {"roles": [c.role.value for c in state.cells]}))
+        eids = [gid * g + i for gid in state.steps[command.step_index].group_ids for i in range(g)]
+        self.training.optimizer_step(command.step_index, [self.results[e] for e in eids], [self.scores[e] for e in eids])
+        emit(ProgressEvent("cells", command.step_index, {"roles": [c.role.value for c in state.cells]}))
+        return ev.OptimizerStepDone(command.cell_id, command.step_index + 1)
 
     def _publish(self, version: int) -> ev.Event:
         with self._publishing:

@@ -182,7 +182,8 @@ class LiveCells:
         if self._eval_engine is None:
             rollout = self.coord.config.rollout
             self._eval_engine = TorchRolloutEngine(
-                self.coord.model_dir, "eval", max_batch_size=rollout.max_batch_size, seed=self.coord.config.seed - 1,
+                self.coord.model_dir, "eval", max_batch_size=rollout.max_batch_size,
+                seed=self.coord.config.seed + len(self.cells),
             )  # fmt: skip
         self._route_current(self._eval_engine)
         try:

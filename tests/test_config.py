@@ -55,3 +55,13 @@ def test_bad_config_names_file_and_field(tmp_path, text, needle):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_scheduler_policies_in_the_config_are_the_registered_ones():
+    from typing import get_args
+
+    from gyre.cells.registry import POLICIES
+    from gyre.config import SchedulerConfig
+
+    literal = next(a for a in get_args(SchedulerConfig.model_fields["policy"].annotation) if a is not type(None))
+    assert set(get_args(literal)) == set(POLICIES)

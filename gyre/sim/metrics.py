@@ -101,7 +101,6 @@ def room_bound_s(sim: Simulation, steps: int, lookahead_groups: int) -> float:
     """The staleness-room bound (module docstring) for `steps` steps, in seconds."""
     w = sim.workload
     per_step, room = w.queries_per_step, w.queries_per_step + lookahead_groups
-    consume_s = w.micro_step_overhead_s + w.optimizer_s + w.publish_s
     num_groups = steps * per_step
     ready: list[float] = []
     dispatched = 0

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from datetime import datetime
 
 from prefect import task
-from prefect.futures import PrefectFuture
 from prefect.cache_policies import NONE
+from prefect.futures import PrefectFuture
 
 from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
 from gyre.records import EvalRecord, Query, Score

@@ -176,7 +176,7 @@ class LiveCells:
         title = (f"{self.coord.config.scheduler.policy} on {len(self.cells)} cells: {self.steps} steps in "
                  f"{end_s / UNITS_S[unit]:.1f} {unit}, E[d]={state.mean_staleness:.2f}")  # fmt: skip
         draw_timeline(self.timeline.segments, self.timeline.waterlevel, len(self.cells), end_s, title,
-                      self.coord.run_dir / "cells.png", unit)  # fmt: skip
+                      self.coord.run_dir / "cells.png", unit, pauses=self.timeline.pauses)  # fmt: skip
 
     def _while_published(self, version: int, hook: Callable[[int], None]) -> None:
         if self._eval_engine is None:
@@ -186,11 +186,13 @@ class LiveCells:
                 seed=self.coord.config.seed + len(self.cells),
             )  # fmt: skip
         self._route_current(self._eval_engine)
+        started = self.clock()
         try:
             hook(version)
         finally:
             self.coord.router.drain(self._eval_engine.engine_id)
             self._unroute(self._eval_engine)
+            self.timeline.pause(started, self.clock())
 
     def _next_event(self) -> ev.Event:
         event = self.events.get()

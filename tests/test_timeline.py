@@ -18,3 +18,5 @@ def test_states_follow_commands_and_events():
     ]
     assert [s for s in t.segments if s[0] == 1] == [(1, "rollout", 0.0, 6.0)]
     assert t.waterlevel == [(2.0, 4), (5.0, 3)]
+    t.pause(103.0, 104.5)
+    assert t.pauses == [(3.0, 4.5)]

@@ -26,6 +26,8 @@ class Timeline:
     segments: list[tuple[int, str, float, float]] = field(default_factory=list)
     """(cell, state, start, end), times in seconds since `start_s`."""
     waterlevel: list[tuple[float, int]] = field(default_factory=list)
+    pauses: list[tuple[float, float]] = field(default_factory=list)
+    """(start, end) of stretches the driver held every command (evaluation rounds)."""
 
     def __post_init__(self) -> None:
         self._state = ["rollout" if role is Role.rollout else "train-idle" for role in self.initial]
@@ -48,6 +50,9 @@ class Timeline:
         t = now_s - self.start_s
         if not self.waterlevel or self.waterlevel[-1][1] != waterlevel:
             self.waterlevel.append((t, waterlevel))
+
+    def pause(self, start_s: float, end_s: float) -> None:
+        self.pauses.append((start_s - self.start_s, end_s - self.start_s))
 
     def close(self, now_s: float) -> None:
         for cid in range(self.num_cells):

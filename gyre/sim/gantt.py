@@ -47,9 +47,11 @@ def draw_timeline(
     title: str,
     path: Path,
     unit: str = "hours",
+    pauses: list[tuple[float, float]] = (),
 ) -> Path:
     """Cells' states over time (segments and waterlevel in seconds), drawn in `unit`. The
-    simulator's runs and real-cell runs (`gyre.cells.timeline`) both come through here."""
+    simulator's runs and real-cell runs (`gyre.cells.timeline`) both come through here;
+    `pauses` (a real run's evaluation rounds, when the scheduler was held) are hatched."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -61,6 +63,8 @@ def draw_timeline(
     for cell_id, state, start_s, stop_s in segments:
         ax.broken_barh([(start_s / scale, (stop_s - start_s) / scale)], (cell_id - 0.4, 0.8),
                        facecolors=COLORS.get(state, "black"))  # fmt: skip
+    for start_s, stop_s in pauses:
+        ax.axvspan(start_s / scale, stop_s / scale, facecolor="none", edgecolor="#616161", hatch="//", linewidth=0)
     ax.set_yticks(range(num_cells), [f"cell {i}" + (" (core)" if i == 0 else "") for i in range(num_cells)])
     ax.set_xlabel(unit)
     ax.set_xlim(0, end_s / scale)
@@ -70,8 +74,11 @@ def draw_timeline(
         times = [t / scale for t, _ in waterlevel] + [end_s / scale]
         level.stairs([v for _, v in waterlevel], times, color="black", linewidth=0.8)
         level.set_ylabel("waterlevel (executions)")
-    ax.legend(handles=[Patch(color=c, label=s) for s, c in COLORS.items()], loc="upper center",
-              bbox_to_anchor=(0.5, -0.25 if num_cells > 4 else -0.45), ncol=5, fontsize=8)  # fmt: skip
+    handles = [Patch(color=c, label=s) for s, c in COLORS.items()]
+    if pauses:
+        handles.append(Patch(facecolor="none", edgecolor="#616161", hatch="//", label="held (evaluation)"))
+    ax.legend(handles=handles, loc="upper center",
+              bbox_to_anchor=(0.5, -0.25 if num_cells > 4 else -0.45), ncol=len(handles), fontsize=8)  # fmt: skip
     ax.set_title(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

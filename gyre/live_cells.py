@@ -131,12 +131,13 @@ class LiveCells:
         self.training = TrainingPlane(coord, self.shape, steps, cfg.num_cells)
         self.log = CommandLog()
         self._publishing = threading.Lock()  # a cell rejoining rollout never misses a publication
+        self.timeline = self._new_timeline()  # started again by `run`, so it begins with the scheduler
 
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> list[StepRecord]:
         """Run until the scheduler has applied `steps` updates and the last one is published."""
-        self.timeline = Timeline(len(self.cells), self.clock(), [c.role for c in self.scheduler.state.cells])
+        self.timeline = self._new_timeline()
         commands = self.scheduler.start()
         try:
             while not self.scheduler.state.done():
@@ -160,6 +161,9 @@ class LiveCells:
         self.timeline.close(self.clock())
         self._save_timeline()
         return self.training.records
+
+    def _new_timeline(self) -> Timeline:
+        return Timeline(len(self.cells), self.clock(), [c.role for c in self.scheduler.state.cells])
 
     def _save_timeline(self) -> None:
         """Cells' states over time: `cell_segments` in DuckDB and `cells.png` in the run directory."""

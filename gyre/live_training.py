@@ -6,7 +6,8 @@ a satellite gets a full replica the first time it trains and copies the core's w
 on each pull. A micro-step's forward-backward accumulates gradients on the replica that
 claimed it; the optimizer step reduces the satellites' gradients onto the core (the
 in-process form of their all-reduce), clips and steps, checkpoints when due and records
-the step like the step-synchronous loop does.
+the step like the step-synchronous loop does. A non-finite loss or gradient norm skips the
+step (no update, gradients cleared, `skipped_reason` recorded), as that loop does too.
 
 Every micro-step's rows are weighted as part of the whole step (`process_batch(
 num_executions=...)`): the loss averages over the step's nominal executions, so an
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from gyre.algo.advantages import group_advantages
 from gyre.cells.topology import BatchShape
 from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
-from gyre.engines.torch_train import TorchTrainEngine
+from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
 from gyre.progress import ProgressEvent, emit
 from gyre.records import Score, StepRecord, utc_now
 from gyre.trajectories.processor import process_batch, settings_from_config
@@ -37,6 +38,8 @@ class StepBooks:
     abs_diff_sum: float = 0.0
     tokens: int = 0
     satellites: set[int] = field(default_factory=set)
+    skipped: str | None = None
+    """Why the step is skipped (a non-finite loss or gradient norm): no update, weights unchanged."""
 
 
 class TrainingPlane:
@@ -91,8 +94,12 @@ class TrainingPlane:
         }))  # fmt: skip
         books = self.books.setdefault(step, StepBooks())
         with self._locks[cell_id]:
-            if batch.sequences:
-                stats = trainer.forward_backward(batch.sequences, coord.algorithm.loss, accumulate=True)
+            if batch.sequences and books.skipped is None:
+                try:
+                    stats = trainer.forward_backward(batch.sequences, coord.algorithm.loss, accumulate=True)
+                except NonFiniteError as exc:  # deliberate: the step is skipped, as the step-synchronous loop does
+                    books.skipped = str(exc)
+                    return
                 books.loss += stats.loss
                 books.abs_diff_sum += stats.logprob_abs_diff * stats.tokens_trained
                 books.tokens += stats.tokens_trained
@@ -106,8 +113,15 @@ class TrainingPlane:
         for cell_id in sorted(books.satellites):
             with self._locks[cell_id]:
                 core.add_gradients_from(self.replicas[cell_id])
+        grad_norm = None
         with self._core_weights:
-            grad_norm = core.apply_gradients() if books.tokens else None
+            if books.skipped is not None:
+                core.optimizer.zero_grad(set_to_none=True)
+            elif books.tokens:
+                try:
+                    grad_norm = core.apply_gradients()
+                except NonFiniteError as exc:  # deliberate: skipped, weights unchanged (gradients cleared)
+                    books.skipped = str(exc)
             if self.coord.checkpoint_due(step, self.steps):
                 self.coord.checkpoint(step)
         return self._record(step, books, grad_norm, results, scores)
@@ -128,10 +142,10 @@ class TrainingPlane:
             num_dropped=len(scores) - len(valid),
             mean_staleness=sum(staleness.values()) / len(staleness),
             logprob_abs_diff=books.abs_diff_sum / books.tokens if books.tokens else None,
-            loss=books.loss if books.tokens else None,
+            loss=books.loss if grad_norm is not None else None,
             grad_norm=grad_norm,
-            tokens_trained=books.tokens,
-            skipped_reason=None if books.tokens else "no trainable tokens",
+            tokens_trained=books.tokens if grad_norm is not None else 0,
+            skipped_reason=books.skipped or (None if books.tokens else "no trainable tokens"),
             started_at=books.started_at,
             finished_at=utc_now(),
         )

@@ -137,3 +137,29 @@ def test_evaluation_while_every_cell_trains_is_served_by_its_own_engine(tiny_mod
     finally:
         cells.close()
         coord.close()
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_skips_its_step_and_the_run_goes_on(tiny_model_dir, tmp_path, monkeypatch):
+    from gyre.algo.gspo import GSPO
+
+    real_loss, calls = GSPO.loss, []
+
+    def first_call_is_nan(self, logp, *args, **kwargs):
+        loss, stats = real_loss(self, logp, *args, **kwargs)
+        calls.append(1)
+        return (loss * float("nan"), stats) if len(calls) == 1 else (loss, stats)
+
+    monkeypatch.setattr(GSPO, "loss", first_call_is_nan)
+    config = _config(tiny_model_dir, tmp_path, policy="elastic", num_cells=2, slots_per_cell=8)
+    coord = Coordinator(config, tmp_path / "run")
+    cells = LiveCells(coord, 3)
+    try:
+        records = cells.run()
+    finally:
+        cells.close()
+        coord.close()
+    assert "loss is nan" in records[0].skipped_reason and records[0].grad_norm is None
+    assert all(r.skipped_reason is None and r.grad_norm is not None for r in records[1:])
+    assert coord.trainer.steps_taken == 2  # the skipped step left the weights alone
+    assert [r.policy_version for r in records] == [1, 2, 3]  # versions count steps

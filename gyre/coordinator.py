@@ -45,7 +45,7 @@ from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.factory import create_sandbox
 from gyre.sandboxes.isolation import Isolation
 from gyre.storage.store import RunStore
-from gyre.trajectories.processor import process_batch, settings_from_config
+from gyre.trajectories.processor import ProcessedBatch, process_batch, settings_from_config
 
 
 EVAL_CONCURRENCY = 2
@@ -223,29 +223,9 @@ class Coordinator:
         advantages: dict[str, float] = {}
         for group in by_query.values():
             advantages.update(group_advantages(group, normalize_std=self.config.algo.normalize_std))
-        tokenizer = self.tokenizer if self.trajectory_config.compaction_markers else None
-        batch = process_batch(
-            {r.execution.execution_id: r.calls for r in results},
-            advantages,
-            settings_from_config(
-                self.trajectory_config, self.config.train.micro_batch_tokens, tokenizer, self.trainer.pair_cost
-            ),
-        )
-        sequences = batch.sequences
-        emit(ProgressEvent("trajectories_processed", step, {
-            **batch.stats(), "drops": [{"execution_id": d.execution_id, "reason": d.reason} for d in batch.drops],
-        }))
-        valid = [s.score for s in scores if s.score is not None]
-        staleness = {r.execution.execution_id: self.policy_version - r.execution.policy_version_dispatched for r in results}
-        record = dict(
-            step=step,
-            reward_mean=sum(valid) / len(valid) if valid else None,
-            num_executions=len(results),
-            num_dropped=len(scores) - len(valid),
-            mean_staleness=sum(staleness.values()) / len(staleness),
-            eval_pass_rate=eval_pass_rate,
-            started_at=started_at,
-        )
+        sequences = self.trajectories(step, results, advantages, self.trainer.pair_cost).sequences
+        fields, staleness = self.batch_fields(results, scores, self.policy_version)
+        record = dict(step=step, eval_pass_rate=eval_pass_rate, started_at=started_at, **fields)
         skipped = "no trainable tokens" if not sequences else None
         if sequences:
             try:
@@ -267,6 +247,40 @@ class Coordinator:
             finished_at=utc_now(),
             **record,
         ), advantages, staleness)
+
+    def trajectories(
+        self, step: int, results: list[ExecutionResult], advantages: dict[str, float], pair_cost: float,
+        num_executions: int | None = None,
+    ) -> ProcessedBatch:
+        """The trajectory processor on `results` with the run's settings; reports its drops.
+        `num_executions`: see `process_batch` (a micro-step passes its step's count)."""
+        tokenizer = self.tokenizer if self.trajectory_config.compaction_markers else None
+        batch = process_batch(
+            {r.execution.execution_id: r.calls for r in results},
+            advantages,
+            settings_from_config(self.trajectory_config, self.config.train.micro_batch_tokens, tokenizer, pair_cost),
+            num_executions=num_executions,
+        )
+        emit(ProgressEvent("trajectories_processed", step, {
+            **batch.stats(), "drops": [{"execution_id": d.execution_id, "reason": d.reason} for d in batch.drops],
+        }))
+        return batch
+
+    @staticmethod
+    def batch_fields(
+        results: list[ExecutionResult], scores: list[Score], version: int
+    ) -> tuple[dict[str, object], dict[str, int]]:
+        """A step record's fields about its batch (mean reward, drops, staleness against the
+        consuming `version`), and the staleness of each execution."""
+        valid = [s.score for s in scores if s.score is not None]
+        staleness = {r.execution.execution_id: version - r.execution.policy_version_dispatched for r in results}
+        fields = dict(
+            reward_mean=sum(valid) / len(valid) if valid else None,
+            num_executions=len(results),
+            num_dropped=len(scores) - len(valid),
+            mean_staleness=sum(staleness.values()) / len(staleness),
+        )
+        return fields, staleness
 
     def publish_weights(self, version: int) -> None:
         self.transport.publish(self.trainer, self.router.engines(), version)

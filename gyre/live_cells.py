@@ -43,8 +43,8 @@ from gyre.cells.timeline import Timeline
 from gyre.cells.topology import BatchShape, SchedulingConfigError, Topology
 from gyre.coordinator import Coordinator, ExecutionResult
 from gyre.engines.torch_rollout import TorchRolloutEngine
-from gyre.progress import ProgressEvent, emit
 from gyre.live_training import TrainingPlane
+from gyre.progress import ProgressEvent, emit
 from gyre.records import ExecutionStatus, Score, StepRecord
 
 TIMED_OUT = {

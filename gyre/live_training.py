@@ -24,9 +24,7 @@ from gyre.algo.advantages import group_advantages
 from gyre.cells.topology import BatchShape
 from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
 from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
-from gyre.progress import ProgressEvent, emit
 from gyre.records import Score, StepRecord, utc_now
-from gyre.trajectories.processor import process_batch, settings_from_config
 
 
 @dataclass
@@ -80,18 +78,9 @@ class TrainingPlane:
             scores = {r.execution.execution_id: s.score for r, s in group}
             self.advantages.update(group_advantages(scores, normalize_std=coord.config.algo.normalize_std))
         trainer = self.replica(cell_id)
-        tokenizer = coord.tokenizer if coord.trajectory_config.compaction_markers else None
         ids = [r.execution.execution_id for r in results]
-        batch = process_batch(
-            {r.execution.execution_id: r.calls for r in results},
-            {eid: self.advantages[eid] for eid in ids if self.advantages.get(eid) is not None},
-            settings_from_config(coord.trajectory_config, coord.config.train.micro_batch_tokens, tokenizer,
-                                 trainer.pair_cost),
-            num_executions=self.shape.executions_per_step,
-        )  # fmt: skip
-        emit(ProgressEvent("trajectories_processed", step, {
-            **batch.stats(), "drops": [{"execution_id": d.execution_id, "reason": d.reason} for d in batch.drops],
-        }))  # fmt: skip
+        advantages = {eid: self.advantages[eid] for eid in ids if self.advantages.get(eid) is not None}
+        batch = coord.trajectories(step, results, advantages, trainer.pair_cost, self.shape.executions_per_step)
         books = self.books.setdefault(step, StepBooks())
         with self._locks[cell_id]:
             if batch.sequences and books.skipped is None:
@@ -132,15 +121,11 @@ class TrainingPlane:
         # an execution belongs to the step whose batch it joined (arrival order), which with a
         # staleness room need not be the block of queries it was dispatched from
         results = [replace(r, execution=r.execution.model_copy(update={"step": step})) for r in results]
-        valid = [s.score for s in scores if s.score is not None]
-        staleness = {r.execution.execution_id: step - r.execution.policy_version_dispatched for r in results}
+        fields, staleness = self.coord.batch_fields(results, scores, step)
         record = StepRecord(
             step=step,
             policy_version=step + 1,  # published even when nothing trained: versions count steps
-            reward_mean=sum(valid) / len(valid) if valid else None,
-            num_executions=len(results),
-            num_dropped=len(scores) - len(valid),
-            mean_staleness=sum(staleness.values()) / len(staleness),
+            **fields,
             logprob_abs_diff=books.abs_diff_sum / books.tokens if books.tokens else None,
             loss=books.loss if grad_norm is not None else None,
             grad_norm=grad_norm,

@@ -8,6 +8,7 @@ matplotlib is imported here only, with the non-interactive Agg backend.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from gyre.sim.metrics import SimResult
@@ -47,7 +48,7 @@ def draw_timeline(
     title: str,
     path: Path,
     unit: str = "hours",
-    pauses: list[tuple[float, float]] = (),
+    pauses: Sequence[tuple[float, float]] = (),
 ) -> Path:
     """Cells' states over time (segments and waterlevel in seconds), drawn in `unit`. The
     simulator's runs and real-cell runs (`gyre.cells.timeline`) both come through here;

@@ -90,6 +90,7 @@ class ProxyBridge:
         server = socket.socket(socket.AF_UNIX)
         server.bind(str(self.socket_path))
         self.socket_path.chmod(0o666)  # the sandbox's uid is mapped, not gyre's
+        self.directory.chmod(0o711)  # and, when gyre is root, unprivileged: it must reach the socket
         server.listen(64)
         self._server = server
         threading.Thread(target=self._accept, name="gyre-proxy-bridge", daemon=True).start()

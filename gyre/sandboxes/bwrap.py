@@ -4,8 +4,8 @@ bubblewrap (`bwrap`, apt package `bubblewrap`) builds a fresh set of Linux names
 command; this module only builds its argv (pure, unit-tested), `gyre.sandboxes.isolation`
 runs it. What the command then sees:
 
-- Namespaces: user (it runs as uid/gid 1000, mapped to gyre's own user outside, with no
-  capabilities), PID (it is alone; when it exits or is killed, the kernel kills every
+- Namespaces: user (it runs as uid/gid 1000, mapped to gyre's own user outside, or to
+  the unprivileged uid 65534 when gyre is root, with no capabilities), PID (it is alone; when it exits or is killed, the kernel kills every
   process left in the namespace, `setsid()` or not), network (only a loopback interface:
   the host's 127.0.0.1 and the internet are unreachable), IPC, UTS, cgroup.
 - Filesystem: the root is empty; `/usr /bin /sbin /lib* /etc` and the Python installation
@@ -15,8 +15,18 @@ runs it. What the command then sees:
   executions' workspaces, not the benchmark's hidden tests.
 - Writable: only the workspace (at its host path or at `SandboxLayout.workdir`, e.g.
   `/app`), a per-sandbox scratch directory at `/tmp`, and the layout's writable mounts.
-- `/proc` is the namespace's own, `/dev` a minimal one (null, zero, random, tty, shm).
+- `/proc` is the namespace's own, with the parts that change host state read-only
+  (`/proc/sys`, `/proc/sysrq-trigger`, `/proc/irq`, `/proc/bus`, `/proc/fs`: bound from
+  the host read-only, so host sysctl values can be read, never written). `/dev` is a
+  minimal read-only one (null, zero, random, tty); `/dev/shm` is a directory of the
+  scratch space, so shared memory counts against the disk limit like `/tmp`; the tmpfs
+  masking host secrets is read-only. No writable tmpfs exists, so nothing writable
+  escapes the disk limit.
+- No new user namespaces (`--disable-userns`), and the seccomp filter of
+  `gyre.sandboxes.seccomp` when the caller passes one (`seccomp_fd`).
 - `--die-with-parent`: if gyre dies, the sandbox dies with it.
+- When gyre runs as root, the caller has already dropped to an unprivileged host uid
+  (`gyre.sandboxes.privileges`) and passes `source` to bind staged copies of the paths.
 
 Background processes live as long as the command that started them: each `exec` is its
 own PID and network namespace. State that must outlive a command goes in the workspace.
@@ -27,7 +37,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from gyre.sandboxes.layout import SandboxLayout
@@ -35,6 +45,9 @@ from gyre.sandboxes.layout import SandboxLayout
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers")
 MASKED_DIRS = ("/etc/ssh", "/etc/ssl/private", "/etc/sudoers.d")
+READ_ONLY_PROC = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+SHM_DIR = ".shm"
+"""Subdirectory of the scratch space shown as `/dev/shm`."""
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 HOSTNAME = "gyre-sandbox"
@@ -59,8 +72,14 @@ def bwrap_argv(
     scratch: Path,
     layout: SandboxLayout,
     extra_ro: Iterable[Path] = (),
+    source: Callable[[Path], Path] = lambda path: path,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
-    """argv prefix (ends with `--`) that runs the following command confined as the module docstring says."""
+    """argv prefix (ends with `--`) that runs the following command confined as the module docstring says.
+
+    `source(host_path)` is what bubblewrap binds for each non-system host path (a staged
+    path when it runs unprivileged); `scratch/.shm` must exist (`prepare_scratch`).
+    """
     argv = [
         bwrap,
         "--unshare-all",
@@ -70,25 +89,42 @@ def bwrap_argv(
         "--hostname", HOSTNAME,
         "--die-with-parent",
         "--cap-drop", "ALL",
+        "--disable-userns",
     ]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     for path in SYSTEM_DIRS:
         if os.path.islink(path):
             argv += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
     argv += [arg for path in MASKED_FILES if os.path.exists(path) for arg in ("--ro-bind", "/dev/null", path)]
-    argv += [arg for path in MASKED_DIRS if os.path.isdir(path) for arg in ("--tmpfs", path)]
+    argv += [arg for path in MASKED_DIRS if os.path.isdir(path) for arg in ("--tmpfs", path, "--remount-ro", path)]
+    argv += ["--proc", "/proc"]
+    argv += [arg for path in READ_ONLY_PROC if os.path.exists(path) for arg in ("--ro-bind", path, path)]
+    argv += ["--dev", "/dev", "--bind", str(source(scratch / SHM_DIR)), "/dev/shm", "--remount-ro", "/dev"]
     # /tmp first: the Python installation may live under /tmp (a CI clone's venv), and a
     # later mount on /tmp would hide it.
-    argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(scratch), "/tmp"]
+    argv += ["--bind", str(source(scratch)), "/tmp"]
     for path in [*python_prefixes(), *_outside_system_dirs(extra_ro)]:
-        argv += ["--ro-bind", str(path), str(path)]
+        argv += ["--ro-bind", str(source(path)), str(path)]
     inside = layout.inside(workspace)
-    argv += ["--bind", str(workspace), inside]
+    argv += ["--bind", str(source(workspace)), inside]
     for mount in layout.mounts:
-        argv += ["--bind" if mount.writable else "--ro-bind", str(mount.source), mount.target]
+        argv += ["--bind" if mount.writable else "--ro-bind", str(source(Path(mount.source))), mount.target]
     argv += ["--chdir", inside, "--"]
     return argv
+
+
+def bound_sources(workspace: Path, scratch: Path, layout: SandboxLayout, extra_ro: Iterable[Path] = ()) -> list[Path]:
+    """Every non-system host path `bwrap_argv` binds (what an unprivileged bubblewrap needs staged)."""
+    return [scratch / SHM_DIR, scratch, *python_prefixes(), *_outside_system_dirs(extra_ro), workspace,
+            *(Path(m.source) for m in layout.mounts)]
+
+
+def prepare_scratch(scratch: Path) -> None:
+    """Create the scratch directory and its `/dev/shm` part."""
+    (scratch / SHM_DIR).mkdir(parents=True, exist_ok=True)
 
 
 def _outside_system_dirs(paths: Iterable[Path]) -> list[Path]:

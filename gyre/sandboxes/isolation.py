@@ -6,8 +6,9 @@ same walls. One command's full wrapping, outermost first:
 
     /bin/sh (join a fresh cgroup v1: pids, memory, cpu)   gyre.sandboxes.cgroups
       prlimit (rlimits: CPU s, file size, address space, open files)   gyre.sandboxes.process
-        bwrap (namespaces, read-only system, writable workspace)   gyre.sandboxes.bwrap
-          bash -c COMMAND
+        [gyre as root: unshare + staging binds, then setpriv to uid 65534]   gyre.sandboxes.privileges
+          bwrap (namespaces, read-only system, writable workspace, seccomp)   gyre.sandboxes.bwrap
+            bash -c COMMAND
 
 plus a `DiskWatch` polling the writable directories, and the wall-clock timeout that
 kills the process group (and with it bwrap, whose PID namespace takes every descendant
@@ -27,18 +28,20 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from gyre.sandboxes.base import ExecResult, SandboxLimits
-from gyre.sandboxes.bwrap import bwrap_argv, find_bwrap
+from gyre.sandboxes.bwrap import SHM_DIR, bound_sources, bwrap_argv, find_bwrap, prepare_scratch
 from gyre.sandboxes.cgroups import CgroupV1
 from gyre.sandboxes.diskwatch import DiskWatch
 from gyre.sandboxes.layout import SandboxLayout
+from gyre.sandboxes.privileges import SandboxUser, Stage, drop_argv, drop_tools, hand_over, sandbox_user
 from gyre.sandboxes.process import run_command
+from gyre.sandboxes.seccomp import seccomp_bpf
 
 log = logging.getLogger("gyre.sandboxes")
 MODES = ("auto", "bwrap", "none")
@@ -53,6 +56,8 @@ class Isolation:
     """Path of bwrap, or None for plain process groups."""
     cgroups: bool
     """Whether each command gets its own cgroup v1 (pids, memory, cpu)."""
+    user: SandboxUser | None = None
+    """The unprivileged host user bubblewrap runs as (gyre is root), or None (already unprivileged)."""
 
     @property
     def mode(self) -> str:
@@ -66,8 +71,8 @@ class Isolation:
         bwrap = probe_bwrap() if mode != "none" else None
         if mode == "bwrap" and bwrap is None:
             raise RuntimeError("sandbox isolation 'bwrap' asked for, but bwrap is missing or unusable "
-                               "(apt-get install -y bubblewrap; it needs user namespaces)")
-        isolation = cls(bwrap=bwrap, cgroups=cgroups)
+                               "(apt-get install -y bubblewrap util-linux; it needs user namespaces)")
+        isolation = cls(bwrap=bwrap, cgroups=cgroups, user=sandbox_user() if bwrap else None)
         _warn_once(isolation)
         return isolation
 
@@ -84,17 +89,30 @@ class Isolation:
         interrupt_grace_s: float = 0.0,
         on_spawn: Callable[[int], None] | None = None,
         extra_ro: Iterable[Path] = (),
+        extra_fds: Iterable[int] = (),
     ) -> ExecResult:
-        """Run `command` confined; every process it started is dead when this returns."""
+        """Run `command` confined; every process it started is dead when this returns.
+
+        `extra_fds` stay open into the command (an evaluator's result channel); the caller owns them.
+        """
         if self.bwrap is None and layout.needs_namespaces(workspace):
             raise RuntimeError(f"this task expects its files at {layout.inside(workspace)} and mounts "
                                f"{[m.target for m in layout.mounts]}: that needs bubblewrap (or docker)")
         writable = [workspace, scratch, *(m.source for m in layout.mounts if m.writable)]
         watch = DiskWatch(writable, limits.max_workspace_bytes, limits.max_workspace_files)
-        confine = (
-            bwrap_argv(self.bwrap, workspace=workspace, scratch=scratch, layout=layout, extra_ro=extra_ro)
-            if self.bwrap else []
-        )
+        confine: list[str] = []
+        stage: Stage | None = None
+        pass_fds: tuple[int, ...] = ()
+        if self.bwrap:
+            prepare_scratch(scratch)
+            for path in (scratch, scratch / SHM_DIR, workspace, *(m.source for m in layout.mounts if m.writable)):
+                hand_over(path, self.user, recursive=False)
+            if self.user is not None:
+                stage = Stage.create(bound_sources(workspace, scratch, layout, extra_ro))
+                confine = drop_argv(self.user, stage, _drop_tools())
+            pass_fds = (_seccomp_fd(),)
+            confine += bwrap_argv(self.bwrap, workspace=workspace, scratch=scratch, layout=layout, extra_ro=extra_ro,
+                                  source=stage.staged if stage else lambda p: p, seccomp_fd=pass_fds[0])
         group = CgroupV1.create(limits) if self.cgroups else None
         try:
             result = run_command(
@@ -111,13 +129,22 @@ class Isolation:
                 watch=watch,
                 nproc_rlimit=self.bwrap is None and os.geteuid() != 0,
                 interrupt_descendants_only=self.bwrap is not None,
+                pass_fds=(*pass_fds, *extra_fds),
             )
             if group is not None and result.limit_hit is None:
                 result = _with_cgroup_verdict(result, group, limits)
         finally:
+            for fd in pass_fds:
+                os.close(fd)
+            if stage is not None:
+                stage.remove()
             if group is not None:
                 group.remove()
         return result
+
+    def hand_over(self, path: Path) -> None:
+        """Give `path` and everything under it to the user sandboxed commands run as (a no-op unless dropping)."""
+        hand_over(path, self.user)
 
 
 @lru_cache(maxsize=1)
@@ -131,21 +158,46 @@ def cgroups_usable() -> bool:
 
 @lru_cache(maxsize=1)
 def probe_bwrap() -> str | None:
-    """Path of bwrap if a confined `true` runs (user namespaces allowed), else None."""
+    """Path of bwrap if a confined `true` runs the way every command will (dropped when root), else None."""
     bwrap = find_bwrap()
     if bwrap is None:
         return None
-    probe_dir = Path(os.environ.get("TMPDIR", "/tmp"))
-    argv = bwrap_argv(bwrap, workspace=probe_dir, scratch=probe_dir, layout=SandboxLayout())
-    try:
-        done = subprocess.run([*argv, "true"], capture_output=True, timeout=_PROBE_TIMEOUT_S, env={})
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("bwrap probe failed: %s", exc)
+    user = sandbox_user()
+    if user is not None and drop_tools() is None:
+        log.warning("bwrap unusable: gyre runs as root and cannot drop to an unprivileged uid without "
+                    "util-linux's unshare and setpriv")
         return None
-    if done.returncode != 0:
-        log.warning("bwrap probe failed (exit %s): %s", done.returncode, done.stderr.decode(errors="replace")[-400:])
+    probe = Isolation(bwrap=bwrap, cgroups=False, user=user)
+    with tempfile.TemporaryDirectory(prefix="gyre-probe-") as tmp:
+        workspace, scratch = Path(tmp, "ws"), Path(tmp, "tmp")
+        workspace.mkdir()
+        try:
+            done = probe.run("true", workspace=workspace, scratch=scratch, layout=SandboxLayout(), env={},
+                             limits=SandboxLimits(), timeout_s=_PROBE_TIMEOUT_S)
+        except OSError as exc:
+            log.warning("bwrap probe failed: %s", exc)
+            return None
+    if done.exit_code != 0:
+        log.warning("bwrap probe failed (exit %s): %s", done.exit_code, done.stderr[-400:])
         return None
     return bwrap
+
+
+def _drop_tools() -> tuple[str, str]:
+    tools = drop_tools()
+    if tools is None:
+        raise RuntimeError("gyre runs as root and needs util-linux's unshare and setpriv to drop privileges")
+    return tools
+
+
+def _seccomp_fd() -> int:
+    """A pipe's read end holding the seccomp program (bubblewrap reads it once)."""
+    read, write = os.pipe()
+    try:
+        os.write(write, seccomp_bpf())
+    finally:
+        os.close(write)
+    return read
 
 
 def _with_cgroup_verdict(result: ExecResult, group: CgroupV1, limits: SandboxLimits) -> ExecResult:

@@ -5,8 +5,9 @@ tests never; a starting git repository is stripped to the history reachable from
 see `gyre.sandboxes.git_history`), a per-sandbox scratch directory shown as `/tmp`, and
 every command run as `bash -c` through `gyre.sandboxes.isolation`: with bubblewrap
 (the default when installed) in its own user, PID, network, mount, IPC and UTS
-namespaces, seeing a read-only system, only its own workspace writable, no network but
-its own loopback, and nothing else of the host; in a fresh cgroup v1 (processes, memory,
+namespaces, as an unprivileged host uid when gyre is root (`gyre.sandboxes.privileges`),
+under a seccomp filter (`gyre.sandboxes.seccomp`), seeing a read-only system, only its own
+workspace writable, no network but its own loopback, and nothing else of the host; in a fresh cgroup v1 (processes, memory,
 CPU of the whole tree) where cgroups work; under rlimits always; with an environment built
 from scratch (`gyre.sandboxes.process.sandbox_env`: no host secrets, HOME is the
 workspace, the execution's proxy URL/key passed explicitly); and killed, with every
@@ -40,6 +41,7 @@ from gyre.sandboxes.isolation import Isolation
 from gyre.sandboxes.bridge import INSIDE_DIR, ProxyBridge, proxy_address
 from gyre.sandboxes.layout import Mount, SandboxLayout
 from gyre.sandboxes.paths import read_inside, write_inside
+from gyre.sandboxes.privileges import hand_over
 from gyre.sandboxes.process import sandbox_env, signal_group
 
 SCRATCH_SUFFIX = ".tmp"
@@ -87,6 +89,7 @@ class LocalSandbox:
         if query.start_dir is not None:
             shutil.copytree(query.start_dir, workspace, symlinks=True, dirs_exist_ok=True)
             strip_git_history(workspace)
+        isolation.hand_over(workspace)
         home = layout.inside(workspace)
         return cls(
             workspace=workspace,
@@ -153,7 +156,11 @@ class LocalSandbox:
         return read_inside(self.workspace, rel)
 
     def write_file(self, rel: str, content: str) -> None:
-        write_inside(self.workspace, rel, content)
+        """Write a file as the sandbox's own user would (its commands can then change it)."""
+        target = write_inside(self.workspace, rel, content)
+        while target != self.workspace:
+            hand_over(target, self.isolation.user, recursive=False)
+            target = target.parent
 
     def close(self) -> None:
         """Kill commands still running (from other threads); keep the workspace, drop the scratch dir."""

@@ -56,8 +56,9 @@ def read_inside(root: Path, rel: str) -> str:
     return resolve_inside(root, rel).read_text(encoding="utf-8")
 
 
-def write_inside(root: Path, rel: str, content: str) -> None:
-    """Write `content` to `rel` inside `root`, creating parent directories (refused outside)."""
+def write_inside(root: Path, rel: str, content: str) -> Path:
+    """Write `content` to `rel` inside `root`, creating parent directories (refused outside); the path written."""
     target = resolve_inside(root, rel)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(content, encoding="utf-8")
+    return target

@@ -110,6 +110,7 @@ def run_command(
     watch: Callable[[], str | None] | None = None,
     nproc_rlimit: bool = False,
     interrupt_descendants_only: bool = False,
+    pass_fds: Sequence[int] = (),
 ) -> ExecResult:
     """Run `bash -c command` in `cwd` with exactly `env`; see the module docstring.
 
@@ -118,7 +119,7 @@ def run_command(
     `nproc_rlimit=True`: it counts every process of the host user, not only this command's.
     `interrupt_descendants_only`: the timeout's SIGINT skips the spawned process itself
     (bubblewrap's monitor would die of it and take the command down before pytest writes
-    its report) and goes to every process below it.
+    its report) and goes to every process below it. `pass_fds` stay open in the command.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -131,6 +132,7 @@ def run_command(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        pass_fds=tuple(pass_fds),
     )
     if on_spawn is not None:
         on_spawn(proc.pid)

@@ -8,6 +8,18 @@ benchmark is scored. `tiny` is that set: each query asks for one small Python mo
 layout exactly (see `gyre.benchmarks.nl2repo`), so `load_nl2repo(out, "tiny")` loads them
 through the same code path as the real benchmark.
 
+Hidden tests check the type before the value (`_exact`): `r = add(3, 4)` then
+`assert type(r) is int and r == 7`; floats `type(r) is float and abs(r - 0.75) < 1e-9`;
+booleans `r is True`. A plain `assert add(3, 4) == 7` is satisfied by any object whose
+`__eq__` returns True, and an agent trained by RL finds such "always-equal" objects (with
+`__abs__`, `__sub__`, `__lt__`, ... overridden to match): against format 1's tests one
+scored about 0.8 over a 64-query set without solving anything. `type(r) is T` cannot be
+overridden (it also refuses subclasses of T, which can override `__eq__`), and `and`
+stops there, so the object's operators never run; once the type is the exact builtin, `==`
+is the builtin's own comparison, so a JSON round trip would add nothing. (This guards the
+tests' expressions only: a module that patches pytest or builtins when imported is out of
+their reach, see `gyre.evaluators.pytest_guard`.)
+
 One addition NL2RepoBench does not have: `<project>/reference/<module>.py`, a correct
 solution. The loader ignores it and sandboxes never copy it; tests use it as a known-good
 answer, and supervised warm-start demonstrations are built from it. Because a query's
@@ -17,6 +29,9 @@ Determinism: the same (seed, num_queries) writes byte-identical files, and query
 depends only on (seed, i), so a larger set extends a smaller one. The set is written to a
 temporary sibling directory and renamed into place, so a crash never leaves half a set;
 `out/tiny.json` records the parameters, and asking again for the same ones is a no-op.
+A set written by an older `FORMAT_VERSION` with the same parameters (a cached one, say)
+is regenerated in place, the same way, if it holds only what the generator writes;
+otherwise, or if it is newer, `generate_tiny` refuses with FileExistsError saying why.
 """
 
 from __future__ import annotations
@@ -24,13 +39,15 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-FORMAT_VERSION = 1
+# 2: hidden tests check the exact type before the value (1: plain `==`, beaten by always-equal objects).
+FORMAT_VERSION = 2
 MANIFEST_FILE = "tiny.json"
 TEST_COMMAND = "python -m pytest -q -p no:cacheprovider tests"
 
@@ -60,15 +77,30 @@ def _cases(rng: random.Random, pool: list[str]) -> tuple[str, ...]:
     return tuple(pool[i] for i in sorted(rng.sample(range(len(pool)), k)))
 
 
-def _test(name: str, assertion: str) -> str:
-    return f"def test_{name}():\n    assert {assertion}\n"
+def _test(name: str, *lines: str) -> str:
+    body = "".join(f"    {line}\n" for line in lines)
+    return f"def test_{name}():\n{body}"
+
+
+def _exact(expr: str, value: bool | int | float | str) -> str:
+    """An assertion that `expr` is `value`: exact type first, so no overridden operator ever runs."""
+    if isinstance(value, bool):
+        return f"{expr} is {value}"
+    if isinstance(value, float):
+        return f"type({expr}) is float and abs({expr} - {value!r}) < 1e-9"
+    return f"type({expr}) is {type(value).__name__} and {expr} == {value!r}"
+
+
+def _returns(name: str, call: str, value: bool | int | float | str) -> str:
+    """A test that `call` returns exactly `value`."""
+    return _test(name, f"result = {call}", f"assert {_exact('result', value)}")
 
 
 def _add(rng: random.Random, module: str) -> TinyTask:
     fn = rng.choice(("add", "plus", "add_numbers", "sum_two"))
     pairs = [(rng.randint(-50, 50), rng.randint(-50, 50)) for _ in range(4)]
-    pool = [_test(f"{fn}_{i}", f"{fn}({a}, {b}) == {a + b}") for i, (a, b) in enumerate(pairs)]
-    pool.append(_test(f"{fn}_floats", f"abs({fn}(0.5, 0.25) - 0.75) < 1e-9"))
+    pool = [_returns(f"{fn}_{i}", f"{fn}({a}, {b})", a + b) for i, (a, b) in enumerate(pairs)]
+    pool.append(_returns(f"{fn}_floats", f"{fn}(0.5, 0.25)", 0.75))
     return TinyTask(
         kind="add",
         module=module,
@@ -84,7 +116,7 @@ def _greet(rng: random.Random, module: str) -> TinyTask:
     fn = rng.choice(("greet", "hello", "welcome", "salute"))
     word = rng.choice(("Hello", "Hi", "Welcome", "Greetings", "Good day"))
     mark = rng.choice(("!", ".", "?"))
-    pool = [_test(f"{fn}_{name.lower()}", f"{fn}({name!r}) == {f'{word}, {name}{mark}'!r}") for name in _NAMES[:5]]
+    pool = [_returns(f"{fn}_{name.lower()}", f"{fn}({name!r})", f"{word}, {name}{mark}") for name in _NAMES[:5]]
     return TinyTask(
         kind="greet",
         module=module,
@@ -100,9 +132,9 @@ def _constant(rng: random.Random, module: str) -> TinyTask:
     name = rng.choice(("ANSWER", "MAX_ITEMS", "LIMIT", "PORT", "RETRIES", "BATCH_SIZE"))
     value = rng.randint(2, 9999)
     pool = [
-        _test("value", f"{module}.{name} == {value}"),
-        _test("is_int", f"type({module}.{name}) is int"),
-        _test("positive", f"{module}.{name} > 0"),
+        _test("value", f"assert {_exact(f'{module}.{name}', value)}"),
+        _test("is_int", f"assert type({module}.{name}) is int"),
+        _test("positive", f"assert type({module}.{name}) is int and {module}.{name} > 0"),
     ]
     return TinyTask(
         kind="constant",
@@ -118,11 +150,9 @@ def _constant(rng: random.Random, module: str) -> TinyTask:
 def _reverse_words(rng: random.Random, module: str) -> TinyTask:
     fn = rng.choice(("reverse_words", "flip_words", "words_backwards"))
     sentences = [" ".join(rng.sample(_WORDS, n)) for n in (2, 3, 4)]
-    pool = [
-        _test(f"{fn}_{i}", f"{fn}({s!r}) == {' '.join(reversed(s.split()))!r}") for i, s in enumerate(sentences)
-    ]
-    pool.append(_test(f"{fn}_single", f"{fn}('word') == 'word'"))
-    pool.append(_test(f"{fn}_extra_spaces", f"{fn}('  a   b  ') == 'b a'"))
+    pool = [_returns(f"{fn}_{i}", f"{fn}({s!r})", " ".join(reversed(s.split()))) for i, s in enumerate(sentences)]
+    pool.append(_returns(f"{fn}_single", f"{fn}('word')", "word"))
+    pool.append(_returns(f"{fn}_extra_spaces", f"{fn}('  a   b  ')", "b a"))
     return TinyTask(
         kind="reverse_words",
         module=module,
@@ -138,7 +168,7 @@ def _divisible(rng: random.Random, module: str) -> TinyTask:
     k = rng.randint(2, 9)
     fn = "is_even" if k == 2 else f"divisible_by_{k}"
     numbers = [0, k * rng.randint(1, 20), k * rng.randint(1, 20) + 1, -k * rng.randint(1, 5), k * 7 - 1]
-    pool = [_test(f"{fn}_{i}", f"{fn}({n}) is {n % k == 0}") for i, n in enumerate(numbers)]
+    pool = [_returns(f"{fn}_{i}", f"{fn}({n})", n % k == 0) for i, n in enumerate(numbers)]
     return TinyTask(
         kind="divisible",
         module=module,
@@ -155,11 +185,11 @@ def _clamp(rng: random.Random, module: str) -> TinyTask:
     lo = rng.randint(-20, 0)
     hi = rng.randint(1, 20)
     pool = [
-        _test(f"{fn}_inside", f"{fn}({(lo + hi) // 2}, {lo}, {hi}) == {(lo + hi) // 2}"),
-        _test(f"{fn}_below", f"{fn}({lo - 5}, {lo}, {hi}) == {lo}"),
-        _test(f"{fn}_above", f"{fn}({hi + 5}, {lo}, {hi}) == {hi}"),
-        _test(f"{fn}_at_low", f"{fn}({lo}, {lo}, {hi}) == {lo}"),
-        _test(f"{fn}_at_high", f"{fn}({hi}, {lo}, {hi}) == {hi}"),
+        _returns(f"{fn}_inside", f"{fn}({(lo + hi) // 2}, {lo}, {hi})", (lo + hi) // 2),
+        _returns(f"{fn}_below", f"{fn}({lo - 5}, {lo}, {hi})", lo),
+        _returns(f"{fn}_above", f"{fn}({hi + 5}, {lo}, {hi})", hi),
+        _returns(f"{fn}_at_low", f"{fn}({lo}, {lo}, {hi})", lo),
+        _returns(f"{fn}_at_high", f"{fn}({hi}, {lo}, {hi})", hi),
     ]
     return TinyTask(
         kind="clamp",
@@ -176,8 +206,8 @@ def _scale(rng: random.Random, module: str) -> TinyTask:
     fn = rng.choice(("scale", "multiply", "times"))
     factor = rng.randint(2, 12)
     xs = [rng.randint(-30, 30) for _ in range(4)]
-    pool = [_test(f"{fn}_{i}", f"{fn}({x}) == {x * factor}") for i, x in enumerate(xs)]
-    pool.append(_test(f"{fn}_zero", f"{fn}(0) == 0"))
+    pool = [_returns(f"{fn}_{i}", f"{fn}({x})", x * factor) for i, x in enumerate(xs)]
+    pool.append(_returns(f"{fn}_zero", f"{fn}(0)", 0))
     return TinyTask(
         kind="scale",
         module=module,
@@ -219,15 +249,20 @@ def generate_tiny(out: Path, num_queries: int = 64, seed: int = 0) -> Path:
     """Write the tiny set to `out` (NL2RepoBench layout) and return `out`.
 
     If `out` already holds the set for the same (seed, num_queries) it is returned
-    unchanged; if it holds anything else, FileExistsError.
+    unchanged; if it holds the same set written by an older FORMAT_VERSION, and nothing
+    else, it is regenerated; if it holds anything else, FileExistsError.
     """
     if num_queries < 1:
         raise ValueError(f"num_queries must be >= 1, got {num_queries}")
     out = Path(out)
     manifest = {"format_version": FORMAT_VERSION, "generator": __name__, "num_queries": num_queries, "seed": seed}
+    outdated = False
     if out.exists():
-        _check_existing(out, manifest)
-        return out
+        found = _read_manifest(out)
+        if found == manifest:
+            return out
+        _check_outdated(out, found, manifest)  # FileExistsError unless an older format of this very set
+        outdated = True
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -236,16 +271,38 @@ def generate_tiny(out: Path, num_queries: int = 64, seed: int = 0) -> Path:
             _write_query(tmp / f"q{index:04d}-{task.kind}", task)
         _write(tmp / "README.md", _readme(num_queries, seed))
         _write(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        try:
-            os.rename(tmp, out)
-        except OSError:
-            if not out.exists():
-                raise
-            _check_existing(out, manifest)  # another process won the race with the same set
+        if outdated:
+            _replace(out, tmp, manifest)
+        else:
+            _install(out, tmp, manifest)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
     return out
+
+
+def _install(out: Path, tmp: Path, manifest: dict) -> None:
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        if not out.exists():
+            raise
+        _check_existing(out, manifest)  # another process won the race with the same set
+
+
+def _replace(out: Path, tmp: Path, manifest: dict) -> None:
+    """Swap the outdated set at `out` for the fresh one at `tmp` (two renames, then delete the old)."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    try:
+        if _read_manifest(out) == manifest:
+            return  # another process regenerated it meanwhile
+        try:
+            os.rename(out, aside / "set")
+        except FileNotFoundError:
+            pass  # another process is swapping it too; one of the installs below wins
+        _install(out, tmp, manifest)
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def _write_query(project: Path, task: TinyTask) -> None:
@@ -264,17 +321,54 @@ def _write(path: Path, text: str) -> None:
         f.write(text)
 
 
-def _check_existing(out: Path, manifest: dict) -> None:
-    manifest_path = out / MANIFEST_FILE
+def _read_manifest(out: Path):
     try:
-        found = json.loads(manifest_path.read_text(encoding="utf-8"))
+        return json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        found = None
+        return None
+
+
+def _check_existing(out: Path, manifest: dict) -> None:
+    found = _read_manifest(out)
     if found != manifest:
         raise FileExistsError(
             f"{out} exists but is not the tiny set with seed={manifest['seed']}, "
-            f"num_queries={manifest['num_queries']} ({manifest_path} holds {found!r}); "
+            f"num_queries={manifest['num_queries']} ({out / MANIFEST_FILE} holds {found!r}); "
             f"remove it or choose another directory"
+        )
+
+
+_QUERY_DIR = re.compile(r"q\d{4}-[a-z_]+")
+_QUERY_ENTRIES = {
+    "start.md", "test_case_count.txt", "test_commands.json", "test_files.json", "hidden_tests", "reference",
+}
+
+
+def _check_outdated(out: Path, found, manifest: dict) -> None:
+    """Return if `out` holds this set (same seed and size) in an older format and nothing else;
+    raise FileExistsError saying why not otherwise."""
+    keys = ("generator", "num_queries", "seed")
+    same_set = isinstance(found, dict) and all(found.get(k) == manifest[k] for k in keys)
+    version = found.get("format_version") if same_set else None
+    if not same_set or type(version) is not int or version == FORMAT_VERSION:
+        _check_existing(out, manifest)  # raises: not this set, or this set with a manifest of its own
+    if version > FORMAT_VERSION:
+        raise FileExistsError(
+            f"{out} holds the tiny set with seed={manifest['seed']}, num_queries={manifest['num_queries']} "
+            f"in format_version {version}, written by a newer gyre (this one writes {FORMAT_VERSION}); "
+            f"remove it or choose another directory"
+        )
+    entries = {p.name: p for p in out.iterdir()}
+    queries = [p for name, p in entries.items() if _QUERY_DIR.fullmatch(name) and p.is_dir()]
+    foreign = sorted(set(entries) - {MANIFEST_FILE, "README.md"} - {p.name for p in queries})
+    foreign += sorted(f"{q.name}/{e.name}" for q in queries for e in q.iterdir() if e.name not in _QUERY_ENTRIES)
+    if foreign or len(queries) != manifest["num_queries"]:
+        problem = f"files the generator does not write ({', '.join(foreign[:5])})" if foreign else (
+            f"{len(queries)} query directories instead of {manifest['num_queries']}")
+        raise FileExistsError(
+            f"{out} holds the tiny set with seed={manifest['seed']}, num_queries={manifest['num_queries']} "
+            f"in the outdated format_version {version} (now {FORMAT_VERSION}), but also {problem}, so it is "
+            f"not regenerated in place; remove it to regenerate, or choose another directory"
         )
 
 
@@ -283,7 +377,8 @@ def _readme(num_queries: int, seed: int) -> str:
 
 Generated by `gyre.benchmarks.tiny.generate_tiny`; do not edit by hand, regenerate instead.
 Each query asks for one small Python module and is scored by 2-5 independent hidden pytest
-tests, so partial credit is possible (score = passed / test_case_count).
+tests, so partial credit is possible (score = passed / test_case_count). Each test checks the
+result's exact type before its value, so an object whose `==` is always True earns nothing.
 
 Layout per query (NL2RepoBench's, plus one extra directory):
 

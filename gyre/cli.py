@@ -142,13 +142,13 @@ def run(
         finally:
             unsubscribe()
     table = Table(title=f"gyre run: {run_dir}")
-    for col in ("step", "version", "eval", "reward", "dropped", "|dlogp|", "loss", "grad norm", "tokens"):
+    for col in ("step", "version", "eval", "reward", "dropped", "tampering", "|dlogp|", "loss", "grad norm", "tokens"):
         table.add_column(col, justify="right")
     for r in records:
         table.add_row(
             str(r.step), str(r.policy_version), "" if r.eval_pass_rate is None else f"{r.eval_pass_rate:.3f}",
             "n/a" if r.reward_mean is None else f"{r.reward_mean:.3f}",
-            str(r.num_dropped), "n/a" if r.logprob_abs_diff is None else f"{r.logprob_abs_diff:.2e}",
+            str(r.num_dropped), str(r.num_tampering), "n/a" if r.logprob_abs_diff is None else f"{r.logprob_abs_diff:.2e}",
             "n/a" if r.loss is None else f"{r.loss:+.4f}", "n/a" if r.grad_norm is None else f"{r.grad_norm:.3f}",
             str(r.tokens_trained),
         )

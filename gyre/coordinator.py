@@ -39,7 +39,7 @@ from gyre.proxy.app import ProxyDefaults, create_app
 from gyre.proxy.router import EngineRouter
 from gyre.proxy.server import ServerThread
 from gyre.proxy.sessions import SessionRegistry
-from gyre.records import Call, EvalRecord, Execution, ExecutionStatus, Query, Score, StepRecord, utc_now
+from gyre.records import Call, EvalRecord, EvalStatus, Execution, ExecutionStatus, Query, Score, StepRecord, utc_now
 from gyre.resolve import preflight
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.factory import create_sandbox
@@ -208,6 +208,7 @@ class Coordinator:
                 timeout_s=self.config.evaluator.timeout_s,
                 isolation=self.isolation,
                 deadline_s=result.overall_deadline_s,
+                monitor=self.config.evaluator.monitor,
             )
         emit(ProgressEvent("execution_scored", result.execution.step, {"score": score.score}))
         return score
@@ -278,6 +279,7 @@ class Coordinator:
             reward_mean=sum(valid) / len(valid) if valid else None,
             num_executions=len(results),
             num_dropped=len(scores) - len(valid),
+            num_tampering=sum(s.status is EvalStatus.tampering for s in scores),
             mean_staleness=sum(staleness.values()) / len(staleness),
         )
         return fields, staleness

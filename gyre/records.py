@@ -59,11 +59,14 @@ class EvalStatus(str, Enum):
     """Whether the evaluator produced a valid score.
 
     `error` means the evaluator itself failed (crash, infra error): such an execution is
-    dropped from its group and never counted as a zero.
+    dropped from its group and never counted as a zero. `tampering` means the evaluation
+    caught the workspace forging its result (a canary, a forged message, a monitor hit
+    set to act): it scores 0, counts in its group like any 0, and keeps its evidence.
     """
 
     ok = "ok"
     error = "error"
+    tampering = "tampering"
 
 
 class Score(Record):
@@ -75,11 +78,15 @@ class Score(Record):
     tests_passed: int = 0
     tests_total: int = 0
     detail: str = ""
+    evidence: list[str] = Field(default_factory=list, description="What made the evaluation suspect tampering.")
+    flags: list[str] = Field(default_factory=list, description="The reward-hacking monitor's hits on the workspace.")
 
     @model_validator(mode="after")
     def _score_iff_ok(self) -> "Score":
-        if (self.status is EvalStatus.ok) != (self.score is not None):
-            raise ValueError("score must be set exactly when status is 'ok'")
+        if (self.status is not EvalStatus.error) != (self.score is not None):
+            raise ValueError("score must be set exactly when status is not 'error'")
+        if self.status is EvalStatus.tampering and self.score != 0.0:
+            raise ValueError("a tampering verdict scores 0")
         return self
 
 
@@ -190,6 +197,7 @@ class StepRecord(Record):
     reward_mean: float | None
     num_executions: int
     num_dropped: int = Field(description="Executions dropped because their evaluation failed.")
+    num_tampering: int = Field(default=0, description="Executions scored 0 because their evaluation caught tampering.")
     mean_staleness: float
     logprob_abs_diff: float | None = Field(
         description="Mean |trainer log-prob - behaviour log-prob| over trained tokens, before the update."

@@ -82,7 +82,7 @@ def test_full_marks_for_the_reference_solution(tmp_path):
     assert score.status is EvalStatus.ok
     assert (score.score, score.tests_passed, score.tests_total) == (1.0, query.test_case_count, query.test_case_count)
     assert score.execution_id == "exec-1"
-    assert (tmp_path / "eval" / "reports" / "junit_0.xml").is_file()  # kept for inspection
+    assert (tmp_path / "eval" / "reports" / "results.json").is_file()  # kept for inspection
     assert json.loads((tmp_path / "eval" / "score.json").read_text())["score"] == 1.0
     assert sorted(p.name for p in workspace.iterdir()) == [module_file]  # the workspace is untouched
 
@@ -118,8 +118,8 @@ def test_agent_written_tests_earn_nothing(tmp_path):
     )
     score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
     assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 0.0, 0)
-    assert "ignored 10 passing test cases" in score.detail
-    assert (tmp_path / "eval" / "repo" / "tests" / "test_calc.py").read_text() == CALC_TESTS
+    assert "ignored 10 test results outside the pristine tests" in score.detail
+    assert (tmp_path / "eval" / "repo" / "tests" / "test_calc.py").read_text().startswith(CALC_TESTS)
     assert (workspace / "tests" / "test_calc.py").read_text() == fake  # the kept workspace is not modified
 
 
@@ -177,20 +177,14 @@ def test_timeout_is_scored_on_what_passed(tmp_path):
     assert "timed out" in score.detail
 
 
-WRITE_GARBAGE_REPORT = (
-    "python -c \"import os, shlex; path = shlex.split(os.environ['PYTEST_ADDOPTS'])[0].split('=', 1)[1]; "
-    "open(path, 'w').write('<not xml')\""
-)
-
-
 @pytest.mark.parametrize(
     ("command", "expected"),
     [
         ("gyre-no-such-command tests", "exited 127 (command not found)"),
         ("python -m pytest --gyre-no-such-flag tests", "exited 4 (pytest usage error)"),
         ("python -m pytest -q tests/test_nothing_here.py", "exited 4"),
-        ("true", "without writing"),
-        (WRITE_GARBAGE_REPORT, "unparsable"),
+        ("true", "no test command started pytest"),
+        ("python -m pytest --version", "no test command started pytest"),
     ],
 )
 def test_evaluator_failure_is_an_error_never_a_zero(tmp_path, command, expected):

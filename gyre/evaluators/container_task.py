@@ -23,7 +23,13 @@ Who failed: the test command timing out is the agent's (a hanging solution): 0 w
 reason. No report / reward although the script ended by itself, an unreadable or
 out-of-range reward, a task needing bubblewrap on a host without it: evaluator failure
 (status error, score None), never 0.
+
+Known gap (issue 12, not yet done for this format): the verdict still comes from a JUnit
+report written inside the sandbox, so agent code in the test process can forge it; the
+NL2RepoBench evaluator already counts over gyre's result channel with canaries
+(`gyre.evaluators.channel`, `canaries`, `tally`), and this format moves to it next.
 """
+
 
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.isolation import Isolation
 from gyre.sandboxes.layout import Mount, SandboxLayout
+from gyre.sandboxes.privileges import protect
 from gyre.sandboxes.process import sandbox_env
 
 
@@ -65,6 +72,10 @@ def evaluate_container_task(
         shutil.copyfile(query.root / RUN_TESTS, tests / RUN_TESTS)
     for d in (reports, scratch, logs / "verifier", logs / "agent"):
         d.mkdir(parents=True)
+    isolation.hand_over(repo)
+    isolation.hand_over(logs)
+    isolation.hand_over(reports)  # the JUnit report is written inside (see the module docstring's known gap)
+    protect(eval_dir, ["tests"])
     mounts = [Mount(tests, spec.tests_mount or "/tests"), Mount(reports, REPORTS_MOUNT, writable=True)]
     if spec.logs_dir:
         mounts.append(Mount(logs, spec.logs_dir, writable=True))

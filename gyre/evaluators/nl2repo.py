@@ -5,71 +5,76 @@ scores. The evaluation never touches the kept workspace; it works in a fresh `ev
 kept afterwards for inspection:
 
     eval_dir/repo/                 copy of the workspace, cleaned, hidden tests copied in last
-    eval_dir/reports/junit_<i>.xml JUnit report of test command i
+    eval_dir/plugin/               gyre's result plugin under a random name (read-only inside)
     eval_dir/reports/command_<i>.log   its exit code, timing, stdout and stderr
     eval_dir/reports/neutralised.txt   what was removed from the copy (if anything)
     eval_dir/score.json            the returned Score
 
 Steps: copy the workspace; remove pytest configuration and code the agent could use to
-force passes (`gyre.evaluators.pytest_guard`); copy the pristine hidden tests in LAST,
-replacing any agent edits to those files (symlinks on their way are replaced, never
-followed); pin pytest's rootdir with gyre's own pytest.ini; run each test command with
-`bash -c` in `repo/` in a fresh sandbox (`gyre.sandboxes.isolation`: bubblewrap + cgroups
-where available, so the agent's code under test has no network and sees no other
-workspace; scrubbed environment, rlimits, `timeout_s` per command, only `repo/`,
-`reports/` and a scratch `/tmp` writable), with PYTEST_ADDOPTS asking for
-a JUnit report and `--continue-on-collection-errors` (one test file that fails to import
-does not cost the others); count test cases that passed in the reports. Only cases from
-the hidden test files count, each once across commands, so tests the agent wrote itself
-earn nothing. Test commands must run pytest.
+force passes or shadow what pytest imports (`gyre.evaluators.pytest_guard`); copy the
+pristine hidden tests in LAST, each with a few canary tests appended
+(`gyre.evaluators.canaries`), replacing any agent edits (symlinks on their way are
+replaced, never followed); pin pytest's rootdir with gyre's own pytest.ini; hand the copy
+to the sandbox's user and make the pristine files root-owned and read-only
+(`gyre.sandboxes.privileges`); run each test command with `bash -c` in `repo/` in a
+fresh sandbox (`gyre.sandboxes.isolation`) with gyre's result plugin loaded by a random
+name and autoloading off; results come back over a pipe the evaluator owns
+(`gyre.evaluators.channel`), never through a file the sandbox can write. Only the
+pristine files' own test ids count, each once across commands (`gyre.evaluators.tally`).
 
-Rules: who failed decides the status.
-- The agent's code failed: a test fails or errors (assertion, exception, ImportError or
-  SyntaxError at collection time, shown as errors in the report). That is a valid score,
-  possibly 0.0.
-- A test command timed out: also the agent's fault (a hanging solution). At the timeout
-  the process group gets SIGINT, so pytest still writes its report, and SIGKILL a few
-  seconds later; the score counts what passed before, and `detail` says it timed out. If
-  no report was written even so, that command's tests count as not passed.
-- The evaluator failed: no report although the command ended by itself, an unparsable
-  report, pytest exit code 3 (internal error), 4 (usage error) or 5 (no tests collected:
-  the hidden tests are pristine, so the benchmark or the command is broken), 126/127
-  (command not executable / not found), or any exception raised here. Then the result is
-  Score(status=error, score=None, detail=what went wrong): dropped from its group,
-  NEVER a zero.
+Rules: one rule decides what is dropped (shared/DESIGN.md, "Reward integrity").
+- Once pytest has started a test session with the plugin (before collection: with no
+  agent conftest and the workspace off `sys.path` at start-up, no workspace code can
+  run earlier; with a pristine conftest that imports the project, loading the plugin
+  is the line), everything is the workspace's result: failing or erroring tests, a module that
+  fails to import, a process that exits, crashes, is killed or hangs (the timeout's
+  SIGINT, then SIGKILL): unreported pristine tests are failed. A valid score, maybe 0.
+- Tampering: a canary that must fail reported passed, a must-pass canary dropped, a
+  result reported twice or a message that is not the plugin's: status `tampering`,
+  score 0, the evidence kept.
+- Evaluator failure (status error, score None, dropped, never a zero): no command ever
+  started the plugin (pytest missing, command not found, the sandbox did not start), an
+  exception raised here, the overall deadline.
 
-Known gap: code under test that kills pytest before it writes a report (os._exit at
-import) is scored as an evaluator failure, i.e. dropped rather than zero.
+`eval_dir/reports/results.json` lists the passed ids, ignored results, tampering evidence
+and collection errors.
 """
 
 from __future__ import annotations
 
-import shlex
+import json
+import random
+import secrets
 import shutil
-import xml.etree.ElementTree as ET
 from pathlib import Path, PurePosixPath
 
+from gyre.evaluators.canaries import PristineFile, add_canaries, defined_tests, is_test_module
+from gyre.evaluators.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall, ResultChannel
 from gyre.evaluators.deadline import capped, overall_timeout_error
-from gyre.evaluators.junit import PASSED, read_junit
-from gyre.evaluators.pytest_guard import neutralise_pytest_config, pin_rootdir
+from gyre.evaluators.pytest_guard import imported_modules, neutralise_pytest_config, pin_rootdir
+from gyre.evaluators.tally import tally
 from gyre.records import EvalStatus, Query, Score
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.isolation import Isolation
 from gyre.sandboxes.layout import Mount, SandboxLayout
 from gyre.sandboxes.paths import clear_path
+from gyre.sandboxes.privileges import protect
 from gyre.sandboxes.process import sandbox_env
 from gyre.evaluators.workspace_copy import copy_workspace
 
 EVAL_LIMITS = SandboxLimits(max_output_bytes=256 * 1024)
 INTERRUPT_GRACE_S = 5.0
 """Seconds between SIGINT (pytest writes its report) and SIGKILL for a timed-out test command."""
+USAGE_ERROR = 4
 EVALUATOR_FAILURE_EXIT_CODES = {
     3: "pytest internal error",
-    4: "pytest usage error",
+    USAGE_ERROR: "pytest usage error",
     5: "no tests collected",
     126: "command not executable",
     127: "command not found",
 }
+"""Exit codes that mean the evaluator failed when no test session started; once one has, only
+pytest's own usage error (reported by the plugin, so no `os._exit(4)` can fake it) does."""
 SCORE_FILE = "score.json"
 _TAIL_CHARS = 600
 
@@ -123,63 +128,85 @@ def _score(
     if too_big is not None:  # the agent's doing: a valid zero, never a dropped sample
         return Score(execution_id=execution_id, status=EvalStatus.ok, score=0.0, tests_passed=0,
                      tests_total=query.test_case_count, detail=too_big)
-    neutralised = neutralise_pytest_config(repo)
-    for rel in query.test_files:
-        shutil.copyfile(Path(query.hidden_tests_dir) / rel, clear_path(repo, rel))
+    sources = {rel: (Path(query.hidden_tests_dir) / rel).read_text(encoding="utf-8", errors="replace")
+               for rel in query.test_files}
+    neutralised = neutralise_pytest_config(repo, query.test_files, imported_modules(list(sources.values())))
+    rng = random.Random(secrets.randbits(64))
+    pristine: list[PristineFile] = []
+    inside_root = PurePosixPath(repo)  # no workdir is set: commands see the host path
+    for rel, source in sources.items():
+        target = clear_path(repo, rel)
+        if is_test_module(rel):
+            source, canaries = add_canaries(source, rng)
+            pristine.append(PristineFile(str(inside_root / rel), defined_tests(source) - {(n,) for n in canaries.names},
+                                         canaries))
+            target.write_text(source, encoding="utf-8")
+        else:
+            shutil.copyfile(Path(query.hidden_tests_dir) / rel, target)
     pin_rootdir(repo, query.test_files)
+    isolation.hand_over(repo)
+    protect(repo, [*query.test_files, "pytest.ini"])
     reports.mkdir()
     scratch.mkdir()
-    layout = SandboxLayout(mounts=(Mount(reports, str(reports), writable=True),))
+    plugin = PluginInstall.write(eval_dir / "plugin")
+    layout = SandboxLayout(mounts=(Mount(plugin.directory, PLUGIN_MOUNT),) if isolation.bwrap else ())
+    plugin_path = PLUGIN_MOUNT if isolation.bwrap else str(plugin.directory)
     if neutralised:
         (reports / "neutralised.txt").write_text("\n".join(neutralised) + "\n", encoding="utf-8")
 
-    hidden_files = {PurePosixPath(rel).as_posix() for rel in query.test_files}
-    passed: set[tuple[str, str, str]] = set()
-    num_ignored = 0
+    runs: list[ChannelResults] = []
     notes: list[str] = []
     for i, command in enumerate(query.test_commands):
         command_timeout_s = capped(timeout_s, deadline_s)
         if command_timeout_s <= 0:
             return overall_timeout_error(execution_id, f"no time left for test command {i}")
-        junit = reports / f"junit_{i}.xml"
-        addopts = f"--junitxml={shlex.quote(str(junit))} -o junit_family=xunit1 --continue-on-collection-errors"
-        result = isolation.run(
-            command,
-            workspace=repo,
-            scratch=scratch,
-            layout=layout,
-            env=sandbox_env(repo, {"PYTEST_ADDOPTS": addopts}),
-            limits=limits,
-            timeout_s=command_timeout_s,
-            interrupt_grace_s=INTERRUPT_GRACE_S,
-        )
-        _write_log(reports / f"command_{i}.log", command, result)
-        failure = _evaluator_failure(i, command, result, junit)
-        if failure is not None:
-            return _error(execution_id, failure)
-        if not junit.exists():  # timed out and killed before pytest could write its report
-            notes.append(f"command {i} timed out after {command_timeout_s:g}s before pytest wrote a report: none counted")
-            continue
+        channel = ResultChannel()
         try:
-            cases = read_junit(junit)
-        except ET.ParseError as exc:
-            return _error(execution_id, f"command {i}: JUnit report {junit} is unparsable: {exc}")
-        for case in cases:
-            if case.outcome != PASSED:
-                continue
-            if case.file in hidden_files:
-                passed.add((case.file, case.classname, case.name))
-            else:
-                num_ignored += 1
+            result = isolation.run(
+                command,
+                workspace=repo,
+                scratch=scratch,
+                layout=layout,
+                env=sandbox_env(repo, {**plugin.env(plugin_path, ["--continue-on-collection-errors"]), **channel.env()}),
+                limits=limits,
+                timeout_s=command_timeout_s,
+                interrupt_grace_s=INTERRUPT_GRACE_S,
+                extra_fds=(channel.write_fd,),
+            )
+        finally:
+            runs.append(channel.close())
+        _write_log(reports / f"command_{i}.log", command, result)
+        pytest_said = runs[-1].exitstatus if runs[-1].finished else None
+        if not result.timed_out and (pytest_said == USAGE_ERROR or (
+                not runs[-1].session and result.exit_code in EVALUATOR_FAILURE_EXIT_CODES)):
+            code = pytest_said if pytest_said == USAGE_ERROR else result.exit_code
+            return _error(execution_id, f"command {i} {command!r} exited {code} "
+                                        f"({EVALUATOR_FAILURE_EXIT_CODES[code]}): {_tail(result)}")
         if result.timed_out:
             notes.append(f"command {i} timed out after {command_timeout_s:g}s: counted what passed before")
+        elif not runs[-1].finished and runs[-1].hello:
+            notes.append(f"command {i}: the test process ended early (exit {result.exit_code}): unreported tests failed")
 
-    num_passed = len(passed)
+    counted = tally(pristine, runs)
+    (reports / "results.json").write_text(json.dumps({
+        "passed": sorted("::".join((path, *tid)) for path, tid in counted.passed),
+        "ignored": counted.ignored, "tampering": counted.tampering, "collect_errors": counted.collect_errors,
+    }, indent=1) + "\n", encoding="utf-8")
+    pristine_conftest = any(PurePosixPath(rel).name == "conftest.py" for rel in query.test_files)
+    if not counted.loaded:
+        return _error(execution_id, f"no test command started pytest with gyre's result plugin: {_tail(result)}")
+    if not counted.started and not pristine_conftest:  # no workspace code can run before the session starts
+        return _error(execution_id, f"pytest did not start a test session (exit {result.exit_code}): {_tail(result)}")
+    num_passed = len(counted.passed)
     detail = [f"{num_passed}/{query.test_case_count} hidden test cases passed", *notes]
-    if num_ignored:
-        detail.append(f"ignored {num_ignored} passing test cases outside the hidden test files")
+    if counted.ignored:
+        detail.append(f"ignored {len(counted.ignored)} test results outside the pristine tests")
     if neutralised:
         detail.append(f"neutralised {len(neutralised)} pytest config items (reports/neutralised.txt)")
+    if counted.tampering:
+        return Score(execution_id=execution_id, status=EvalStatus.tampering, score=0.0, tests_passed=num_passed,
+                     tests_total=query.test_case_count, detail="tampering: " + "; ".join(counted.tampering[:3]),
+                     evidence=counted.tampering[:50])
     return Score(
         execution_id=execution_id,
         status=EvalStatus.ok,
@@ -188,18 +215,6 @@ def _score(
         tests_total=query.test_case_count,
         detail="; ".join(detail),
     )
-
-
-def _evaluator_failure(i: int, command: str, result: ExecResult, junit: Path) -> str | None:
-    """Why command i's run says the evaluator (not the agent) failed, or None."""
-    if result.timed_out:
-        return None
-    meaning = EVALUATOR_FAILURE_EXIT_CODES.get(result.exit_code)
-    if meaning is not None:
-        return f"command {i} {command!r} exited {result.exit_code} ({meaning}): {_tail(result)}"
-    if not junit.exists():
-        return f"command {i} {command!r} exited {result.exit_code} without writing {junit}: {_tail(result)}"
-    return None
 
 
 def _write_log(path: Path, command: str, result: ExecResult) -> None:

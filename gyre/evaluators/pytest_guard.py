@@ -13,23 +13,33 @@ configuration file of our own:
 - stripped anywhere: `[tool.pytest*]` tables of `pyproject.toml` and `[tool:pytest]` /
   `[pytest]` sections of `setup.cfg`; a file still carrying pytest settings, or one
   pytest could not parse, is removed;
-- removed at the top level: modules (.py, .pyc, .so) or packages named `pytest`,
-  `_pytest`, `pluggy`.
+- removed at the top level and in every directory that holds a hidden test file (pytest
+  puts those first on `sys.path`): modules (.py, .pyc, .so) or packages that would shadow
+  pytest or anything it imports, `shadowing_names()`: derived from the installed pytest's
+  own requirements and theirs (iniconfig, pluggy, packaging, pygments, ...), never a
+  hand-kept list;
+- `__init__.py` in a hidden test directory whose pristine files do not bring one (it
+  would run agent code as the tests' package).
 
 Hidden test files are copied in afterwards, so a `conftest.py` that belongs to the
 benchmark survives. What this cannot stop: code under test runs inside the pytest
 process, so a solution that deliberately patches pytest at import time can still forge
-results. Catching that needs out-of-process reporting, a later issue.
+results; the result channel and canaries (`gyre.evaluators.channel`, `canaries`) catch it.
 """
 
 from __future__ import annotations
 
+import ast
 import configparser
 import os
 import re
 import tomllib
 from collections.abc import Callable
-from pathlib import Path
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path, PurePosixPath
+
+from packaging.requirements import Requirement
 
 from gyre.sandboxes.paths import clear_path
 
@@ -48,7 +58,7 @@ PLANTED_FILE_NAMES = frozenset(
 ROOT_CONFIG_NAMES = frozenset(
     {"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "pyproject.toml", "setup.cfg"}
 )
-SHADOWING_NAMES = frozenset({"pytest", "_pytest", "pluggy"})
+ALWAYS_SHADOWING = frozenset({"pytest", "_pytest", "pluggy", "py"})
 GYRE_PYTEST_INI = """\
 # Written by gyre's evaluator: pins pytest's rootdir to this repository, so configuration
 # planted by the agent or lying above the repository is never read, and asks for JUnit
@@ -61,14 +71,56 @@ _TOML_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
 _CFG_HEADER = re.compile(r"^\s*\[([^\]]+)\]\s*([#;].*)?$")
 
 
-def neutralise_pytest_config(repo: Path) -> list[str]:
-    """Clean `repo` in place as the module docstring says; returns what was done, one line each."""
+@lru_cache(maxsize=1)
+def shadowing_names() -> frozenset[str]:
+    """Top-level module names of pytest and of every distribution it requires, transitively."""
+    names = set(ALWAYS_SHADOWING)
+    todo, seen = ["pytest"], set()
+    while todo:
+        dist = todo.pop()
+        key = re.sub(r"[-_.]+", "-", dist).lower()
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            found = metadata.distribution(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        top = (found.read_text("top_level.txt") or "").split()
+        files = [f.parts[0].removesuffix(".py") for f in found.files or () if len(f.parts) >= 1
+                 and not f.parts[0].endswith((".dist-info", ".egg-info", ".pth")) and f.parts[0] != ".."]
+        names |= {n for n in [*top, *files] if n.isidentifier()}
+        for text in found.requires or ():
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return frozenset(n for n in names if not n.startswith("__"))
+
+
+def neutralise_pytest_config(repo: Path, hidden_test_files: list[str] = (), project_modules: set[str] = frozenset()) -> list[str]:
+    """Clean `repo` in place as the module docstring says; returns what was done, one line each.
+
+    `project_modules`: names the hidden tests import, never removed (a project may BE one
+    of pytest's dependencies, e.g. `pygments`; pytest imported its own copy before the
+    workspace was on `sys.path`, see `gyre.evaluators.channel`).
+    """
     actions: list[str] = []
-    for entry in sorted(repo.iterdir()):
-        importable = entry.is_dir() or entry.suffix in (".py", ".pyc", ".so")
-        if importable and entry.name.split(".")[0] in SHADOWING_NAMES:
-            clear_path(repo, entry.name)
-            actions.append(f"removed {entry.name} (shadows pytest)")
+    hidden = {PurePosixPath(rel) for rel in hidden_test_files}
+    test_dirs = sorted({PurePosixPath("."), *(rel.parent for rel in hidden)})
+    for rel_dir in test_dirs:
+        directory = repo / rel_dir
+        if not directory.is_dir() or directory.is_symlink():
+            continue
+        for entry in sorted(directory.iterdir()):
+            importable = entry.is_dir() or entry.suffix in (".py", ".pyc", ".so")
+            rel = (rel_dir / entry.name).as_posix()
+            module = entry.name.split(".")[0]
+            if importable and module in shadowing_names() and module not in project_modules:
+                clear_path(repo, rel)
+                actions.append(f"removed {rel} (shadows pytest or a module it imports)")
+            elif entry.name == "__init__.py" and rel_dir != PurePosixPath(".") and PurePosixPath(rel) not in hidden:
+                clear_path(repo, rel)
+                actions.append(f"removed {rel} (not part of the pristine tests)")
     for path in _files(repo):
         rel = path.relative_to(repo).as_posix()
         if path.name in PLANTED_FILE_NAMES:
@@ -88,6 +140,22 @@ def neutralise_pytest_config(repo: Path) -> list[str]:
                 path.unlink()
                 actions.append(f"removed {rel} (not a valid setup.cfg)")
     return actions
+
+
+def imported_modules(sources: list[str]) -> set[str]:
+    """Top-level module names the given Python sources import (unparsable sources give none)."""
+    names: set[str] = set()
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+    return names
 
 
 def pin_rootdir(repo: Path, hidden_test_files: list[str]) -> bool:

@@ -15,7 +15,13 @@ PYTEST_ADDOPTS asking for a JUnit report; each test's status is read from the re
 `expected_output_json`: binary 1.0 iff all match. A test id matches a report node id
 exactly or as its trailing `::`-separated part. Timed out: 0 (the agent's hanging code).
 No report although the script ended by itself, or an unparsable one: evaluator failure.
+
+Known gap (issue 12, not yet done for this format): the verdict still comes from a JUnit
+report written inside the sandbox, so agent code in the test process can forge it; the
+NL2RepoBench evaluator already counts over gyre's result channel with canaries
+(`gyre.evaluators.channel`, `canaries`, `tally`), and this format moves to it next.
 """
+
 
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.isolation import Isolation
 from gyre.sandboxes.layout import Mount, SandboxLayout
 from gyre.sandboxes.paths import clear_path
+from gyre.sandboxes.privileges import protect
 from gyre.sandboxes.process import sandbox_env
 
 WORKDIR = "/testbed"
@@ -60,6 +67,9 @@ def evaluate_r2e(
         shutil.copyfile(Path(query.hidden_tests_dir) / rel, clear_path(repo, rel))
     reports.mkdir()
     scratch.mkdir()
+    isolation.hand_over(repo)
+    isolation.hand_over(reports)  # the JUnit report is written inside (see the module docstring's known gap)
+    protect(repo, query.test_files)
     workdir = WORKDIR if isolation.bwrap else None  # without bubblewrap: its host path (run_tests.sh must not care)
     layout = SandboxLayout(workdir=workdir, mounts=(Mount(reports, REPORTS_MOUNT, writable=True),) if workdir else
                            (Mount(reports, str(reports), writable=True),))

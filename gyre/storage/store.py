@@ -33,6 +33,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("reward_mean", "DOUBLE"),
         ("num_executions", "INTEGER"),
         ("num_dropped", "INTEGER"),
+        ("num_tampering", "INTEGER"),
         ("mean_staleness", "DOUBLE"),
         ("logprob_abs_diff", "DOUBLE"),
         ("loss", "DOUBLE"),
@@ -56,6 +57,8 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("tests_passed", "INTEGER"),
         ("tests_total", "INTEGER"),
         ("eval_detail", "VARCHAR"),
+        ("eval_evidence", "VARCHAR[]"),
+        ("flags", "VARCHAR[]"),
         ("num_calls", "INTEGER"),
         ("num_tokens", "BIGINT"),
         ("policy_version_dispatched", "INTEGER"),
@@ -233,6 +236,8 @@ class RunStore:
             row["tests_passed"] = score.tests_passed if score else None
             row["tests_total"] = score.tests_total if score else None
             row["eval_detail"] = score.detail if score else None
+            row["eval_evidence"] = score.evidence if score else None
+            row["flags"] = score.flags if score else None
             row["staleness"] = staleness
             row["advantage"] = advantage
             out.append(row)

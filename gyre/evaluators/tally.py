@@ -1,0 +1,76 @@
+"""Count an evaluation's results: pristine ids only, each once; canaries and forged messages are tampering.
+
+Input: the pristine files as placed (`canaries.PristineFile`: path inside the sandbox,
+defined ids, canaries) and what each test command's plugin sent (`channel.ChannelResults`).
+Output: a `Tally`. The rules of shared/DESIGN.md's "Reward integrity" live here:
+
+- a pristine test passed iff a command reported its call phase passed with no failing
+  phase; a test never reported (the process died, exited early, hung, or the module
+  failed to import) is failed: that is the workspace's result, never a dropped sample;
+- reports of ids the pristine files do not define are ignored and listed (`ignored`);
+- tampering evidence: a must-fail canary reported passed; a must-pass canary missing
+  from a command that finished by itself and reported other tests of its file; a phase
+  reported twice or a line that is not the plugin's (someone else wrote on the pipe);
+- `loaded`: some command's plugin said hello (the tools work); `started`: some command
+  started a test session. The caller decides from these whether the workspace was
+  involved (the evaluator's failure otherwise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gyre.evaluators.canaries import PristineFile, TestId, test_id
+from gyre.evaluators.channel import ChannelResults
+
+
+@dataclass
+class Tally:
+    passed: set[tuple[str, TestId]] = field(default_factory=set)
+    reported: set[tuple[str, TestId]] = field(default_factory=set)
+    ignored: list[str] = field(default_factory=list)
+    tampering: list[str] = field(default_factory=list)
+    collect_errors: list[str] = field(default_factory=list)
+    loaded: bool = False
+    started: bool = False
+
+    def outcome_of(self, key: tuple[str, TestId]) -> str:
+        return "passed" if key in self.passed else ("failed" if key in self.reported else "not run")
+
+
+def tally(files: list[PristineFile], runs: list[ChannelResults]) -> Tally:
+    by_path = {f.inside: f for f in files}
+    out = Tally()
+    for i, run in enumerate(runs):
+        out.loaded |= run.hello
+        out.started |= run.session
+        out.collect_errors += run.collect_errors
+        out.tampering += [f"command {i}: {c}" for c in run.conflicts]
+        if run.truncated:
+            out.tampering.append(f"command {i}: more messages than any test session sends")
+        seen_canaries: set[tuple[str, str]] = set()
+        files_reported: set[str] = set()
+        for result in run.results.values():
+            pristine = by_path.get(result.path)
+            tid = test_id(result.nodeid)
+            if pristine is None:
+                out.ignored.append(result.nodeid)
+            elif len(tid) == 1 and tid[0] in pristine.canaries.names:
+                seen_canaries.add((pristine.inside, tid[0]))
+                if tid[0] in pristine.canaries.must_fail and run.passed(result.nodeid):
+                    out.tampering.append(f"command {i}: canary {result.nodeid} must fail and was reported passed")
+            elif tid in pristine.tests:
+                files_reported.add(pristine.inside)
+                key = (pristine.inside, tid)
+                out.reported.add(key)
+                if run.passed(result.nodeid):
+                    out.passed.add(key)
+            else:
+                out.ignored.append(result.nodeid)
+        if run.ran_to_the_end:
+            for path in files_reported:
+                missing = sorted(n for n in by_path[path].canaries.must_pass if (path, n) not in seen_canaries)
+                if missing:
+                    out.tampering.append(f"command {i}: canaries {missing} of {path} must pass and were not reported")
+    # a test reported passed in one command and failed in another counts as passed once
+    return out

@@ -151,6 +151,10 @@ class SandboxConfig(Section):
 class EvaluatorConfig(Section):
     timeout_s: float = Field(default=120.0, gt=0)
     """Time limit of one hidden-test command."""
+    monitor: Literal["record", "zero", "off"] = "record"
+    """Reward-hacking monitor (`gyre.evaluators.monitor`) over each kept workspace before scoring:
+    `record` stores its flags with the execution (`executions.flags`); `zero` also scores a flagged
+    workspace 0 with status `tampering`; `off` skips it."""
 
 
 class EvaluationConfig(Section):

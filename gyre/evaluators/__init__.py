@@ -11,6 +11,10 @@ infra error, unparseable output): such a score is dropped from its group and can
 retried later, never counted as a zero. `score.json` is written next to the evaluation.
 With the execution's overall deadline (`deadline_s`), an evaluation that cannot finish
 before it is such a failure too, marked `overall_timeout` (`deadline.py`).
+
+The reward-hacking monitor (`monitor.py`) reads the kept workspace first: with
+`monitor="record"` its hits ride along in `Score.flags`; with `"zero"` a flagged workspace
+scores 0 with status `tampering` (an evaluator failure stays one: nothing was scored).
 """
 
 from __future__ import annotations
@@ -22,6 +26,21 @@ from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.isolation import Isolation
 
 EVAL_LIMITS = SandboxLimits(max_output_bytes=256 * 1024)
+MONITOR_ACTIONS = ("record", "zero", "off")
+
+
+def with_monitor(score: Score, workspace: Path, query: Query, act: bool) -> Score:
+    """`score` with the monitor's flags on `workspace`; with `act`, a flagged scored workspace is tampering."""
+    from gyre.evaluators.monitor import scan_workspace
+    from gyre.records import EvalStatus
+
+    flags = [f"{f.check} {f.path}:{f.line} {f.evidence}".rstrip() for f in
+             scan_workspace(Path(workspace), protected=query.test_files)]
+    if act and flags and score.status is not EvalStatus.error:
+        return score.model_copy(update={"status": EvalStatus.tampering, "score": 0.0, "flags": flags,
+                                        "evidence": [*score.evidence, *flags[:50]],
+                                        "detail": f"monitor: {len(flags)} flags; {score.detail}"})
+    return score.model_copy(update={"flags": flags})
 
 
 def evaluate_query(
@@ -34,6 +53,7 @@ def evaluate_query(
     isolation: Isolation | None = None,
     limits: SandboxLimits = EVAL_LIMITS,
     deadline_s: float | None = None,
+    monitor: str = "record",
 ) -> Score:
     """Score `workspace` on `query` by its benchmark's own rule; see the module docstring.
 
@@ -47,6 +67,9 @@ def evaluate_query(
     from gyre.evaluators.deadline import OVERALL_TIMEOUT, capped, overall_timeout_error, past
     from gyre.evaluators.nl2repo import evaluate
     from gyre.evaluators.r2e import evaluate_r2e
+
+    if monitor not in MONITOR_ACTIONS:
+        raise ValueError(f"monitor must be one of {', '.join(MONITOR_ACTIONS)}, got {monitor!r}")
 
     try:
         spec = task_spec(query)
@@ -74,5 +97,7 @@ def evaluate_query(
                 score = error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
     if past(deadline_s) and not score.detail.startswith(OVERALL_TIMEOUT):
         score = overall_timeout_error(execution_id, f"evaluation still running at the overall deadline ({score.detail})")
+    if monitor != "off" and Path(workspace).is_dir():
+        score = with_monitor(score, workspace, query, act=monitor == "zero")
     (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return score

@@ -139,11 +139,11 @@ class SandboxConfig(Section):
     """`auto`: bubblewrap namespaces when `bwrap` works, else plain processes with a loud warning;
     `bwrap`: refuse to run without it; `none`: plain processes (trusted models only)."""
     max_processes: int = Field(default=256, gt=0)
-    """Processes + threads of one command's whole tree (cgroup pids.max, where cgroups v1 work)."""
+    """Processes + threads of one command's whole tree (cgroup pids.max, where cgroups work)."""
     tree_memory_bytes: int = Field(default=4 * 2**30, gt=0)
-    """Memory of one command's whole tree (cgroup memory limit, where cgroups v1 work)."""
+    """Memory of one command's whole tree (cgroup memory limit, where cgroups work)."""
     cpu_cores: float = Field(default=1.0, gt=0)
-    """CPU cores one command's tree may use (cgroup CFS quota, where cgroups v1 work)."""
+    """CPU cores one command's tree may use (cgroup CPU quota, where cgroups work)."""
     max_workspace_bytes: int = Field(default=2 * 2**30, gt=0)
     """Bytes the workspace and scratch /tmp may hold; a command is killed beyond it."""
 

@@ -74,11 +74,13 @@ def bwrap_argv(
     extra_ro: Iterable[Path] = (),
     source: Callable[[Path], Path] = lambda path: path,
     seccomp_fd: int | None = None,
+    python_dirs: Iterable[Path] | None = None,
 ) -> list[str]:
     """argv prefix (ends with `--`) that runs the following command confined as the module docstring says.
 
     `source(host_path)` is what bubblewrap binds for each non-system host path (a staged
     path when it runs unprivileged); `scratch/.shm` must exist (`prepare_scratch`).
+    `python_dirs` replaces the interpreter directories bound (default: gyre's own, `python_prefixes`).
     """
     argv = [
         bwrap,
@@ -106,7 +108,7 @@ def bwrap_argv(
     # /tmp first: the Python installation may live under /tmp (a CI clone's venv), and a
     # later mount on /tmp would hide it.
     argv += ["--bind", str(source(scratch)), "/tmp"]
-    for path in [*python_prefixes(), *_outside_system_dirs(extra_ro)]:
+    for path in _outside_system_dirs([*(python_prefixes() if python_dirs is None else python_dirs), *extra_ro]):
         argv += ["--ro-bind", str(source(path)), str(path)]
     inside = layout.inside(workspace)
     argv += ["--bind", str(source(workspace)), inside]
@@ -116,10 +118,11 @@ def bwrap_argv(
     return argv
 
 
-def bound_sources(workspace: Path, scratch: Path, layout: SandboxLayout, extra_ro: Iterable[Path] = ()) -> list[Path]:
+def bound_sources(workspace: Path, scratch: Path, layout: SandboxLayout, extra_ro: Iterable[Path] = (),
+                  python_dirs: Iterable[Path] | None = None) -> list[Path]:
     """Every non-system host path `bwrap_argv` binds (what an unprivileged bubblewrap needs staged)."""
-    return [scratch / SHM_DIR, scratch, *python_prefixes(), *_outside_system_dirs(extra_ro), workspace,
-            *(Path(m.source) for m in layout.mounts)]
+    dirs = _outside_system_dirs([*(python_prefixes() if python_dirs is None else python_dirs), *extra_ro])
+    return [scratch / SHM_DIR, scratch, *dirs, workspace, *(Path(m.source) for m in layout.mounts)]
 
 
 def prepare_scratch(scratch: Path) -> None:

@@ -17,9 +17,16 @@ processes this sandbox started) and `remove()` deletes the directories.
 - `cpu.cfs_quota_us` = `cpu_cores` x `cpu.cfs_period_us`.
 
 `CgroupV1.create` returns None where cgroups v1 are not usable (no such hierarchy, a
-cgroup v2-only host, no permission); callers then fall back to rlimits and say so.
-cgroup v2 is not supported yet: its "no internal processes" rule needs a delegated
-subtree, which a plain process cannot assume it has.
+cgroup v2-only host, no permission). cgroup v2 lives in `gyre.sandboxes.cgroups_v2`
+(`CgroupV2`, same interface and limits); its "no internal processes" rule means it
+needs a delegated parent cgroup (`$GYRE_CGROUP_V2_PARENT`, or gyre's own cgroup where
+controllers can be enabled below it), see that module. `create_cgroup` is what callers
+use: v1 where v1 works, else v2 where a delegated v2 parent is usable, else None, and
+callers then fall back to rlimits and say so. Both return a `CommandCgroup`.
+
+The v2 limits have been tested only against a fake cgroupfs tree (tests/test_cgroups_v2.py):
+no live cgroup v2 test of them has run on gyre's own machines, which are cgroup v1 hosts
+(only v2's controller-free join, kill and remove run live, on their hybrid `unified` mount).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from gyre.sandboxes.base import SandboxLimits
 
@@ -41,6 +49,46 @@ _JOIN_SCRIPT = (
 )
 _REMOVE_RETRIES = 40
 _REMOVE_WAIT_S = 0.05
+
+
+@runtime_checkable
+class CommandCgroup(Protocol):
+    """One command's cgroup(s), whichever cgroup version made them."""
+
+    def enter_argv(self) -> list[str]:
+        """argv prefix that joins the cgroup(s), then execs the rest of the command line."""
+        ...
+
+    def pids(self) -> list[int]:
+        """Processes in the cgroup now."""
+        ...
+
+    def memory_limit_hits(self) -> int:
+        """Times the memory limit was hit (OOM kills plus allocations at the limit); 0 if unknown."""
+        ...
+
+    def pids_limit_hits(self) -> int:
+        """Forks refused at the process limit; 0 if unknown."""
+        ...
+
+    def kill(self) -> None:
+        """Kill every process in the cgroup until it is empty."""
+        ...
+
+    def remove(self) -> None:
+        """Kill what is left, then delete the cgroup(s)."""
+        ...
+
+
+def create_cgroup(limits: SandboxLimits, root: Path = CGROUP_ROOT) -> CommandCgroup | None:
+    """A fresh cgroup for one command with `limits` written: v1 where it works, else v2, else None.
+
+    `root` is where the hierarchies are mounted: the v1 controllers at `root/<controller>`,
+    a cgroup v2-only host's unified hierarchy at `root` itself.
+    """
+    from gyre.sandboxes.cgroups_v2 import CgroupV2  # cgroups_v2 imports this module's join script
+
+    return CgroupV1.create(limits, root) or CgroupV2.create(limits, root)
 
 
 @dataclass

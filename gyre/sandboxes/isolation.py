@@ -4,7 +4,7 @@ Both the agent's commands (`LocalSandbox.exec`) and the evaluator's hidden-test 
 (code written by the agent runs inside them) go through `Isolation.run`, so both get the
 same walls. One command's full wrapping, outermost first:
 
-    /bin/sh (join a fresh cgroup v1: pids, memory, cpu)   gyre.sandboxes.cgroups
+    /bin/sh (join a fresh cgroup, v1 or delegated v2: pids, memory, cpu)   gyre.sandboxes.cgroups
       prlimit (rlimits: CPU s, file size, address space, open files)   gyre.sandboxes.process
         [gyre as root: unshare + staging binds, then setpriv to uid 65534]   gyre.sandboxes.privileges
           bwrap (namespaces, read-only system, writable workspace, seccomp)   gyre.sandboxes.bwrap
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.bwrap import SHM_DIR, bound_sources, bwrap_argv, find_bwrap, prepare_scratch
-from gyre.sandboxes.cgroups import CgroupV1
+from gyre.sandboxes.cgroups import CommandCgroup, create_cgroup
 from gyre.sandboxes.diskwatch import DiskWatch
 from gyre.sandboxes.layout import SandboxLayout
 from gyre.sandboxes.privileges import SandboxUser, Stage, drop_argv, drop_tools, hand_over, sandbox_user
@@ -55,7 +55,7 @@ class Isolation:
     bwrap: str | None
     """Path of bwrap, or None for plain process groups."""
     cgroups: bool
-    """Whether each command gets its own cgroup v1 (pids, memory, cpu)."""
+    """Whether each command gets its own cgroup (v1, or v2 under a delegated parent: pids, memory, cpu)."""
     user: SandboxUser | None = None
     """The unprivileged host user bubblewrap runs as (gyre is root), or None (already unprivileged)."""
 
@@ -90,10 +90,12 @@ class Isolation:
         on_spawn: Callable[[int], None] | None = None,
         extra_ro: Iterable[Path] = (),
         extra_fds: Iterable[int] = (),
+        python_dirs: Iterable[Path] | None = None,
     ) -> ExecResult:
         """Run `command` confined; every process it started is dead when this returns.
 
         `extra_fds` stay open into the command (an evaluator's result channel); the caller owns them.
+        `python_dirs`: the interpreter directories shown (default gyre's own; evaluations show only the base one).
         """
         if self.bwrap is None and layout.needs_namespaces(workspace):
             raise RuntimeError(f"this task expects its files at {layout.inside(workspace)} and mounts "
@@ -108,12 +110,13 @@ class Isolation:
             for path in (scratch, scratch / SHM_DIR, workspace, *(m.source for m in layout.mounts if m.writable)):
                 hand_over(path, self.user, recursive=False)
             if self.user is not None:
-                stage = Stage.create(bound_sources(workspace, scratch, layout, extra_ro))
+                stage = Stage.create(bound_sources(workspace, scratch, layout, extra_ro, python_dirs))
                 confine = drop_argv(self.user, stage, _drop_tools())
             pass_fds = (_seccomp_fd(),)
             confine += bwrap_argv(self.bwrap, workspace=workspace, scratch=scratch, layout=layout, extra_ro=extra_ro,
-                                  source=stage.staged if stage else lambda p: p, seccomp_fd=pass_fds[0])
-        group = CgroupV1.create(limits) if self.cgroups else None
+                                  source=stage.staged if stage else lambda p: p, seccomp_fd=pass_fds[0],
+                                  python_dirs=python_dirs)
+        group = create_cgroup(limits) if self.cgroups else None
         try:
             result = run_command(
                 command,
@@ -149,7 +152,7 @@ class Isolation:
 
 @lru_cache(maxsize=1)
 def cgroups_usable() -> bool:
-    group = CgroupV1.create(SandboxLimits())
+    group = create_cgroup(SandboxLimits())
     if group is None:
         return False
     group.remove()
@@ -200,7 +203,7 @@ def _seccomp_fd() -> int:
     return read
 
 
-def _with_cgroup_verdict(result: ExecResult, group: CgroupV1, limits: SandboxLimits) -> ExecResult:
+def _with_cgroup_verdict(result: ExecResult, group: CommandCgroup, limits: SandboxLimits) -> ExecResult:
     """Name the cgroup limit a killed or failing command ran into, if any."""
     reasons = []
     if group.memory_limit_hits() > 0:
@@ -226,7 +229,8 @@ def _warn_once(isolation: Isolation) -> None:
             "\n%s\nGYRE SANDBOX WARNING: bubblewrap is not in use. Agent commands run as this user with NO "
             "network, filesystem or PID isolation: they can reach the network, read other workspaces and "
             "the hidden tests. Applied: scrubbed env, rlimits, timeouts%s. Install it: apt-get install -y "
-            "bubblewrap\n%s", "!" * 78, ", cgroup limits" if isolation.cgroups else " (no cgroups v1)", "!" * 78,
+            "bubblewrap\n%s", "!" * 78, ", cgroup limits" if isolation.cgroups else " (no cgroups)", "!" * 78,
         )
     if not isolation.cgroups:
-        log.warning("gyre sandbox: cgroups v1 unusable here; process and memory limits are per process only")
+        log.warning("gyre sandbox: cgroups unusable here (no cgroup v1, no delegated cgroup v2 parent: see "
+                    "gyre.sandboxes.cgroups_v2); process and memory limits are per process only")

@@ -142,3 +142,92 @@ def test_the_monitor_records_or_zeroes_an_always_equal_object(tmp_path, action, 
     result = evaluate_query(query, workspace, tmp_path / "eval", "attack", timeout_s=20, monitor=action)
     assert (result.status, result.score) == (status, score), result.detail
     assert any(flag.startswith("constant-operator calc.py:2") for flag in result.flags), result.flags
+
+
+def test_harbor_exit_zero_for_a_reward_of_one_is_tampering(tmp_path):
+    from gyre.benchmarks import load_benchmark
+    from gyre.evaluators import evaluate_query
+    from tests.test_benchmarks_formats import write_harbor
+    from tests.test_evaluator_formats import _workspace as format_workspace
+
+    test_sh = ("#!/bin/bash\ncd /work\npython -m pytest -q /tests/test_count.py\n"
+               "if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n")
+    task = write_harbor(tmp_path / "hb", test_sh=test_sh)
+    (task / "tests" / "test_count.py").write_text(
+        "import sys\nsys.path.insert(0, '/work')\nfrom counter import count\n\n\ndef test_count():\n"
+        "    assert type(count()) is int and count() == 3\n")
+    (query,) = load_benchmark("harbor", task.parent)
+    honest = evaluate_query(query, format_workspace(tmp_path / "a", {"counter.py": "def count():\n    return 3\n"}),
+                            tmp_path / "e1", "h1")
+    assert (honest.status, honest.score) == (EvalStatus.ok, 1.0), honest.detail
+    cheat = format_workspace(tmp_path / "b", {"counter.py": "import os\nos._exit(0)\n"})
+    score = evaluate_query(query, cheat, tmp_path / "e2", "h2")
+    assert (score.status, score.score) == (EvalStatus.tampering, 0.0), score.detail
+
+
+def test_r2e_runner_patching_is_tampering(tmp_path):
+    from gyre.benchmarks import load_benchmark
+    from gyre.evaluators import evaluate_query
+    from tests.test_benchmarks_formats import write_r2e
+    from tests.test_evaluator_formats import _workspace as format_workspace
+
+    (query,) = load_benchmark("r2e", write_r2e(tmp_path / "r2e"))
+    patched = "import _pytest.python\n_pytest.python.Function.runtest = lambda self: None\n" \
+              "def double(x):\n    return 0\n"
+    score = evaluate_query(query, format_workspace(tmp_path / "a", {"toylib.py": patched}, start=query.start_dir),
+                           tmp_path / "e", "r1")
+    assert (score.status, score.score) == (EvalStatus.tampering, 0.0), score.detail
+
+
+@pytest.mark.parametrize("package", ["six", "yaml", "typing_extensions"])
+def test_an_empty_workspace_cannot_borrow_gyres_own_packages(tmp_path, package):
+    # each of these is installed in gyre's environment; the evaluation's environment holds only test tools
+    __import__(package)
+    tests = f"import {package}\n\n\ndef test_present():\n    assert {package}.__name__ == {package!r}\n"
+    query = _calc_query(tmp_path, tests=tests, count=1)
+    workspace = _workspace(tmp_path, query, {"README.md": "nothing here\n"})
+    score = evaluate(query, workspace, tmp_path / "eval", "empty", timeout_s=20)
+    assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
+    solved = _workspace(tmp_path / "solved", query, {f"{package}.py": "pass\n"})
+    assert evaluate(query, solved, tmp_path / "eval2", "solved", timeout_s=20).score == 1.0
+
+
+def test_a_workspace_nested_too_deep_scores_zero_not_a_crash(tmp_path):
+    query = _calc_query(tmp_path)
+    workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return a + b\n"})
+    deep = workspace
+    for _ in range(1200):  # deeper than Python's recursion limit: every recursive walk would crash
+        deep = deep / "d"
+        deep.mkdir()
+    try:
+        score = evaluate(query, workspace, tmp_path / "eval", "deep", timeout_s=30)
+    finally:  # pytest's own clean-up of old temporary directories recurses: take the tree down here
+        while deep != workspace:
+            deep.rmdir()
+            deep = deep.parent
+    assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
+    assert "levels deep" in score.detail
+
+
+def test_hostile_workspace_shapes_are_scored_never_crash(tmp_path):
+    import os
+
+    from gyre.evaluators import evaluate_query
+
+    query = _calc_query(tmp_path)
+    workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return a + b\n"})
+    deep = workspace
+    for _ in range(100):
+        deep = deep / "d"
+        deep.mkdir()
+    (workspace / "escape").symlink_to("/etc")
+    (workspace / "passwd_link").symlink_to("/etc/passwd")
+    (workspace / os.fsdecode(b"bad-\xff-name.txt")).write_text("x")
+    os.mkfifo(workspace / "fifo")
+    locked = workspace / "locked.py"
+    locked.write_text("SECRET = 1\n")
+    locked.chmod(0)
+    score = evaluate_query(query, workspace, tmp_path / "eval", "hostile", timeout_s=30)
+    assert (score.status, score.score) == (EvalStatus.ok, 1.0), score.detail
+    repo = tmp_path / "eval" / "repo"
+    assert (repo / "escape").is_symlink() and not (repo / "fifo").exists()  # copied as a link, never followed

@@ -133,3 +133,13 @@ def test_files_gyre_writes_stay_editable_by_the_agent(tmp_path):
 def test_probe_runs_the_same_chain_as_every_command():
     isolation = Isolation.detect("bwrap")
     assert isolation.user is not None if os.geteuid() == 0 else isolation.user is None
+
+
+def test_a_scratch_tree_deeper_than_any_recursion_is_still_cleaned_up(tmp_path):
+    sandbox = _sandbox(tmp_path)
+    script = "import os\nos.chdir('/tmp')\nfor _ in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\nprint('made')\n"
+    sandbox.write_file("deep.py", script)
+    result = sandbox.exec("python3 deep.py", timeout_s=60)
+    assert result.stdout.strip() == "made", result
+    sandbox.close()  # must not raise RecursionError
+    assert not sandbox.scratch.exists()

@@ -63,7 +63,7 @@ def test_terminal_bench_script_failing_without_report_is_an_evaluator_failure(tm
     (query,) = load_benchmark("terminal-bench", task.parent)
     score = evaluate_query(query, _workspace(tmp_path, {"hello.txt": "hi\n"}), tmp_path / "e", "x")
     assert score.status is EvalStatus.error and score.score is None
-    assert "without a pytest report" in score.detail
+    assert "without starting pytest" in score.detail
     assert json.loads((tmp_path / "e" / "score.json").read_text())["score"] is None
 
 

@@ -1,8 +1,6 @@
 """Pieces every format's evaluator shares: score constructors, command logs, the report mount.
 
-Kept apart so each format's module reads as its scoring rule only. `REPORTS_MOUNT` is
-where a container-style task's JUnit report is written inside the evaluation sandbox
-(a writable mount of `eval_dir/reports`), outside anything the task itself uses.
+Kept apart so each format's module reads as its scoring rule only.
 """
 
 from __future__ import annotations
@@ -12,19 +10,19 @@ from pathlib import Path
 from gyre.records import EvalStatus, Score
 from gyre.sandboxes.base import ExecResult
 
-REPORTS_MOUNT = "/gyre-reports"
-JUNIT_FILE = "junit.xml"
 SCORE_FILE = "score.json"
 TAIL_CHARS = 600
-
-
-def pytest_addopts(junit_path: str) -> str:
-    return f"--junitxml={junit_path} -o junit_family=xunit1 -p no:cacheprovider"
 
 
 def ok(execution_id: str, score: float, detail: str, passed: int = 0, total: int = 1) -> Score:
     return Score(execution_id=execution_id, status=EvalStatus.ok, score=score, tests_passed=passed,
                  tests_total=total, detail=detail)
+
+
+def tampering(execution_id: str, evidence: list[str]) -> Score:
+    """The evaluation caught the workspace forging its result: 0, with the evidence."""
+    return Score(execution_id=execution_id, status=EvalStatus.tampering, score=0.0,
+                 detail="tampering: " + "; ".join(evidence[:3]), evidence=evidence[:50])
 
 
 def error(execution_id: str, detail: str) -> Score:

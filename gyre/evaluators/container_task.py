@@ -5,45 +5,47 @@ Dockerfile's WORKDIR), the tests copied to `/tests`, one script that runs them. 
 evaluation recreates that in a fresh sandbox (bubblewrap needed for the fixed paths):
 
     eval_dir/repo/      copy of the kept workspace, shown at the task's workdir (writable)
-    eval_dir/tests/     the pristine tests (+ Terminal-Bench's run-tests.sh), read-only at /tests
+    eval_dir/tests/     the pristine tests, canaries in each test module (+ Terminal-Bench's
+                        run-tests.sh), root-owned and read-only at /tests
     eval_dir/logs/      Harbor only: fresh /logs with verifier/ and agent/ (writable)
-    eval_dir/reports/   the JUnit report (Terminal-Bench) and the command log
+    eval_dir/reports/   the command log
 
 The agent never had `/tests` (it did not exist in its sandbox) and cannot have left
 anything in `/logs` (fresh here), so neither edits to tests nor a forged reward file
-carry over. Scoring:
+carry over. The script's pytest runs with gyre's result plugin (`observed`, `channel`):
+results come back over a pipe gyre owns, never from a file in the sandbox.
 
-- Terminal-Bench: binary from the JUnit report pytest writes (PYTEST_ADDOPTS): 1.0 iff at
-  least one test ran and none failed or errored. A report written while the script then
-  failed still counts (a failing test makes pytest exit 1).
+- Terminal-Bench: binary, from the channel: 1.0 iff every test the pristine files define
+  passed (an unreported one failed: the process died, exited or hung).
 - Harbor: the reward the verifier wrote: `verifier/reward.txt` (one float) or
-  `verifier/reward.json` (`{"reward": x}` or a single numeric entry); it must lie in [0, 1].
+  `verifier/reward.json` (`{"reward": x}` or a single numeric entry), in [0, 1]. Its
+  `test.sh` turns pytest's exit code into the reward, so Harbor tests get must-pass
+  canaries only; a reward above 0 while a pristine test did not pass is tampering.
 
-Who failed: the test command timing out is the agent's (a hanging solution): 0 with the
-reason. No report / reward although the script ended by itself, an unreadable or
-out-of-range reward, a task needing bubblewrap on a host without it: evaluator failure
-(status error, score None), never 0.
-
-Known gap (issue 12, not yet done for this format): the verdict still comes from a JUnit
-report written inside the sandbox, so agent code in the test process can forge it; the
-NL2RepoBench evaluator already counts over gyre's result channel with canaries
-(`gyre.evaluators.channel`, `canaries`, `tally`), and this format moves to it next.
+Who failed: once pytest started with the plugin, everything is the workspace's result (a
+timeout, a crash, no reward written: 0). Tampering (canaries, forged lines on the pipe,
+a reward contradicting the tests): status `tampering`, 0. Evaluator failure (status
+error, score None, never 0): the script ended by itself without starting pytest (its
+installer failed) and wrote no reward, an unreadable or out-of-range reward, a task
+needing bubblewrap on a host without it.
 """
-
 
 from __future__ import annotations
 
 import json
 import math
+import random
+import secrets
 import shutil
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from gyre.benchmarks.harbor import REWARD_JSON, REWARD_TXT
 from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH, TaskSpec
 from gyre.benchmarks.terminal_bench import RUN_TESTS
-from gyre.evaluators.common import JUNIT_FILE, REPORTS_MOUNT, error, ok, pytest_addopts, tail, write_log
-from gyre.evaluators.junit import ERROR, FAILED, PASSED, read_junit
+from gyre.evaluators.canaries import PristineFile
+from gyre.evaluators.common import error, ok, tail, tampering, write_log
+from gyre.evaluators.observed import Observer, place_pristine, read_sources
+from gyre.evaluators.tally import Tally, tally
 from gyre.evaluators.workspace_copy import copy_workspace
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
@@ -67,56 +69,57 @@ def evaluate_container_task(
     too_big = copy_workspace(workspace, repo, limits)
     if too_big is not None:
         return ok(execution_id, 0.0, too_big)
-    shutil.copytree(query.hidden_tests_dir, tests, symlinks=False)
+    hidden = Path(query.hidden_tests_dir)
+    rels = sorted(p.relative_to(hidden).as_posix() for p in hidden.rglob("*") if p.is_file() and not p.is_symlink())
+    tests_inside = spec.tests_mount or "/tests"
+    tests.mkdir()
+    pristine = place_pristine(tests, read_sources(hidden, rels), tests_inside if isolation.bwrap else str(tests),
+                              random.Random(secrets.randbits(64)), num_fail=0 if spec.format == HARBOR else 2)
     if spec.format == TERMINAL_BENCH:
         shutil.copyfile(query.root / RUN_TESTS, tests / RUN_TESTS)
     for d in (reports, scratch, logs / "verifier", logs / "agent"):
         d.mkdir(parents=True)
     isolation.hand_over(repo)
     isolation.hand_over(logs)
-    isolation.hand_over(reports)  # the JUnit report is written inside (see the module docstring's known gap)
     protect(eval_dir, ["tests"])
-    mounts = [Mount(tests, spec.tests_mount or "/tests"), Mount(reports, REPORTS_MOUNT, writable=True)]
+    observer = Observer.create(eval_dir, isolation)
+    mounts = [Mount(tests, tests_inside), *observer.mounts()]
     if spec.logs_dir:
         mounts.append(Mount(logs, spec.logs_dir, writable=True))
     layout = SandboxLayout(workdir=spec.workdir, mounts=tuple(mounts))
-    extra = {"TEST_DIR": spec.tests_mount or "/tests"}
-    if spec.format == TERMINAL_BENCH:
-        extra["PYTEST_ADDOPTS"] = pytest_addopts(f"{REPORTS_MOUNT}/{JUNIT_FILE}")
     (command,) = query.test_commands
-    result = isolation.run(
-        command,
-        workspace=repo,
-        scratch=scratch,
-        layout=layout,
-        env=sandbox_env(Path(layout.inside(repo)), extra),
-        limits=limits,
-        timeout_s=timeout_s,
-        interrupt_grace_s=5.0,
-    )
+    result, said = observer.run(command, workspace=repo, scratch=scratch, layout=layout,
+                                env=sandbox_env(Path(layout.inside(repo)), {"TEST_DIR": tests_inside}),
+                                limits=limits, timeout_s=timeout_s)
     write_log(reports / "command_0.log", command, result)
+    counted = tally(pristine, [said])
+    if counted.tampering:
+        return tampering(execution_id, counted.tampering)
     if spec.format == HARBOR:
-        return _harbor_reward(execution_id, logs, result.timed_out, timeout_s, result)
-    return _terminal_bench_verdict(execution_id, reports / JUNIT_FILE, result.timed_out, timeout_s, result)
+        return _harbor_reward(execution_id, logs, result, timeout_s, pristine, counted, said.hello)
+    return _terminal_bench_verdict(execution_id, result, timeout_s, pristine, counted, said.hello)
 
 
-def _terminal_bench_verdict(execution_id: str, junit: Path, timed_out: bool, timeout_s: float, result) -> Score:
-    if not junit.exists():
-        if timed_out:
-            return ok(execution_id, 0.0, f"tests timed out after {timeout_s:g}s before pytest wrote a report")
-        return error(execution_id, f"run-tests.sh exited {result.exit_code} without a pytest report: {tail(result)}")
-    try:
-        cases = read_junit(junit)
-    except ET.ParseError as exc:
-        return error(execution_id, f"JUnit report {junit} is unparsable: {exc}")
-    passed = sum(c.outcome == PASSED for c in cases)
-    failed = sum(c.outcome in (FAILED, ERROR) for c in cases)
-    resolved = passed > 0 and failed == 0 and not timed_out
-    detail = f"{passed} passed, {failed} failed or errored" + (f"; timed out after {timeout_s:g}s" if timed_out else "")
-    return ok(execution_id, 1.0 if resolved else 0.0, detail, passed=passed, total=len(cases))
+def _all_pristine(pristine: list[PristineFile]) -> set[tuple[str, tuple[str, ...]]]:
+    return {(f.inside, tid) for f in pristine for tid in f.tests}
 
 
-def _harbor_reward(execution_id: str, logs: Path, timed_out: bool, timeout_s: float, result) -> Score:
+def _terminal_bench_verdict(execution_id: str, result, timeout_s: float, pristine: list[PristineFile],
+                            counted: Tally, started: bool) -> Score:
+    if not started:
+        if result.timed_out:
+            return ok(execution_id, 0.0, f"tests timed out after {timeout_s:g}s before pytest started")
+        return error(execution_id, f"run-tests.sh exited {result.exit_code} without starting pytest: {tail(result)}")
+    expected = _all_pristine(pristine)
+    passed = len(expected & counted.passed)
+    resolved = bool(expected) and passed == len(expected) and not result.timed_out
+    detail = f"{passed}/{len(expected)} pristine tests passed" + (
+        f"; timed out after {timeout_s:g}s" if result.timed_out else "")
+    return ok(execution_id, 1.0 if resolved else 0.0, detail, passed=passed, total=len(expected))
+
+
+def _harbor_reward(execution_id: str, logs: Path, result, timeout_s: float, pristine: list[PristineFile],
+                   counted: Tally, started: bool) -> Score:
     txt, js = logs / REWARD_TXT, logs / REWARD_JSON
     if txt.is_file():
         raw = txt.read_text(encoding="utf-8", errors="replace").strip()
@@ -139,10 +142,17 @@ def _harbor_reward(execution_id: str, logs: Path, timed_out: bool, timeout_s: fl
         else:
             return error(execution_id, f"{REWARD_JSON} needs a numeric 'reward' (or exactly one number): {data!r}"[:300])
         source = REWARD_JSON
-    elif timed_out:
+    elif result.timed_out:
         return ok(execution_id, 0.0, f"verifier timed out after {timeout_s:g}s before writing a reward")
+    elif started:
+        return ok(execution_id, 0.0, f"pytest ran but the verifier wrote no reward (exit {result.exit_code})")
     else:
         return error(execution_id, f"verifier exited {result.exit_code} without writing a reward: {tail(result)}")
     if not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
         return error(execution_id, f"{source} holds {reward!r}, outside [0, 1]")
+    if started and reward > 0:
+        failing = sorted("::".join((path, *tid)) for path, tid in _all_pristine(pristine) - counted.passed)
+        if failing:
+            return tampering(execution_id, [f"{source} says {reward:g} while pristine tests did not pass: "
+                                            f"{', '.join(failing[:5])}"])
     return ok(execution_id, reward, f"reward {reward:g} from {source}", passed=int(reward == 1.0))

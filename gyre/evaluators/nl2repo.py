@@ -45,26 +45,22 @@ from __future__ import annotations
 import json
 import random
 import secrets
-import shutil
 from pathlib import Path, PurePosixPath
 
-from gyre.evaluators.canaries import PristineFile, add_canaries, defined_tests, is_test_module
-from gyre.evaluators.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall, ResultChannel
+from gyre.evaluators.channel import ChannelResults
+from gyre.evaluators.observed import Observer, place_pristine, read_sources
 from gyre.evaluators.deadline import capped, overall_timeout_error
 from gyre.evaluators.pytest_guard import imported_modules, neutralise_pytest_config, pin_rootdir
 from gyre.evaluators.tally import tally
 from gyre.records import EvalStatus, Query, Score
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.isolation import Isolation
-from gyre.sandboxes.layout import Mount, SandboxLayout
-from gyre.sandboxes.paths import clear_path
+from gyre.sandboxes.layout import SandboxLayout
 from gyre.sandboxes.privileges import protect
 from gyre.sandboxes.process import sandbox_env
 from gyre.evaluators.workspace_copy import copy_workspace
 
 EVAL_LIMITS = SandboxLimits(max_output_bytes=256 * 1024)
-INTERRUPT_GRACE_S = 5.0
-"""Seconds between SIGINT (pytest writes its report) and SIGKILL for a timed-out test command."""
 USAGE_ERROR = 4
 EVALUATOR_FAILURE_EXIT_CODES = {
     3: "pytest internal error",
@@ -128,29 +124,18 @@ def _score(
     if too_big is not None:  # the agent's doing: a valid zero, never a dropped sample
         return Score(execution_id=execution_id, status=EvalStatus.ok, score=0.0, tests_passed=0,
                      tests_total=query.test_case_count, detail=too_big)
-    sources = {rel: (Path(query.hidden_tests_dir) / rel).read_text(encoding="utf-8", errors="replace")
-               for rel in query.test_files}
-    neutralised = neutralise_pytest_config(repo, query.test_files, imported_modules(list(sources.values())))
-    rng = random.Random(secrets.randbits(64))
-    pristine: list[PristineFile] = []
-    inside_root = PurePosixPath(repo)  # no workdir is set: commands see the host path
-    for rel, source in sources.items():
-        target = clear_path(repo, rel)
-        if is_test_module(rel):
-            source, canaries = add_canaries(source, rng)
-            pristine.append(PristineFile(str(inside_root / rel), defined_tests(source) - {(n,) for n in canaries.names},
-                                         canaries))
-            target.write_text(source, encoding="utf-8")
-        else:
-            shutil.copyfile(Path(query.hidden_tests_dir) / rel, target)
+    sources = read_sources(Path(query.hidden_tests_dir), query.test_files)
+    project = imported_modules([data.decode("utf-8", errors="replace") for data in sources.values()])
+    neutralised = neutralise_pytest_config(repo, query.test_files, project)
+    # no workdir is set: commands see the repository at its host path
+    pristine = place_pristine(repo, sources, str(repo), random.Random(secrets.randbits(64)))
     pin_rootdir(repo, query.test_files)
     isolation.hand_over(repo)
     protect(repo, [*query.test_files, "pytest.ini"])
     reports.mkdir()
     scratch.mkdir()
-    plugin = PluginInstall.write(eval_dir / "plugin")
-    layout = SandboxLayout(mounts=(Mount(plugin.directory, PLUGIN_MOUNT),) if isolation.bwrap else ())
-    plugin_path = PLUGIN_MOUNT if isolation.bwrap else str(plugin.directory)
+    observer = Observer.create(eval_dir, isolation)
+    layout = SandboxLayout(mounts=observer.mounts())
     if neutralised:
         (reports / "neutralised.txt").write_text("\n".join(neutralised) + "\n", encoding="utf-8")
 
@@ -160,31 +145,20 @@ def _score(
         command_timeout_s = capped(timeout_s, deadline_s)
         if command_timeout_s <= 0:
             return overall_timeout_error(execution_id, f"no time left for test command {i}")
-        channel = ResultChannel()
-        try:
-            result = isolation.run(
-                command,
-                workspace=repo,
-                scratch=scratch,
-                layout=layout,
-                env=sandbox_env(repo, {**plugin.env(plugin_path, ["--continue-on-collection-errors"]), **channel.env()}),
-                limits=limits,
-                timeout_s=command_timeout_s,
-                interrupt_grace_s=INTERRUPT_GRACE_S,
-                extra_fds=(channel.write_fd,),
-            )
-        finally:
-            runs.append(channel.close())
+        result, said = observer.run(command, workspace=repo, scratch=scratch, layout=layout, env=sandbox_env(repo),
+                                    limits=limits, timeout_s=command_timeout_s,
+                                    addopts=("--continue-on-collection-errors",))
+        runs.append(said)
         _write_log(reports / f"command_{i}.log", command, result)
-        pytest_said = runs[-1].exitstatus if runs[-1].finished else None
+        pytest_said = said.exitstatus if said.finished else None
         if not result.timed_out and (pytest_said == USAGE_ERROR or (
-                not runs[-1].session and result.exit_code in EVALUATOR_FAILURE_EXIT_CODES)):
+                not said.session and result.exit_code in EVALUATOR_FAILURE_EXIT_CODES)):
             code = pytest_said if pytest_said == USAGE_ERROR else result.exit_code
             return _error(execution_id, f"command {i} {command!r} exited {code} "
                                         f"({EVALUATOR_FAILURE_EXIT_CODES[code]}): {_tail(result)}")
         if result.timed_out:
             notes.append(f"command {i} timed out after {command_timeout_s:g}s: counted what passed before")
-        elif not runs[-1].finished and runs[-1].hello:
+        elif not said.finished and said.hello:
             notes.append(f"command {i}: the test process ended early (exit {result.exit_code}): unreported tests failed")
 
     counted = tally(pristine, runs)

@@ -61,10 +61,8 @@ ROOT_CONFIG_NAMES = frozenset(
 ALWAYS_SHADOWING = frozenset({"pytest", "_pytest", "pluggy", "py"})
 GYRE_PYTEST_INI = """\
 # Written by gyre's evaluator: pins pytest's rootdir to this repository, so configuration
-# planted by the agent or lying above the repository is never read, and asks for JUnit
-# reports that name each test case's file.
+# planted by the agent or lying above the repository is never read.
 [pytest]
-junit_family = xunit1
 """
 
 _TOML_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")

@@ -9,41 +9,44 @@ then the base commit's versions of those files are copied back from the query's
 pristine starting files, then the hidden tests are copied in LAST. The agent's edits to
 any of them are gone; its edits to the code under test stay.
 
-`bash run_tests.sh` runs at the workspace path the images use (`/testbed`), with
-PYTEST_ADDOPTS asking for a JUnit report; each test's status is read from the report
-(never from console output the code under test could print) and compared with
-`expected_output_json`: binary 1.0 iff all match. A test id matches a report node id
-exactly or as its trailing `::`-separated part. Timed out: 0 (the agent's hanging code).
-No report although the script ended by itself, or an unparsable one: evaluator failure.
-
-Known gap (issue 12, not yet done for this format): the verdict still comes from a JUnit
-report written inside the sandbox, so agent code in the test process can forge it; the
-NL2RepoBench evaluator already counts over gyre's result channel with canaries
-(`gyre.evaluators.channel`, `canaries`, `tally`), and this format moves to it next.
+`bash run_tests.sh` runs at the workspace path the images use (`/testbed`), with gyre's
+result plugin (`observed`, `channel`): each test's status comes over a pipe gyre owns,
+never from a file or console output the code under test could write. Hidden test modules
+get canaries (a patched runner is tampering). Upstream's rule (R2E-Gym's grading): a
+test's key is its node id's parts after the file joined by "." (`TestAdd.test_one`);
+the instance is solved (1.0) iff the number of parsed hidden tests equals the expected
+map's and every expected test ends with its expected status; otherwise 0. An expected key
+also matches the `::` form or the whole node id (rows written by other tools). Once pytest
+started, a timeout or a dead process is the workspace's 0; a script that ended without
+starting pytest is an evaluator failure.
 """
 
 
 from __future__ import annotations
 
+import random
+import secrets
 import shutil
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from gyre.benchmarks.spec import TaskSpec
-from gyre.evaluators.common import JUNIT_FILE, REPORTS_MOUNT, error, ok, pytest_addopts, tail, write_log
-from gyre.evaluators.junit import ERROR, FAILED, PASSED, SKIPPED, nodeid, read_junit
+from gyre.evaluators.canaries import PristineFile, test_id
+from gyre.evaluators.channel import TestResult
+from gyre.evaluators.common import error, ok, tail, tampering, write_log
+from gyre.evaluators.observed import Observer, place_pristine, read_sources
+from gyre.evaluators.tally import tally
 from gyre.evaluators.pytest_guard import PLANTED_FILE_NAMES, ROOT_CONFIG_NAMES, neutralise_pytest_config
 from gyre.evaluators.workspace_copy import copy_workspace
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.isolation import Isolation
-from gyre.sandboxes.layout import Mount, SandboxLayout
+from gyre.sandboxes.layout import SandboxLayout
 from gyre.sandboxes.paths import clear_path
 from gyre.sandboxes.privileges import protect
 from gyre.sandboxes.process import sandbox_env
 
 WORKDIR = "/testbed"
-_STATUS = {PASSED: "PASSED", FAILED: "FAILED", ERROR: "ERROR", SKIPPED: "SKIPPED"}
+_STATUS = {"passed": "PASSED", "failed": "FAILED", "error": "ERROR", "skipped": "SKIPPED"}
 CONFIG_NAMES = PLANTED_FILE_NAMES | ROOT_CONFIG_NAMES
 
 
@@ -58,49 +61,60 @@ def evaluate_r2e(
     limits: SandboxLimits,
 ) -> Score:
     repo, reports, scratch = eval_dir / "repo", eval_dir / "reports", eval_dir / "tmp"
+    total = len(spec.expected_statuses)
     too_big = copy_workspace(workspace, repo, limits)
     if too_big is not None:
-        return ok(execution_id, 0.0, too_big, total=len(spec.expected_statuses))
+        return ok(execution_id, 0.0, too_big, total=total)
     neutralise_pytest_config(repo)
     restored = _restore_pristine_config(Path(query.start_dir), repo) if query.start_dir else 0
-    for rel in query.test_files:
-        shutil.copyfile(Path(query.hidden_tests_dir) / rel, clear_path(repo, rel))
+    workdir = WORKDIR if isolation.bwrap else None  # without bubblewrap: its host path (run_tests.sh must not care)
+    inside = workdir or str(repo)
+    pristine = place_pristine(repo, read_sources(Path(query.hidden_tests_dir), query.test_files), inside,
+                              random.Random(secrets.randbits(64)))
     reports.mkdir()
     scratch.mkdir()
     isolation.hand_over(repo)
-    isolation.hand_over(reports)  # the JUnit report is written inside (see the module docstring's known gap)
     protect(repo, query.test_files)
-    workdir = WORKDIR if isolation.bwrap else None  # without bubblewrap: its host path (run_tests.sh must not care)
-    layout = SandboxLayout(workdir=workdir, mounts=(Mount(reports, REPORTS_MOUNT, writable=True),) if workdir else
-                           (Mount(reports, str(reports), writable=True),))
-    junit_inside = f"{REPORTS_MOUNT if workdir else reports}/{JUNIT_FILE}"
+    observer = Observer.create(eval_dir, isolation)
+    layout = SandboxLayout(workdir=workdir, mounts=observer.mounts())
     (command,) = query.test_commands
-    result = isolation.run(
-        command, workspace=repo, scratch=scratch, layout=layout,
-        env=sandbox_env(Path(layout.inside(repo)), {"PYTEST_ADDOPTS": pytest_addopts(junit_inside)}),
-        limits=limits, timeout_s=timeout_s, interrupt_grace_s=5.0,
-    )
+    result, said = observer.run(command, workspace=repo, scratch=scratch, layout=layout,
+                                env=sandbox_env(Path(layout.inside(repo))), limits=limits, timeout_s=timeout_s)
     write_log(reports / "command_0.log", command, result)
-    junit = reports / JUNIT_FILE
-    if not junit.exists():
+    counted = tally(pristine, [said])
+    if counted.tampering:
+        return tampering(execution_id, counted.tampering)
+    if not said.hello:
         if result.timed_out:
-            return ok(execution_id, 0.0, f"tests timed out after {timeout_s:g}s before a report",
-                      total=len(spec.expected_statuses))
-        return error(execution_id, f"{command!r} exited {result.exit_code} without a pytest report: {tail(result)}")
-    try:
-        statuses = {nodeid(c): _STATUS[c.outcome] for c in read_junit(junit)}
-    except ET.ParseError as exc:
-        return error(execution_id, f"JUnit report {junit} is unparsable: {exc}")
+            return ok(execution_id, 0.0, f"tests timed out after {timeout_s:g}s before pytest started", total=total)
+        return error(execution_id, f"{command!r} exited {result.exit_code} without starting pytest: {tail(result)}")
+    files = {f.inside for f in pristine}
+    statuses = {r.nodeid: _status(r) for r in said.results.values()
+                if r.path in files and not _is_canary(r.nodeid, pristine)}
     mismatches = []
     for test, expected in spec.expected_statuses.items():
         got = _status_of(test, statuses)
         if got != expected:
             mismatches.append(f"{test}: expected {expected}, got {got or 'not run'}")
-    num_ok = len(spec.expected_statuses) - len(mismatches)
-    detail = f"{num_ok}/{len(spec.expected_statuses)} tests as expected; restored {restored} config files"
+    num_ok = total - len(mismatches)
+    detail = f"{num_ok}/{total} tests as expected; restored {restored} config files"
+    if len(statuses) != total:
+        mismatches.append(f"parsed {len(statuses)} hidden tests, the expected map has {total} (upstream scores 0)")
     if mismatches:
         detail += "; " + "; ".join(mismatches[:5])
-    return ok(execution_id, 0.0 if mismatches else 1.0, detail, passed=num_ok, total=len(spec.expected_statuses))
+    return ok(execution_id, 0.0 if mismatches else 1.0, detail, passed=num_ok, total=total)
+
+
+def _status(result: TestResult) -> str:
+    """Upstream's status word; a test that started but never finished its call (the process died) failed."""
+    if result.outcome == "passed" and "call" not in result.phases:
+        return "FAILED"
+    return _STATUS[result.outcome]
+
+
+def _is_canary(nodeid: str, pristine: list[PristineFile]) -> bool:
+    tid = test_id(nodeid)
+    return len(tid) == 1 and any(tid[0] in f.canaries.names for f in pristine)
 
 
 def _restore_pristine_config(pristine: Path, repo: Path) -> int:
@@ -116,7 +130,9 @@ def _restore_pristine_config(pristine: Path, repo: Path) -> int:
 
 
 def _status_of(test: str, statuses: dict[str, str]) -> str | None:
-    if test in statuses:
-        return statuses[test]
-    matches = [status for node, status in statuses.items() if node.endswith("::" + test)]
-    return matches[0] if len(matches) == 1 else None
+    """The status of expected key `test`: upstream's dotted key, the `::` form, or the whole node id."""
+    for node, status in statuses.items():
+        after_file = node.split("::")[1:]
+        if test in (node, "::".join(after_file), ".".join(after_file)):
+            return status
+    return None

@@ -3,7 +3,7 @@
 Evaluators never touch the kept workspace (a rerun must see exactly what the agent
 left): they score a copy. An agent can leave a workspace nobody should copy: a million
 files, or bytes beyond the sandbox's workspace limit (a limit kill stops a disk fill
-with some overshoot). Such a workspace is measured first, with a walk that stops at the
+with some overshoot), or directories nested deeper than any tool can walk. Such a workspace is measured first, with a walk that stops at the
 limit, and not copied: `copy_workspace` returns the reason instead, and the evaluator
 turns it into a valid score of 0 (the agent's doing, inside limits it was given; never
 an evaluator failure, or an agent could turn a failing run into a dropped sample by
@@ -21,6 +21,10 @@ from pathlib import Path
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.diskwatch import disk_usage
 
+MAX_DEPTH = 128
+"""Directory levels a workspace may nest; deeper trees (no real repository needs them) would
+exhaust the recursion of every tool that walks them: scored 0, like a too-big workspace."""
+
 
 def copy_workspace(workspace: Path, dest: Path, limits: SandboxLimits) -> str | None:
     """Copy `workspace` to `dest` (must not exist); None on success, else why it was too big to copy."""
@@ -32,6 +36,8 @@ def copy_workspace(workspace: Path, dest: Path, limits: SandboxLimits) -> str | 
         return f"workspace holds more than {limits.max_workspace_bytes} bytes: not evaluated, scored 0"
     if usage.num_files > limits.max_workspace_files:
         return f"workspace holds more than {limits.max_workspace_files} files: not evaluated, scored 0"
+    if usage.max_depth > MAX_DEPTH:
+        return f"workspace nests directories {usage.max_depth} levels deep (limit {MAX_DEPTH}): not evaluated, scored 0"
     shutil.copytree(workspace, dest, symlinks=True, ignore=_special_files)
     return None
 

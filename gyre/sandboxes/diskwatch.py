@@ -25,30 +25,35 @@ DEFAULT_INTERVAL_S = 0.25
 class DiskUsage:
     num_bytes: int
     num_files: int
+    max_depth: int = 0
+    """Deepest directory level seen below a root (a root's own entries are level 1)."""
 
 
 def disk_usage(roots: Sequence[Path], max_bytes: int | None = None, max_files: int | None = None) -> DiskUsage:
-    """Apparent bytes and entry count under `roots` (symlinks not followed); stops early past a limit."""
+    """Apparent bytes, entry count and depth under `roots` (symlinks not followed); stops early past a limit."""
     num_bytes = 0
     num_files = 0
-    stack = [str(r) for r in roots if os.path.isdir(r)]
+    max_depth = 0
+    stack = [(str(r), 1) for r in roots if os.path.isdir(r)]
     while stack:
+        directory, depth = stack.pop()
         try:
-            entries = list(os.scandir(stack.pop()))
+            entries = list(os.scandir(directory))
         except (FileNotFoundError, NotADirectoryError, PermissionError):
             continue
+        max_depth = max(max_depth, depth if entries else depth - 1)
         for entry in entries:
             num_files += 1
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
+                    stack.append((entry.path, depth + 1))
                 else:
                     num_bytes += entry.stat(follow_symlinks=False).st_size
             except FileNotFoundError:
                 continue
         if (max_bytes is not None and num_bytes > max_bytes) or (max_files is not None and num_files > max_files):
             break
-    return DiskUsage(num_bytes, num_files)
+    return DiskUsage(num_bytes, num_files, max_depth)
 
 
 @dataclass

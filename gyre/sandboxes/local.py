@@ -40,7 +40,7 @@ from gyre.sandboxes.git_history import strip_git_history
 from gyre.sandboxes.isolation import Isolation
 from gyre.sandboxes.bridge import INSIDE_DIR, ProxyBridge, proxy_address
 from gyre.sandboxes.layout import Mount, SandboxLayout
-from gyre.sandboxes.paths import read_inside, write_inside
+from gyre.sandboxes.paths import read_inside, remove_tree, write_inside
 from gyre.sandboxes.privileges import hand_over
 from gyre.sandboxes.process import sandbox_env, signal_group
 
@@ -171,12 +171,12 @@ class LocalSandbox:
             self._bridge.close()
             shutil.rmtree(self._bridge.directory, ignore_errors=True)
             self._bridge = None
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        remove_tree(self.scratch)
         self.closed = True
 
     def destroy(self) -> None:
         self.close()
-        shutil.rmtree(self.workspace)
+        remove_tree(self.workspace)
 
     def _check_open(self) -> None:
         if self.closed:

@@ -16,6 +16,7 @@ directory for a symlink between the check and the use. Mount namespaces close th
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path, PurePosixPath
 
@@ -62,3 +63,30 @@ def write_inside(root: Path, rel: str, content: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(content, encoding="utf-8")
     return target
+
+
+def remove_tree(root: Path) -> None:
+    """Delete `root` and everything under it without recursion (an agent can nest directories
+    deeper than `shutil.rmtree` can recurse); symlinks are removed, never followed; gone is fine."""
+    root = Path(root)
+    if root.is_symlink() or root.is_file():
+        root.unlink(missing_ok=True)
+        return
+    pending, emptied = [str(root)], []
+    while pending:
+        directory = pending.pop()
+        emptied.append(directory)
+        try:
+            entries = list(os.scandir(directory))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(entry.path)
+            else:
+                os.unlink(entry.path)
+    for directory in reversed(emptied):
+        try:
+            os.rmdir(directory)
+        except FileNotFoundError:
+            pass

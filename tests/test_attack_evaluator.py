@@ -231,3 +231,43 @@ def test_hostile_workspace_shapes_are_scored_never_crash(tmp_path):
     assert (score.status, score.score) == (EvalStatus.ok, 1.0), score.detail
     repo = tmp_path / "eval" / "repo"
     assert (repo / "escape").is_symlink() and not (repo / "fifo").exists()  # copied as a link, never followed
+
+
+FORGE_THEN_EXIT = WRONG + """
+import json, os
+for fd in range(3, 64):
+    for name in ('test_zero', 'test_opposites', 'test_small', 'test_larger'):
+        for when in ('setup', 'call', 'teardown'):
+            msg = {'event': 'report', 'nodeid': f'tests/test_calc.py::{name}', 'path': os.getcwd() + '/tests/test_calc.py',
+                   'when': when, 'outcome': 'passed', 'xfail': False}
+            try:
+                os.write(fd, (json.dumps(msg) + '\\\\n').encode())
+            except OSError:
+                pass
+os._exit(0)
+"""
+FORGE_DURING_A_TEST_THEN_EXIT = """
+import json, os, sys
+def add(a, b):
+    here = os.getcwd() + '/tests/test_calc.py'
+    for fd in range(3, 64):
+        lines = [('test_zero', 'call'), ('test_zero', 'teardown')]
+        lines += [(n, w) for n in ('test_opposites', 'test_small', 'test_larger') for w in ('setup', 'call', 'teardown')]
+        for name, when in lines:
+            msg = {'event': 'report', 'nodeid': f'tests/test_calc.py::{name}', 'path': here, 'when': when,
+                   'outcome': 'passed', 'xfail': False}
+            try:
+                os.write(fd, (json.dumps(msg) + '\\\\n').encode())
+            except OSError:
+                pass
+    os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("forger", [FORGE_THEN_EXIT, FORGE_DURING_A_TEST_THEN_EXIT])
+def test_forging_the_pipe_then_exiting_earns_nothing(tmp_path, forger):
+    query = _calc_query(tmp_path)
+    workspace = _workspace(tmp_path, query, {"calc.py": forger})
+    score = evaluate(query, workspace, tmp_path / "eval", "attack", timeout_s=20)
+    assert score.status in (EvalStatus.ok, EvalStatus.tampering), score.detail
+    assert score.score == 0.0, score.detail

@@ -11,6 +11,7 @@ result on it as it happens, one JSON line each:
     {"event": "session"}                           the session starts (before collection)
     {"event": "report", "nodeid", "path", "when", "outcome", "xfail"}    each test phase
     {"event": "collect_error", "nodeid", "path"}   a module that failed to import
+    {"event": "collected"}                         collection finished (reports may follow)
     {"event": "finish", "exitstatus": ...}         the session ended (0/1: it ran to the end)
 
 The host reads the pipe in a thread while the command runs and keeps at most
@@ -23,7 +24,8 @@ under `python -m pytest`) and removes the variable for the processes tests start
 
 What this does not stop: agent code in the test process can write to the same pipe, or
 patch pytest. Both are caught, not prevented: a phase reported twice for one test is
-`conflicts` (forging on the pipe), and the canaries (`gyre.evaluators.canaries`) catch
+`conflicts` (forging on the pipe), as is any report out of pytest's own order (before
+collection finished, for a second test while one is running, phases out of order), and the canaries (`gyre.evaluators.canaries`) catch
 a patched runner.
 """
 
@@ -77,6 +79,10 @@ def pytest_sessionstart(session):
     _send(event="session")
 
 
+def pytest_collection_finish(session):
+    _send(event="collected")
+
+
 def pytest_collectreport(report):
     if report.failed:
         _send(event="collect_error", nodeid=report.nodeid, path=_path(_CONFIG, report.nodeid))
@@ -109,6 +115,9 @@ class ChannelResults:
 
     hello: bool = False
     session: bool = False
+    collected: bool = False
+    running: str | None = None
+    """The test between its setup and teardown reports, if any."""
     finished: bool = False
     exitstatus: int | None = None
     results: dict[str, TestResult] = field(default_factory=dict)
@@ -123,6 +132,9 @@ class ChannelResults:
             self.hello = True
         elif event == "session":
             self.session = True
+            self.collected, self.running = False, None
+        elif event == "collected":
+            self.collected = True
         elif event == "finish":
             self.finished = True
             self.exitstatus = message.get("exitstatus")
@@ -136,9 +148,10 @@ class ChannelResults:
     def _add_report(self, message: dict) -> None:
         nodeid, when, outcome = (str(message.get(k)) for k in ("nodeid", "when", "outcome"))
         result = self.results.setdefault(nodeid, TestResult(nodeid, str(message.get("path"))))
-        if when in result.phases:
-            self.conflicts.append(f"{nodeid} reported twice for {when}")
-            result.outcome = "failed"  # a forged duplicate never turns into a pass
+        broken = self._out_of_order(nodeid, when, result)
+        if broken:
+            self.conflicts.append(broken)
+            result.outcome = "failed"  # a forged report never turns into a pass
             return
         result.phases.add(when)
         if outcome == "failed":
@@ -147,6 +160,34 @@ class ChannelResults:
             result.outcome = "skipped"
         if message.get("xfail") and result.outcome == "passed" and when == "call":
             result.outcome = "skipped"  # an xfail-marked test that passed is not a plain pass
+
+    def _out_of_order(self, nodeid: str, when: str, result: TestResult) -> str | None:
+        """Why this report cannot come from pytest's own run loop, or None (and the loop state advances).
+
+        pytest reports only after collection finished, one test at a time, each as setup,
+        then call (unless setup failed or skipped), then teardown. Agent code that writes
+        reports on the pipe (say, every test passed, then `os._exit`) breaks that order.
+        """
+        if not self.collected:
+            return f"{nodeid} reported for {when} before collection finished"
+        if when in result.phases:
+            return f"{nodeid} reported twice for {when}"
+        if self.running not in (None, nodeid):
+            return f"{nodeid} reported for {when} while {self.running} was still running"
+        if when == "setup":
+            if result.phases:
+                return f"{nodeid} set up after its {sorted(result.phases)}"
+            self.running = nodeid
+        elif when == "call":
+            if result.phases != {"setup"}:
+                return f"{nodeid} called without a set-up"
+        elif when == "teardown":
+            if "setup" not in result.phases:
+                return f"{nodeid} torn down without a set-up"
+            self.running = None
+        else:
+            return f"{nodeid}: unknown phase {when!r}"
+        return None
 
     @property
     def ran_to_the_end(self) -> bool:

@@ -222,3 +222,20 @@ def test_relative_eval_dir_and_workspace_are_resolved(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     score = evaluate(query, Path("ws"), Path("evals/e1"), "e1")
     assert score.status is EvalStatus.ok and score.score == 1.0, score.detail
+
+
+PYPROJECT = '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n' \
+            '[project]\nname = "calcpkg"\nversion = "0.1"\n'
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({"pyproject.toml": PYPROJECT, "src/calc/__init__.py": "def add(a, b):\n    return a + b\n"}, 1.0),
+    ({"pyproject.toml": PYPROJECT, "src/calc/__init__.py": "def add(a, b):\n    return a * b\n"}, 0.25),
+    ({}, 0.0),  # nothing to install: the install fails, which is the workspace's result, not the evaluator's
+])
+def test_setup_command_installs_the_workspace_into_the_evaluation_env(tmp_path, files, expected):
+    query = _calc_query(tmp_path, commands=["pip install -e .", "python -m pytest -q tests"])
+    workspace = _workspace(tmp_path, query, files)
+    score = evaluate(query, workspace, tmp_path / "eval", "exec-1", timeout_s=60)
+    assert (score.status, score.score) == (EvalStatus.ok, expected), score.detail
+    assert not (workspace / "src" / "calcpkg.egg-info").exists()  # the kept workspace is never touched

@@ -11,6 +11,10 @@ evaluation gets a fresh virtual environment of its own (`make_env`):
   `/gyre-tools`) holding copies of pytest, pip and setuptools and what they require
   (`tools_dir`, built once per version set and cached, written then renamed);
 - `bin/pytest`, `bin/pip` are small wrappers (`python -m ...`), so they work at any mount;
+- pip installs without an isolated build environment (the tools' setuptools builds the
+  workspace) and without an index: `pip install -e .` of a setuptools project works offline;
+  a project whose build needs anything else fails to install, which is the workspace's
+  result (its tests then fail);
 - the command's PATH starts with the environment's `bin`, then the system's; gyre's
   virtual environment is not bound into the evaluation sandbox at all.
 
@@ -107,7 +111,17 @@ class EvalEnv:
         return (Mount(self.directory, ENV_MOUNT, writable=True), Mount(self.tools, TOOLS_MOUNT))
 
     def env(self) -> dict[str, str]:
-        return {"PATH": f"{self.inside}/bin:{SYSTEM_PATH}", "VIRTUAL_ENV": self.inside}
+        """PATH and VIRTUAL_ENV of the environment; pip builds with the tools' setuptools (no
+        isolated build environment to download), keeps no cache in the workspace, and, with no
+        index configured, looks for none."""
+        return {
+            "PATH": f"{self.inside}/bin:{SYSTEM_PATH}",
+            "VIRTUAL_ENV": self.inside,
+            "PIP_NO_BUILD_ISOLATION": "false",
+            "PIP_NO_CACHE_DIR": "1",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PIP_NO_INDEX": "1",
+        }
 
 
 def make_env(eval_dir: Path, bwrap: bool) -> EvalEnv:

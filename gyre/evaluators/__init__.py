@@ -12,6 +12,9 @@ retried later, never counted as a zero. `score.json` is written next to the eval
 With the execution's overall deadline (`deadline_s`), an evaluation that cannot finish
 before it is such a failure too, marked `overall_timeout` (`deadline.py`).
 
+Before anything runs, a task whose test scripts need what this machine cannot give (apt,
+a network host, another Python: `needs.py`) is an evaluator failure naming the need.
+
 The reward-hacking monitor (`monitor.py`) reads the kept workspace first: with
 `monitor="record"` its hits ride along in `Score.flags`; with `"zero"` a flagged workspace
 scores 0 with status `tampering` (an evaluator failure stays one: nothing was scored).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gyre.evaluators.needs import Available, task_needs, unmet
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.isolation import Isolation
@@ -54,12 +58,15 @@ def evaluate_query(
     limits: SandboxLimits = EVAL_LIMITS,
     deadline_s: float | None = None,
     monitor: str = "record",
+    available: Available | None = None,
 ) -> Score:
     """Score `workspace` on `query` by its benchmark's own rule; see the module docstring.
 
     `timeout_s` bounds each test command unless the format sets its own test timeout.
     `eval_dir` must not exist: every evaluation, reruns included, gets its own.
     `deadline_s` (time.monotonic) is the execution's overall deadline, if it has one.
+    `available`: what this evaluation offers (network, index, tools); a task needing more is
+    not run: an evaluator failure naming what it needs (`needs.py`), never a 0.
     """
     from gyre.benchmarks.spec import NL2REPO, R2E, task_spec
     from gyre.evaluators.common import SCORE_FILE, error
@@ -77,9 +84,13 @@ def evaluate_query(
         spec = None
         spec_error = f"{type(exc).__name__}: {exc}"
     eval_dir = Path(eval_dir).resolve()
+    missing = unmet(task_needs(query), available or Available())
     if past(deadline_s):
         eval_dir.mkdir(parents=True, exist_ok=False)
         score = overall_timeout_error(execution_id, "the execution's overall budget ran out before its evaluation")
+    elif missing:
+        eval_dir.mkdir(parents=True, exist_ok=False)
+        score = error(execution_id, f"unscorable here: its test scripts need {', '.join(missing)}")
     elif spec is not None and spec.format == NL2REPO:
         score = evaluate(query, workspace, eval_dir, execution_id, timeout_s, isolation=isolation, limits=limits,
                          deadline_s=deadline_s)

@@ -1,0 +1,124 @@
+"""Can this machine score a task? What its test scripts need, read before anything runs.
+
+Real Terminal-Bench and Harbor scripts install their own tools at test time (`curl ...
+astral.sh/uv/install.sh | sh`, `apt-get install -y ...`, `uvx -p 3.13 pytest`), and
+NL2RepoBench setup commands call pip. In the local sandbox such a step fails for reasons
+that have nothing to do with the workspace, and a failed verifier often writes reward 0
+itself: a false zero that would be trained on. So each task's scripts are read first
+(`task_needs`: the command lines of `test_commands`, and the scripts they run from the
+task's own directory, e.g. `run-tests.sh`, `tests/test.sh`) and every need is named:
+
+- `apt`: apt-get / apt / dpkg installs (never available in the local sandbox);
+- `network:<host>`: a URL fetched with curl or wget (the sandbox has no network);
+- `python:<X.Y>`: a specific interpreter asked of uv or pyenv, other than the one here;
+- `uv`: uv / uvx, when the evaluation's tools do not include it;
+- `package-index`: pip or uv installing named packages from an index.
+
+`unmet(needs, available)` keeps the needs this evaluation cannot meet; the evaluator turns
+them into an evaluator failure with the reason ("unscorable here: needs apt"), never a 0,
+and `gyre benchmark check` counts, per benchmark, the tasks it can score and why not the
+others. This is a reading of shell text, not an interpreter: a need hidden behind a
+variable or a downloaded script is missed (the run then fails as the workspace's result
+only if pytest started; otherwise it is still an evaluator failure).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from gyre.records import Query
+
+APT = "apt"
+UV = "uv"
+PACKAGE_INDEX = "package-index"
+_URL = re.compile(r"https?://([A-Za-z0-9.-]+)")
+_APT = re.compile(r"(^|[\s;&|(])(apt-get|apt|dpkg|aptitude)\s+(-\S+\s+)*(install|update|upgrade|-i)\b")
+_FETCH = re.compile(r"(^|[\s;&|(])(curl|wget)\b[^\n;|&]*")
+_PYTHON = re.compile(r"(?:uvx|uv\s+(?:venv|run|python\s+install|pip\s+install))[^\n;|&]*?(?:-p|--python)[ =]"
+                     r"(?:python)?(\d+\.\d+)")
+_UV = re.compile(r"(^|[\s;&|(/])(uv|uvx)\s")
+_INSTALL = re.compile(r"(?:^|[\s;&|(])(?:(?:pip3?|python3?\s+-m\s+pip|uv\s+pip)\s+install|uv\s+add|uv\s+tool\s+install)"
+                      r"\b([^\n;|&]*)")
+_UVX_PACKAGES = re.compile(r"(?:^|[\s;&|(])uvx\b")
+_MAX_SCRIPT_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Available:
+    """What an evaluation here offers."""
+
+    network_hosts: frozenset[str] = frozenset()
+    """Hosts the evaluation may reach (none: no network)."""
+    package_index: bool = False
+    python: str = f"{sys.version_info.major}.{sys.version_info.minor}"
+    uv: bool = False
+
+
+def task_needs(query: Query) -> list[str]:
+    """Sorted needs of `query`'s test commands and the task scripts they run."""
+    texts = list(query.test_commands)
+    root = Path(query.root)
+    for command in query.test_commands:
+        for word in _words(command):
+            for candidate in _script_candidates(root, Path(query.hidden_tests_dir), word):
+                if candidate.is_file() and candidate.stat().st_size <= _MAX_SCRIPT_BYTES:
+                    texts.append(candidate.read_text(encoding="utf-8", errors="replace"))
+    return sorted(set().union(*(script_needs(t) for t in texts)))
+
+
+def script_needs(text: str) -> set[str]:
+    """Needs one shell text states (comments ignored)."""
+    text = "\n".join(line.split("#", 1)[0] if not line.lstrip().startswith("#!") else "" for line in text.splitlines())
+    needs: set[str] = set()
+    if _APT.search(text):
+        needs.add(APT)
+    for fetch in _FETCH.finditer(text):
+        needs |= {f"network:{host.lower()}" for host in _URL.findall(fetch.group(0))}
+    needs |= {f"python:{version}" for version in _PYTHON.findall(text)}
+    if _UV.search(text):
+        needs.add(UV)
+    for install in _INSTALL.finditer(text):
+        words = install.group(1).split()
+        local = {words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-e", "--editable")}
+        named = [w for w in words if not w.startswith("-") and w not in local and not w.startswith((".", "/", "$"))]
+        if named or "-r" in words or "--requirement" in words:
+            needs.add(PACKAGE_INDEX)
+    if _UVX_PACKAGES.search(text):
+        needs.add(PACKAGE_INDEX)  # uvx fetches the tool it runs
+    return needs
+
+
+def unmet(needs: list[str], available: Available) -> list[str]:
+    """The needs an evaluation with `available` cannot meet."""
+    missing = []
+    for need in needs:
+        kind, _, value = need.partition(":")
+        if kind == "network" and value not in available.network_hosts:
+            missing.append(need)
+        elif kind == "python" and value != available.python:
+            missing.append(need)
+        elif need == APT or (need == UV and not available.uv) or (need == PACKAGE_INDEX and not available.package_index):
+            missing.append(need)
+    return missing
+
+
+def _words(command: str) -> list[str]:
+    try:
+        return shlex.split(command)
+    except ValueError:
+        return command.split()
+
+
+def _script_candidates(root: Path, hidden: Path, word: str) -> list[Path]:
+    """Files of the task a command word may name (`run-tests.sh`, `/tests/test.sh`, `$TEST_DIR/x.sh`)."""
+    if not word.endswith(".sh"):
+        return []
+    name = PurePosixPath(word.replace("$TEST_DIR", "/tests"))
+    parts = name.parts[1:] if name.is_absolute() else name.parts
+    rel = PurePosixPath(*parts)
+    tail = PurePosixPath(*parts[1:]) if len(parts) > 1 else rel
+    return [root / rel, hidden / rel, hidden / tail, root / name.name, hidden / name.name]

@@ -1,0 +1,79 @@
+"""What a task's test scripts need, read from real script shapes (Terminal-Bench, Harbor, NL2RepoBench)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gyre.evaluators.needs import Available, script_needs, task_needs, unmet
+from gyre.records import Query
+
+TB_RUN_TESTS = """#!/bin/bash
+# Install curl
+apt-get update
+apt-get install -y curl
+curl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh
+source $HOME/.local/bin/env
+uv venv .tbench-testing
+source .tbench-testing/bin/activate
+uv pip install pytest==8.4.1
+uv run pytest $TEST_DIR/test_outputs.py -rA
+"""
+HARBOR_TEST_SH = """#!/bin/bash
+apt-get update
+apt-get install -y curl
+curl -LsSf https://astral.sh/uv/0.9.7/install.sh | sh
+source $HOME/.local/bin/env
+uvx -p 3.13 -w pytest==8.4.1 -w pytest-json-ctrf==0.3.5 pytest --ctrf /logs/verifier/ctrf.json /tests/test_outputs.py -rA
+if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+def test_terminal_bench_standard_script():
+    assert script_needs(TB_RUN_TESTS) == {"apt", "network:astral.sh", "uv", "package-index"}
+
+
+def test_harbor_standard_script():
+    assert script_needs(HARBOR_TEST_SH) == {"apt", "network:astral.sh", "uv", "python:3.13", "package-index"}
+
+
+def test_local_only_commands_need_nothing():
+    for text in ("pip install -e .", "touch README.md && pip install -e .", "python -m pytest -q tests",
+                 "echo setup done", "python install.py", "cd /app\npython -m pytest $TEST_DIR/test_outputs.py -rA\n",
+                 "# apt-get install -y curl (a comment)\npytest"):
+        assert script_needs(text) == set(), text
+    assert script_needs("pip install requests") == {"package-index"}
+    assert script_needs("pip install -r requirements.txt") == {"package-index"}
+
+
+def test_unmet_against_what_is_available():
+    needs = ["apt", "network:astral.sh", "package-index", "python:3.13", "uv"]
+    assert unmet(needs, Available(python="3.11")) == needs
+    assert unmet(needs, Available(python="3.13", uv=True, package_index=True,
+                                  network_hosts=frozenset({"astral.sh"}))) == ["apt"]
+
+
+def test_task_needs_reads_the_scripts_a_command_runs(tmp_path):
+    root = tmp_path / "task"
+    (root / "tests").mkdir(parents=True)
+    (root / "run-tests.sh").write_text(TB_RUN_TESTS)
+    (root / "tests" / "test.sh").write_text(HARBOR_TEST_SH)
+    tb = Query(query_id="t", benchmark="tb", instruction="x", root=root, hidden_tests_dir=root / "tests",
+               test_files=[], test_commands=["bash run-tests.sh"], test_case_count=1)
+    assert "network:astral.sh" in task_needs(tb) and "python:3.13" not in task_needs(tb)
+    harbor = tb.model_copy(update={"test_commands": ["bash /tests/test.sh"]})
+    assert "python:3.13" in task_needs(harbor)
+
+
+def test_a_task_needing_the_network_is_unscorable_here_never_zero(tmp_path):
+    from gyre.benchmarks import load_benchmark
+    from gyre.evaluators import evaluate_query
+    from gyre.records import EvalStatus
+    from tests.test_benchmarks_formats import write_harbor
+
+    task = write_harbor(tmp_path / "hb", test_sh=HARBOR_TEST_SH)
+    (query,) = load_benchmark("harbor", task.parent)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    score = evaluate_query(query, workspace, tmp_path / "eval", "x")
+    assert (score.status, score.score) == (EvalStatus.error, None)
+    assert "unscorable here" in score.detail and "apt" in score.detail and "network:astral.sh" in score.detail

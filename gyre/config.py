@@ -151,6 +151,16 @@ class SandboxConfig(Section):
 class EvaluatorConfig(Section):
     timeout_s: float = Field(default=120.0, gt=0)
     """Time limit of one hidden-test command."""
+    network: Literal["none", "package-index"] = "none"
+    """What an evaluation's sandbox may reach. `none`: nothing (pip installs build offline with the
+    evaluation's own setuptools). `package-index`: an allow-listed proxy of gyre's to `index_url`
+    (pip and uv pointed at it; every request logged; NL2RepoBench's own project denied, so
+    installing the real upstream package is tampering). The agent's sandbox never gets either."""
+    index_url: str | None = None
+    """The package index proxied with `network: package-index` (None: the index pip on this machine
+    is configured with, else PyPI)."""
+    index_hosts: list[str] = Field(default_factory=list)
+    """Hosts allowed besides the index's own and its known files host."""
     monitor: Literal["record", "zero", "off"] = "record"
     """Reward-hacking monitor (`gyre.evaluators.monitor`) over each kept workspace before scoring:
     `record` stores its flags with the execution (`executions.flags`); `zero` also scores a flagged

@@ -29,7 +29,7 @@ from gyre.engines.checkpoint import latest_checkpoint, load_checkpoint, save_che
 from gyre.engines.hf import load_tokenizer, stop_token_ids
 from gyre.engines.torch_rollout import TorchRolloutEngine
 from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
-from gyre.evaluators import evaluate_query
+from gyre.evaluators import evaluate_query, index_access
 from gyre.harnesses.base import HarnessOutcome, ModelEndpoint
 from gyre.harnesses import make_harness
 from gyre.harnesses.compaction import classifier_markers
@@ -209,6 +209,7 @@ class Coordinator:
                 isolation=self.isolation,
                 deadline_s=result.overall_deadline_s,
                 monitor=self.config.evaluator.monitor,
+                index=index_access(self.config.evaluator),
             )
         emit(ProgressEvent("execution_scored", result.execution.step, {"score": score.score}))
         return score

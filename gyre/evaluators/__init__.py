@@ -25,12 +25,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from gyre.evaluators.needs import Available, task_needs, unmet
+from gyre.evaluators.observed import IndexAccess
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.isolation import Isolation
 
 EVAL_LIMITS = SandboxLimits(max_output_bytes=256 * 1024)
 MONITOR_ACTIONS = ("record", "zero", "off")
+
+
+def index_access(config) -> IndexAccess | None:
+    """The evaluation's package-index access an `EvaluatorConfig` asks for (None: no network)."""
+    if config.network != "package-index":
+        return None
+    return IndexAccess(upstream=config.index_url, extra_hosts=tuple(config.index_hosts))
 
 
 def with_monitor(score: Score, workspace: Path, query: Query, act: bool) -> Score:
@@ -58,15 +66,16 @@ def evaluate_query(
     limits: SandboxLimits = EVAL_LIMITS,
     deadline_s: float | None = None,
     monitor: str = "record",
-    available: Available | None = None,
+    index: IndexAccess | None = None,
 ) -> Score:
     """Score `workspace` on `query` by its benchmark's own rule; see the module docstring.
 
     `timeout_s` bounds each test command unless the format sets its own test timeout.
     `eval_dir` must not exist: every evaluation, reruns included, gets its own.
     `deadline_s` (time.monotonic) is the execution's overall deadline, if it has one.
-    `available`: what this evaluation offers (network, index, tools); a task needing more is
-    not run: an evaluator failure naming what it needs (`needs.py`), never a 0.
+    `index`: install through gyre's package-index proxy (`observed.IndexAccess`); None: no index.
+    A task needing more than the evaluation offers is not run: an evaluator failure naming
+    what it needs (`needs.py`), never a 0.
     """
     from gyre.benchmarks.spec import NL2REPO, R2E, task_spec
     from gyre.evaluators.common import SCORE_FILE, error
@@ -84,7 +93,7 @@ def evaluate_query(
         spec = None
         spec_error = f"{type(exc).__name__}: {exc}"
     eval_dir = Path(eval_dir).resolve()
-    missing = unmet(task_needs(query), available or Available())
+    missing = unmet(task_needs(query), Available(package_index=index is not None))
     if past(deadline_s):
         eval_dir.mkdir(parents=True, exist_ok=False)
         score = overall_timeout_error(execution_id, "the execution's overall budget ran out before its evaluation")
@@ -93,7 +102,7 @@ def evaluate_query(
         score = error(execution_id, f"unscorable here: its test scripts need {', '.join(missing)}")
     elif spec is not None and spec.format == NL2REPO:
         score = evaluate(query, workspace, eval_dir, execution_id, timeout_s, isolation=isolation, limits=limits,
-                         deadline_s=deadline_s)
+                         deadline_s=deadline_s, index=index)
     else:
         eval_dir.mkdir(parents=True, exist_ok=False)
         if spec is None:
@@ -103,7 +112,7 @@ def evaluate_query(
             try:
                 score = scorer(query, spec, Path(workspace).resolve(), eval_dir, execution_id,
                                max(capped(spec.test_timeout_s or timeout_s, deadline_s), 0.01),
-                               isolation or Isolation.detect(), limits)
+                               isolation or Isolation.detect(), limits, index)
             except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
                 score = error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
     if past(deadline_s) and not score.detail.startswith(OVERALL_TIMEOUT):

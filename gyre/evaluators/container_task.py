@@ -44,7 +44,7 @@ from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH, TaskSpec
 from gyre.benchmarks.terminal_bench import RUN_TESTS
 from gyre.evaluators.canaries import PristineFile
 from gyre.evaluators.common import error, ok, tail, tampering, write_log
-from gyre.evaluators.observed import Observer, place_pristine, read_sources
+from gyre.evaluators.observed import IndexAccess, Observer, place_pristine, read_sources
 from gyre.evaluators.tally import Tally, tally
 from gyre.evaluators.workspace_copy import copy_workspace
 from gyre.records import Query, Score
@@ -64,6 +64,7 @@ def evaluate_container_task(
     timeout_s: float,
     isolation: Isolation,
     limits: SandboxLimits,
+    index: IndexAccess | None = None,
 ) -> Score:
     repo, tests, logs, reports, scratch = (eval_dir / n for n in ("repo", "tests", "logs", "reports", "tmp"))
     too_big = copy_workspace(workspace, repo, limits)
@@ -82,19 +83,26 @@ def evaluate_container_task(
     isolation.hand_over(repo)
     isolation.hand_over(logs)
     protect(eval_dir, ["tests"])
-    observer = Observer.create(eval_dir, isolation)
+    observer = Observer.create(eval_dir, isolation, index)
     mounts = [Mount(tests, tests_inside), *observer.mounts()]
     if spec.logs_dir:
         mounts.append(Mount(logs, spec.logs_dir, writable=True))
     layout = SandboxLayout(workdir=spec.workdir, mounts=tuple(mounts))
     (command,) = query.test_commands
-    result, said = observer.run(command, workspace=repo, scratch=scratch, layout=layout,
-                                env=sandbox_env(Path(layout.inside(repo)), {"TEST_DIR": tests_inside}),
-                                limits=limits, timeout_s=timeout_s)
+    try:
+        result, said = observer.run(command, workspace=repo, scratch=scratch, layout=layout,
+                                    env=sandbox_env(Path(layout.inside(repo)), {"TEST_DIR": tests_inside}),
+                                    limits=limits, timeout_s=timeout_s)
+    except BaseException:
+        observer.finish(Tally())
+        raise
     write_log(reports / "command_0.log", command, result)
     counted = tally(pristine, [said])
+    index_failure = observer.finish(counted)
     if counted.tampering:
         return tampering(execution_id, counted.tampering)
+    if index_failure is not None:
+        return error(execution_id, index_failure)
     if spec.format == HARBOR:
         return _harbor_reward(execution_id, logs, result, timeout_s, pristine, counted, said.hello)
     return _terminal_bench_verdict(execution_id, result, timeout_s, pristine, counted, said.hello)

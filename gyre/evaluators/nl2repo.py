@@ -48,10 +48,10 @@ import secrets
 from pathlib import Path, PurePosixPath
 
 from gyre.evaluators.channel import ChannelResults
-from gyre.evaluators.observed import Observer, place_pristine, read_sources
+from gyre.evaluators.observed import IndexAccess, Observer, place_pristine, read_sources
 from gyre.evaluators.deadline import capped, overall_timeout_error
 from gyre.evaluators.pytest_guard import imported_modules, neutralise_pytest_config, pin_rootdir
-from gyre.evaluators.tally import tally
+from gyre.evaluators.tally import Tally, tally
 from gyre.records import EvalStatus, Query, Score
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.isolation import Isolation
@@ -85,6 +85,7 @@ def evaluate(
     isolation: Isolation | None = None,
     limits: SandboxLimits = EVAL_LIMITS,
     deadline_s: float | None = None,
+    index: IndexAccess | None = None,
 ) -> Score:
     """Run `query`'s hidden tests against a copy of `workspace` in the fresh directory `eval_dir`.
 
@@ -100,7 +101,7 @@ def evaluate(
     try:
         isolation = isolation or Isolation.detect()
         score = _score(query, Path(workspace).resolve(), eval_dir, execution_id, timeout_s, isolation, limits,
-                       deadline_s)
+                       deadline_s, index)
     except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
         score = _error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
     (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")
@@ -116,6 +117,7 @@ def _score(
     isolation: Isolation,
     limits: SandboxLimits,
     deadline_s: float | None = None,
+    index: IndexAccess | None = None,
 ) -> Score:
     repo = eval_dir / "repo"
     reports = eval_dir / "reports"
@@ -134,7 +136,17 @@ def _score(
     protect(repo, [*query.test_files, "pytest.ini"])
     reports.mkdir()
     scratch.mkdir()
-    observer = Observer.create(eval_dir, isolation)
+    observer = Observer.create(eval_dir, isolation, index, frozenset({query.query_id}))
+    try:
+        return _run_and_count(query, repo, reports, scratch, execution_id, timeout_s, limits, deadline_s,
+                              pristine, neutralised, observer)
+    finally:
+        observer.finish(Tally())  # idempotent clean-up if counting did not get there
+
+
+def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execution_id: str, timeout_s: float,
+                   limits: SandboxLimits, deadline_s: float | None, pristine, neutralised: list[str],
+                   observer: Observer) -> Score:
     layout = SandboxLayout(mounts=observer.mounts())
     if neutralised:
         (reports / "neutralised.txt").write_text("\n".join(neutralised) + "\n", encoding="utf-8")
@@ -162,11 +174,14 @@ def _score(
             notes.append(f"command {i}: the test process ended early (exit {result.exit_code}): unreported tests failed")
 
     counted = tally(pristine, runs)
+    index_failure = observer.finish(counted)
     (reports / "results.json").write_text(json.dumps({
         "passed": sorted("::".join((path, *tid)) for path, tid in counted.passed),
         "ignored": counted.ignored, "tampering": counted.tampering, "collect_errors": counted.collect_errors,
     }, indent=1) + "\n", encoding="utf-8")
     pristine_conftest = any(PurePosixPath(rel).name == "conftest.py" for rel in query.test_files)
+    if index_failure is not None and not counted.tampering:
+        return _error(execution_id, index_failure)
     if not counted.loaded:
         return _error(execution_id, f"no test command started pytest with gyre's result plugin: {_tail(result)}")
     if not counted.started and not pristine_conftest:  # no workspace code can run before the session starts

@@ -14,6 +14,14 @@ part, so the formats differ only in where files go and how the tally becomes a s
 
 Evaluation environments: the command's `python` and `pytest` are an interpreter with
 only the test tools (`gyre.evaluators.toolenv`), never gyre's own site-packages.
+
+Network (`IndexAccess`, from `evaluator.network: package-index`): the sandbox still has
+no network; an allow-listed package-index proxy of gyre's own
+(`gyre.sandboxes.index_proxy`, one per evaluation) is bridged in like the model proxy, and
+pip and uv are pointed at it. It is probed before the workspace is involved: an
+unreachable index is an evaluator failure (`IndexUnreachable`), as is an upstream error
+during the run. A request for a denied project (NL2RepoBench: the project's own
+distribution, so installing the real upstream package earns nothing) is tampering.
 """
 
 from __future__ import annotations
@@ -25,11 +33,15 @@ from pathlib import Path, PurePosixPath
 
 from gyre.evaluators.canaries import PristineFile, add_canaries, defined_tests, is_test_module
 from gyre.evaluators.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall, ResultChannel
+from gyre.evaluators.tally import Tally
 from gyre.evaluators.toolenv import EvalEnv, base_interpreter_dirs, make_env
+from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_INSIDE_DIR
+from gyre.sandboxes.bridge import ProxyBridge, proxy_address
+from gyre.sandboxes.index_proxy import IndexProxy, IndexProxyConfig, client_env
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.isolation import Isolation
 from gyre.sandboxes.layout import Mount, SandboxLayout
-from gyre.sandboxes.paths import clear_path
+from gyre.sandboxes.paths import clear_path, remove_tree
 
 INTERRUPT_GRACE_S = 5.0
 """Seconds between SIGINT (pytest still reports) and SIGKILL for a timed-out test command."""
@@ -55,24 +67,70 @@ def read_sources(root: Path, rels: list[str]) -> dict[str, bytes]:
     return {rel: (Path(root) / rel).read_bytes() for rel in rels}
 
 
+@dataclass(frozen=True)
+class IndexAccess:
+    """An evaluation may install from a package index through gyre's proxy."""
+
+    upstream: str | None = None
+    """The index proxied (None: the one pip on this machine is configured with)."""
+    extra_hosts: tuple[str, ...] = ()
+    """Hosts allowed besides the index's own (and its known files host)."""
+
+
+class IndexUnreachable(RuntimeError):
+    """The package index failed a probe made before the workspace was involved."""
+
+
 @dataclass
 class Observer:
-    """One evaluation's plugin, its Python environment, and how commands reach them."""
+    """One evaluation's plugin, its Python environment, its index proxy, and how commands reach them."""
 
     isolation: Isolation
     plugin: PluginInstall
     env: EvalEnv
+    index: IndexProxy | None = None
+    index_url: str | None = None
+    bridge: ProxyBridge | None = None
 
     @classmethod
-    def create(cls, eval_dir: Path, isolation: Isolation) -> Observer:
+    def create(cls, eval_dir: Path, isolation: Isolation, index: IndexAccess | None = None,
+               denied_projects: frozenset[str] = frozenset()) -> Observer:
         env = make_env(eval_dir, bool(isolation.bwrap))
         isolation.hand_over(env.directory)
-        return cls(isolation, PluginInstall.write(Path(eval_dir) / "plugin"), env)
+        observer = cls(isolation, PluginInstall.write(Path(eval_dir) / "plugin"), env)
+        if index is not None:
+            proxy = IndexProxy(IndexProxyConfig.for_upstream(index.upstream, denied_projects, index.extra_hosts))
+            problem = proxy.probe()
+            if problem is not None:
+                raise IndexUnreachable(f"package index unreachable (probed before the workspace ran): {problem}")
+            observer.index, observer.index_url = proxy, proxy.start()
+            if isolation.bwrap:
+                observer.bridge = ProxyBridge(proxy_address(observer.index_url)).start()
+        return observer
 
     def mounts(self) -> tuple[Mount, ...]:
-        """The plugin's and the environment's mounts (none without bubblewrap: host paths are used)."""
-        plugin = (Mount(self.plugin.directory, PLUGIN_MOUNT),) if self.isolation.bwrap else ()
-        return (*plugin, *self.env.mounts(bool(self.isolation.bwrap)))
+        """The plugin's, the environment's and the index bridge's mounts (none without bubblewrap)."""
+        if not self.isolation.bwrap:
+            return ()
+        bridge = (Mount(self.bridge.directory, BRIDGE_INSIDE_DIR),) if self.bridge else ()
+        return (Mount(self.plugin.directory, PLUGIN_MOUNT), *self.env.mounts(True), *bridge)
+
+    def finish(self, counted: Tally) -> str | None:
+        """Stop the index proxy; its denials become tampering evidence. Returns an evaluator-failure
+        reason if the index itself failed during the run, else None. Safe to call again (a no-op)."""
+        bridge, index, self.bridge, self.index = self.bridge, self.index, None, None
+        if bridge is not None:
+            bridge.close()
+            remove_tree(bridge.directory)
+        if index is None:
+            return None
+        index.stop()
+        counted.tampering += [f"the workspace tried to install {name!r} (the project itself) from the index"
+                              for name in index.denials()]
+        errors = index.upstream_errors()
+        if errors:
+            return f"the package index failed during the evaluation: {errors[0].detail or errors[0].status}"
+        return None
 
     def run(self, command: str, *, workspace: Path, scratch: Path, layout: SandboxLayout, env: dict[str, str],
             limits: SandboxLimits, timeout_s: float, addopts: tuple[str, ...] = ()) -> tuple[ExecResult, ChannelResults]:
@@ -81,10 +139,16 @@ class Observer:
         channel = ResultChannel()
         extra = dict(env)
         addopts = (*addopts, *([extra.pop("PYTEST_ADDOPTS")] if "PYTEST_ADDOPTS" in extra else []))
+        full_env = {**extra, **self.env.env(), **self.plugin.env(plugin_path, addopts), **channel.env()}
+        if self.index_url is not None:
+            del full_env["PIP_NO_INDEX"]
+            full_env.update(client_env(self.index_url))
+        if self.bridge is not None:
+            command = self.bridge.shell_prefix() + command
         try:
             result = self.isolation.run(
                 command, workspace=workspace, scratch=scratch, layout=layout,
-                env={**extra, **self.env.env(), **self.plugin.env(plugin_path, addopts), **channel.env()},
+                env=full_env,
                 limits=limits, timeout_s=timeout_s, interrupt_grace_s=INTERRUPT_GRACE_S,
                 extra_fds=(channel.write_fd,), python_dirs=base_interpreter_dirs(),
             )

@@ -33,8 +33,8 @@ from gyre.benchmarks.spec import TaskSpec
 from gyre.evaluators.canaries import PristineFile, test_id
 from gyre.evaluators.channel import TestResult
 from gyre.evaluators.common import error, ok, tail, tampering, write_log
-from gyre.evaluators.observed import Observer, place_pristine, read_sources
-from gyre.evaluators.tally import tally
+from gyre.evaluators.observed import IndexAccess, Observer, place_pristine, read_sources
+from gyre.evaluators.tally import Tally, tally
 from gyre.evaluators.pytest_guard import PLANTED_FILE_NAMES, ROOT_CONFIG_NAMES, neutralise_pytest_config
 from gyre.evaluators.workspace_copy import copy_workspace
 from gyre.records import Query, Score
@@ -59,6 +59,7 @@ def evaluate_r2e(
     timeout_s: float,
     isolation: Isolation,
     limits: SandboxLimits,
+    index: IndexAccess | None = None,
 ) -> Score:
     repo, reports, scratch = eval_dir / "repo", eval_dir / "reports", eval_dir / "tmp"
     total = len(spec.expected_statuses)
@@ -75,15 +76,22 @@ def evaluate_r2e(
     scratch.mkdir()
     isolation.hand_over(repo)
     protect(repo, query.test_files)
-    observer = Observer.create(eval_dir, isolation)
+    observer = Observer.create(eval_dir, isolation, index)
     layout = SandboxLayout(workdir=workdir, mounts=observer.mounts())
     (command,) = query.test_commands
-    result, said = observer.run(command, workspace=repo, scratch=scratch, layout=layout,
-                                env=sandbox_env(Path(layout.inside(repo))), limits=limits, timeout_s=timeout_s)
+    try:
+        result, said = observer.run(command, workspace=repo, scratch=scratch, layout=layout,
+                                    env=sandbox_env(Path(layout.inside(repo))), limits=limits, timeout_s=timeout_s)
+    except BaseException:
+        observer.finish(Tally())
+        raise
     write_log(reports / "command_0.log", command, result)
     counted = tally(pristine, [said])
+    index_failure = observer.finish(counted)
     if counted.tampering:
         return tampering(execution_id, counted.tampering)
+    if index_failure is not None:
+        return error(execution_id, index_failure)
     if not said.hello:
         if result.timed_out:
             return ok(execution_id, 0.0, f"tests timed out after {timeout_s:g}s before pytest started", total=total)

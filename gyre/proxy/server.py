@@ -16,10 +16,12 @@ STARTUP_TIMEOUT_S = 30.0
 
 
 class ServerThread:
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, lifespan: str = "off",
+                 name: str = "gyre-proxy") -> None:
+        # lifespan="on" for apps that open resources in their server's event loop (an httpx client)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan=lifespan)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="gyre-proxy", daemon=True)
+        self._thread = threading.Thread(target=self._server.run, name=name, daemon=True)
         self.host = host
         self.port: int | None = None
 

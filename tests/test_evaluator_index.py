@@ -1,0 +1,95 @@
+"""Evaluations with `evaluator.network: package-index`: installs through gyre's proxy, nothing else.
+
+The upstream is a fake PEP 503 index on 127.0.0.1 (tests/test_index_proxy.py's); no test
+traffic leaves this machine. The agent's sandbox never gets the index.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gyre.benchmarks.nl2repo import load_nl2repo
+from gyre.evaluators import evaluate_query
+from gyre.evaluators.observed import IndexAccess
+from gyre.records import EvalStatus
+from gyre.sandboxes.isolation import probe_bwrap
+from gyre.sandboxes.local import LocalSandbox
+from tests.test_index_proxy import DENIED, FakeIndex
+
+pytestmark = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable")
+
+TESTS = "from app import value\n\n\ndef test_value():\n    assert type(value()) is int and value() == 1\n"
+
+
+def _pyproject(dependency: str) -> str:
+    return ('[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+            f'[project]\nname = "app"\nversion = "0.1"\ndependencies = ["{dependency}"]\n'
+            '[tool.setuptools]\npy-modules = ["app"]\n')
+
+
+@pytest.fixture(scope="module")
+def fake():
+    index = FakeIndex()
+    yield index
+    index.server.stop()
+
+
+def _query(tmp_path: Path, name: str = DENIED):
+    project = tmp_path / "bench" / name
+    (project / "hidden_tests" / "tests").mkdir(parents=True)
+    (project / "hidden_tests" / "tests" / "test_app.py").write_text(TESTS)
+    (project / "start.md").write_text("Write app.py whose value() returns 1, using demo-pkg.\n")
+    (project / "test_case_count.txt").write_text("1\n")
+    (project / "test_commands.json").write_text(json.dumps(["pip install -e .", "python -m pytest -q tests"]))
+    (project / "test_files.json").write_text(json.dumps(["tests/test_app.py"]))
+    (query,) = load_nl2repo(project.parent)
+    return query
+
+
+def _workspace(tmp_path: Path, query, files: dict[str, str]) -> Path:
+    sandbox = LocalSandbox.create(query, tmp_path / "ws")
+    for rel, text in files.items():
+        sandbox.write_file(rel, text)
+    sandbox.close()
+    return sandbox.workspace
+
+
+def test_a_dependency_installs_through_the_proxy(tmp_path, fake):
+    query = _query(tmp_path)
+    app = "import demo_pkg\n\n\ndef value():\n    return demo_pkg.VALUE\n"
+    workspace = _workspace(tmp_path, query, {"pyproject.toml": _pyproject("demo-pkg"), "app.py": app})
+    index = IndexAccess(upstream=f"{fake.url}/simple/")
+    solved = evaluate_query(query, workspace, tmp_path / "e1", "x1", timeout_s=120, index=index)
+    assert (solved.status, solved.score) == (EvalStatus.ok, 1.0), solved.detail
+    offline = evaluate_query(query, workspace, tmp_path / "e2", "x2", timeout_s=120)
+    assert (offline.status, offline.score) == (EvalStatus.ok, 0.0), offline.detail  # no index: its install fails
+
+
+def test_installing_the_project_itself_from_the_index_is_tampering(tmp_path, fake):
+    query = _query(tmp_path)  # the project is named like the denied upstream package
+    app = "import gyre_denied_pkg\n\n\ndef value():\n    return gyre_denied_pkg.VALUE\n"
+    workspace = _workspace(tmp_path, query, {"pyproject.toml": _pyproject(DENIED), "app.py": app})
+    score = evaluate_query(query, workspace, tmp_path / "e", "x", timeout_s=120,
+                           index=IndexAccess(upstream=f"{fake.url}/simple/"))
+    assert (score.status, score.score) == (EvalStatus.tampering, 0.0), score.detail
+    assert any(DENIED in e for e in score.evidence)
+
+
+def test_an_unreachable_index_is_an_evaluator_failure_not_a_zero(tmp_path, fake):
+    query = _query(tmp_path)
+    workspace = _workspace(tmp_path, query, {"app.py": "def value():\n    return 1\n"})
+    score = evaluate_query(query, workspace, tmp_path / "e", "x", timeout_s=60,
+                           index=IndexAccess(upstream=f"http://127.0.0.1:{fake.closed_port}/simple/"))
+    assert (score.status, score.score) == (EvalStatus.error, None)
+    assert "package index unreachable" in score.detail
+
+
+def test_the_agent_sandbox_reaches_no_index(tmp_path, fake):
+    query = _query(tmp_path)
+    sandbox = LocalSandbox.create(query, tmp_path / "agent", isolation="bwrap")
+    result = sandbox.exec(f"python3 -c \"import urllib.request; urllib.request.urlopen('{fake.url}/simple/', "
+                          "timeout=3)\" && echo REACHED || echo refused", timeout_s=30)
+    assert "refused" in result.stdout and "REACHED" not in result.stdout

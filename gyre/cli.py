@@ -13,33 +13,21 @@ from datetime import datetime
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gyre.benchmarks.errors import BenchmarkFormatError
-from gyre.config import ConfigError, load_config
-from gyre.engines.hf import ModelDirError
+from gyre.cli_benchmark import bench_app
+from gyre.cli_common import INPUT_ERRORS, _fail, console
+from gyre.config import load_config
 
 app = typer.Typer(help="gyre: elastic online RL for xLong-horizon agents.", no_args_is_help=True)
 model_app = typer.Typer(help="Model directories.", no_args_is_help=True)
-bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 proxy_app = typer.Typer(help="The model-call proxy.", no_args_is_help=True)
 perf_app = typer.Typer(help="Performance benchmarks (print a table, or JSON with --json).", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(bench_app, name="benchmark")
 app.add_typer(proxy_app, name="proxy")
 app.add_typer(perf_app, name="bench")
-console = Console()
-err_console = Console(stderr=True)
-
-INPUT_ERRORS = (ConfigError, ModelDirError, BenchmarkFormatError, FileNotFoundError, FileExistsError)
-
-
-def _fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
-    raise typer.Exit(code=2)
 
 
 class _WarmstartProgress:
@@ -172,82 +160,6 @@ def model_tiny(out: Path = typer.Argument(..., help="Directory to create.")) -> 
     except INPUT_ERRORS as exc:
         _fail(exc)
     console.print(f"wrote {path}")
-
-
-@bench_app.command("tiny")
-def benchmark_tiny(
-    out: Path = typer.Argument(..., help="Directory to create."),
-    num_queries: int = typer.Option(64, min=1),
-    seed: int = typer.Option(0),
-) -> None:
-    """Write the bundled tiny benchmark (NL2RepoBench layout) to OUT."""
-    from gyre.benchmarks import generate_tiny
-
-    try:
-        path = generate_tiny(out, num_queries, seed)
-    except INPUT_ERRORS as exc:
-        _fail(exc)
-    console.print(f"wrote {num_queries} queries to {path}")
-
-
-@bench_app.command("check")
-def benchmark_check(
-    root: Path = typer.Argument(..., help="Benchmark directory."),
-    kind: str = typer.Option("auto", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
-) -> None:
-    """Load every query of a benchmark directory and report the first malformed one."""
-    from gyre.benchmarks import load_benchmark
-
-    try:
-        queries = load_benchmark(kind, root)
-    except (*INPUT_ERRORS, ValueError) as exc:
-        _fail(exc)
-    console.print(f"{len(queries)} queries OK in {root}")
-
-
-@bench_app.command("ls")
-def benchmark_ls(
-    root: Path = typer.Argument(..., help="Benchmark directory."),
-    kind: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
-    as_json: bool = typer.Option(False, "--json"),
-) -> None:
-    """List a benchmark's queries: id, format, timeouts, scoring rule."""
-    import json
-
-    from gyre.benchmarks import describe_benchmark
-
-    try:
-        rows = describe_benchmark(root, kind)
-    except (*INPUT_ERRORS, ValueError) as exc:
-        _fail(exc)
-    if as_json:
-        print(json.dumps(rows, indent=2, default=str))
-        return
-    table = Table(title=f"{root}: {len(rows)} queries")
-    for col in rows[0] if rows else ():
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*(str(v) for v in row.values()))
-    console.print(table)
-
-
-@bench_app.command("score")
-def benchmark_score(
-    root: Path = typer.Argument(..., help="Benchmark directory."),
-    query_id: str = typer.Argument(..., help="The query to score against."),
-    workspace: Path = typer.Argument(..., help="A workspace (for example a kept one under runs/)."),
-    kind: str = typer.Option("auto", "--format"),
-) -> None:
-    """Score one workspace against a query's hidden tests (rerun an evaluation by hand)."""
-    import json
-
-    from gyre.evaluators.score_one import score_workspace
-
-    try:
-        result = score_workspace(root, query_id, workspace, kind)
-    except (*INPUT_ERRORS, ValueError, KeyError) as exc:
-        _fail(exc)
-    print(json.dumps(result, indent=2, default=str))
 
 
 @perf_app.callback()
@@ -385,3 +297,4 @@ def simulate(
 
 if __name__ == "__main__":
     app()
+

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import tomllib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +73,23 @@ def test_files_under(tests_dir: Path, field: str) -> list[str]:
     """Every file under `tests_dir`, relative and sorted; an error if there is none."""
     if not tests_dir.is_dir():
         raise BenchmarkFormatError(tests_dir, field, "missing directory")
-    files = sorted(p.relative_to(tests_dir).as_posix() for p in tests_dir.rglob("*") if p.is_file())
+    files = files_under(tests_dir)
     if not files:
         raise BenchmarkFormatError(tests_dir, field, "holds no files")
     return files
+
+
+def files_under(directory: Path) -> list[str]:
+    """Every file under `directory` (relative posix paths, sorted), `__pycache__/` left out.
+
+    Symlinked directories are not descended into (a symlinked file counts)."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(directory):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        base = Path(dirpath)
+        found.extend((base / name).relative_to(directory).as_posix() for name in filenames
+                     if (base / name).is_file())
+    return sorted(found)
 
 
 def optional_start_dir(task_dir: Path) -> Path | None:
@@ -85,15 +102,72 @@ def optional_start_dir(task_dir: Path) -> Path | None:
 
 def query_dirs(root: Path, marker: str) -> list[Path]:
     """Sub-directories of `root` holding `marker`, sorted; clear errors for a bad root."""
+    dirs, _ = task_dirs(root, marker)
+    return dirs
+
+
+def task_dirs(root: Path, marker: str, hints: tuple[str, ...] = ()) -> tuple[list[Path], list[Problem]]:
+    """The task directories under `root` (or `root` itself when it holds `marker`), sorted, and a
+    problem for each sub-directory that looks like a task (holds one of `hints`) but lacks `marker`.
+
+    A root that does not exist or holds neither is wholly broken: FileNotFoundError or
+    BenchmarkFormatError, raised.
+    """
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: benchmark root does not exist or is not a directory")
     if (root / marker).is_file():
-        return [root]
-    dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / marker).is_file())
-    if not dirs:
+        return [root], []
+    subdirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    dirs = [p for p in subdirs if (p / marker).is_file()]
+    orphans = []
+    for p in subdirs:
+        held = [h for h in hints if (p / h).exists()]
+        if p not in dirs and held:
+            orphans.append(Problem(str(p), BenchmarkFormatError(
+                p / marker, "task", f"missing file (the directory holds {', '.join(held)}, so it looks like a task)"),
+                p.name))
+    if not dirs and not orphans:
         raise BenchmarkFormatError(root, "queries", f"no query directories (expected <root>/<task>/{marker})")
-    return dirs
+    return dirs, orphans
+
+
+TASK_ERRORS: tuple[type[BaseException], ...] = (BenchmarkFormatError, OSError, ValueError, subprocess.SubprocessError)
+"""What loading one task may raise that makes that task (and only it) malformed."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One malformed task: where it is (its directory, or `file:line` for a row), why, and its
+    query id when that could still be told."""
+
+    task: str
+    error: BaseException
+    query_id: str | None = None
+
+    @property
+    def reason(self) -> str:
+        return str(self.error) or type(self.error).__name__
+
+
+def load_each(tasks: Iterable[tuple[str, str | None, Callable[[], Query]]]) -> tuple[list[Query], list[Problem]]:
+    """Run each task's loader; a task that fails with one of `TASK_ERRORS` becomes a Problem,
+    the others load: one malformed task never blocks the rest."""
+    queries: list[Query] = []
+    problems: list[Problem] = []
+    for task, query_id, load in tasks:
+        try:
+            queries.append(load())
+        except TASK_ERRORS as exc:
+            problems.append(Problem(task, exc, query_id))
+    return queries, problems
+
+
+def raise_first(queries: list[Query], problems: list[Problem]) -> list[Query]:
+    """The strict loaders' rule: every query, or the first malformed task's own error."""
+    if problems:
+        raise problems[0].error
+    return queries
 
 
 def script_task_query(

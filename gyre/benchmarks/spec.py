@@ -52,6 +52,10 @@ class TaskSpec:
     allow_internet: bool = False
     expected_statuses: dict[str, str] = field(default_factory=dict)
     """R2E: test id -> expected status (PASSED, FAILED, SKIPPED, ERROR)."""
+    replaced_paths: tuple[str, ...] = ()
+    """NL2RepoBench: test_files.json's entries as listed (files or directories, relative to the
+    workspace). Upstream deletes each from the workspace, directories whole, before the hidden
+    tests go in; `query.test_files` is the expanded list of files."""
 
 
 def detect_format(task_dir: Path) -> str:
@@ -83,4 +87,6 @@ def task_spec(query: Query) -> TaskSpec:
         from gyre.benchmarks.r2e import r2e_spec
 
         return r2e_spec(query.root)
-    return TaskSpec(format=NL2REPO, scoring=SCORING_RULES[NL2REPO])
+    from gyre.benchmarks.nl2repo import nl2repo_spec
+
+    return nl2repo_spec(query.root)

@@ -3,25 +3,37 @@
 Terminal-Bench asks an agent to get something done in a terminal; a task passes when
 every test of its pytest suite passes (binary). One directory per task:
 
-    <root>/<task>/task.yaml      instruction, max_agent_timeout_sec, max_test_timeout_sec, parser_name
+    <root>/<task>/task.yaml      instruction, max_agent_timeout_sec (360), max_test_timeout_sec (60),
+                                 parser_name (pytest), difficulty, run_tests_in_same_shell, ...
     <root>/<task>/run-tests.sh   runs the tests (upstream: copied to /tests, run from /app)
     <root>/<task>/tests/         the hidden tests (test_outputs.py ...)
     <root>/<task>/Dockerfile     the task's image (docker backend); WORKDIR is /app
+    <root>/<task>/docker-compose.yaml  upstream's services (`client` is the agent's container)
+    <root>/<task>/solution.sh    upstream's oracle (ignored here)
     <root>/<task>/start/         local convention: the files the image puts in /app (optional)
 
-Inside the sandbox the workspace is `/app`; at evaluation the pristine `tests/` plus
-`run-tests.sh` appear read-only at `/tests` (TEST_DIR=/tests), and `bash
-/tests/run-tests.sh` runs from `/app`. Only the `pytest` parser is supported (the one
-Terminal-Bench's tasks use); another is a format error naming the field.
+Upstream (laude-institute/terminal-bench, `terminal_bench/harness/harness.py`), after the
+agent stops, `run-tests.sh` and `tests/` are copied into the SAME container at `/tests`
+(TEST_DIR=/tests) and `bash /tests/run-tests.sh` runs from the WORKDIR (`/app`): whatever
+the agent left running (a server on a port) is still up. The standard `run-tests.sh`
+installs curl with apt-get, uv with `curl ... astral.sh/uv/<v>/install.sh | sh`, makes
+`uv venv .tbench-testing`, `uv pip install pytest==8.4.1`, then `uv run pytest
+$TEST_DIR/test_outputs.py -rA`; the pane's "short test summary info" section is parsed
+and the task is resolved iff every parsed test passed (SKIPPED and XFAIL count as
+passed). Here the workspace is `/app`, the pristine files appear read-only at `/tests`.
+Only the `pytest` parser is supported; another is a format error naming the field.
+`load_terminal_bench_report` loads the good tasks and lists the malformed ones.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from gyre.benchmarks.errors import BenchmarkFormatError
 from gyre.benchmarks.files import (
-    non_empty_str, positive_seconds, query_dirs, read_yaml_mapping, script_task_query, test_files_under,
+    Problem, load_each, non_empty_str, positive_seconds, raise_first, read_yaml_mapping, script_task_query, task_dirs,
+    test_files_under,
 )
 from gyre.benchmarks.spec import SCORING_RULES, TERMINAL_BENCH, TaskSpec
 from gyre.records import Query
@@ -37,8 +49,17 @@ SUPPORTED_PARSERS = ("pytest",)
 
 
 def load_terminal_bench(root: Path, benchmark: str = "terminal-bench") -> list[Query]:
-    """Every task under `root` (or `root` itself if it is a task), sorted by directory name."""
-    return [load_terminal_bench_task(task_dir, benchmark) for task_dir in query_dirs(root, TASK_YAML)]
+    """Every task under `root` (or `root` itself if it is a task), sorted by directory name;
+    raises the first malformed task's error."""
+    return raise_first(*load_terminal_bench_report(root, benchmark))
+
+
+def load_terminal_bench_report(root: Path, benchmark: str = "terminal-bench") -> tuple[list[Query], list[Problem]]:
+    """The good tasks under `root` and a Problem per malformed one (a directory holding
+    run-tests.sh or tests/ without task.yaml included); raises only for a wholly broken root."""
+    dirs, orphans = task_dirs(root, TASK_YAML, hints=(RUN_TESTS, TESTS_DIR))
+    queries, problems = load_each((str(d), d.name, partial(load_terminal_bench_task, d, benchmark)) for d in dirs)
+    return queries, sorted(problems + orphans, key=lambda p: p.task)
 
 
 def load_terminal_bench_task(task_dir: Path, benchmark: str = "terminal-bench") -> Query:

@@ -2,9 +2,10 @@
 
 For people bringing their own task sets: load the benchmark (any native format), pick the
 query, evaluate the workspace exactly as a run would, and answer a plain dict
-`{"status": "ok" | "error", "score": float | None, "reason": str, "eval_dir": str}`:
+`{"status": "ok" | "error" | "tampering", "score": float | None, "reason": str, "eval_dir": str}`:
 `ok` is a scored result (the score may be 0), `error` an evaluator failure (score None).
-A missing query or workspace is bad input and raises a clear error instead.
+Other malformed tasks in the directory do not matter; a missing or malformed query, or a
+missing workspace, is bad input and raises a clear error instead.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gyre.benchmarks import load_benchmark
+from gyre.benchmarks import load_benchmark_problems
 from gyre.evaluators import evaluate_query
 
 
@@ -25,7 +26,11 @@ def score_workspace(
     eval_dir: Path | None = None,
     timeout_s: float = 120,
 ) -> dict[str, Any]:
-    queries = {q.query_id: q for q in load_benchmark(kind, Path(root))}
+    loaded, problems = load_benchmark_problems(kind, Path(root))
+    queries = {q.query_id: q for q in loaded}
+    broken = [p for p in problems if p.query_id == query_id]
+    if broken:
+        raise ValueError(f"{root}: query {query_id!r} is malformed: {broken[0].reason}")
     if query_id not in queries:
         known = ", ".join(sorted(queries)[:20])
         raise KeyError(f"{root}: no query {query_id!r}; known: {known}")

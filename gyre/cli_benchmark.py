@@ -1,0 +1,143 @@
+"""`gyre benchmark ...`: write, check, list and score benchmark directories.
+
+Every command takes `--format` (auto, nl2repo, terminal-bench, harbor, r2e) and `--json`.
+One malformed task never hides the others: `check` lists each with its reason (and the
+tasks this machine cannot score, with what they need), `ls` notes them on stderr, `score`
+refuses only a malformed QUERY_ID.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from gyre.cli_common import INPUT_ERRORS, _fail, console, err_console
+
+bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+
+
+@bench_app.command("tiny")
+def benchmark_tiny(
+    out: Path = typer.Argument(..., help="Directory to create."),
+    num_queries: int = typer.Option(64, min=1),
+    seed: int = typer.Option(0),
+) -> None:
+    """Write the bundled tiny benchmark (NL2RepoBench layout) to OUT."""
+    from gyre.benchmarks import generate_tiny
+
+    try:
+        path = generate_tiny(out, num_queries, seed)
+    except INPUT_ERRORS as exc:
+        _fail(exc)
+    console.print(f"wrote {num_queries} queries to {path}")
+
+
+@bench_app.command("check")
+def benchmark_check(
+    root: Path = typer.Argument(..., help="Benchmark directory."),
+    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
+    kind: str | None = typer.Option(None, "--kind", hidden=True, help="Deprecated alias of --format."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
+) -> None:
+    """Load every task; list each malformed one with its reason, and the tasks unscorable here.
+
+    Exit code: 0 all tasks load, 1 some are malformed (the rest still load), 2 ROOT is unusable.
+    """
+    import json
+
+    from gyre.benchmarks import load_benchmark_report, resolve_kind
+    from gyre.evaluators.needs import Available, task_needs, unmet
+
+    if kind is not None:
+        if fmt not in ("auto", kind):
+            _fail(ValueError(f"--kind {kind!r} contradicts --format {fmt!r}; --kind is a deprecated alias of --format"))
+        err_console.print("[yellow]note:[/] --kind is deprecated; use --format")
+        fmt = kind
+    try:
+        resolved = resolve_kind(fmt, root)
+        queries, malformed = load_benchmark_report(resolved, root)
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+    unscorable = []
+    for query in queries:
+        try:
+            missing = unmet(task_needs(query), Available())
+        except OSError as exc:  # a script it runs cannot be read: say so, do not hide the task
+            missing = [f"unreadable script ({exc})"]
+        if missing:
+            unscorable.append({"id": query.query_id, "needs": missing})
+    if as_json:
+        print(json.dumps({
+            "root": str(root), "format": resolved, "ok": [q.query_id for q in queries],
+            "malformed": [{"task": task, "reason": reason} for task, reason in malformed],
+            "unscorable_here": unscorable,
+        }, indent=2))
+    else:
+        console.print(f"{len(queries)} queries OK in {escape(str(root))} ({resolved})"
+                      + (f", {len(malformed)} malformed" if malformed else ""))
+        for task, reason in malformed:
+            console.print(f"[red]malformed[/] {escape(task)}: {escape(reason)}")
+        for row in unscorable:
+            console.print(f"[yellow]unscorable here[/] {escape(row['id'])}: needs {escape(', '.join(row['needs']))}")
+    if malformed:
+        raise typer.Exit(code=1)
+
+
+@bench_app.command("ls")
+def benchmark_ls(
+    root: Path = typer.Argument(..., help="Benchmark directory."),
+    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of rows instead of a table."),
+) -> None:
+    """List a benchmark's queries: id, format, timeouts, scoring rule (malformed tasks: a note on stderr)."""
+    import json
+
+    from gyre.benchmarks import describe_queries, load_benchmark_report
+
+    try:
+        queries, malformed = load_benchmark_report(fmt, root)
+        rows = describe_queries(queries)
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+    if malformed:
+        err_console.print(f"[yellow]note:[/] {len(malformed)} malformed task(s) skipped: "
+                          f"{escape(', '.join(task for task, _ in malformed))} (see gyre benchmark check)")
+    if as_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return
+    table = Table(title=f"{root}: {len(rows)} queries")
+    for col in rows[0] if rows else ():
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    console.print(table)
+
+
+@bench_app.command("score")
+def benchmark_score(
+    root: Path = typer.Argument(..., help="Benchmark directory."),
+    query_id: str = typer.Argument(..., help="The query to score against."),
+    workspace: Path = typer.Argument(..., help="A workspace (for example a kept one under runs/)."),
+    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+) -> None:
+    """Score one workspace against a query's hidden tests (rerun an evaluation by hand).
+
+    Other malformed tasks in ROOT do not matter; a malformed QUERY_ID is refused with its reason.
+    """
+    import json
+
+    from gyre.evaluators.score_one import score_workspace
+
+    try:
+        result = score_workspace(root, query_id, workspace, fmt)
+    except (*INPUT_ERRORS, ValueError, KeyError) as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        console.print(f"{escape(query_id)}: score {result['score']} ({result['status']}) {escape(result['reason'])}")
+        console.print(f"evaluation kept in {escape(result['eval_dir'])}")

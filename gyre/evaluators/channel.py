@@ -20,7 +20,8 @@ The host reads the pipe in a thread while the command runs and keeps at most
 The plugin starts the interpreter with `PYTHONSAFEPATH=1`, so nothing in the workspace
 can shadow a module pytest imports before the plugin says hello; the plugin then
 restores what the command would have seen (the working directory first on `sys.path`
-under `python -m pytest`) and removes the variable for the processes tests start.
+under `python -m pytest`, or with `GYRE_CWD_ON_PATH=1` for formats whose harness puts the
+workspace on PYTHONPATH) and removes the variable for the processes tests start.
 
 What this does not stop: agent code in the test process can write to the same pipe, or
 patch pytest. Both are caught, not prevented: a phase reported twice for one test is
@@ -53,8 +54,9 @@ import sys as _sys
 _FD = int(_os.environ.pop("GYRE_RESULT_FD"))
 _os.environ.pop("PYTHONSAFEPATH", None)
 _ARGV = list(getattr(_sys, "orig_argv", []))
-if "-m" in _ARGV and _ARGV[_ARGV.index("-m") + 1 : _ARGV.index("-m") + 2] == ["pytest"]:
-    _sys.path.insert(0, _os.getcwd())  # what `python -m pytest` puts first, restored after start-up
+_M_PYTEST = "-m" in _ARGV and _ARGV[_ARGV.index("-m") + 1 : _ARGV.index("-m") + 2] == ["pytest"]
+if _M_PYTEST or _os.environ.get("GYRE_CWD_ON_PATH") == "1":
+    _sys.path.insert(0, _os.getcwd())  # what `python -m pytest` (or the task's PYTHONPATH) puts first
 
 
 def _send(**message):

@@ -17,8 +17,8 @@ results come back over a pipe gyre owns, never from a file in the sandbox.
 
 - Terminal-Bench: binary, from the channel: 1.0 iff every test the pristine files define
   passed (an unreported one failed: the process died, exited or hung).
-- Harbor: the reward the verifier wrote: `verifier/reward.txt` (one float) or
-  `verifier/reward.json` (`{"reward": x}` or a single numeric entry), in [0, 1]. Its
+- Harbor: the reward the verifier wrote: `verifier/reward.json` (`{"reward": x}` or a single
+  numeric entry; read first, as upstream does) or `verifier/reward.txt` (one float), in [0, 1]. Its
   `test.sh` turns pytest's exit code into the reward, so Harbor tests get must-pass
   canaries only; a reward above 0 while a pristine test did not pass is tampering.
 
@@ -108,35 +108,25 @@ def evaluate_container_task(
     return _terminal_bench_verdict(execution_id, result, timeout_s, pristine, counted, said.hello)
 
 
-def _all_pristine(pristine: list[PristineFile]) -> set[tuple[str, tuple[str, ...]]]:
-    return {(f.inside, tid) for f in pristine for tid in f.tests}
-
-
 def _terminal_bench_verdict(execution_id: str, result, timeout_s: float, pristine: list[PristineFile],
                             counted: Tally, started: bool) -> Score:
     if not started:
         if result.timed_out:
             return ok(execution_id, 0.0, f"tests timed out after {timeout_s:g}s before pytest started")
         return error(execution_id, f"run-tests.sh exited {result.exit_code} without starting pytest: {tail(result)}")
-    expected = _all_pristine(pristine)
-    passed = len(expected & counted.passed)
-    resolved = bool(expected) and passed == len(expected) and not result.timed_out
-    detail = f"{passed}/{len(expected)} pristine tests passed" + (
-        f"; timed out after {timeout_s:g}s" if result.timed_out else "")
-    return ok(execution_id, 1.0 if resolved else 0.0, detail, passed=passed, total=len(expected))
+    not_passed = counted.not_passed(pristine)
+    passed = len(counted.passed)
+    resolved = passed > 0 and not not_passed and not result.timed_out
+    detail = f"{passed} pristine cases passed, {len(not_passed)} did not" + (
+        f"; timed out after {timeout_s:g}s" if result.timed_out else "") + (
+        f": {', '.join(not_passed[:5])}" if not_passed else "")
+    return ok(execution_id, 1.0 if resolved else 0.0, detail, passed=passed, total=passed + len(not_passed))
 
 
 def _harbor_reward(execution_id: str, logs: Path, result, timeout_s: float, pristine: list[PristineFile],
                    counted: Tally, started: bool) -> Score:
     txt, js = logs / REWARD_TXT, logs / REWARD_JSON
-    if txt.is_file():
-        raw = txt.read_text(encoding="utf-8", errors="replace").strip()
-        try:
-            reward = float(raw)
-        except ValueError:
-            return error(execution_id, f"{REWARD_TXT} is not a number: {raw[:80]!r}")
-        source = REWARD_TXT
-    elif js.is_file():
+    if js.is_file():  # upstream reads reward.json first
         try:
             data = json.loads(js.read_text(encoding="utf-8", errors="replace"))
         except json.JSONDecodeError as exc:
@@ -150,6 +140,13 @@ def _harbor_reward(execution_id: str, logs: Path, result, timeout_s: float, pris
         else:
             return error(execution_id, f"{REWARD_JSON} needs a numeric 'reward' (or exactly one number): {data!r}"[:300])
         source = REWARD_JSON
+    elif txt.is_file():
+        raw = txt.read_text(encoding="utf-8", errors="replace").strip()
+        try:
+            reward = float(raw)
+        except ValueError:
+            return error(execution_id, f"{REWARD_TXT} is not a number: {raw[:80]!r}")
+        source = REWARD_TXT
     elif result.timed_out:
         return ok(execution_id, 0.0, f"verifier timed out after {timeout_s:g}s before writing a reward")
     elif started:
@@ -159,7 +156,7 @@ def _harbor_reward(execution_id: str, logs: Path, result, timeout_s: float, pris
     if not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
         return error(execution_id, f"{source} holds {reward!r}, outside [0, 1]")
     if started and reward > 0:
-        failing = sorted("::".join((path, *tid)) for path, tid in _all_pristine(pristine) - counted.passed)
+        failing = counted.not_passed(pristine)
         if failing:
             return tampering(execution_id, [f"{source} says {reward:g} while pristine tests did not pass: "
                                             f"{', '.join(failing[:5])}"])

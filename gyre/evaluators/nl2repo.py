@@ -47,6 +47,7 @@ import random
 import secrets
 from pathlib import Path, PurePosixPath
 
+from gyre.benchmarks.spec import task_spec
 from gyre.evaluators.channel import ChannelResults
 from gyre.evaluators.observed import IndexAccess, Observer, place_pristine, read_sources
 from gyre.evaluators.deadline import capped, overall_timeout_error
@@ -56,6 +57,7 @@ from gyre.records import EvalStatus, Query, Score
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.isolation import Isolation
 from gyre.sandboxes.layout import SandboxLayout
+from gyre.sandboxes.paths import clear_path
 from gyre.sandboxes.privileges import protect
 from gyre.sandboxes.process import sandbox_env
 from gyre.evaluators.workspace_copy import copy_workspace
@@ -126,6 +128,8 @@ def _score(
     if too_big is not None:  # the agent's doing: a valid zero, never a dropped sample
         return Score(execution_id=execution_id, status=EvalStatus.ok, score=0.0, tests_passed=0,
                      tests_total=query.test_case_count, detail=too_big)
+    for rel in task_spec(query).replaced_paths:  # upstream replaces listed entries wholesale
+        clear_path(repo, rel.rstrip("/"))  # links on the way are removed, never followed
     sources = read_sources(Path(query.hidden_tests_dir), query.test_files)
     project = imported_modules([data.decode("utf-8", errors="replace") for data in sources.values()])
     neutralised = neutralise_pytest_config(repo, query.test_files, project)
@@ -157,7 +161,8 @@ def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execu
         command_timeout_s = capped(timeout_s, deadline_s)
         if command_timeout_s <= 0:
             return overall_timeout_error(execution_id, f"no time left for test command {i}")
-        result, said = observer.run(command, workspace=repo, scratch=scratch, layout=layout, env=sandbox_env(repo),
+        result, said = observer.run(command, workspace=repo, scratch=scratch, layout=layout,
+                                    env=sandbox_env(repo, {"GYRE_CWD_ON_PATH": "1"}),  # upstream: PYTHONPATH=/workspace
                                     limits=limits, timeout_s=command_timeout_s,
                                     addopts=("--continue-on-collection-errors",))
         runs.append(said)

@@ -74,9 +74,12 @@ def evaluate_r2e(
                               random.Random(secrets.randbits(64)))
     reports.mkdir()
     scratch.mkdir()
+    observer = Observer.create(eval_dir, isolation, index)
+    # upstream's run_tests.sh runs `.venv/bin/python -m pytest`: the evaluation's own environment,
+    # never one the agent left in the workspace (a fake `python` there would decide the result)
+    clear_path(repo, ".venv").symlink_to(observer.env.inside)
     isolation.hand_over(repo)
     protect(repo, query.test_files)
-    observer = Observer.create(eval_dir, isolation, index)
     layout = SandboxLayout(workdir=workdir, mounts=observer.mounts())
     (command,) = query.test_commands
     try:

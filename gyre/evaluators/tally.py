@@ -4,6 +4,9 @@ Input: the pristine files as placed (`canaries.PristineFile`: path inside the sa
 defined ids, canaries) and what each test command's plugin sent (`channel.ChannelResults`).
 Output: a `Tally`. The rules of shared/DESIGN.md's "Reward integrity" live here:
 
+- results are keyed by file and full id, parameters included (`test_x[1]`, `test_x[2]`
+  count as two cases, as pytest's own "N passed" does; NL2RepoBench counts that way); an id
+  counts when its base (parameters dropped) is one the pristine file defines;
 - a pristine test passed iff a command reported its call phase passed with no failing
   phase; a test never reported (the process died, exited early, hung, or the module
   failed to import) is failed: that is the workspace's result, never a dropped sample;
@@ -27,6 +30,7 @@ from gyre.evaluators.channel import ChannelResults
 @dataclass
 class Tally:
     passed: set[tuple[str, TestId]] = field(default_factory=set)
+    """(file inside, full id with parameters) of each pristine case that passed."""
     reported: set[tuple[str, TestId]] = field(default_factory=set)
     ignored: list[str] = field(default_factory=list)
     tampering: list[str] = field(default_factory=list)
@@ -34,8 +38,17 @@ class Tally:
     loaded: bool = False
     started: bool = False
 
-    def outcome_of(self, key: tuple[str, TestId]) -> str:
-        return "passed" if key in self.passed else ("failed" if key in self.reported else "not run")
+    def not_passed(self, files: list[PristineFile]) -> list[str]:
+        """Pristine cases reported but not passed, and defined tests with no passing case at all."""
+        failed = sorted("::".join((path, *tid)) for path, tid in self.reported - self.passed)
+        covered = {(path, base_id(tid)) for path, tid in self.passed}
+        missing = sorted("::".join((f.inside, *tid)) for f in files for tid in f.tests if (f.inside, tid) not in covered)
+        return failed + missing
+
+
+def base_id(tid: TestId) -> TestId:
+    """`tid` without the last part's parameters."""
+    return test_id("::".join(("_", *tid)))
 
 
 def tally(files: list[PristineFile], runs: list[ChannelResults]) -> Tally:
@@ -61,7 +74,7 @@ def tally(files: list[PristineFile], runs: list[ChannelResults]) -> Tally:
                     out.tampering.append(f"command {i}: canary {result.nodeid} must fail and was reported passed")
             elif tid in pristine.tests:
                 files_reported.add(pristine.inside)
-                key = (pristine.inside, tid)
+                key = (pristine.inside, tuple(result.nodeid.split("::")[1:]))
                 out.reported.add(key)
                 if run.passed(result.nodeid):
                     out.passed.add(key)
@@ -72,5 +85,4 @@ def tally(files: list[PristineFile], runs: list[ChannelResults]) -> Tally:
                 missing = sorted(n for n in by_path[path].canaries.must_pass if (path, n) not in seen_canaries)
                 if missing:
                     out.tampering.append(f"command {i}: canaries {missing} of {path} must pass and were not reported")
-    # a test reported passed in one command and failed in another counts as passed once
     return out

@@ -1,0 +1,82 @@
+"""Scoring the real-format fixtures (tests/fixtures/realformats): solved, unsolved, partly solved, unscorable.
+
+Each fixture carries the quirks of its published format (see its README and
+docs/benchmarks.md). Scores come from the same `evaluate_query` a run uses.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gyre.benchmarks import load_benchmark_report
+from gyre.evaluators import evaluate_query
+from gyre.records import EvalStatus
+from gyre.sandboxes.isolation import probe_bwrap
+from tests.fixtures.realformats.build import build_r2e, workspace
+
+FIXTURES = Path(__file__).parent / "fixtures" / "realformats"
+pytestmark = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable")
+
+
+def _query(fmt: str, directory: str, task: str):
+    queries, malformed = load_benchmark_report(fmt, FIXTURES / directory)
+    assert malformed, "each fixture directory carries one malformed task beside the good ones"
+    return {q.query_id: q for q in queries}[task]
+
+
+@pytest.mark.parametrize("task", ["mathkit", "textkit"])
+def test_nl2repo_solved_and_unsolved(tmp_path, task):
+    query = _query("nl2repo", "nl2repo", task)
+    solved = evaluate_query(query, workspace(FIXTURES / "nl2repo" / task, tmp_path / "a"), tmp_path / "e1", "s",
+                            timeout_s=120)
+    assert (solved.status, solved.score) == (EvalStatus.ok, 1.0), solved.detail
+    unsolved = evaluate_query(query, workspace(FIXTURES / "nl2repo" / task, tmp_path / "b", solved=False),
+                              tmp_path / "e2", "u", timeout_s=120)
+    assert (unsolved.status, unsolved.score) == (EvalStatus.ok, 0.0), unsolved.detail
+
+
+def test_nl2repo_partly_solved_scores_the_fraction(tmp_path):
+    query = _query("nl2repo", "nl2repo", "mathkit")
+    ws = workspace(FIXTURES / "nl2repo" / "mathkit", tmp_path / "a")
+    (ws / "mathkit" / "arith.py").write_text((ws / "mathkit" / "arith.py").read_text().replace("a * b", "a + b"))
+    score = evaluate_query(query, ws, tmp_path / "e", "p", timeout_s=120)
+    assert score.status is EvalStatus.ok and 0.0 < score.score < 1.0, score.detail
+
+
+def test_standard_installer_scripts_are_unscorable_here_not_zero(tmp_path):
+    for fmt, directory, task in (("terminal-bench", "terminal_bench", "csv-rows"), ("harbor", "harbor", "count-lines")):
+        query = _query(fmt, directory, task)
+        ws = workspace(FIXTURES / directory / task, tmp_path / task)
+        score = evaluate_query(query, ws, tmp_path / f"e-{task}", task, timeout_s=60)
+        assert (score.status, score.score) == (EvalStatus.error, None), score.detail
+        assert "unscorable here" in score.detail and "apt" in score.detail
+
+
+def test_harbor_json_reward_with_its_own_workdir(tmp_path):
+    query = _query("harbor", "harbor", "json-report")
+    solved = evaluate_query(query, workspace(FIXTURES / "harbor" / "json-report", tmp_path / "a"), tmp_path / "e1",
+                            "s", timeout_s=60)
+    assert (solved.status, solved.score) == (EvalStatus.ok, 1.0), solved.detail
+    unsolved = evaluate_query(query, workspace(FIXTURES / "harbor" / "json-report", tmp_path / "b", solved=False),
+                              tmp_path / "e2", "u", timeout_s=60)
+    assert (unsolved.status, unsolved.score) == (EvalStatus.ok, 0.0), unsolved.detail
+
+
+def test_r2e_upstream_keys_solved_and_unsolved(tmp_path):
+    root = tmp_path / "r2e"
+    build_r2e(root)
+    queries, malformed = load_benchmark_report("r2e", root)
+    assert len(malformed) == 1
+    (query,) = queries
+    unsolved = tmp_path / "u"
+    shutil.copytree(query.start_dir, unsolved, symlinks=True)
+    solved = tmp_path / "s"
+    shutil.copytree(query.start_dir, solved, symlinks=True)
+    shutil.copytree(FIXTURES / "r2e" / "solution", solved, dirs_exist_ok=True)
+    good = evaluate_query(query, solved, tmp_path / "e1", "s", timeout_s=120)
+    assert (good.status, good.score) == (EvalStatus.ok, 1.0), good.detail
+    bad = evaluate_query(query, unsolved, tmp_path / "e2", "u", timeout_s=120)
+    assert (bad.status, bad.score) == (EvalStatus.ok, 0.0), bad.detail

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,11 +22,14 @@ from gyre.benchmarks.tiny import tiny_reference
 from gyre.config import RunConfig
 from gyre.engines.hf import check_model_dir, load_tokenizer
 from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
+from gyre.evaluators.needs import Available, task_needs, unmet
 from gyre.harnesses.builtin import SYSTEM_PROMPT, TOOLS
 from gyre.harnesses.timeouts import execution_timeouts
 from gyre.records import Query
 from gyre.sandboxes.factory import check_backend
 from gyre.warmstart import WarmstartSpec, cached_warmstart
+
+log = logging.getLogger("gyre.resolve")
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,22 @@ def preflight(config: RunConfig) -> tuple[Path, QuerySplit]:
     execution_timeouts(config)
     check_backend(config.sandbox, config.harness.type)
     split = resolve_queries(config)
+    warn_unscorable([*split.train, *split.eval], config)
     model_dir = resolve_model_dir(config, split)
     load_tokenizer(model_dir)
     return model_dir, split
+
+
+def warn_unscorable(queries: list[Query], config: RunConfig) -> list[tuple[str, list[str]]]:
+    """Say, before any execution, which queries this machine cannot score and what they need.
+
+    They still run (the agent's part is the same), and their evaluations are evaluator failures
+    naming the need, dropped from their groups: never zeros.
+    """
+    available = Available(package_index=config.evaluator.network == "package-index")
+    unscorable = [(q.query_id, missing) for q in queries if (missing := unmet(task_needs(q), available))]
+    if unscorable:
+        shown = "; ".join(f"{qid}: needs {', '.join(missing)}" for qid, missing in unscorable[:10])
+        log.warning("%d of %d queries cannot be scored here (their evaluations will be dropped, never zeros): %s%s",
+                    len(unscorable), len(queries), shown, " ..." if len(unscorable) > 10 else "")
+    return unscorable

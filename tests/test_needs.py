@@ -77,3 +77,19 @@ def test_a_task_needing_the_network_is_unscorable_here_never_zero(tmp_path):
     score = evaluate_query(query, workspace, tmp_path / "eval", "x")
     assert (score.status, score.score) == (EvalStatus.error, None)
     assert "unscorable here" in score.detail and "apt" in score.detail and "network:astral.sh" in score.detail
+
+
+def test_preflight_names_the_unscorable_queries(tmp_path, caplog):
+    from gyre.config import RunConfig
+    from gyre.resolve import warn_unscorable
+
+    root = tmp_path / "task"
+    root.mkdir()
+    (root / "run-tests.sh").write_text(TB_RUN_TESTS)
+    needy = Query(query_id="needy", benchmark="tb", instruction="x", root=root, hidden_tests_dir=root,
+                  test_files=[], test_commands=["bash run-tests.sh"], test_case_count=1)
+    local = needy.model_copy(update={"query_id": "local", "test_commands": ["python -m pytest -q tests"]})
+    with caplog.at_level("WARNING", logger="gyre.resolve"):
+        found = warn_unscorable([needy, local], RunConfig())
+    assert [qid for qid, _ in found] == ["needy"]
+    assert "1 of 2 queries cannot be scored here" in caplog.text and "network:astral.sh" in caplog.text

@@ -271,3 +271,35 @@ def test_forging_the_pipe_then_exiting_earns_nothing(tmp_path, forger):
     score = evaluate(query, workspace, tmp_path / "eval", "attack", timeout_s=20)
     assert score.status in (EvalStatus.ok, EvalStatus.tampering), score.detail
     assert score.score == 0.0, score.detail
+
+
+CALLER_READER = '''
+import linecache, re, sys
+
+
+def _answer():
+    frame = sys._getframe(2)
+    for offset in range(0, 3):
+        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno + offset)
+        found = re.findall(r"==\\s*(-?\\d+)", line)
+        if found:
+            return int(found[-1])
+    return 0
+
+
+def __getattr__(name):
+    return lambda *args: _answer()
+'''
+
+
+@pytest.mark.parametrize(("action", "status"), [("record", None), ("zero", EvalStatus.tampering)])
+def test_a_module_reading_the_callers_assert_is_flagged_and_zeroed(tmp_path, action, status):
+    from gyre.evaluators import evaluate_query
+    from tests.test_evaluator_nl2repo import _tiny_query
+
+    query, module_file, _ = _tiny_query(tmp_path)
+    workspace = _workspace(tmp_path, query, {module_file: CALLER_READER})
+    score = evaluate_query(query, workspace, tmp_path / "eval", "reader", timeout_s=30, monitor=action)
+    assert any(flag.startswith("reads-test-source") for flag in score.flags), score.flags
+    if status is not None:
+        assert (score.status, score.score) == (status, 0.0), score.detail

@@ -233,19 +233,7 @@ def test_hostile_workspace_shapes_are_scored_never_crash(tmp_path):
     assert (repo / "escape").is_symlink() and not (repo / "fifo").exists()  # copied as a link, never followed
 
 
-FORGE_THEN_EXIT = WRONG + """
-import json, os
-for fd in range(3, 64):
-    for name in ('test_zero', 'test_opposites', 'test_small', 'test_larger'):
-        for when in ('setup', 'call', 'teardown'):
-            msg = {'event': 'report', 'nodeid': f'tests/test_calc.py::{name}', 'path': os.getcwd() + '/tests/test_calc.py',
-                   'when': when, 'outcome': 'passed', 'xfail': False}
-            try:
-                os.write(fd, (json.dumps(msg) + '\\\\n').encode())
-            except OSError:
-                pass
-os._exit(0)
-"""
+FORGE_THEN_EXIT = FORGE_ON_THE_PIPE + "os._exit(0)\n"
 FORGE_DURING_A_TEST_THEN_EXIT = """
 import json, os, sys
 def add(a, b):

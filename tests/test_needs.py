@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from gyre.evaluators.needs import Available, script_needs, task_needs, unmet
 from gyre.records import Query

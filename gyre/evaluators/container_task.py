@@ -45,7 +45,7 @@ from gyre.benchmarks.terminal_bench import RUN_TESTS
 from gyre.evaluators.canaries import PristineFile
 from gyre.evaluators.common import error, ok, tail, tampering, write_log
 from gyre.evaluators.observed import IndexAccess, Observer, place_pristine, read_sources
-from gyre.evaluators.tally import Tally, tally
+from gyre.evaluators.tally import Tally
 from gyre.evaluators.workspace_copy import copy_workspace
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
@@ -89,23 +89,15 @@ def evaluate_container_task(
         mounts.append(Mount(logs, spec.logs_dir, writable=True))
     layout = SandboxLayout(workdir=spec.workdir, mounts=tuple(mounts))
     (command,) = query.test_commands
-    try:
-        result, said = observer.run(command, workspace=repo, scratch=scratch, layout=layout,
-                                    env=sandbox_env(Path(layout.inside(repo)), {"TEST_DIR": tests_inside}),
-                                    limits=limits, timeout_s=timeout_s)
-    except BaseException:
-        observer.finish(Tally())
-        raise
-    write_log(reports / "command_0.log", command, result)
-    counted = tally(pristine, [said])
-    index_failure = observer.finish(counted)
-    if counted.tampering:
-        return tampering(execution_id, counted.tampering)
-    if index_failure is not None:
-        return error(execution_id, index_failure)
+    seen = observer.run_single(command, pristine, workspace=repo, scratch=scratch, layout=layout,
+                               env=sandbox_env(Path(layout.inside(repo)), {"TEST_DIR": tests_inside}),
+                               limits=limits, timeout_s=timeout_s)
+    write_log(reports / "command_0.log", command, seen.result)
+    if (verdict := seen.settled(execution_id)) is not None:
+        return verdict
     if spec.format == HARBOR:
-        return _harbor_reward(execution_id, logs, result, timeout_s, pristine, counted, said.hello)
-    return _terminal_bench_verdict(execution_id, result, timeout_s, pristine, counted, said.hello)
+        return _harbor_reward(execution_id, logs, seen.result, timeout_s, pristine, seen.counted, seen.said.hello)
+    return _terminal_bench_verdict(execution_id, seen.result, timeout_s, pristine, seen.counted, seen.said.hello)
 
 
 def _terminal_bench_verdict(execution_id: str, result, timeout_s: float, pristine: list[PristineFile],

@@ -33,11 +33,13 @@ from pathlib import Path, PurePosixPath
 
 from gyre.evaluators.canaries import PristineFile, add_canaries, defined_tests, is_test_module
 from gyre.evaluators.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall, ResultChannel
-from gyre.evaluators.tally import Tally
+from gyre.evaluators.common import error, tampering
+from gyre.evaluators.tally import Tally, tally
 from gyre.evaluators.toolenv import EvalEnv, base_interpreter_dirs, make_env
 from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_INSIDE_DIR
 from gyre.sandboxes.bridge import ProxyBridge, proxy_address
 from gyre.sandboxes.index_proxy import IndexProxy, IndexProxyConfig, client_env
+from gyre.records import Score
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.isolation import Isolation
 from gyre.sandboxes.layout import Mount, SandboxLayout
@@ -155,3 +157,31 @@ class Observer:
         finally:
             results = channel.close()
         return result, results
+
+    def run_single(self, command: str, pristine: list[PristineFile], **run_kwargs) -> Observed:
+        """A format's one test command (`run`'s arguments), tallied, with the observer finished."""
+        try:
+            result, said = self.run(command, **run_kwargs)
+        except BaseException:
+            self.finish(Tally())
+            raise
+        counted = tally(pristine, [said])
+        return Observed(result, said, counted, self.finish(counted))
+
+
+@dataclass
+class Observed:
+    """What one observed command gave: its run, what the plugin said, the tally, an index failure."""
+
+    result: ExecResult
+    said: ChannelResults
+    counted: Tally
+    index_failure: str | None
+
+    def settled(self, execution_id: str) -> Score | None:
+        """Tampering (score 0) or the index's failure (an evaluator failure), whichever applies, else None."""
+        if self.counted.tampering:
+            return tampering(execution_id, self.counted.tampering)
+        if self.index_failure is not None:
+            return error(execution_id, self.index_failure)
+        return None

@@ -32,9 +32,8 @@ from pathlib import Path
 from gyre.benchmarks.spec import TaskSpec
 from gyre.evaluators.canaries import PristineFile, test_id
 from gyre.evaluators.channel import TestResult
-from gyre.evaluators.common import error, ok, tail, tampering, write_log
+from gyre.evaluators.common import error, ok, tail, write_log
 from gyre.evaluators.observed import IndexAccess, Observer, place_pristine, read_sources
-from gyre.evaluators.tally import Tally, tally
 from gyre.evaluators.pytest_guard import PLANTED_FILE_NAMES, ROOT_CONFIG_NAMES, neutralise_pytest_config
 from gyre.evaluators.workspace_copy import copy_workspace
 from gyre.records import Query, Score
@@ -82,19 +81,12 @@ def evaluate_r2e(
     protect(repo, query.test_files)
     layout = SandboxLayout(workdir=workdir, mounts=observer.mounts())
     (command,) = query.test_commands
-    try:
-        result, said = observer.run(command, workspace=repo, scratch=scratch, layout=layout,
-                                    env=sandbox_env(Path(layout.inside(repo))), limits=limits, timeout_s=timeout_s)
-    except BaseException:
-        observer.finish(Tally())
-        raise
+    seen = observer.run_single(command, pristine, workspace=repo, scratch=scratch, layout=layout,
+                               env=sandbox_env(Path(layout.inside(repo))), limits=limits, timeout_s=timeout_s)
+    result, said = seen.result, seen.said
     write_log(reports / "command_0.log", command, result)
-    counted = tally(pristine, [said])
-    index_failure = observer.finish(counted)
-    if counted.tampering:
-        return tampering(execution_id, counted.tampering)
-    if index_failure is not None:
-        return error(execution_id, index_failure)
+    if (verdict := seen.settled(execution_id)) is not None:
+        return verdict
     if not said.hello:
         if result.timed_out:
             return ok(execution_id, 0.0, f"tests timed out after {timeout_s:g}s before pytest started", total=total)

@@ -50,6 +50,7 @@ def _query(tmp_path: Path, name: str = "proj", start: Path | None = None) -> Que
     (root / "hidden_tests" / "tests").mkdir(parents=True)
     (root / "hidden_tests" / "tests" / "test_secret.py").write_text("def test_x():\n    assert SECRET_ANSWER\n")
     (root / "start.md").write_text("do it\n")
+    (root / "test_files.json").write_text('["tests/test_secret.py"]')  # the evaluator reads the format again
     return Query(
         query_id=name, benchmark="attack", instruction="do it", root=root, start_dir=start,
         hidden_tests_dir=root / "hidden_tests", test_files=["tests/test_secret.py"],

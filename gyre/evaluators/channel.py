@@ -59,10 +59,13 @@ if _M_PYTEST or _os.environ.get("GYRE_CWD_ON_PATH") == "1":
     _sys.path.insert(0, _os.getcwd())  # what `python -m pytest` (or the task's PYTHONPATH) puts first
 
 
+_dumps, _write = _json.dumps, _os.write  # bound now: later patches of json or os do not reach them
+
+
 def _send(**message):
-    data = (_json.dumps(message) + "\n").encode()
+    data = (_dumps(message) + "\n").encode()
     while data:
-        data = data[_os.write(_FD, data):]
+        data = data[_write(_FD, data):]
 
 
 _send(event="hello", pid=_os.getpid())

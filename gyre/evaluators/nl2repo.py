@@ -34,7 +34,10 @@ Rules: one rule decides what is dropped (shared/DESIGN.md, "Reward integrity").
   score 0, the evidence kept.
 - Evaluator failure (status error, score None, dropped, never a zero): no command ever
   started the plugin (pytest missing, command not found, the sandbox did not start), an
-  exception raised here, the overall deadline.
+  exception raised here, the overall deadline. Not once a setup command has run the
+  workspace's own build (`pip install -e .` runs its setup code, which can plant a `.pth`
+  that kills every later interpreter): from then on a pytest that never starts is the
+  workspace's 0.
 
 `eval_dir/reports/results.json` lists the passed ids, ignored results, tampering evidence
 and collection errors.
@@ -157,7 +160,10 @@ def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execu
 
     runs: list[ChannelResults] = []
     notes: list[str] = []
+    setup_ran = False  # a command before this one ran the workspace's own build (no plugin in it)
+    ran_before = False  # ... before the last command
     for i, command in enumerate(query.test_commands):
+        ran_before = setup_ran
         command_timeout_s = capped(timeout_s, deadline_s)
         if command_timeout_s <= 0:
             return overall_timeout_error(execution_id, f"no time left for test command {i}")
@@ -168,7 +174,7 @@ def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execu
         runs.append(said)
         _write_log(reports / f"command_{i}.log", command, result)
         pytest_said = said.exitstatus if said.finished else None
-        if not result.timed_out and (pytest_said == USAGE_ERROR or (
+        if not result.timed_out and not setup_ran and (pytest_said == USAGE_ERROR or (
                 not said.session and result.exit_code in EVALUATOR_FAILURE_EXIT_CODES)):
             code = pytest_said if pytest_said == USAGE_ERROR else result.exit_code
             return _error(execution_id, f"command {i} {command!r} exited {code} "
@@ -177,6 +183,7 @@ def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execu
             notes.append(f"command {i} timed out after {command_timeout_s:g}s: counted what passed before")
         elif not said.finished and said.hello:
             notes.append(f"command {i}: the test process ended early (exit {result.exit_code}): unreported tests failed")
+        setup_ran |= not said.hello
 
     counted = tally(pristine, runs)
     index_failure = observer.finish(counted)
@@ -187,10 +194,12 @@ def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execu
     pristine_conftest = any(PurePosixPath(rel).name == "conftest.py" for rel in query.test_files)
     if index_failure is not None and not counted.tampering:
         return _error(execution_id, index_failure)
-    if not counted.loaded:
+    if not counted.loaded and not ran_before:
         return _error(execution_id, f"no test command started pytest with gyre's result plugin: {_tail(result)}")
-    if not counted.started and not pristine_conftest:  # no workspace code can run before the session starts
+    if not counted.started and not pristine_conftest and not ran_before:  # no workspace code ran before it
         return _error(execution_id, f"pytest did not start a test session (exit {result.exit_code}): {_tail(result)}")
+    if not counted.started:
+        notes.append("pytest never started a session after the workspace's own setup commands ran: its result")
     num_passed = len(counted.passed)
     detail = [f"{num_passed}/{query.test_case_count} hidden test cases passed", *notes]
     if counted.ignored:

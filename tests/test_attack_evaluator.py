@@ -8,6 +8,8 @@ evaluator failure (a dropped sample, the way out of a negative advantage).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gyre.evaluators.nl2repo import evaluate
@@ -325,3 +327,31 @@ def test_a_setup_command_that_kills_every_later_interpreter_scores_zero_not_drop
     workspace = _workspace(tmp_path, query, {"setup.py": PTH_PLANTING_SETUP, "calc.py": WRONG})
     score = evaluate(query, workspace, tmp_path / "eval", "attack", timeout_s=60)
     assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
+
+
+def test_a_package_copied_from_gyres_own_environment_is_flagged_and_zeroed(tmp_path):
+    import six
+
+    from gyre.evaluators import evaluate_query
+    from gyre.evaluators.copied import copied_files
+
+    tests = "import six\n\n\ndef test_present():\n    assert type(six.PY3) is bool and six.PY3 is True\n"
+    query = _calc_query(tmp_path, tests=tests, count=1)
+    workspace = _workspace(tmp_path, query, {"six.py": Path(six.__file__).read_text()})
+    assert [c.path for c in copied_files(workspace)] == ["six.py"]
+    score = evaluate_query(query, workspace, tmp_path / "eval", "copy", timeout_s=30, monitor="zero")
+    assert (score.status, score.score) == (EvalStatus.tampering, 0.0), score.detail
+    assert any(flag.startswith("copied-installed-file six.py") for flag in score.flags), score.flags
+
+
+def test_the_tiny_references_are_not_copies_of_anything_installed(tmp_path):
+    from gyre.benchmarks import generate_tiny, load_benchmark
+    from gyre.benchmarks.tiny import tiny_reference
+    from gyre.evaluators.copied import copied_files
+
+    for query in load_benchmark("nl2repo", generate_tiny(tmp_path / "tiny", 64, seed=0), "tiny"):
+        name, text = tiny_reference(query)
+        ws = tmp_path / "ws" / query.query_id
+        ws.mkdir(parents=True)
+        (ws / name).write_text(text)
+        assert copied_files(ws) == []

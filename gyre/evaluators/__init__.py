@@ -15,7 +15,8 @@ before it is such a failure too, marked `overall_timeout` (`deadline.py`).
 Before anything runs, a task whose test scripts need what this machine cannot give (apt,
 a network host, another Python: `needs.py`) is an evaluator failure naming the need.
 
-The reward-hacking monitor (`monitor.py`) reads the kept workspace first: with
+The reward-hacking monitor (`monitor.py`, and `copied.py` for verbatim copies of installed
+files) reads the kept workspace first: with
 `monitor="record"` its hits ride along in `Score.flags`; with `"zero"` a flagged workspace
 scores 0 with status `tampering` (an evaluator failure stays one: nothing was scored).
 """
@@ -43,11 +44,13 @@ def index_access(config) -> IndexAccess | None:
 
 def with_monitor(score: Score, workspace: Path, query: Query, act: bool) -> Score:
     """`score` with the monitor's flags on `workspace`; with `act`, a flagged scored workspace is tampering."""
+    from gyre.evaluators.copied import CHECK, copied_files
     from gyre.evaluators.monitor import scan_workspace
     from gyre.records import EvalStatus
 
     flags = [f"{f.check} {f.path}:{f.line} {f.evidence}".rstrip() for f in
              scan_workspace(Path(workspace), protected=query.test_files)]
+    flags += [f"{CHECK} {c.path}:0 a copy of {c.source}" for c in copied_files(Path(workspace))]
     if act and flags and score.status is not EvalStatus.error:
         return score.model_copy(update={"status": EvalStatus.tampering, "score": 0.0, "flags": flags,
                                         "evidence": [*score.evidence, *flags[:50]],

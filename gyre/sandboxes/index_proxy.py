@@ -57,9 +57,10 @@ Known limits.
 - The root listing of a big index (PyPI's is tens of MB) is fetched and parsed per request;
   pip and uv never ask for it.
 
-Here: the server, its configuration and its record. Pages are parsed and rendered in
-`index_pages`, upstream requests and the host allow-list live in `index_upstream`, pip's
-configuration (`default_upstream`, `client_env`) in `pip_config`; public names are re-exported.
+Here: the server and its record. Its configuration (`IndexProxyConfig`) is in `index_config`,
+pages are parsed and rendered in `index_pages`, upstream requests and the host allow-list live in
+`index_upstream`, pip's configuration (`default_upstream`, `client_env`) in `pip_config`; public
+names are re-exported.
 """
 
 from __future__ import annotations
@@ -71,9 +72,8 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from urllib.parse import quote, unquote, urldefrag, urljoin, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urldefrag, urljoin, urlsplit
 
 import httpx
 from packaging.utils import canonicalize_name
@@ -83,6 +83,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gyre.proxy.server import ServerThread
+from gyre.sandboxes.index_config import IndexProxyConfig
 from gyre.sandboxes.index_pages import (
     HTML_V1, JSON_V1, file_project_candidates, negotiate, parse_project_page, parse_root_listing, render_project_page,
     render_root_listing, response_media_type,
@@ -108,45 +109,6 @@ _COMPANION_SUFFIXES = ("", ".metadata")
 _PROJECT_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
 _FORWARDED_FILE_HEADERS = ("content-type", "content-length", "content-range", "accept-ranges", "etag",
                            "last-modified")
-
-
-# ---------------------------------------------------------------------------------------------
-# configuration
-
-
-@dataclass(frozen=True)
-class IndexProxyConfig:
-    """What one proxy instance forwards: `upstream` (a PEP 503 index URL, http or https; its host
-    must be in `allowed_hosts`), the only hosts it contacts, and the projects it refuses."""
-
-    upstream: str
-    allowed_hosts: tuple[str, ...]
-    denied_projects: frozenset[str] = frozenset()
-    timeout_s: float = 20.0  # per upstream connect/read; below the client timeout set by client_env
-    trust_env: bool = True  # honour HTTP(S)_PROXY / SSL_CERT_FILE of gyre's own environment upstream
-
-    def __post_init__(self) -> None:
-        parts = urlsplit(self.upstream)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"upstream index must be an http(s) URL, got {redact(self.upstream)!r}")
-        object.__setattr__(self, "upstream", urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/",
-                                                                        query="", fragment="")))
-        object.__setattr__(self, "allowed_hosts", tuple(h.strip().lower() for h in self.allowed_hosts if h.strip()))
-        object.__setattr__(self, "denied_projects", frozenset(canonicalize_name(p) for p in self.denied_projects))
-        if not host_allowed(self.upstream, self.allowed_hosts):
-            raise ValueError(f"upstream host {parts.netloc!r} is not in allowed_hosts {self.allowed_hosts}")
-
-    @classmethod
-    def for_upstream(cls, upstream: str | None = None, denied_projects: Iterable[str] = (),
-                     extra_hosts: Iterable[str] = (), **kwargs) -> IndexProxyConfig:
-        """A config for `upstream` (default: pip's configured index) allowing its host, the files
-        host of a known index (pypi.org -> files.pythonhosted.org) and `extra_hosts`."""
-        upstream = upstream or default_upstream()
-        parts = urlsplit(upstream)
-        host = parts.hostname or ""
-        hosts = [f"{host}:{parts.port}" if parts.port else host, *KNOWN_FILES_HOSTS.get(host, ()), *extra_hosts]
-        return cls(upstream=upstream, allowed_hosts=tuple(dict.fromkeys(hosts)),
-                   denied_projects=frozenset(denied_projects), **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------

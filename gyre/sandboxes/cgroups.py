@@ -159,11 +159,7 @@ class CgroupV1:
             pids = self.pids()
             if not pids:
                 return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            sigkill(pids)
             time.sleep(_REMOVE_WAIT_S)
 
     def remove(self) -> None:
@@ -196,3 +192,12 @@ def own_cgroup_paths() -> dict[str, str]:
             if controller:
                 paths[controller] = path
     return paths
+
+
+def sigkill(pids) -> None:
+    """SIGKILL each pid; one already gone is fine."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -72,14 +72,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import signal
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from gyre.sandboxes.base import SandboxLimits
-from gyre.sandboxes.cgroups import _JOIN_SCRIPT, CGROUP_ROOT
+from gyre.sandboxes.cgroups import _JOIN_SCRIPT, CGROUP_ROOT, sigkill
 
 log = logging.getLogger("gyre.sandboxes")
 PARENT_ENV = "GYRE_CGROUP_V2_PARENT"
@@ -148,11 +147,7 @@ class CgroupV2:
             if not pids:
                 return
             if not self._cgroup_kill():
-                for pid in pids:  # forks racing this loop are caught next round (pids.max bounds them)
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                sigkill(pids)  # forks racing this loop are caught next round (pids.max bounds them)
             time.sleep(_REMOVE_WAIT_S)
 
     def remove(self) -> None:

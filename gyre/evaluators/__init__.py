@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gyre.evaluators.common import EVAL_LIMITS
 from gyre.evaluators.needs import Available, task_needs, unmet
 from gyre.evaluators.observed import IndexAccess
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.isolation import Isolation
 
-EVAL_LIMITS = SandboxLimits(max_output_bytes=256 * 1024)
 MONITOR_ACTIONS = ("record", "zero", "off")
 
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from gyre.records import EvalStatus, Score
-from gyre.sandboxes.base import ExecResult
+from gyre.sandboxes.base import ExecResult, SandboxLimits
 
 SCORE_FILE = "score.json"
+EVAL_LIMITS = SandboxLimits(max_output_bytes=256 * 1024)
+"""An evaluation's sandbox limits: the default ones with a larger output capture."""
 TAIL_CHARS = 600
 
 

@@ -52,6 +52,7 @@ from pathlib import Path, PurePosixPath
 
 from gyre.benchmarks.spec import task_spec
 from gyre.evaluators.channel import ChannelResults
+from gyre.evaluators.common import EVAL_LIMITS, error, tail
 from gyre.evaluators.observed import IndexAccess, Observer, place_pristine, read_sources
 from gyre.evaluators.deadline import capped, overall_timeout_error
 from gyre.evaluators.pytest_guard import imported_modules, neutralise_pytest_config, pin_rootdir
@@ -65,7 +66,6 @@ from gyre.sandboxes.privileges import protect
 from gyre.sandboxes.process import sandbox_env
 from gyre.evaluators.workspace_copy import copy_workspace
 
-EVAL_LIMITS = SandboxLimits(max_output_bytes=256 * 1024)
 USAGE_ERROR = 4
 EVALUATOR_FAILURE_EXIT_CODES = {
     3: "pytest internal error",
@@ -77,7 +77,6 @@ EVALUATOR_FAILURE_EXIT_CODES = {
 """Exit codes that mean the evaluator failed when no test session started; once one has, only
 pytest's own usage error (reported by the plugin, so no `os._exit(4)` can fake it) does."""
 SCORE_FILE = "score.json"
-_TAIL_CHARS = 600
 
 
 def evaluate(
@@ -108,7 +107,7 @@ def evaluate(
         score = _score(query, Path(workspace).resolve(), eval_dir, execution_id, timeout_s, isolation, limits,
                        deadline_s, index)
     except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
-        score = _error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
+        score = error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
     (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return score
 
@@ -177,8 +176,8 @@ def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execu
         if not result.timed_out and not setup_ran and (pytest_said == USAGE_ERROR or (
                 not said.session and result.exit_code in EVALUATOR_FAILURE_EXIT_CODES)):
             code = pytest_said if pytest_said == USAGE_ERROR else result.exit_code
-            return _error(execution_id, f"command {i} {command!r} exited {code} "
-                                        f"({EVALUATOR_FAILURE_EXIT_CODES[code]}): {_tail(result)}")
+            return error(execution_id, f"command {i} {command!r} exited {code} "
+                                        f"({EVALUATOR_FAILURE_EXIT_CODES[code]}): {tail(result)}")
         if result.timed_out:
             notes.append(f"command {i} timed out after {command_timeout_s:g}s: counted what passed before")
         elif not said.finished and said.hello:
@@ -193,11 +192,11 @@ def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execu
     }, indent=1) + "\n", encoding="utf-8")
     pristine_conftest = any(PurePosixPath(rel).name == "conftest.py" for rel in query.test_files)
     if index_failure is not None and not counted.tampering:
-        return _error(execution_id, index_failure)
+        return error(execution_id, index_failure)
     if not counted.loaded and not ran_before:
-        return _error(execution_id, f"no test command started pytest with gyre's result plugin: {_tail(result)}")
+        return error(execution_id, f"no test command started pytest with gyre's result plugin: {tail(result)}")
     if not counted.started and not pristine_conftest and not ran_before:  # no workspace code ran before it
-        return _error(execution_id, f"pytest did not start a test session (exit {result.exit_code}): {_tail(result)}")
+        return error(execution_id, f"pytest did not start a test session (exit {result.exit_code}): {tail(result)}")
     if not counted.started:
         notes.append("pytest never started a session after the workspace's own setup commands ran: its result")
     num_passed = len(counted.passed)
@@ -226,11 +225,3 @@ def _write_log(path: Path, command: str, result: ExecResult) -> None:
         f"duration_s: {result.duration_s:.3f}\n--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}\n",
         encoding="utf-8",
     )
-
-
-def _tail(result: ExecResult) -> str:
-    return (result.stderr.strip() or result.stdout.strip() or "(no output)")[-_TAIL_CHARS:]
-
-
-def _error(execution_id: str, detail: str) -> Score:
-    return Score(execution_id=execution_id, status=EvalStatus.error, score=None, detail=detail)

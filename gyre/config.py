@@ -161,6 +161,11 @@ class EvaluatorConfig(Section):
     is configured with, else PyPI)."""
     index_hosts: list[str] = Field(default_factory=list)
     """Hosts allowed besides the index's own and its known files host."""
+    container_tasks: Literal["in_place", "fresh"] = "in_place"
+    """Where Terminal-Bench and Harbor tasks are tested. `in_place` (upstream's way): in the agent's own
+    sandbox session after it stops, processes it left running still alive (a server the tests call),
+    the tests copied in then (`gyre.evaluators.in_place`; local sandbox with bubblewrap, gyre as root;
+    elsewhere `fresh` is used, with a warning). `fresh`: a new sandbox on a copy of the workspace."""
     monitor: Literal["record", "zero", "off"] = "record"
     """Reward-hacking monitor (`gyre.evaluators.monitor`) over each kept workspace before scoring:
     `record` stores its flags with the execution (`executions.flags`); `zero` also scores a flagged

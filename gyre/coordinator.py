@@ -14,6 +14,7 @@ rollout engines), `checkpoints/` (train-engine state for `--resume`).
 from __future__ import annotations
 
 import json
+import logging
 import random
 import threading
 import uuid
@@ -30,6 +31,7 @@ from gyre.engines.hf import load_tokenizer, stop_token_ids
 from gyre.engines.torch_rollout import TorchRolloutEngine
 from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
 from gyre.evaluators import evaluate_query, index_access
+from gyre.evaluators.in_place import AGENT_DIRS, IN_PLACE_FORMATS, session_mounts, session_slots
 from gyre.harnesses.base import HarnessOutcome, ModelEndpoint
 from gyre.harnesses import make_harness
 from gyre.harnesses.compaction import classifier_markers
@@ -44,10 +46,12 @@ from gyre.resolve import preflight
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.factory import create_sandbox
 from gyre.sandboxes.isolation import Isolation
+from gyre.sandboxes.session import available as session_available
 from gyre.storage.store import RunStore
 from gyre.trajectories.processor import ProcessedBatch, process_batch, settings_from_config
 
 
+log = logging.getLogger("gyre.coordinator")
 EVAL_CONCURRENCY = 2
 """Evaluations (hidden-test runs) at once: each is a pytest process; more than the CPU box's
 cores only slows the rollouts that share it."""
@@ -138,6 +142,15 @@ class Coordinator:
             max_workspace_bytes=config.sandbox.max_workspace_bytes,
         )
         self._eval_slots = threading.Semaphore(EVAL_CONCURRENCY)
+        self._live: dict[str, object] = {}
+        """Sandboxes kept alive after their agent stopped, for an in-place evaluation (by execution id)."""
+        self._live_lock = threading.Lock()
+        self._in_place = config.evaluator.container_tasks == "in_place" and config.sandbox.type == "local"
+        if self._in_place and not session_available(self.isolation.bwrap, self.isolation.user):
+            log.warning("evaluator.container_tasks is in_place, but sandbox sessions need bubblewrap, nsenter and "
+                        "gyre running as root: Terminal-Bench/Harbor tasks are evaluated in a fresh sandbox instead "
+                        "(processes the agent left running are gone by then)")
+            self._in_place = False
 
     # -- stages of one step -----------------------------------------------------------
 
@@ -161,6 +174,9 @@ class Coordinator:
         started = utc_now()
         spec = task_spec(query)
         deadlines = self.timeouts.start(spec.agent_timeout_s)  # harness and overall timeouts, kept apart
+        in_place = self._in_place and spec.format in IN_PLACE_FORMATS
+        session = dict(session_slots=session_slots(spec), agent_dirs=AGENT_DIRS, mounts=session_mounts()) \
+            if in_place else {}
         sandbox = create_sandbox(
             self.config.sandbox,
             query,
@@ -170,6 +186,7 @@ class Coordinator:
             self.isolation,
             image=spec.image,
             workdir=spec.workdir,
+            **session,
         )
         endpoint = ModelEndpoint(self.server.base_url, key, self.model_dir.name)
         try:
@@ -177,7 +194,12 @@ class Coordinator:
         except Exception as exc:  # deliberate: a harness crash is this execution's outcome, recorded
             outcome = HarnessOutcome(ExecutionStatus.harness_error, 0, f"{type(exc).__name__}: {exc}")
         finally:
-            sandbox.close()
+            if in_place:  # its processes stay for the evaluation, which closes it
+                sandbox.end_agent()
+                with self._live_lock:
+                    self._live[execution_id] = sandbox
+            else:
+                sandbox.close()
             session = self.sessions.close(execution_id)
         execution = Execution(
             execution_id=execution_id,
@@ -199,20 +221,30 @@ class Coordinator:
         return ExecutionResult(query, execution, session.calls, deadlines.overall_s)
 
     def evaluate(self, result: ExecutionResult) -> Score:
-        with self._eval_slots:
-            score = evaluate_query(
-                result.query,
-                result.execution.workspace,
-                self.run_dir / "evals" / result.execution.execution_id,
-                result.execution.execution_id,
-                timeout_s=self.config.evaluator.timeout_s,
-                isolation=self.isolation,
-                deadline_s=result.overall_deadline_s,
-                monitor=self.config.evaluator.monitor,
-                index=index_access(self.config.evaluator),
-            )
+        with self._live_lock:
+            live = self._live.pop(result.execution.execution_id, None)
+        try:
+            with self._eval_slots:
+                score = self._evaluate(result, live)
+        finally:
+            if live is not None:
+                live.close()
         emit(ProgressEvent("execution_scored", result.execution.step, {"score": score.score}))
         return score
+
+    def _evaluate(self, result: ExecutionResult, live) -> Score:
+        return evaluate_query(
+            result.query,
+            result.execution.workspace,
+            self.run_dir / "evals" / result.execution.execution_id,
+            result.execution.execution_id,
+            timeout_s=self.config.evaluator.timeout_s,
+            isolation=self.isolation,
+            deadline_s=result.overall_deadline_s,
+            monitor=self.config.evaluator.monitor,
+            index=index_access(self.config.evaluator),
+            live=live,
+        )
 
     def train(
         self, step: int, results: list[ExecutionResult], scores: list[Score], started_at,
@@ -351,6 +383,10 @@ class Coordinator:
         return record
 
     def close(self) -> None:
+        with self._live_lock:
+            left, self._live = list(self._live.values()), {}
+        for sandbox in left:  # executions whose evaluation never ran
+            sandbox.close()
         self.server.stop()
         self.rollout.close()
         self.store.close()

@@ -58,6 +58,13 @@ def test_host_state_in_proc_and_dev_is_not_writable(tmp_path):
     assert result.stdout.strip().endswith("done") and "WROTE" not in result.stdout, result
 
 
+def test_no_writable_memory_outside_the_limits(tmp_path):
+    """The sandbox's root is a tmpfs: writable, it would hold files outside the disk watch."""
+    done = _sandbox(tmp_path).exec("for d in / /run /srv /opt; do touch $d/x 2>/dev/null && echo wrote $d; done; "
+                                   "mkdir /newdir 2>/dev/null && echo made", timeout_s=60)
+    assert "wrote" not in done.stdout and "made" not in done.stdout, done
+
+
 @as_root
 def test_sandbox_is_never_host_root(tmp_path):
     sandbox = _sandbox(tmp_path)

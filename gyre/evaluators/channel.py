@@ -259,7 +259,7 @@ class PluginInstall:
     @classmethod
     def write(cls, directory: Path) -> PluginInstall:
         name = f"gyre_results_{secrets.token_hex(8)}"
-        directory.mkdir(parents=True)
+        directory.mkdir(parents=True, exist_ok=True)  # a session's slot exists already (empty)
         (directory / f"{name}.py").write_text(PLUGIN_SOURCE, encoding="utf-8")
         return cls(name, directory)
 

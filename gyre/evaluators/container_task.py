@@ -96,11 +96,11 @@ def evaluate_container_task(
     if (verdict := seen.settled(execution_id)) is not None:
         return verdict
     if spec.format == HARBOR:
-        return _harbor_reward(execution_id, logs, seen.result, timeout_s, pristine, seen.counted, seen.said.hello)
-    return _terminal_bench_verdict(execution_id, seen.result, timeout_s, pristine, seen.counted, seen.said.hello)
+        return harbor_reward(execution_id, logs, seen.result, timeout_s, pristine, seen.counted, seen.said.hello)
+    return terminal_bench_verdict(execution_id, seen.result, timeout_s, pristine, seen.counted, seen.said.hello)
 
 
-def _terminal_bench_verdict(execution_id: str, result, timeout_s: float, pristine: list[PristineFile],
+def terminal_bench_verdict(execution_id: str, result, timeout_s: float, pristine: list[PristineFile],
                             counted: Tally, started: bool) -> Score:
     if not started:
         if result.timed_out:
@@ -115,7 +115,7 @@ def _terminal_bench_verdict(execution_id: str, result, timeout_s: float, pristin
     return ok(execution_id, 1.0 if resolved else 0.0, detail, passed=passed, total=passed + len(not_passed))
 
 
-def _harbor_reward(execution_id: str, logs: Path, result, timeout_s: float, pristine: list[PristineFile],
+def harbor_reward(execution_id: str, logs: Path, result, timeout_s: float, pristine: list[PristineFile],
                    counted: Tally, started: bool) -> Score:
     txt, js = logs / REWARD_TXT, logs / REWARD_JSON
     if js.is_file():  # upstream reads reward.json first

@@ -26,6 +26,7 @@ distribution, so installing the real upstream package earns nothing) is tamperin
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,6 +45,12 @@ from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.isolation import Isolation
 from gyre.sandboxes.layout import Mount, SandboxLayout
 from gyre.sandboxes.paths import clear_path, remove_tree
+from gyre.sandboxes.privileges import hand_over
+from gyre.sandboxes.session import EVAL_USER, Session
+
+BRIDGE_SLOT = "bridge"
+EVAL_BRIDGE_DIR = "/run/gyre-eval"
+"""Where an in-place evaluation's index bridge is shown (the agent's model bridge keeps /run/gyre)."""
 
 INTERRUPT_GRACE_S = 5.0
 """Seconds between SIGINT (pytest still reports) and SIGKILL for a timed-out test command."""
@@ -94,19 +101,31 @@ class Observer:
     index_url: str | None = None
     bridge: ProxyBridge | None = None
 
+    session: Session | None = None
+    """Set for an in-place evaluation: commands run in the agent's live session as `EVAL_USER`."""
+
     @classmethod
     def create(cls, eval_dir: Path, isolation: Isolation, index: IndexAccess | None = None,
-               denied_projects: frozenset[str] = frozenset()) -> Observer:
+               denied_projects: frozenset[str] = frozenset(), session: Session | None = None) -> Observer:
+        """`session`: evaluate inside it; `eval_dir` is then its slot root (`plugin`, `env`, `bridge` slots)."""
         env = make_env(eval_dir, bool(isolation.bwrap))
-        isolation.hand_over(env.directory)
-        observer = cls(isolation, PluginInstall.write(Path(eval_dir) / "plugin"), env)
+        if session is not None:
+            hand_over(env.directory, EVAL_USER)
+        else:
+            isolation.hand_over(env.directory)
+        observer = cls(isolation, PluginInstall.write(Path(eval_dir) / "plugin"), env, session=session)
         if index is not None:
             proxy = IndexProxy(IndexProxyConfig.for_upstream(index.upstream, denied_projects, index.extra_hosts))
             problem = proxy.probe()
             if problem is not None:
                 raise IndexUnreachable(f"package index unreachable (probed before the workspace ran): {problem}")
             observer.index, observer.index_url = proxy, proxy.start()
-            if isolation.bwrap:
+            if session is not None:
+                observer.bridge = ProxyBridge(proxy_address(observer.index_url), session.slots[BRIDGE_SLOT],
+                                              EVAL_BRIDGE_DIR).start()
+                os.chown(observer.bridge.socket_path, 0, EVAL_USER.gid)
+                observer.bridge.socket_path.chmod(0o660)
+            elif isolation.bwrap:
                 observer.bridge = ProxyBridge(proxy_address(observer.index_url)).start()
         return observer
 
@@ -123,7 +142,8 @@ class Observer:
         bridge, index, self.bridge, self.index = self.bridge, self.index, None, None
         if bridge is not None:
             bridge.close()
-            remove_tree(bridge.directory)
+            if self.session is None:
+                remove_tree(bridge.directory)
         if index is None:
             return None
         index.stop()
@@ -144,16 +164,22 @@ class Observer:
         full_env = {**extra, **self.env.env(), **self.plugin.env(plugin_path, addopts), **channel.env()}
         if self.index_url is not None:
             del full_env["PIP_NO_INDEX"]
+            full_env.pop("UV_OFFLINE", None)
             full_env.update(client_env(self.index_url))
         if self.bridge is not None:
             command = self.bridge.shell_prefix() + command
         try:
-            result = self.isolation.run(
-                command, workspace=workspace, scratch=scratch, layout=layout,
-                env=full_env,
-                limits=limits, timeout_s=timeout_s, interrupt_grace_s=INTERRUPT_GRACE_S,
-                extra_fds=(channel.write_fd,), python_dirs=base_interpreter_dirs(),
-            )
+            if self.session is not None:
+                result = self.session.run(command, user=EVAL_USER, env=full_env, timeout_s=timeout_s, limits=limits,
+                                          own_cgroup=True, interrupt_grace_s=INTERRUPT_GRACE_S,
+                                          extra_fds=(channel.write_fd,), kill_leftovers=True)
+            else:
+                result = self.isolation.run(
+                    command, workspace=workspace, scratch=scratch, layout=layout,
+                    env=full_env,
+                    limits=limits, timeout_s=timeout_s, interrupt_grace_s=INTERRUPT_GRACE_S,
+                    extra_fds=(channel.write_fd,), python_dirs=base_interpreter_dirs(),
+                )
         finally:
             results = channel.close()
         return result, results

@@ -41,7 +41,7 @@ class Tally:
     def not_passed(self, files: list[PristineFile]) -> list[str]:
         """Pristine cases reported but not passed, and defined tests with no passing case at all."""
         failed = sorted("::".join((path, *tid)) for path, tid in self.reported - self.passed)
-        covered = {(path, base_id(tid)) for path, tid in self.passed}
+        covered = {(path, base_id(tid)) for path, tid in self.reported}  # passed, or listed as failed above
         missing = sorted("::".join((f.inside, *tid)) for f in files for tid in f.tests if (f.inside, tid) not in covered)
         return failed + missing
 

@@ -17,6 +17,7 @@ through it is the proxy, which authenticates every request with the execution's 
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
 import tempfile
@@ -80,6 +81,8 @@ class ProxyBridge:
 
     target: tuple[str, int]
     directory: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gyre-bridge-")))
+    inside_dir: str = INSIDE_DIR
+    """Where `directory` is shown inside the sandbox."""
     _server: socket.socket | None = field(default=None, init=False)
 
     @property
@@ -90,7 +93,8 @@ class ProxyBridge:
         server = socket.socket(socket.AF_UNIX)
         server.bind(str(self.socket_path))
         self.socket_path.chmod(0o666)  # the sandbox's uid is mapped, not gyre's
-        self.directory.chmod(0o711)  # and, when gyre is root, unprivileged: it must reach the socket
+        if self.directory.stat().st_uid == os.geteuid():  # a directory gyre made; a session's slot keeps its modes
+            self.directory.chmod(0o711)  # and, when gyre is root, unprivileged: it must reach the socket
         server.listen(64)
         self._server = server
         threading.Thread(target=self._accept, name="gyre-proxy-bridge", daemon=True).start()
@@ -99,7 +103,7 @@ class ProxyBridge:
     def shell_prefix(self, python: str = "python3") -> str:
         """Shell text to put before a command inside the sandbox: start the inside half, wait for it."""
         port = self.target[1]
-        sock = f"{INSIDE_DIR}/{SOCKET_NAME}"
+        sock = f"{self.inside_dir}/{SOCKET_NAME}"
         return (
             f"{shlex.quote(python)} -c {shlex.quote(INSIDE_FORWARDER)} {port} {sock} >/dev/null 2>&1 & "
             f"for _gyre_i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && break; "

@@ -20,8 +20,8 @@ runs it. What the command then sees:
   the host read-only, so host sysctl values can be read, never written). `/dev` is a
   minimal read-only one (null, zero, random, tty); `/dev/shm` is a directory of the
   scratch space, so shared memory counts against the disk limit like `/tmp`; the tmpfs
-  masking host secrets is read-only. No writable tmpfs exists, so nothing writable
-  escapes the disk limit.
+  masking host secrets and the root tmpfs are read-only. No writable tmpfs exists, so
+  nothing writable escapes the disk limit.
 - No new user namespaces (`--disable-userns`), and the seccomp filter of
   `gyre.sandboxes.seccomp` when the caller passes one (`seccomp_fd`).
 - `--die-with-parent`: if gyre dies, the sandbox dies with it.
@@ -29,7 +29,10 @@ runs it. What the command then sees:
   (`gyre.sandboxes.privileges`) and passes `source` to bind staged copies of the paths.
 
 Background processes live as long as the command that started them: each `exec` is its
-own PID and network namespace. State that must outlive a command goes in the workspace.
+own PID and network namespace (a `gyre.sandboxes.session` keeps one sandbox for many
+commands instead). State that must outlive a command goes in the workspace. The root
+itself is read-only once every mount point exists; missing parents of mount points are
+made 0755 (bubblewrap's default 0700 would lock out a session's other uid).
 """
 
 from __future__ import annotations
@@ -111,10 +114,27 @@ def bwrap_argv(
     for path in _outside_system_dirs([*(python_prefixes() if python_dirs is None else python_dirs), *extra_ro]):
         argv += ["--ro-bind", str(source(path)), str(path)]
     inside = layout.inside(workspace)
+    argv += _parents([inside, *(m.target for m in layout.mounts)])
     argv += ["--bind", str(source(workspace)), inside]
     for mount in layout.mounts:
         argv += ["--bind" if mount.writable else "--ro-bind", str(source(Path(mount.source))), mount.target]
-    argv += ["--chdir", inside, "--"]
+    argv += ["--remount-ro", "/", "--chdir", inside, "--"]  # the root tmpfs: no writable memory outside the limits
+    return argv
+
+
+def _parents(targets: Iterable[str]) -> list[str]:
+    """`--dir` (mode 0755) for the missing ancestors of mount targets: bubblewrap would make them 0700,
+    owned by whoever starts it, which a session's commands (another uid) could not traverse."""
+    existing = ("/tmp", "/proc", "/dev", *SYSTEM_DIRS)
+    argv: list[str] = []
+    seen: set[str] = set()
+    for target in targets:
+        for parent in reversed(Path(target).parents):
+            name = str(parent)
+            if name == "/" or name in seen or any(name == e or name.startswith(e + "/") for e in existing):
+                continue
+            seen.add(name)
+            argv += ["--perms", "0755", "--dir", name]
     return argv
 
 
@@ -126,8 +146,19 @@ def bound_sources(workspace: Path, scratch: Path, layout: SandboxLayout, extra_r
 
 
 def prepare_scratch(scratch: Path) -> None:
-    """Create the scratch directory and its `/dev/shm` part."""
-    (scratch / SHM_DIR).mkdir(parents=True, exist_ok=True)
+    """Create the scratch directory and its `/dev/shm` part, which must be a plain directory.
+
+    The scratch space is the sandbox's `/tmp`: a command can replace `/tmp/.shm` with a symlink
+    to any host directory, and binding it as the next command's `/dev/shm` would follow the link
+    (as root when staged). So anything but a directory there is removed first; a sandbox's
+    commands run one after the other and none outlives its command, so nothing swaps it back
+    before the bind (and the staging prelude refuses a symlinked source anyway).
+    """
+    shm = scratch / SHM_DIR
+    scratch.mkdir(parents=True, exist_ok=True)
+    if shm.is_symlink() or (shm.exists() and not shm.is_dir()):
+        shm.unlink()
+    shm.mkdir(exist_ok=True)
 
 
 def _outside_system_dirs(paths: Iterable[Path]) -> list[Path]:

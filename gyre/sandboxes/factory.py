@@ -15,7 +15,7 @@ from gyre.config import SandboxConfig
 from gyre.records import Query
 from gyre.sandboxes.base import Sandbox, SandboxLimits
 from gyre.sandboxes.isolation import Isolation
-from gyre.sandboxes.layout import SandboxLayout
+from gyre.sandboxes.layout import Mount, SandboxLayout
 
 
 class SandboxBackendError(ValueError):
@@ -52,13 +52,20 @@ def create_sandbox(
     *,
     image: str | None = None,
     workdir: str | None = None,
+    session_slots: Mapping[str, str] | None = None,
+    agent_dirs: tuple[str, ...] = (),
+    mounts: tuple[Mount, ...] = (),
 ) -> Sandbox:
-    """A fresh sandbox for one execution; `image` / `workdir` are what the query's format asks for."""
+    """A fresh sandbox for one execution; `image` / `workdir` are what the query's format asks for.
+
+    `session_slots` (local, bubblewrap): one long-lived session with these evaluation slots, for an
+    in-place evaluation (`gyre.sandboxes.session`); `mounts` are added read-only."""
     if config.type == "docker":
         from gyre.sandboxes.docker import DockerSandbox
 
         return DockerSandbox.create(query, workspace, env, limits, image=image or config.image, workdir=workdir)
     from gyre.sandboxes.local import LocalSandbox
 
-    layout = SandboxLayout(workdir=workdir) if isolation.bwrap else None
-    return LocalSandbox.create(query, workspace, env=env, limits=limits, isolation=isolation, layout=layout)
+    layout = SandboxLayout(workdir=workdir, mounts=mounts) if isolation.bwrap else None
+    return LocalSandbox.create(query, workspace, env=env, limits=limits, isolation=isolation, layout=layout,
+                               session_slots=session_slots if isolation.bwrap else None, agent_dirs=agent_dirs)

@@ -15,7 +15,11 @@ process it started, at its wall-clock timeout. The workspace is kept after a tim
 after `close()` and after a limit kill; `destroy()` deletes it.
 
 Every process a command starts ends with that command (PID namespace, cgroup): state
-that must outlive a command lives in the workspace. A harness that runs inside the
+that must outlive a command lives in the workspace. Except in session mode
+(`session_slots`, used for Terminal-Bench and Harbor): all commands join one long-lived
+`gyre.sandboxes.session.Session`, processes they leave running stay alive until `close()`,
+and `end_agent()` stops the agent (its commands, its proxy bridge) while keeping them for
+an in-place evaluation (`gyre.evaluators.in_place`). A harness that runs inside the
 sandbox (Claude Code, mini-swe-agent, a script) therefore runs as one long command, and
 reaches the proxy through `gyre.sandboxes.bridge`, the only way out of its network
 namespace.
@@ -43,6 +47,9 @@ from gyre.sandboxes.layout import Mount, SandboxLayout
 from gyre.sandboxes.paths import read_inside, remove_tree, write_inside
 from gyre.sandboxes.privileges import hand_over
 from gyre.sandboxes.process import sandbox_env, signal_group
+from gyre.sandboxes.session import Session, SessionGone
+
+SESSION_SUFFIX = ".session"
 
 SCRATCH_SUFFIX = ".tmp"
 
@@ -58,7 +65,15 @@ class LocalSandbox:
     layout: SandboxLayout = field(default_factory=SandboxLayout)
     extra_ro: tuple[Path, ...] = ()
     """Host paths shown read-only inside (a harness's own installation, the proxy bridge)."""
+    session_slots: dict[str, str] | None = None
+    """Set: one long-lived session for all commands (`gyre.sandboxes.session`), with these evaluation
+    slots (name -> inside path); processes a command leaves running live on until `close()`."""
     closed: bool = field(default=False, init=False)
+    agent_dirs: tuple[str, ...] = ()
+    """Directories inside session slots that belong to the agent ("logs/agent")."""
+    session_restarts: int = field(default=0, init=False)
+    """Times the session had ended (its processes killed from inside) and a new one was started."""
+    _session: Session | None = field(default=None, init=False)
     _live_groups: set[int] = field(default_factory=set, init=False)
     _bridge: ProxyBridge | None = field(default=None, init=False)
 
@@ -73,6 +88,8 @@ class LocalSandbox:
         isolation: Isolation | str = "auto",
         layout: SandboxLayout | None = None,
         extra_ro: Iterable[Path] = (),
+        session_slots: Mapping[str, str] | None = None,
+        agent_dirs: Iterable[str] = (),
     ) -> LocalSandbox:
         """Make a fresh workspace for `query` (must not exist or be empty) and copy its starting files."""
         workspace = Path(workspace).resolve()
@@ -98,6 +115,8 @@ class LocalSandbox:
             isolation=isolation,
             layout=layout,
             extra_ro=tuple(Path(p) for p in extra_ro),
+            session_slots=dict(session_slots) if session_slots is not None else None,
+            agent_dirs=tuple(agent_dirs),
         )
 
     @property
@@ -120,6 +139,16 @@ class LocalSandbox:
             spawned.append(pgid)
             self._live_groups.add(pgid)
 
+        if self.session_slots is not None:
+            try:
+                return self.session().run(command, user=self.isolation.user, env=self.env, timeout_s=timeout_s,
+                                          on_spawn=on_spawn)
+            except SessionGone:  # a command of the agent's own ended the session: start over, processes lost
+                self.session_restarts += 1
+                return self.session().run(command, user=self.isolation.user, env=self.env, timeout_s=timeout_s,
+                                          on_spawn=on_spawn)
+            finally:
+                self._live_groups.difference_update(spawned)
         try:
             return self.isolation.run(
                 command,
@@ -135,6 +164,35 @@ class LocalSandbox:
         finally:  # a finished group's id may be reused by an unrelated group: never signal it later
             self._live_groups.difference_update(spawned)
 
+    @property
+    def slot_root(self) -> Path:
+        """Host directory holding the session's evaluation slots (next to the workspace, never scored)."""
+        return self.workspace.parent / f".{self.workspace.name}{SESSION_SUFFIX}"
+
+    def session(self) -> Session:
+        """The running session (started on first use, or again after it ended); session mode only."""
+        if self.session_slots is None:
+            raise RuntimeError("this sandbox runs each command in its own namespaces (no session_slots)")
+        self._check_open()
+        if self._session is not None and self._session.alive():
+            return self._session
+        if self._session is not None:
+            self._session.close()
+        self.scratch.mkdir(exist_ok=True)
+        self._session = Session.start(
+            bwrap=self.isolation.bwrap, user=self.isolation.user, workspace=self.workspace, scratch=self.scratch,
+            layout=self.layout, limits=self.limits, slots=self.session_slots, slot_root=self.slot_root,
+            cgroups=self.isolation.cgroups, extra_ro=self.extra_ro, agent_dirs=self.agent_dirs)
+        return self._session
+
+    def end_agent(self) -> None:
+        """The agent is done: its commands and its way to the proxy end; in session mode the processes
+        it left running stay for an in-place evaluation (then `close()`)."""
+        for pgid in list(self._live_groups):
+            signal_group(pgid, signal.SIGKILL)
+        self._live_groups.clear()
+        self._close_bridge()
+
     def open_proxy(self, base_url: str) -> str:
         """Let commands reach the proxy at `base_url` (and nothing else); returns a shell prefix for them.
 
@@ -145,6 +203,8 @@ class LocalSandbox:
         if self.isolation.bwrap is None:
             return ""
         if self._bridge is None:
+            if self._session is not None:
+                raise RuntimeError("open the proxy before the sandbox's first command: a session's mounts are fixed")
             self._bridge = ProxyBridge(proxy_address(base_url)).start()
             mount = Mount(self._bridge.directory, INSIDE_DIR)
             self.layout = replace(self.layout, mounts=(*self.layout.mounts, mount))
@@ -167,12 +227,19 @@ class LocalSandbox:
         for pgid in list(self._live_groups):
             signal_group(pgid, signal.SIGKILL)
         self._live_groups.clear()
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+        self._close_bridge()
+        remove_tree(self.scratch)
+        remove_tree(self.slot_root)
+        self.closed = True
+
+    def _close_bridge(self) -> None:
         if self._bridge is not None:
             self._bridge.close()
             shutil.rmtree(self._bridge.directory, ignore_errors=True)
             self._bridge = None
-        remove_tree(self.scratch)
-        self.closed = True
 
     def destroy(self) -> None:
         self.close()

@@ -49,7 +49,7 @@ def benchmark_check(
     import json
 
     from gyre.benchmarks import load_benchmark_report, resolve_kind
-    from gyre.evaluators.needs import Available, task_needs, unmet
+    from gyre.evaluators.needs import available_here, task_needs, unmet
 
     if kind is not None:
         if fmt not in ("auto", kind):
@@ -64,7 +64,7 @@ def benchmark_check(
     unscorable = []
     for query in queries:
         try:
-            missing = unmet(task_needs(query), Available())
+            missing = unmet(task_needs(query), available_here())
         except OSError as exc:  # a script it runs cannot be read: say so, do not hide the task
             missing = [f"unreadable script ({exc})"]
         if missing:

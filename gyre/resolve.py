@@ -22,7 +22,7 @@ from gyre.benchmarks.tiny import tiny_reference
 from gyre.config import RunConfig
 from gyre.engines.hf import check_model_dir, load_tokenizer
 from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
-from gyre.evaluators.needs import Available, task_needs, unmet
+from gyre.evaluators.needs import available_here, task_needs, unmet
 from gyre.harnesses.builtin import SYSTEM_PROMPT, TOOLS
 from gyre.harnesses.timeouts import execution_timeouts
 from gyre.records import Query
@@ -127,7 +127,7 @@ def warn_unscorable(queries: list[Query], config: RunConfig) -> list[tuple[str, 
     They still run (the agent's part is the same), and their evaluations are evaluator failures
     naming the need, dropped from their groups: never zeros.
     """
-    available = Available(package_index=config.evaluator.network == "package-index")
+    available = available_here(package_index=config.evaluator.network == "package-index")
     unscorable = [(q.query_id, missing) for q in queries if (missing := unmet(task_needs(q), available))]
     if unscorable:
         shown = "; ".join(f"{qid}: needs {', '.join(missing)}" for qid, missing in unscorable[:10])

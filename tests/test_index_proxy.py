@@ -7,7 +7,6 @@ import hashlib
 import io
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from gyre.evaluators.toolenv import uv_binaries
 from gyre.proxy.server import ServerThread
 from gyre.sandboxes.index_proxy import (
     HTML_V1,
@@ -336,15 +336,16 @@ def test_pip_download_through_the_proxy(fake, tmp_path):
     assert all(r.outcome in ("ok", "denied") for r in proxy.requests())
 
 
-@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed (not a gyre dependency)")
 def test_uv_pip_install_through_the_proxy(fake, tmp_path):
+    uv = uv_binaries().get("uv")
+    assert uv is not None, "gyre's uv dependency is not installed (pip install -e .)"
     proxy = IndexProxy(_config(fake, "json"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_")) and "proxy" not in k.lower()}
     with proxy as base:
         env.update(client_env(base))
 
         def uv_install(name: str, dest: Path) -> subprocess.CompletedProcess:
-            return subprocess.run([shutil.which("uv"), "pip", "install", "--python", sys.executable, "--target",
+            return subprocess.run([str(uv), "pip", "install", "--python", sys.executable, "--target",
                                    str(dest), name], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
 
         ok = uv_install("demo-pkg", tmp_path / "ok")
@@ -379,6 +380,7 @@ def test_config_and_client_env():
     assert env["PIP_INDEX_URL"] == env["UV_DEFAULT_INDEX"] == env["UV_INDEX_URL"] == "http://127.0.0.1:9/t/simple/"
     assert env["PIP_DISABLE_PIP_VERSION_CHECK"] == "1" and env["UV_NO_CACHE"] == "1"
     assert env["PIP_CONFIG_FILE"] == os.devnull and env["PIP_FIND_LINKS"] == ""
+    assert env["UV_NO_CONFIG"] == "1" and env["UV_OFFLINE"] == "0"  # undoes the evaluation's offline default
 
 
 def test_negotiate():

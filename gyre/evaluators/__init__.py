@@ -13,7 +13,8 @@ With the execution's overall deadline (`deadline_s`), an evaluation that cannot 
 before it is such a failure too, marked `overall_timeout` (`deadline.py`).
 
 Before anything runs, a task whose test scripts need what this machine cannot give (apt,
-a network host, another Python: `needs.py`) is an evaluator failure naming the need.
+a network host, another Python, uv without gyre's `uv` dependency: `needs.py`) is an evaluator
+failure naming the need.
 
 The reward-hacking monitor (`monitor.py`, and `copied.py` for verbatim copies of installed
 files) reads the kept workspace first: with
@@ -26,7 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gyre.evaluators.common import EVAL_LIMITS
-from gyre.evaluators.needs import Available, task_needs, unmet
+from gyre.evaluators.needs import available_here, task_needs, unmet
 from gyre.evaluators.observed import IndexAccess
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
@@ -70,6 +71,7 @@ def evaluate_query(
     deadline_s: float | None = None,
     monitor: str = "record",
     index: IndexAccess | None = None,
+    live=None,
 ) -> Score:
     """Score `workspace` on `query` by its benchmark's own rule; see the module docstring.
 
@@ -79,10 +81,13 @@ def evaluate_query(
     `index`: install through gyre's package-index proxy (`observed.IndexAccess`); None: no index.
     A task needing more than the evaluation offers is not run: an evaluator failure naming
     what it needs (`needs.py`), never a 0.
+    `live`: the execution's sandbox, still running (a session-mode `LocalSandbox`): Terminal-Bench
+    and Harbor tasks are then tested inside it (`in_place`); the caller closes it afterwards.
     """
     from gyre.benchmarks.spec import NL2REPO, R2E, task_spec
     from gyre.evaluators.common import SCORE_FILE, error
     from gyre.evaluators.container_task import evaluate_container_task
+    from gyre.evaluators.in_place import IN_PLACE_FORMATS, evaluate_in_place
     from gyre.evaluators.deadline import OVERALL_TIMEOUT, capped, overall_timeout_error, past
     from gyre.evaluators.nl2repo import evaluate
     from gyre.evaluators.r2e import evaluate_r2e
@@ -96,7 +101,7 @@ def evaluate_query(
         spec = None
         spec_error = f"{type(exc).__name__}: {exc}"
     eval_dir = Path(eval_dir).resolve()
-    missing = unmet(task_needs(query), Available(package_index=index is not None))
+    missing = unmet(task_needs(query), available_here(package_index=index is not None))
     if past(deadline_s):
         eval_dir.mkdir(parents=True, exist_ok=False)
         score = overall_timeout_error(execution_id, "the execution's overall budget ran out before its evaluation")
@@ -112,10 +117,13 @@ def evaluate_query(
             score = error(execution_id, f"evaluator failed: cannot read the query's format: {spec_error}")
         else:
             scorer = evaluate_r2e if spec.format == R2E else evaluate_container_task
+            test_timeout_s = max(capped(spec.test_timeout_s or timeout_s, deadline_s), 0.01)
             try:
-                score = scorer(query, spec, Path(workspace).resolve(), eval_dir, execution_id,
-                               max(capped(spec.test_timeout_s or timeout_s, deadline_s), 0.01),
-                               isolation or Isolation.detect(), limits, index)
+                if live is not None and spec.format in IN_PLACE_FORMATS:
+                    score = evaluate_in_place(query, spec, live, eval_dir, execution_id, test_timeout_s, limits, index)
+                else:
+                    score = scorer(query, spec, Path(workspace).resolve(), eval_dir, execution_id, test_timeout_s,
+                                   isolation or Isolation.detect(), limits, index)
             except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
                 score = error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
     if past(deadline_s) and not score.detail.startswith(OVERALL_TIMEOUT):

@@ -11,10 +11,13 @@ task's own directory, e.g. `run-tests.sh`, `tests/test.sh`) and every need is na
 - `apt`: apt-get / apt / dpkg installs (never available in the local sandbox);
 - `network:<host>`: a URL fetched with curl or wget (the sandbox has no network);
 - `python:<X.Y>`: a specific interpreter asked of uv or pyenv, other than the one here;
-- `uv`: uv / uvx, when the evaluation's tools do not include it;
+- `uv`: uv / uvx, when the evaluation's tools do not include it (they do when gyre's `uv`
+  dependency is installed: `available_here`);
 - `package-index`: pip or uv installing named packages from an index.
 
-`unmet(needs, available)` keeps the needs this evaluation cannot meet; the evaluator turns
+`unmet(needs, available)` keeps the needs this evaluation cannot meet (`available_here` is
+what an evaluation on this machine offers: the evaluator, the run's preflight and
+`gyre benchmark check` all ask it); the evaluator turns
 them into an evaluator failure with the reason ("unscorable here: needs apt"), never a 0,
 and `gyre benchmark check` counts, per benchmark, the tasks it can score and why not the
 others. This is a reading of shell text, not an interpreter: a need hidden behind a
@@ -30,6 +33,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from gyre.evaluators.toolenv import tools_have_uv
 from gyre.records import Query
 
 APT = "apt"
@@ -56,6 +60,12 @@ class Available:
     package_index: bool = False
     python: str = f"{sys.version_info.major}.{sys.version_info.minor}"
     uv: bool = False
+
+
+def available_here(package_index: bool = False) -> Available:
+    """What an evaluation on this machine offers: uv when its tools hold uv
+    (`toolenv.tools_have_uv`), a package index when the evaluation gets the index proxy."""
+    return Available(package_index=package_index, uv=tools_have_uv())
 
 
 def task_needs(query: Query) -> list[str]:

@@ -47,8 +47,8 @@ Known limits.
   with a denied name plus a dash is refused too (e.g. denying "python" refuses
   "python-dateutil-2.8.tar.gz", not its wheels).
 - Only the network is covered: wheel directories, pip/uv caches or site-packages visible in the
-  sandbox bypass it. `client_env` turns off pip's config files, find-links, extra indexes and both
-  clients' caches, but the sandbox must not expose wheels of the real package.
+  sandbox bypass it. `client_env` turns off pip's and uv's config files, find-links, extra indexes
+  and both clients' caches, but the sandbox must not expose wheels of the real package.
 - One upstream index: extra indexes and find-links of the host's pip config are not merged, and
   file:// indexes are not served. No caching: every download goes upstream.
 - Lock files pinning upstream file URLs (uv.lock) do not go through the proxy.

@@ -85,9 +85,11 @@ def default_upstream() -> str:
 def client_env(base_url: str) -> dict[str, str]:
     """Environment for pip and uv inside the sandbox, so that the proxy is their only source.
 
-    - PIP_INDEX_URL / UV_DEFAULT_INDEX (and the older UV_INDEX_URL): the proxy.
-    - PIP_CONFIG_FILE=/dev/null, empty PIP_EXTRA_INDEX_URL and PIP_FIND_LINKS: no pip.conf, extra
-      index or wheel directory (the host's pip.conf may name local wheels of the real package).
+    - PIP_INDEX_URL / UV_DEFAULT_INDEX (and the older UV_INDEX_URL): the proxy; UV_OFFLINE=0
+      undoes the evaluation environment's offline default (`toolenv.UV_OFFLINE_ENV`).
+    - PIP_CONFIG_FILE=/dev/null, UV_NO_CONFIG, empty PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS, UV_INDEX,
+      UV_EXTRA_INDEX_URL and UV_FIND_LINKS: no pip.conf or uv.toml, extra index or wheel directory
+      (the host's pip.conf may name local wheels of the real package).
     - PIP_NO_CACHE_DIR, UV_NO_CACHE: a cache shared with the host or an earlier run would install
       without a request, so without a denial and without a log line; every install is fetched.
     - PIP_DISABLE_PIP_VERSION_CHECK, PIP_NO_INPUT: no self-update query, never prompt.
@@ -108,6 +110,11 @@ def client_env(base_url: str) -> dict[str, str]:
         "PIP_DEFAULT_TIMEOUT": "60",
         "UV_DEFAULT_INDEX": base_url,
         "UV_INDEX_URL": base_url,
+        "UV_INDEX": "",
+        "UV_EXTRA_INDEX_URL": "",
+        "UV_FIND_LINKS": "",
+        "UV_NO_CONFIG": "1",
+        "UV_OFFLINE": "0",
         "UV_NO_CACHE": "1",
         "UV_HTTP_TIMEOUT": "60",
         "UV_PYTHON_DOWNLOADS": "never",

@@ -163,6 +163,21 @@ def test_hidden_tests_other_workspaces_and_host_files_are_invisible(tmp_path):
         assert ".git" not in result.stdout.split() and "gyre" not in result.stdout.split()
 
 
+def test_a_symlink_planted_as_the_shm_dir_binds_nothing_of_the_host(tmp_path):
+    """/tmp/.shm becomes the next command's /dev/shm: a link there must not bind a host directory."""
+    query = _query(tmp_path)
+    victim = LocalSandbox.create(query, tmp_path / "runs" / "victim", limits=TIGHT, isolation="bwrap")
+    victim.write_file("solution.py", "SECRET_ANSWER = 42\n")
+    attacker = LocalSandbox.create(query, tmp_path / "runs" / "attacker", limits=TIGHT, isolation="bwrap")
+    planted = attacker.exec(f"rmdir /tmp/.shm && ln -s {victim.workspace} /tmp/.shm && echo planted", timeout_s=10)
+    assert "planted" in planted.stdout, planted.stderr
+    result = attacker.exec("ls -A /dev/shm; cat /dev/shm/solution.py; echo pwned > /dev/shm/x; ls -A /tmp/.shm",
+                           timeout_s=10)
+    assert "SECRET_ANSWER" not in result.stdout and "solution.py" not in result.stdout, result.stdout
+    assert not (victim.workspace / "x").exists()
+    assert (attacker.scratch / ".shm").is_dir() and not (attacker.scratch / ".shm").is_symlink()
+
+
 def test_host_environment_keys_never_reach_the_sandbox(tmp_path, monkeypatch):
     for key, value in {"ANTHROPIC_API_KEY": "sk-host-anthropic", "OPENAI_API_KEY": "sk-host-openai",
                        "AWS_SECRET_ACCESS_KEY": "host-aws", "GYRE_PROXY_ADMIN_KEY": "host-admin"}.items():

@@ -506,3 +506,30 @@ def test_no_flags_on_ordinary_code(tmp_path):
     write(tmp_path, "setup.cfg", "[metadata]\nname = inventory\n")
     write(tmp_path, ".git/config", "[core]\n")
     assert scan_workspace(tmp_path, protected=["tests/test_inventory.py"]) == []
+
+
+def test_the_installed_file_index_follows_the_environment(tmp_path, monkeypatch):
+    """A distribution installed after the index was built is indexed too (the index is keyed on sys.path)."""
+    import base64
+    import hashlib
+    import sys
+
+    from gyre.evaluators.copied import copied_files, installed_hashes
+
+    source = "".join(f"def function_{i}(value):\n    return value * {i}\n\n" for i in range(40)).encode()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(source).digest()).rstrip(b"=").decode()
+    installed_hashes()  # built for the environment as it is
+    site = tmp_path / "site"
+    (site / "late_pkg-1.0.dist-info").mkdir(parents=True)
+    (site / "late_pkg.py").write_bytes(source)
+    (site / "late_pkg-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: late-pkg\nVersion: 1.0\n")
+    (site / "late_pkg-1.0.dist-info" / "RECORD").write_text(
+        f"late_pkg.py,sha256={digest},{len(source)}\nlate_pkg-1.0.dist-info/RECORD,,\n")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(site)])
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "mine.py").write_bytes(source)
+    (copy,) = copied_files(workspace)
+    assert (copy.path, copy.source) == ("mine.py", "late-pkg 1.0: late_pkg.py")
+    monkeypatch.undo()
+    assert copied_files(workspace) == []  # and forgotten once it is gone

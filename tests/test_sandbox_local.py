@@ -180,3 +180,50 @@ def test_python_installation_stays_visible_when_it_lives_under_tmp(tmp_path):
     tmp_bind = argv.index("/tmp", argv.index(str(tmp_path / "scratch")))
     for prefix in python_prefixes():
         assert argv.index(str(prefix)) > tmp_bind, prefix
+
+
+@pytest.fixture
+def open_dir(tmp_path):
+    """A directory every user can reach (tmp_path's own parents are 0700), like a run directory."""
+    import shutil
+    import tempfile
+
+    directory = Path(tempfile.mkdtemp(prefix="gyre-open-", dir="/tmp"))
+    directory.chmod(0o755)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_only_sources_no_user_could_reach_are_staged(open_dir):
+    from gyre.sandboxes.privileges import SandboxUser, Stage, drop_argv, open_to_all
+
+    reachable, closed, odd = open_dir / "a", open_dir / "closed" / "b", open_dir / "odd" / "c"
+    for path in (reachable, closed, odd):
+        path.mkdir(parents=True)
+    (open_dir / "closed").chmod(0o700)
+    (open_dir / "odd").chmod(0o701)  # others may search, its group may not: not every user can
+    link = open_dir / "link"
+    link.symlink_to(reachable)
+    assert open_to_all(reachable) and open_to_all(open_dir / "a" / "missing-file")
+    assert not any(open_to_all(p) for p in (closed, odd, link, link / "x", Path("relative")))
+    stage = Stage.create([reachable, closed, odd, link])
+    try:
+        assert list(stage.binds) == [closed, odd, link] and stage.staged(reachable) == reachable
+        assert drop_argv(SandboxUser(), stage, ("unshare", "setpriv"))[0] == "unshare"
+    finally:
+        stage.remove()
+    stage = Stage.create([reachable])
+    try:
+        assert drop_argv(SandboxUser(), stage, ("unshare", "setpriv"))[0] == "setpriv"  # no prelude at all
+    finally:
+        stage.remove()
+
+
+@needs_bwrap
+def test_a_sandbox_whose_paths_anyone_can_reach_runs_without_staging_them(tmp_path, open_dir):
+    sandbox = LocalSandbox.create(_query(tmp_path), open_dir / "runs" / "ws", isolation="bwrap")
+    result = sandbox.exec("echo hi > out.txt && cat out.txt && touch /tmp/t /dev/shm/s && ls -A /dev/shm", timeout_s=20)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.split() == ["hi", "s"]
+    if os.geteuid() == 0:  # dropped: the files belong to the sandbox user on the host
+        assert (sandbox.workspace / "out.txt").stat().st_uid == 65534

@@ -12,17 +12,25 @@ named with its source ("six 1.17.0: six.py"). Files under `MIN_BYTES` are skippe
 
 What it cannot see: a copy that was edited (even one byte), reformatted or renamed into
 other code, and files of packages installed elsewhere.
+
+The index (`installed_hashes`, about 17,000 files in gyre's environment) is read from the
+RECORD files' text directly (building importlib's `PackagePath` objects for every entry took
+~1 s) and kept for the process, keyed on the environment: every `sys.path` entry with its
+modification time, which changes when a distribution is installed, upgraded or removed.
+A distribution's name and version are read only for the files a workspace actually copied.
 """
 
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
 import os
+import sys
+import threading
 from dataclasses import dataclass
-from functools import lru_cache
 from importlib import metadata
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 CHECK = "copied-installed-file"
 MIN_BYTES = 512
@@ -38,16 +46,54 @@ class Copy:
     """`<distribution> <version>: <file>` it is a copy of."""
 
 
-@lru_cache(maxsize=1)
-def installed_hashes() -> dict[str, str]:
-    """sha256 (RECORD's urlsafe base64, unpadded) of every installed `*.py` file -> where it comes from."""
-    found: dict[str, str] = {}
+class _Source:
+    """Where an installed file comes from; named only when a workspace file matches it."""
+
+    __slots__ = ("dist", "path")
+
+    def __init__(self, dist: metadata.Distribution, path: str) -> None:
+        self.dist, self.path = dist, path
+
+    def __str__(self) -> str:
+        return f"{self.dist.metadata['Name']} {self.dist.version}: {PurePosixPath(self.path)}"
+
+
+_index_lock = threading.Lock()
+_index: tuple[tuple, dict[str, _Source]] | None = None
+
+
+def environment_key() -> tuple:
+    """What the installed distributions depend on: each `sys.path` entry and its mtime (None: missing)."""
+    key = []
+    for entry in sys.path:
+        try:
+            key.append((entry, os.stat(entry or ".").st_mtime_ns))
+        except OSError:
+            key.append((entry, None))
+    return tuple(key)
+
+
+def installed_hashes() -> dict[str, _Source]:
+    """sha256 (RECORD's urlsafe base64, unpadded) of every installed `*.py` file -> where it comes from
+    (`str()` of it: `<distribution> <version>: <file>`); rebuilt when `environment_key()` changes."""
+    global _index
+    key = environment_key()
+    with _index_lock:
+        if _index is None or _index[0] != key:
+            _index = (key, build_index())
+        return _index[1]
+
+
+def build_index() -> dict[str, _Source]:
+    """The index of `installed_hashes`, read from every distribution's RECORD (the first one listing a hash wins)."""
+    found: dict[str, _Source] = {}
     for dist in metadata.distributions():
-        name = f"{dist.metadata['Name']} {dist.version}"
-        for record in dist.files or ():
-            if record.hash is not None and record.hash.mode == "sha256" and record.name.endswith(".py") \
-                    and (record.size or 0) >= MIN_BYTES:
-                found.setdefault(record.hash.value, f"{name}: {record}")
+        text = dist.read_text("RECORD")  # an egg-info's file list records no hashes: nothing to index
+        for row in csv.reader(text.splitlines() if text else ()):
+            path, digest, size = (row + ["", ""])[:3]
+            mode, _, value = digest.partition("=")
+            if mode == "sha256" and value and path.endswith(".py") and size.isdigit() and int(size) >= MIN_BYTES:
+                found.setdefault(value, _Source(dist, path))
     return found
 
 
@@ -71,7 +117,7 @@ def copied_files(workspace: Path) -> list[Copy]:
                 digest = _digest(entry)
                 if digest in known:
                     rel = Path(entry.path).relative_to(workspace).as_posix()
-                    copies.append(Copy(rel, known[digest]))
+                    copies.append(Copy(rel, str(known[digest])))
     return sorted(copies, key=lambda c: c.path)
 
 

@@ -74,7 +74,12 @@ class BenchmarkConfig(Section):
     seed: int = 0
     """Seed of the `tiny` generator."""
     eval_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
-    """Share of queries held out for evaluation (by a hash of the query id); never trained on."""
+    """Share of content groups held out for evaluation (in-distribution), never trained on. Queries
+    sharing an instruction, hidden tests or a reference solution form one group and stay on one side
+    (`gyre.benchmarks.content`), so no copy of a training query is held out."""
+    held_out_kinds: list[str] = Field(default_factory=list)
+    """`tiny` templates never trained on (e.g. `[scale]`): their queries form a second held-out set,
+    `generalisation`, evaluated beside the in-distribution one (`evals.split`)."""
 
 
 class RolloutConfig(Section):
@@ -165,7 +170,8 @@ class EvaluatorConfig(Section):
     """Where Terminal-Bench and Harbor tasks are tested. `in_place` (upstream's way): in the agent's own
     sandbox session after it stops, processes it left running still alive (a server the tests call),
     the tests copied in then (`gyre.evaluators.in_place`; local sandbox with bubblewrap, gyre as root;
-    elsewhere `fresh` is used, with a warning). `fresh`: a new sandbox on a copy of the workspace."""
+    `sandbox.type: docker`: the agent's own container, `gyre.evaluators.in_container`; elsewhere
+    `fresh` is used, with a warning). `fresh`: a new local sandbox on a copy of the workspace."""
     monitor: Literal["record", "zero", "off"] = "record"
     """Reward-hacking monitor (`gyre.evaluators.monitor`) over each kept workspace before scoring:
     `record` stores its flags with the execution (`executions.flags`); `zero` also scores a flagged
@@ -257,8 +263,9 @@ class RunConfig(Section):
     """Run name, shown in the Prefect UI and recorded in DuckDB."""
     seed: int = 0
     """Seed for query sampling, rollout sampling and training."""
-    steps: int = Field(default=2, gt=0)
-    """Optimizer steps to run (the CLI's --steps overrides it)."""
+    steps: int = Field(default=2, ge=0)
+    """Optimizer steps to run (the CLI's --steps overrides it); 0 only evaluates the starting policy
+    (with `evaluation.every_steps` set), as `gyre bench learning`'s supervised arm does."""
     cache_dir: Path = Path(".gyre-cache")
     """Where the bundled tiny model and benchmark are built once and reused."""
     model: ModelConfig = ModelConfig()

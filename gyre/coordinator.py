@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gyre.algo.advantages import group_advantages
-from gyre.algo.gspo import GSPO
+from gyre.algo.gspo import GSPO, diagnostics
 from gyre.benchmarks import task_spec
 from gyre.cells.transport import FileSnapshotTransport
 from gyre.config import RunConfig, dump_config
@@ -31,6 +31,8 @@ from gyre.engines.hf import load_tokenizer, stop_token_ids
 from gyre.engines.torch_rollout import TorchRolloutEngine
 from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
 from gyre.evaluators import evaluate_query, index_access
+from gyre.evaluators.in_container import AGENT_DIRS as CONTAINER_AGENT_DIRS
+from gyre.evaluators.in_container import IN_CONTAINER_FORMATS, container_slots
 from gyre.evaluators.in_place import AGENT_DIRS, IN_PLACE_FORMATS, session_mounts, session_slots
 from gyre.harnesses.base import HarnessOutcome, ModelEndpoint
 from gyre.harnesses import make_harness
@@ -85,6 +87,7 @@ class Coordinator:
         self.queries = split.train
         limit = config.evaluation.max_queries
         self.eval_queries = sorted(split.eval, key=lambda q: q.query_id)[:limit]
+        self.generalisation_queries = sorted(split.generalisation, key=lambda q: q.query_id)[:limit]
         self.store = RunStore(self.run_dir / "gyre.duckdb")
         dump_config(config, self.run_dir / "config.yaml")
         self.store.append(
@@ -143,7 +146,7 @@ class Coordinator:
         )
         self._eval_slots = threading.Semaphore(EVAL_CONCURRENCY)
         self._live: dict[str, object] = {}
-        """Sandboxes kept alive after their agent stopped, for an in-place evaluation (by execution id)."""
+        """Sandboxes kept alive after their agent stopped, for an in-place/in-container evaluation (by id)."""
         self._live_lock = threading.Lock()
         self._in_place = config.evaluator.container_tasks == "in_place" and config.sandbox.type == "local"
         if self._in_place and not session_available(self.isolation.bwrap, self.isolation.user):
@@ -151,6 +154,8 @@ class Coordinator:
                         "gyre running as root: Terminal-Bench/Harbor tasks are evaluated in a fresh sandbox instead "
                         "(processes the agent left running are gone by then)")
             self._in_place = False
+        # docker: Terminal-Bench and Harbor tasks are tested in the agent's own container (`in_container`)
+        self._in_container = config.evaluator.container_tasks == "in_place" and config.sandbox.type == "docker"
 
     # -- stages of one step -----------------------------------------------------------
 
@@ -175,8 +180,11 @@ class Coordinator:
         spec = task_spec(query)
         deadlines = self.timeouts.start(spec.agent_timeout_s)  # harness and overall timeouts, kept apart
         in_place = self._in_place and spec.format in IN_PLACE_FORMATS
+        in_container = self._in_container and spec.format in IN_CONTAINER_FORMATS
         session = dict(session_slots=session_slots(spec), agent_dirs=AGENT_DIRS, mounts=session_mounts()) \
             if in_place else {}
+        if in_container:
+            session = dict(eval_slots=container_slots(spec), agent_dirs=CONTAINER_AGENT_DIRS)
         sandbox = create_sandbox(
             self.config.sandbox,
             query,
@@ -194,7 +202,7 @@ class Coordinator:
         except Exception as exc:  # deliberate: a harness crash is this execution's outcome, recorded
             outcome = HarnessOutcome(ExecutionStatus.harness_error, 0, f"{type(exc).__name__}: {exc}")
         finally:
-            if in_place:  # its processes stay for the evaluation, which closes it
+            if in_place or in_container:  # its processes stay for the evaluation, which closes it
                 sandbox.end_agent()
                 with self._live_lock:
                     self._live[execution_id] = sandbox
@@ -279,6 +287,7 @@ class Coordinator:
             grad_norm=stats.grad_norm,
             tokens_trained=stats.tokens_trained,
             finished_at=utc_now(),
+            **diagnostics(stats.extra),
             **record,
         ), advantages, staleness)
 
@@ -364,12 +373,14 @@ class Coordinator:
         self.store.append_steps([record])
         emit(ProgressEvent("step_finished", record.step, record.model_dump(mode="json")))
 
-    def record_eval(self, step: int, results: list[ExecutionResult], scores: list[Score], started_at) -> EvalRecord:
-        """Store an evaluation round: its executions, their calls, and the pass rate."""
+    def record_eval(self, step: int, results: list[ExecutionResult], scores: list[Score], started_at,
+                    split: str = "in_distribution") -> EvalRecord:
+        """Store an evaluation round of one held-out set: its executions, their calls, and the pass rate."""
         valid = [s.score for s in scores if s.score is not None]
         record = EvalRecord(
             step=step,
             policy_version=self.policy_version,
+            split=split,
             pass_rate=sum(valid) / len(valid) if valid else None,
             num_executions=len(results),
             num_dropped=len(scores) - len(valid),

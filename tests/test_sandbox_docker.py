@@ -4,8 +4,13 @@ Docker engine answers."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 import sys
+import threading
 import types
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -14,10 +19,12 @@ from gyre.config import RunConfig, SandboxConfig
 from gyre.records import Query
 from gyre.resolve import preflight
 from gyre.sandboxes.base import SandboxLimits
-from gyre.sandboxes.docker import DockerSandbox, container_kwargs
-from gyre.sandboxes.factory import SandboxBackendError, create_sandbox
+from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_INSIDE
+from gyre.sandboxes.docker import EXEC_ENV, KILL_EXECS, NO_PYTHON3, DockerSandbox, container_kwargs
+from gyre.sandboxes.factory import SandboxBackendError, check_backend, create_sandbox
 from gyre.sandboxes.isolation import Isolation
 from gyre.sandboxes.local import LocalSandbox
+from tests.docker_fake import FakeContainer, fake_sdk
 
 
 def _engine_available() -> bool:
@@ -84,9 +91,16 @@ def test_preflight_stops_a_docker_run_when_no_engine_answers(tmp_path, monkeypat
         preflight(config)
     assert not (tmp_path / "cache").exists()  # stopped before building the benchmark or the model
     assert isinstance(SandboxBackendError("x"), ValueError)  # `gyre run` prints it as an input error
-    config = RunConfig.model_validate({"sandbox": {"type": "docker"}, "harness": {"type": "claude-code"}})
-    with pytest.raises(SandboxBackendError, match="only harness.type 'builtin'"):
-        preflight(config)  # a CLI harness in a container could not reach the proxy
+
+
+def test_cli_harnesses_are_allowed_in_docker(monkeypatch):
+    """A CLI harness in a container reaches the proxy through the bridge: only a missing engine stops it."""
+    monkeypatch.setattr("gyre.sandboxes.docker.engine_problem", lambda: None)
+    check_backend(SandboxConfig(type="docker"), "claude-code")
+    check_backend(SandboxConfig(type="docker"), "mini-swe-agent")
+    monkeypatch.setattr("gyre.sandboxes.docker.engine_problem", lambda: "no engine")
+    with pytest.raises(SandboxBackendError, match="no engine"):
+        check_backend(SandboxConfig(type="docker"), "claude-code")
 
 
 def test_create_sandbox_starts_a_container_for_docker_and_a_local_sandbox_otherwise(tmp_path, monkeypatch):
@@ -115,3 +129,152 @@ def test_create_sandbox_starts_a_container_for_docker_and_a_local_sandbox_otherw
     local_box = create_sandbox(SandboxConfig(), query, tmp_path / "ws-l", env, limits, isolation)
     assert isinstance(local_box, LocalSandbox) and len(started) == 2
     local_box.close()
+
+
+# -- the route to the proxy, the agent's end, timeouts (SDK faked at its edge: tests/docker_fake.py) ------
+
+
+def _fake_box(tmp_path, monkeypatch, handler=None) -> tuple[DockerSandbox, FakeContainer]:
+    sdk, made = fake_sdk(handler)
+    monkeypatch.setitem(sys.modules, "docker", sdk)
+    box = DockerSandbox.create(_query(tmp_path), tmp_path / "ws", {"OPENAI_API_KEY": "k"})
+    return box, made[-1]
+
+
+def _echo_server() -> tuple[socket.socket, int]:
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"proxy:" + conn.recv(100))
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, server.getsockname()[1]
+
+
+def test_open_proxy_bridges_through_the_mounted_directory(tmp_path, monkeypatch):
+    box, container = _fake_box(tmp_path, monkeypatch)
+    bridge_dir = next(Path(h) for h, v in container.kwargs["volumes"].items() if v["bind"] == BRIDGE_INSIDE)
+    assert container.kwargs["volumes"][str(bridge_dir)]["mode"] == "ro"
+    assert container.kwargs["network_mode"] == "none"  # the route is the socket, not a network
+    server, port = _echo_server()
+    try:
+        prefix = box.open_proxy(f"http://127.0.0.1:{port}/v1")
+        assert prefix.startswith(NO_PYTHON3) and f"{BRIDGE_INSIDE}/proxy.sock" in prefix and f" {port} " in prefix
+        assert box.open_proxy(f"http://127.0.0.1:{port}/v1") == prefix  # one bridge per sandbox
+        with pytest.raises(ValueError, match="already bridged"):
+            box.open_proxy("http://127.0.0.1:1999/v1")
+        with socket.socket(socket.AF_UNIX) as client:  # what the inside half does with each connection
+            client.connect(str(bridge_dir / "proxy.sock"))
+            client.sendall(b"hi")
+            assert client.recv(100) == b"proxy:hi"
+        box.end_agent()
+        assert not (bridge_dir / "proxy.sock").exists() and not container.removed  # route closed, container kept
+    finally:
+        server.close()
+        box.close()
+
+
+def test_the_bridge_prefix_fails_clearly_without_python3(tmp_path):
+    done = subprocess.run(["/bin/bash", "-c", NO_PYTHON3 + "echo reached"], capture_output=True, text=True,
+                          env={"PATH": str(tmp_path)})  # no python3 on this PATH
+    assert done.returncode == 127 and "reached" not in done.stdout
+    assert "this image has no python3" in done.stderr and "harness.type: builtin" in done.stderr
+
+
+def test_agent_commands_carry_a_token_and_a_timeout_kills_only_theirs(tmp_path, monkeypatch):
+    released = threading.Event()
+
+    def handler(container, cmd, kw):
+        if cmd[2] == KILL_EXECS:
+            released.set()  # the blocked command's processes are gone
+        elif cmd[2] == "sleep 100":
+            released.wait(30)
+            return 137, b"", b"Killed"
+        return 0, b"ok", b""
+
+    box, container = _fake_box(tmp_path, monkeypatch, handler)
+    assert box.exec("true", timeout_s=5).stdout == "ok"
+    result = box.exec("sleep 100", timeout_s=0.2)
+    assert result.timed_out and result.exit_code == 137 and not box.closed and container.kills == 0
+    (first, first_kw), (slow, slow_kw), (kill, kill_kw) = container.calls
+    assert first == ["bash", "-c", "true"] and first_kw["workdir"] == "/app" and first_kw["demux"] is True
+    tokens = first_kw["environment"][EXEC_ENV], slow_kw["environment"][EXEC_ENV]
+    assert len(set(tokens)) == 2 and "user" not in slow_kw  # each command its own token; the image's user
+    assert kill == ["bash", "-c", KILL_EXECS, "gyre-kill", tokens[1]]  # only the timed-out command's processes
+    box.close()
+
+
+def test_a_command_surviving_its_kill_kills_the_container(tmp_path, monkeypatch):
+    stuck = threading.Event()
+
+    def handler(container, cmd, kw):
+        if cmd[2] == "hang":  # ignores its kill
+            stuck.wait(5)
+        return 0, b"", b""
+
+    box, container = _fake_box(tmp_path, monkeypatch, handler)
+    monkeypatch.setattr("gyre.sandboxes.docker.STOP_WAIT_S", 0.1)
+    result = box.exec("hang", timeout_s=0.1)
+    stuck.set()
+    assert result.timed_out and result.exit_code == -9 and container.kills == 1 and box.closed
+
+
+def test_end_agent_kills_the_commands_still_running(tmp_path, monkeypatch):
+    started, killed = threading.Event(), threading.Event()
+
+    def handler(container, cmd, kw):
+        if cmd[2] == "long":
+            started.set()
+            killed.wait(30)
+        elif cmd[2] == KILL_EXECS:
+            killed.set()
+        return 0, b"", b""
+
+    box, container = _fake_box(tmp_path, monkeypatch, handler)
+    worker = threading.Thread(target=box.exec, args=("long", 60))
+    worker.start()
+    assert started.wait(10)
+    box.end_agent()
+    worker.join(10)
+    assert not worker.is_alive()
+    (long_cmd, long_kw), (kill, _) = container.calls
+    assert kill == ["bash", "-c", KILL_EXECS, "gyre-kill", long_kw["environment"][EXEC_ENV]]
+    box.end_agent()  # nothing running: no call
+    assert len(container.calls) == 2 and not container.removed
+    box.close()
+
+
+def test_kill_execs_script_kills_only_the_tokens_processes(tmp_path):
+    """The kill script itself, run by bash on this host against processes of this user."""
+    env = {**os.environ, EXEC_ENV: "aaaa1111"}
+    target = subprocess.Popen(["sleep", "60"], env=env)
+    bystander = subprocess.Popen(["sleep", "60"], env={**os.environ, EXEC_ENV: "bbbb2222"})
+    try:
+        subprocess.run(["bash", "-c", KILL_EXECS, "gyre-kill", "aaaa1111"], check=True, timeout=30)
+        assert target.wait(10) == -9
+        assert bystander.poll() is None
+    finally:
+        for proc in (target, bystander):
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.skipif(not _engine_available(), reason="no Docker engine answers on this machine (docker.from_env() fails)")
+def test_live_cli_route_to_the_proxy(tmp_path):
+    """A command in a python:3.11-slim container reaches a host loopback server through the bridge only."""
+    server, port = _echo_server()
+    box = DockerSandbox.create(_query(tmp_path), tmp_path / "ws")
+    try:
+        prefix = box.open_proxy(f"http://127.0.0.1:{port}/v1")
+        result = box.exec(prefix + "python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', "
+                          f"{port})); s.sendall(b'hi'); print(s.recv(100).decode())\"", timeout_s=60)
+        assert result.stdout.strip() == "proxy:hi", result.stderr
+    finally:
+        server.close()
+        box.destroy()

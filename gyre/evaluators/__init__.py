@@ -4,7 +4,9 @@
 (`gyre.benchmarks.spec.task_spec`) and dispatches to its scorer (NL2RepoBench: partial
 credit, `nl2repo`; Terminal-Bench: binary, Harbor: reward file, `container_task`;
 R2E-Gym / DeepSWE: binary exact statuses, `r2e`). Every scorer works on a copy of the
-workspace in a fresh sandbox with the pristine tests put in last, and returns
+workspace in a fresh sandbox with the pristine tests put in last (except Terminal-Bench and
+Harbor given the agent's live sandbox: its local session, `in_place`, or its docker
+container, `in_container`, as upstream tests them), and returns
 `Score(status=ok, score in [0, 1])` for whatever the agent did (0 included) or
 `Score(status=error, score=None, detail=why)` when the evaluator itself failed (crash,
 infra error, unparseable output): such a score is dropped from its group and can be
@@ -81,13 +83,16 @@ def evaluate_query(
     `index`: install through gyre's package-index proxy (`observed.IndexAccess`); None: no index.
     A task needing more than the evaluation offers is not run: an evaluator failure naming
     what it needs (`needs.py`), never a 0.
-    `live`: the execution's sandbox, still running (a session-mode `LocalSandbox`): Terminal-Bench
-    and Harbor tasks are then tested inside it (`in_place`); the caller closes it afterwards.
+    `live`: the execution's sandbox, still running (a session-mode `LocalSandbox`, or a `DockerSandbox`
+    made with `in_container.container_slots`): Terminal-Bench and Harbor tasks are then tested inside
+    it (`in_place`, `in_container`; no package index reaches a container); the caller closes it afterwards.
     """
     from gyre.benchmarks.spec import NL2REPO, R2E, task_spec
     from gyre.evaluators.common import SCORE_FILE, error
     from gyre.evaluators.container_task import evaluate_container_task
+    from gyre.evaluators.in_container import IN_CONTAINER_FORMATS, evaluate_in_container
     from gyre.evaluators.in_place import IN_PLACE_FORMATS, evaluate_in_place
+    from gyre.sandboxes.docker import DockerSandbox
     from gyre.evaluators.deadline import OVERALL_TIMEOUT, capped, overall_timeout_error, past
     from gyre.evaluators.nl2repo import evaluate
     from gyre.evaluators.r2e import evaluate_r2e
@@ -101,7 +106,8 @@ def evaluate_query(
         spec = None
         spec_error = f"{type(exc).__name__}: {exc}"
     eval_dir = Path(eval_dir).resolve()
-    missing = unmet(task_needs(query), available_here(package_index=index is not None))
+    in_container = isinstance(live, DockerSandbox) and spec is not None and spec.format in IN_CONTAINER_FORMATS
+    missing = unmet(task_needs(query), available_here(package_index=index is not None and not in_container))
     if past(deadline_s):
         eval_dir.mkdir(parents=True, exist_ok=False)
         score = overall_timeout_error(execution_id, "the execution's overall budget ran out before its evaluation")
@@ -119,7 +125,9 @@ def evaluate_query(
             scorer = evaluate_r2e if spec.format == R2E else evaluate_container_task
             test_timeout_s = max(capped(spec.test_timeout_s or timeout_s, deadline_s), 0.01)
             try:
-                if live is not None and spec.format in IN_PLACE_FORMATS:
+                if in_container:
+                    score = evaluate_in_container(query, spec, live, eval_dir, execution_id, test_timeout_s, limits)
+                elif live is not None and not isinstance(live, DockerSandbox) and spec.format in IN_PLACE_FORMATS:
                     score = evaluate_in_place(query, spec, live, eval_dir, execution_id, test_timeout_s, limits, index)
                 else:
                     score = scorer(query, spec, Path(workspace).resolve(), eval_dir, execution_id, test_timeout_s,

@@ -14,6 +14,10 @@ result on it as it happens, one JSON line each:
     {"event": "collected"}                         collection finished (reports may follow)
     {"event": "finish", "exitstatus": ...}         the session ended (0/1: it ran to the end)
 
+Where no fd can be inherited (a `docker exec` into the task's container), the pipe is a FIFO
+in a directory bound into the container instead (`FifoChannel`): the plugin opens the path
+in `GYRE_RESULT_PATH`; the rest is the same.
+
 The host reads the pipe in a thread while the command runs and keeps at most
 `MAX_MESSAGES` lines of at most `MAX_LINE_BYTES` each, so a flood cannot exhaust memory.
 
@@ -44,6 +48,7 @@ MAX_MESSAGES = 200_000
 MAX_LINE_BYTES = 16_384
 PLUGIN_MOUNT = "/gyre-eval"
 FD_ENV = "GYRE_RESULT_FD"
+PATH_ENV = "GYRE_RESULT_PATH"
 
 PLUGIN_SOURCE = r'''
 """gyre's result channel for this evaluation (written by the evaluator, read-only)."""
@@ -51,7 +56,8 @@ import json as _json
 import os as _os
 import sys as _sys
 
-_FD = int(_os.environ.pop("GYRE_RESULT_FD"))
+_FD = (int(_os.environ.pop("GYRE_RESULT_FD")) if "GYRE_RESULT_FD" in _os.environ
+       else _os.open(_os.environ.pop("GYRE_RESULT_PATH"), _os.O_WRONLY))  # a FIFO: `docker exec` passes no fd
 _os.environ.pop("PYTHONSAFEPATH", None)
 _ARGV = list(getattr(_sys, "orig_argv", []))
 _M_PYTEST = "-m" in _ARGV and _ARGV[_ARGV.index("-m") + 1 : _ARGV.index("-m") + 2] == ["pytest"]
@@ -247,6 +253,32 @@ class ResultChannel:
                         self.results.add(message)
                     else:
                         self.results.conflicts.append(f"not an object {line[:80]!r}")
+
+
+class FifoChannel(ResultChannel):
+    """A result channel over a named pipe at `path` (shown as `inside` to the command), created now,
+    owned by `owner` (uid, gid) with mode 0600; removed at `close()`."""
+
+    def __init__(self, path: Path, inside: str, owner: tuple[int, int] | None = None) -> None:
+        self.path, self.inside = Path(path), inside
+        os.mkfifo(self.path, 0o600)
+        if owner is not None and os.geteuid() == 0:
+            os.chown(self.path, *owner)
+        self.read_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        self.write_fd = os.open(self.path, os.O_WRONLY)  # ours: no end of file before the plugin opens it
+        os.set_blocking(self.read_fd, True)
+        self.results = ChannelResults()
+        self._thread = threading.Thread(target=self._pump, name="gyre-result-fifo", daemon=True)
+        self._thread.start()
+
+    def env(self) -> dict[str, str]:
+        return {PATH_ENV: self.inside}
+
+    def close(self) -> ChannelResults:
+        try:
+            return super().close()
+        finally:
+            self.path.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)

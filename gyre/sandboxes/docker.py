@@ -1,17 +1,56 @@
 """DockerSandbox: one container per execution through the docker SDK (`pip install gyre-rl[docker]`).
 
 For tasks that ship an image (Terminal-Bench, Harbor, R2E-Gym) and hosts running a
-Docker engine. The container gets: no network (`network_mode="none"`), a pids / memory /
-CPU cap from `SandboxLimits`, no capabilities, no privilege escalation, a read-only
-root filesystem with a tmpfs `/tmp`, and exactly one host mount: the workspace at the
-task's workdir (`/app` by default). Commands run with `docker exec` as `bash -c`, with
-the scrubbed environment; the container is removed at `close()`, the workspace kept.
-`container_kwargs` (pure) builds the arguments and is what the unit tests check; the SDK
-is imported only when a container is really started. Known gap: `docker exec` has no
-timeout of its own, so a timed-out command is stopped by killing the whole container
-(`docker kill`); the sandbox is closed after that, the workspace kept. Another: the
-container has no way to the proxy (no bridge like the local sandbox's), so only the
-`builtin` harness, which calls the model from the host, runs in it.
+Docker engine on the same kernel (the bridge socket and the result FIFO below are host
+files seen through bind mounts: a VM-backed engine such as Docker Desktop cannot pass them).
+The container gets: no network (`network_mode="none"`), a pids / memory / CPU cap from
+`SandboxLimits`, no capabilities, no privilege escalation, a read-only root filesystem with
+a tmpfs `/tmp`, and these host mounts, all made at creation (a running container takes no
+new ones):
+
+- the workspace at the task's workdir (`/app` by default), read-write;
+- the proxy bridge's directory at `/run/gyre` (read-only; `open_proxy`), empty until a CLI
+  harness opens the route: `gyre.sandboxes.bridge`'s inside half (a few lines of python3 in
+  the image) forwards 127.0.0.1:<proxy port> to its unix socket, so the base URL means the
+  same inside, and `network_mode` stays `none`. An image without python3 fails the harness's
+  command at once with a message saying so. The harness's own program must be in the image
+  (no host installation is bound in: `claude` at its host path, mini-swe-agent in gyre's venv).
+  The alternative, not used: `network_mode="bridge"` with
+  `extra_hosts={"host.docker.internal": "host-gateway"}` and the proxy listening on the docker
+  bridge address; that gives the container a network.
+- evaluation slots (`eval_slots`, name -> inside path; `gyre.evaluators.in_container`): empty
+  host directories under `<workspace>/../.<name>.docker/`, owned by the evaluation's user
+  (`evaluation_user()`: uid/gid 65533 when gyre is root, else gyre's own), mode 0700, the
+  tests and the plugin read-only inside. The agent (the image's user, root without
+  capabilities) cannot list or open them; `agent_dirs` inside them (Harbor's `logs/agent`) are
+  its own (0777).
+
+Commands run with `docker exec` as `bash -c`; the container is removed at `close()`, the
+workspace kept. `end_agent()` stops the agent's commands still running and its proxy route
+and leaves the container (and what the agent left running in it) for the evaluation.
+
+The exact SDK calls (what the unit tests check against the SDK's own signatures):
+
+    docker.from_env(timeout=10).ping()                                  engine_problem()
+    docker.from_env().containers.run(**container_kwargs(...))           create()
+    container.exec_run(["bash", "-c", cmd], workdir=W, environment={"GYRE_EXEC": token},
+                       demux=True)                                      exec(): an agent command
+    container.exec_run(["bash", "-c", KILL_EXECS, "gyre-kill", token, ...], demux=True)
+                                        its timeout, end_agent(): kill the processes carrying the token
+    container.exec_run(["bash", "-c", cmd], user="U:G", workdir=W, environment=E, demux=True)
+                                                                        run_as(): an evaluation command
+    container.exec_run(["bash", "-c", "kill -s INT -1; true"], user="U:G", demux=True)
+                                        run_as(): its timeout (then KILL; KILL always after it, for leftovers)
+    container.reload(); container.status; container.start()             ensure_running()
+    container.kill()                    a command that outlived its kill (the sandbox closes)
+    container.remove(force=True)                                        close()
+
+`docker exec` has no timeout of its own: a timed-out agent command is ended by killing every
+process whose environment carries its token (`GYRE_EXEC`, unique per command: background
+processes of commands that finished are left alone, as in the local session); only if that
+fails is the whole container killed and the sandbox closed, the workspace kept.
+`container_kwargs` (pure) builds the creation arguments; the SDK is imported only when a
+container is really started.
 
 `engine_problem()` says, before a run starts, why no container could be started here
 (SDK missing, no engine answering), so `sandbox.type: docker` fails at preflight with
@@ -21,23 +60,58 @@ the reason instead of at the first execution.
 from __future__ import annotations
 
 import os
+import secrets
+import shlex
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gyre.records import Query
 from gyre.sandboxes.base import ExecResult, SandboxLimits
+from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_DIR
+from gyre.sandboxes.bridge import ProxyBridge, proxy_address
 from gyre.sandboxes.git_history import strip_git_history
-from gyre.sandboxes.paths import read_inside, write_inside
+from gyre.sandboxes.paths import read_inside, remove_tree, write_inside
 from gyre.sandboxes.process import BoundedCapture
+from gyre.sandboxes.session import EVAL_USER
 
 DEFAULT_IMAGE = "python:3.11-slim"
 DEFAULT_WORKDIR = "/app"
 PING_TIMEOUT_S = 10
+SLOTS_SUFFIX = ".docker"
+BRIDGE_SLOT = ".bridge"
+READ_ONLY_SLOTS = frozenset({"tests", "plugin"})
+"""Evaluation slots the evaluation only reads (bound read-only: even its own user cannot change them)."""
+EXEC_ENV = "GYRE_EXEC"
+STOP_WAIT_S = 10.0
+"""How long a command may take to end after its processes were sent SIGKILL."""
+KILL_EXECS = r"""
+for pass in 1 2 3; do
+  found=
+  for f in /proc/[0-9]*/environ; do
+    p=${f#/proc/}; p=${p%/environ}
+    [ "$p" = "$$" ] && continue
+    while IFS= read -r -d '' v; do
+      for t in "$@"; do
+        if [ "$v" = "GYRE_EXEC=$t" ]; then kill -s KILL "$p" 2>/dev/null; found=1; fi
+      done
+    done 2>/dev/null < "$f"
+  done
+  [ -z "$found" ] && break
+  sleep 0.1
+done
+true
+"""
+"""Kill every process whose environment holds GYRE_EXEC=<one of the arguments> (bash only)."""
+NO_PYTHON3 = (
+    "command -v python3 >/dev/null 2>&1 || { echo 'gyre: this image has no python3, which the proxy bridge "
+    "needs inside the container (gyre.sandboxes.bridge): use an image with python3, or harness.type: "
+    "builtin' >&2; exit 127; }; "
+)
 
 
 def engine_problem() -> str | None:
@@ -53,10 +127,22 @@ def engine_problem() -> str | None:
     return None
 
 
+def evaluation_user() -> tuple[int, int]:
+    """uid/gid an in-container evaluation runs as and its slots belong to: 65533 when gyre is root
+    (it can hand the slots over), else gyre's own (it cannot); never the agent's root."""
+    if os.geteuid() == 0:
+        return EVAL_USER.uid, EVAL_USER.gid
+    return os.geteuid(), os.getegid()
+
+
 def container_kwargs(
-    image: str, workspace: Path, workdir: str, limits: SandboxLimits, env: Mapping[str, str], name: str
+    image: str, workspace: Path, workdir: str, limits: SandboxLimits, env: Mapping[str, str], name: str,
+    binds: Sequence[tuple[Path, str, str]] = (),
 ) -> dict[str, Any]:
-    """Arguments for `client.containers.run` (the SDK's names); see the module docstring."""
+    """Arguments for `client.containers.run` (the SDK's names); `binds`: (host, inside, "ro"/"rw")
+    added to the workspace's mount. See the module docstring."""
+    volumes = {str(workspace): {"bind": workdir, "mode": "rw"}}
+    volumes.update({str(host): {"bind": inside, "mode": mode} for host, inside, mode in binds})
     return {
         "image": image,
         "command": ["sleep", "infinity"],
@@ -71,7 +157,7 @@ def container_kwargs(
         "security_opt": ["no-new-privileges"],
         "read_only": True,
         "tmpfs": {"/tmp": f"size={min(limits.max_workspace_bytes, 1 << 30)}"},
-        "volumes": {str(workspace): {"bind": workdir, "mode": "rw"}},
+        "volumes": volumes,
         "working_dir": workdir,
         "environment": dict(env),
         "ulimits": [
@@ -83,13 +169,45 @@ def container_kwargs(
     }
 
 
+def make_slots(slot_root: Path, slots: Mapping[str, str], agent_dirs: Iterable[str],
+               owner: tuple[int, int]) -> list[tuple[Path, str, str]]:
+    """Create the bridge directory and the evaluation slots under `slot_root`; returns their binds."""
+    bridge = slot_root / BRIDGE_SLOT
+    bridge.mkdir(parents=True)
+    bridge.chmod(0o711)  # the agent reaches the socket, lists nothing
+    binds = [(bridge, BRIDGE_DIR, "ro")]
+    agent_dirs = tuple(agent_dirs)
+    for name, inside in slots.items():
+        host = slot_root / name
+        host.mkdir()
+        opened = [slot_root / d for d in agent_dirs if d.split("/", 1)[0] == name]
+        for directory in opened:
+            directory.mkdir(parents=True, exist_ok=True)
+            directory.chmod(0o777)
+        if os.geteuid() == 0:
+            os.chown(host, *owner)
+        host.chmod(0o755 if opened else 0o700)
+        binds.append((host, inside, "ro" if name in READ_ONLY_SLOTS else "rw"))
+    return binds
+
+
 @dataclass
 class DockerSandbox:
     workspace: Path
     container: Any
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     workdir: str = DEFAULT_WORKDIR
+    slot_root: Path | None = None
+    """Host directory of the bridge and evaluation slots (next to the workspace, never scored)."""
+    eval_slots: dict[str, str] = field(default_factory=dict)
+    """Evaluation slots, name -> path inside (their host directories: `slot(name)`)."""
+    eval_user: tuple[int, int] = field(default_factory=evaluation_user)
     closed: bool = field(default=False, init=False)
+    restarts: int = field(default=0, init=False)
+    """Times the container was found stopped and started again (`ensure_running`)."""
+    _running: set[str] = field(default_factory=set, init=False)
+    _running_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _bridge: ProxyBridge | None = field(default=None, init=False)
 
     @classmethod
     def create(
@@ -101,6 +219,8 @@ class DockerSandbox:
         *,
         image: str | None = None,
         workdir: str | None = None,
+        eval_slots: Mapping[str, str] | None = None,
+        agent_dirs: Iterable[str] = (),
     ) -> DockerSandbox:
         import docker  # the optional extra, imported only here
 
@@ -113,33 +233,85 @@ class DockerSandbox:
             strip_git_history(workspace)
         limits = limits or SandboxLimits()
         workdir = workdir or DEFAULT_WORKDIR
+        slot_root = workspace.parent / f".{workspace.name}{SLOTS_SUFFIX}"
+        remove_tree(slot_root)
+        owner = evaluation_user()
+        binds = make_slots(slot_root, dict(eval_slots or {}), agent_dirs, owner)
         kwargs = container_kwargs(image or DEFAULT_IMAGE, workspace, workdir, limits, dict(env or {}),
-                                  f"gyre-{workspace.name}")
-        container = docker.from_env().containers.run(**kwargs)
-        return cls(workspace=workspace, container=container, limits=limits, workdir=workdir)
+                                  f"gyre-{workspace.name}", binds)
+        try:
+            container = docker.from_env().containers.run(**kwargs)
+        except BaseException:
+            remove_tree(slot_root)
+            raise
+        return cls(workspace=workspace, container=container, limits=limits, workdir=workdir, slot_root=slot_root,
+                   eval_slots=dict(eval_slots or {}), eval_user=owner)
+
+    def slot(self, name: str) -> Path:
+        """The host directory of evaluation slot `name`."""
+        if name not in self.eval_slots or self.slot_root is None:
+            raise KeyError(f"no evaluation slot {name!r} was mounted at creation")
+        return self.slot_root / name
 
     def exec(self, command: str, timeout_s: float) -> ExecResult:
-        if self.closed:
-            raise RuntimeError(f"sandbox for {self.workspace} is closed")
-        started = time.monotonic()
-        outcome: dict[str, Any] = {}
+        """An agent command (the image's user); on timeout its processes are killed, the container stays."""
+        self._check_open()
+        token = secrets.token_hex(8)
+        with self._running_lock:
+            self._running.add(token)
+        try:
+            return self._bounded(["bash", "-c", command], {"workdir": self.workdir, "environment": {EXEC_ENV: token}},
+                                 timeout_s, [(lambda: self._kill_execs([token]), STOP_WAIT_S)])
+        finally:
+            with self._running_lock:
+                self._running.discard(token)
 
-        def run() -> None:
-            outcome["result"] = self.container.exec_run(["bash", "-c", command], workdir=self.workdir, demux=True)
+    def run_as(self, command: str, *, user: str, env: Mapping[str, str], timeout_s: float,
+               interrupt_grace_s: float = 5.0, max_output_bytes: int | None = None) -> ExecResult:
+        """An evaluation command as `user` ("uid:gid"): on timeout SIGINT (pytest still reports), SIGKILL
+        after `interrupt_grace_s`; afterwards every process of `user` is killed (what the tests left)."""
+        self._check_open()
+        stops = [(lambda: self._signal_user(user, "INT"), interrupt_grace_s),
+                 (lambda: self._signal_user(user, "KILL"), STOP_WAIT_S)]
+        try:
+            return self._bounded(["bash", "-c", command], {"user": user, "workdir": self.workdir,
+                                                           "environment": dict(env)},
+                                 timeout_s, stops, max_output_bytes)
+        finally:
+            if not self.closed:
+                self._signal_user(user, "KILL")
 
-        worker = threading.Thread(target=run, daemon=True)
-        worker.start()
-        worker.join(timeout_s)
-        if worker.is_alive():
-            self.container.kill()
-            self.closed = True
-            return ExecResult(-9, "", "", True, time.monotonic() - started)
-        result = outcome["result"]
-        out, err = (BoundedCapture(self.limits.max_output_bytes) for _ in range(2))
-        stdout, stderr = result.output
-        out.add(stdout or b"")
-        err.add(stderr or b"")
-        return ExecResult(result.exit_code, out.text(), err.text(), False, time.monotonic() - started)
+    def ensure_running(self) -> bool:
+        """Start the container again if it stopped (OOM, the engine); True then: what ran in it is gone."""
+        self._check_open()
+        self.container.reload()
+        if self.container.status == "running":
+            return False
+        self.container.start()
+        self.restarts += 1
+        return True
+
+    def end_agent(self) -> None:
+        """The agent is done: its commands still running are killed and its proxy route closed; the
+        container and what the agent left running in it stay for the evaluation (then `close()`)."""
+        with self._running_lock:
+            running = sorted(self._running)
+        if running and not self.closed:
+            self._kill_execs(running)
+        self._close_bridge()
+
+    def open_proxy(self, base_url: str) -> str:
+        """Let commands reach the proxy at `base_url` (and nothing else); returns a shell prefix for them:
+        it fails the command at once, saying why, when the image has no python3."""
+        self._check_open()
+        target = proxy_address(base_url)
+        if self._bridge is None:
+            if self.slot_root is None:
+                raise RuntimeError("this container was created without a bridge directory")
+            self._bridge = ProxyBridge(target, self.slot_root / BRIDGE_SLOT).start()
+        elif self._bridge.target != target:
+            raise ValueError(f"sandbox already bridged to {self._bridge.target}, not {base_url}")
+        return NO_PYTHON3 + self._bridge.shell_prefix()
 
     def read_file(self, rel: str) -> str:
         return read_inside(self.workspace, rel)
@@ -148,13 +320,72 @@ class DockerSandbox:
         write_inside(self.workspace, rel, content)
 
     def close(self) -> None:
+        self._close_bridge()
         if self.container is not None:
             try:
                 self.container.remove(force=True)
             finally:
                 self.container = None
+                if self.slot_root is not None:
+                    remove_tree(self.slot_root)
         self.closed = True
 
     def destroy(self) -> None:
         self.close()
         shutil.rmtree(self.workspace)
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _bounded(self, argv: list[str], kwargs: dict[str, Any], timeout_s: float,
+                 stops: list[tuple[Callable[[], None], float]], max_output_bytes: int | None = None) -> ExecResult:
+        """`exec_run(argv, **kwargs)` in a thread; past `timeout_s` each stop step runs, then waits its
+        seconds; a command outliving them all kills the container (the sandbox closes)."""
+        started = time.monotonic()
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["result"] = self.container.exec_run(argv, demux=True, **kwargs)
+            except BaseException as exc:  # re-raised in the caller's thread
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        timed_out = worker.is_alive()
+        for stop, wait_s in stops if timed_out else ():
+            stop()
+            worker.join(wait_s)
+            if not worker.is_alive():
+                break
+        if worker.is_alive():
+            self.container.kill()
+            self.closed = True
+            return ExecResult(-9, "", "", True, time.monotonic() - started)
+        if "error" in outcome:
+            raise outcome["error"]
+        result = outcome["result"]
+        limit = max_output_bytes or self.limits.max_output_bytes
+        out, err = (BoundedCapture(limit) for _ in range(2))
+        stdout, stderr = result.output if result.output is not None else (None, None)
+        out.add(stdout or b"")
+        err.add(stderr or b"")
+        return ExecResult(result.exit_code if result.exit_code is not None else -1, out.text(), err.text(),
+                          timed_out, time.monotonic() - started)
+
+    def _kill_execs(self, tokens: Sequence[str]) -> None:
+        self.container.exec_run(["bash", "-c", KILL_EXECS, "gyre-kill", *tokens], demux=True)
+
+    def _signal_user(self, user: str, signal_name: str) -> None:
+        """Signal every process `user` may signal (its own: the container's processes have no capabilities)."""
+        self.container.exec_run(["bash", "-c", f"kill -s {shlex.quote(signal_name)} -1 2>/dev/null; true"],
+                                user=user, demux=True)
+
+    def _close_bridge(self) -> None:
+        if self._bridge is not None:
+            self._bridge.close()
+            self._bridge = None
+
+    def _check_open(self) -> None:
+        if self.closed or self.container is None:
+            raise RuntimeError(f"sandbox for {self.workspace} is closed")

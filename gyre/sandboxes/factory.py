@@ -23,14 +23,10 @@ class SandboxBackendError(ValueError):
 
 
 def check_backend(config: SandboxConfig, harness_type: str = "builtin") -> None:
-    """Raise SandboxBackendError when `config.type` cannot start sandboxes here, or cannot run
-    `harness_type` (a container has no bridge to the proxy yet: only the builtin harness, which
-    calls the model from the host, works in one)."""
-    if config.type == "docker" and harness_type != "builtin":
-        raise SandboxBackendError(
-            f"sandbox.type 'docker' runs only harness.type 'builtin': a {harness_type!r} harness runs inside "
-            "the container, which has no way to the proxy yet; use sandbox.type: local"
-        )
+    """Raise SandboxBackendError when `config.type` cannot start sandboxes here. Every harness type
+    runs in either backend: a CLI harness in a container reaches the proxy through the bridge
+    (`DockerSandbox.open_proxy`; an image without python3 fails its command with that reason)."""
+    del harness_type  # kept for callers: no backend refuses a harness type any more
     if config.type == "docker":
         from gyre.sandboxes.docker import engine_problem
 
@@ -55,15 +51,19 @@ def create_sandbox(
     session_slots: Mapping[str, str] | None = None,
     agent_dirs: tuple[str, ...] = (),
     mounts: tuple[Mount, ...] = (),
+    eval_slots: Mapping[str, str] | None = None,
 ) -> Sandbox:
     """A fresh sandbox for one execution; `image` / `workdir` are what the query's format asks for.
 
     `session_slots` (local, bubblewrap): one long-lived session with these evaluation slots, for an
-    in-place evaluation (`gyre.sandboxes.session`); `mounts` are added read-only."""
+    in-place evaluation (`gyre.sandboxes.session`); `mounts` are added read-only.
+    `eval_slots` (docker): evaluation slots bound into the container for an in-container evaluation
+    (`gyre.evaluators.in_container`); `agent_dirs` applies to them as to session slots."""
     if config.type == "docker":
         from gyre.sandboxes.docker import DockerSandbox
 
-        return DockerSandbox.create(query, workspace, env, limits, image=image or config.image, workdir=workdir)
+        return DockerSandbox.create(query, workspace, env, limits, image=image or config.image, workdir=workdir,
+                                    eval_slots=eval_slots, agent_dirs=agent_dirs)
     from gyre.sandboxes.local import LocalSandbox
 
     layout = SandboxLayout(workdir=workdir, mounts=mounts) if isolation.bwrap else None

@@ -41,14 +41,19 @@ def benchmark_check(
     fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
     kind: str | None = typer.Option(None, "--kind", hidden=True, help="Deprecated alias of --format."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
+    eval_fraction: float = typer.Option(0.25, min=0.0, max=0.99, help="Held-out share for the split shown."),
+    held_out_kind: list[str] = typer.Option([], "--held-out-kind", help="A tiny template held out entirely."),
 ) -> None:
-    """Load every task; list each malformed one with its reason, and the tasks unscorable here.
+    """Load every task; list each malformed one with its reason, the tasks unscorable here, and
+    queries whose instruction, hidden tests or reference solution repeat (with the side of the
+    content split each lands on: copies always share a side).
 
     Exit code: 0 all tasks load, 1 some are malformed (the rest still load), 2 ROOT is unusable.
     """
     import json
 
     from gyre.benchmarks import load_benchmark_report, resolve_kind
+    from gyre.benchmarks.content import duplicates, split_by_content
     from gyre.evaluators.needs import available_here, task_needs, unmet
 
     if kind is not None:
@@ -69,11 +74,19 @@ def benchmark_check(
             missing = [f"unreadable script ({exc})"]
         if missing:
             unscorable.append({"id": query.query_id, "needs": missing})
+    split = split_by_content(queries, eval_fraction, held_out_kind)
+    side = {q.query_id: name for name, qs in (("train", split.train), ("eval", split.eval),
+                                               ("generalisation", split.generalisation)) for q in qs}
+    repeats = duplicates(queries, lambda q: side[q.query_id])
     if as_json:
         print(json.dumps({
             "root": str(root), "format": resolved, "ok": [q.query_id for q in queries],
             "malformed": [{"task": task, "reason": reason} for task, reason in malformed],
             "unscorable_here": unscorable,
+            "split": {name: len(qs) for name, qs in (("train", split.train), ("eval", split.eval),
+                                                     ("generalisation", split.generalisation))},
+            "duplicates": [{"kind": d.kind, "ids": d.query_ids, "sides": d.sides} for d in repeats],
+            "duplicates_across_split": sum(d.crosses for d in repeats),
         }, indent=2))
     else:
         console.print(f"{len(queries)} queries OK in {escape(str(root))} ({resolved})"
@@ -82,6 +95,12 @@ def benchmark_check(
             console.print(f"[red]malformed[/] {escape(task)}: {escape(reason)}")
         for row in unscorable:
             console.print(f"[yellow]unscorable here[/] {escape(row['id'])}: needs {escape(', '.join(row['needs']))}")
+        console.print(f"content split (eval_fraction {eval_fraction:g}): {len(split.train)} train, {len(split.eval)} "
+                      f"eval, {len(split.generalisation)} generalisation; {len(repeats)} repeated contents, "
+                      f"{sum(d.crosses for d in repeats)} across the split")
+        for d in repeats:
+            console.print(f"[yellow]duplicate {d.kind}[/] {escape(', '.join(d.query_ids))} "
+                          f"({escape(', '.join(sorted(set(d.sides))))})")
     if malformed:
         raise typer.Exit(code=1)
 

@@ -57,5 +57,6 @@ def read_eval_rounds(db_path: Path) -> list[tuple[int, float | None]]:
     """Every eval round of a run file, oldest first (a resumed run keeps the newest per step)."""
     with duckdb.connect(str(db_path), read_only=True) as con:
         return con.execute(
-            "select step, arg_max(pass_rate, finished_at) from evals group by step order by step"
+            "select step, arg_max(pass_rate, finished_at) from evals "
+            "where coalesce(split, 'in_distribution') = 'in_distribution' group by step order by step"
         ).fetchall()

@@ -182,6 +182,9 @@ class EvalRecord(Record):
 
     step: int = Field(ge=0, description="Evaluated before this step (== the number of steps taken).")
     policy_version: int = Field(ge=0)
+    split: Literal["in_distribution", "generalisation"] = Field(
+        default="in_distribution",
+        description="Which held-out set: new content of trained templates, or templates never trained on.")
     pass_rate: float | None = Field(description="Mean score over valid eval executions; None if all failed.")
     num_executions: int
     num_dropped: int = Field(description="Eval executions whose evaluation failed (not counted as zeros).")
@@ -205,6 +208,12 @@ class StepRecord(Record):
     loss: float | None
     grad_norm: float | None
     tokens_trained: int
+    token_cap_frac: float | None = Field(default=None, description="Share of trained tokens whose ratio hit GSPO's cap.")
+    clip_low_frac: float | None = Field(default=None, description="Share of trajectories clipped below 1 - eps_low.")
+    clip_high_frac: float | None = Field(default=None, description="Share of trajectories clipped above 1 + eps_high.")
+    sampled_entropy: float | None = Field(
+        default=None, description="Mean -log pi(token) over sampled tokens: the policy's entropy, estimated.")
+    mean_response_tokens: float | None = Field(default=None, description="Trained tokens per trajectory.")
     eval_pass_rate: float | None = None
     skipped_reason: str | None = None
     started_at: datetime

@@ -5,19 +5,22 @@ with a clear error (`preflight`), and both are cached: the bundled `tiny` benchm
 model are generated once under `cache_dir`, and a warm-started model is trained once per
 (base model, training queries, warm-start settings).
 
-The split is by a hash of the query id, so a query stays on its side when the benchmark
-grows, and the warm start only ever sees training queries.
+The split is by content (`gyre.benchmarks.content`): queries that share an instruction,
+hidden tests or a reference solution stay on one side, chosen by a hash of their content,
+so a query stays on its side when the benchmark grows, no held-out query is a copy of a
+training one, and the warm start only ever sees training queries. Templates listed in
+`benchmark.held_out_kinds` form a second held-out set (generalisation).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gyre.benchmarks import generate_tiny, load_benchmark
+from gyre.benchmarks.content import kind_of, split_by_content
 from gyre.benchmarks.tiny import tiny_reference
 from gyre.config import RunConfig
 from gyre.engines.hf import check_model_dir, load_tokenizer
@@ -36,11 +39,9 @@ log = logging.getLogger("gyre.resolve")
 class QuerySplit:
     train: list[Query]
     eval: list[Query]
-
-
-def is_eval_query(query_id: str, eval_fraction: float) -> bool:
-    bucket = int(hashlib.sha256(query_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return bucket < eval_fraction
+    """In-distribution held-out queries (content never trained on, templates trained on)."""
+    generalisation: list[Query] = field(default_factory=list)
+    """Queries of templates never trained on (`benchmark.held_out_kinds`)."""
 
 
 def resolve_queries(config: RunConfig) -> QuerySplit:
@@ -54,16 +55,22 @@ def resolve_queries(config: RunConfig) -> QuerySplit:
         raise ValueError(f"benchmark.path is required for benchmark kind {bench.kind!r}")
     kind = "nl2repo" if bench.kind == "tiny" else bench.kind
     queries = load_benchmark(kind, Path(root), bench.name or bench.kind)
-    split = QuerySplit(
-        train=[q for q in queries if not is_eval_query(q.query_id, bench.eval_fraction)],
-        eval=[q for q in queries if is_eval_query(q.query_id, bench.eval_fraction)],
-    )
+    kinds = {kind_of(q) for q in queries}
+    unknown = sorted(set(bench.held_out_kinds) - kinds)
+    if unknown:
+        raise ValueError(f"benchmark.held_out_kinds names {unknown}: no query of the benchmark at {root} is of "
+                         f"that kind (kinds there: {sorted(k for k in kinds if k)})")
+    content = split_by_content(queries, bench.eval_fraction, bench.held_out_kinds)
+    split = QuerySplit(train=content.train, eval=content.eval, generalisation=content.generalisation)
+    if not split.train:
+        raise ValueError(f"the split of the benchmark at {root} leaves no training queries "
+                         f"(eval_fraction {bench.eval_fraction}, held_out_kinds {bench.held_out_kinds})")
     if config.rollout.queries_per_step > len(split.train):
         raise ValueError(
             f"rollout.queries_per_step={config.rollout.queries_per_step} exceeds the "
             f"{len(split.train)} training queries of the benchmark at {root}"
         )
-    if config.evaluation.every_steps and not split.eval:
+    if config.evaluation.every_steps and not (split.eval or split.generalisation):
         raise ValueError("evaluation.every_steps is set but benchmark.eval_fraction leaves no eval queries")
     return split
 

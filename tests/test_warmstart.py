@@ -13,7 +13,7 @@ from gyre.config import RunConfig
 from gyre.engines.hf import load_tokenizer
 from gyre.proxy.prompt import PromptBuilder
 from gyre.proxy.toolcalls import QwenToolCallParser
-from gyre.resolve import is_eval_query, preflight
+from gyre.resolve import preflight
 from gyre.warmstart import WarmstartSpec, demonstration, render, warmstart
 
 
@@ -50,14 +50,6 @@ def test_warmstart_writes_a_loadable_model_and_is_deterministic(tmp_path, querie
     assert json.loads((a / "gyre_warmstart.json").read_text())["steps"] == 3
     with pytest.raises(ValueError):
         warmstart(tiny_model_dir, tmp_path / "c", queries, WarmstartSpec(steps=0, lr=1e-3, batch_size=2, seed=0))
-
-
-def test_split_is_stable_and_disjoint():
-    ids = [f"q{i:04d}-x" for i in range(400)]
-    held = [i for i in ids if is_eval_query(i, 0.25)]
-    assert 60 < len(held) < 140
-    assert held == [i for i in ids[:200] if is_eval_query(i, 0.25)] + [i for i in ids[200:] if is_eval_query(i, 0.25)]
-    assert not [i for i in ids if is_eval_query(i, 0.0)]
 
 
 def test_preflight_builds_the_warm_started_model_once(tmp_path):

@@ -32,13 +32,21 @@ MAX_CONCURRENT_TASKS = 256
 
 
 def eval_round(coord: Coordinator, step: int) -> EvalRecord:
-    """Sample the current policy on every held-out query; record the mean score."""
+    """Sample the current policy on every held-out query (both sets: in-distribution and
+    generalisation, when there is one); record each set's mean score. Returns the
+    in-distribution record (the step's `eval_pass_rate`)."""
     started_at = utc_now()
     samples = coord.config.evaluation.samples_per_query
-    emit(ProgressEvent("eval_started", step, {"executions": len(coord.eval_queries) * samples}))
-    executions = [execute.submit(coord, q, step, i, "eval") for q in coord.eval_queries for i in range(samples)]
-    evaluations = [evaluate.submit(coord, e) for e in executions]
-    return record_eval(coord, step, [e.result() for e in executions], [e.result() for e in evaluations], started_at)
+    sets = [(name, qs) for name, qs in (("in_distribution", coord.eval_queries),
+                                         ("generalisation", coord.generalisation_queries)) if qs]
+    emit(ProgressEvent("eval_started", step, {"executions": sum(len(qs) for _, qs in sets) * samples}))
+    submitted = []
+    for name, queries in sets:
+        executions = [execute.submit(coord, q, step, i, "eval") for q in queries for i in range(samples)]
+        submitted.append((name, executions, [evaluate.submit(coord, e) for e in executions]))
+    records = [record_eval(coord, step, [e.result() for e in executions], [e.result() for e in evaluations],
+                           started_at, name) for name, executions, evaluations in submitted]
+    return records[0]
 
 
 def rl_step(coord: Coordinator, step: int, eval_pass_rate: float | None = None) -> StepRecord:

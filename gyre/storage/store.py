@@ -39,6 +39,11 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("loss", "DOUBLE"),
         ("grad_norm", "DOUBLE"),
         ("tokens_trained", "BIGINT"),
+        ("token_cap_frac", "DOUBLE"),
+        ("clip_low_frac", "DOUBLE"),
+        ("clip_high_frac", "DOUBLE"),
+        ("sampled_entropy", "DOUBLE"),
+        ("mean_response_tokens", "DOUBLE"),
         ("eval_pass_rate", "DOUBLE"),
         ("skipped_reason", "VARCHAR"),
         ("started_at", "TIMESTAMPTZ"),
@@ -72,6 +77,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
     "evals": [
         ("step", "INTEGER"),
         ("policy_version", "INTEGER"),
+        ("split", "VARCHAR"),
         ("pass_rate", "DOUBLE"),
         ("num_executions", "INTEGER"),
         ("num_dropped", "INTEGER"),
@@ -145,6 +151,8 @@ class RunStore:
             for table, columns in SCHEMA.items():
                 cols = ", ".join(f"{name} {kind}" for name, kind in columns)
                 self._con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
+                for name, kind in columns:  # a run file written by an older gyre (resume) gains new columns
+                    self._con.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} {kind}")
 
     def append(self, table: str, rows: Sequence[dict[str, Any]]) -> int:
         """Append `rows` (dicts keyed by column) to `table` as one batch; returns the count."""

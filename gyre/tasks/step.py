@@ -41,10 +41,10 @@ def record(coord: Coordinator, outcome: StepOutcome, results: list[ExecutionResu
     coord.record_step(outcome, results, scores)
 
 
-@task(name="record-eval", task_run_name="record-eval-before-step-{step}", cache_policy=NONE)
+@task(name="record-eval", task_run_name="record-eval-{split}-before-step-{step}", cache_policy=NONE)
 def record_eval(coord: Coordinator, step: int, results: list[ExecutionResult], scores: list[Score],
-                started_at: datetime) -> EvalRecord:
-    return coord.record_eval(step, results, scores, started_at)
+                started_at: datetime, split: str = "in_distribution") -> EvalRecord:
+    return coord.record_eval(step, results, scores, started_at, split)
 
 
 @task(name="checkpoint", task_run_name="checkpoint-after-step-{step}", cache_policy=NONE)

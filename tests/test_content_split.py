@@ -1,0 +1,77 @@
+"""The train/eval split is by content: no held-out query repeats a training query's instruction,
+hidden tests or reference solution, and `gyre benchmark check` reports repeated content."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from gyre.benchmarks import generate_tiny, load_benchmark
+from gyre.benchmarks.content import content_keys, duplicates, kind_of, split_by_content
+from gyre.config import RunConfig
+from gyre.resolve import resolve_queries
+
+FIXTURES = Path(__file__).parent / "fixtures" / "realformats"
+
+
+def _keys(queries, kind):
+    return {k for q in queries for k in content_keys(q) if k.startswith(kind + ":")}
+
+
+def test_default_split_shares_no_instruction_tests_or_solution(tmp_path):
+    """The default run's set (256 queries, a quarter held out): 0 shared contents across sides."""
+    config = RunConfig.model_validate({"cache_dir": str(tmp_path), "benchmark": {
+        "num_queries": 256, "eval_fraction": 0.25, "held_out_kinds": ["scale"]}})
+    split = resolve_queries(config)
+    train, held, general = split.train, split.eval, split.generalisation
+    assert len(train) + len(held) + len(general) == 256 and held and general
+    for kind in ("instruction", "tests", "solution"):
+        assert not _keys(train, kind) & _keys(held, kind), kind
+        assert not _keys(train, kind) & _keys(general, kind), kind
+        assert not _keys(held, kind) & _keys(general, kind), kind
+    assert {kind_of(q) for q in general} == {"scale"} and "scale" not in {kind_of(q) for q in train}
+    assert {kind_of(q) for q in held} <= {kind_of(q) for q in train}  # in-distribution: trained templates
+    # what the id split did: copies of training queries among the held-out ones
+    queries = [*train, *held, *general]
+    assert any(d.kind == "solution" for d in duplicates(queries))
+
+
+def test_split_is_stable_as_the_set_grows(tmp_path):
+    small = load_benchmark("nl2repo", generate_tiny(tmp_path / "a", 64), "tiny")
+    large = load_benchmark("nl2repo", generate_tiny(tmp_path / "b", 128), "tiny")
+    held_small = {q.query_id for q in split_by_content(small, 0.25).eval}
+    held_large = {q.query_id for q in split_by_content(large, 0.25).eval}
+    moved = held_small - held_large  # only where a new query joined a group to another side
+    assert len(moved) <= len(held_small) // 4, moved
+
+
+def test_unknown_held_out_kind_and_empty_training_side_are_refused(tmp_path):
+    base = {"cache_dir": str(tmp_path), "benchmark": {"num_queries": 14}}
+    with pytest.raises(ValueError, match="held_out_kinds"):
+        resolve_queries(RunConfig.model_validate({**base, "benchmark": {"num_queries": 14, "held_out_kinds": ["nope"]}}))
+    everything = ["add", "greet", "constant", "reverse_words", "divisible", "clamp", "scale"]
+    with pytest.raises(ValueError, match="no training queries"):
+        resolve_queries(RunConfig.model_validate({**base, "benchmark": {"num_queries": 14, "held_out_kinds": everything}}))
+
+
+def test_benchmark_check_flags_a_seeded_duplicate(tmp_path):
+    bench = tmp_path / "bench"
+    shutil.copytree(FIXTURES / "nl2repo", bench)
+    good = "mathkit"
+    shutil.copytree(bench / good, bench / f"{good}-copy")  # the same project under another name
+    done = subprocess.run([sys.executable, "-m", "gyre.cli", "benchmark", "check", str(bench), "--format", "nl2repo",
+                           "--json"], capture_output=True, text=True, timeout=300)
+    report = json.loads(done.stdout)
+    repeated = [d for d in report["duplicates"] if set(d["ids"]) == {good, f"{good}-copy"}]
+    assert {d["kind"] for d in repeated} >= {"instruction", "tests"}, report["duplicates"]
+    assert report["duplicates_across_split"] == 0  # the split keeps the copies together
+    assert all(len(set(d["sides"])) == 1 for d in repeated)
+    text = subprocess.run([sys.executable, "-m", "gyre.cli", "benchmark", "check", str(bench), "--format", "nl2repo"],
+                          capture_output=True, text=True, timeout=300).stdout
+    assert "duplicate instruction" in text and f"{good}-copy" in text

@@ -66,7 +66,7 @@ class _RichProgress:
             self.progress.update(self.exec_task, description=f"eval before step {event.step}")
         elif event.kind == "execution_finished":
             self.progress.advance(self.exec_task)
-        elif event.kind == "eval_finished":
+        elif event.kind == "eval_finished" and event.data.get("split", "in_distribution") == "in_distribution":
             rate = event.data["pass_rate"]
             self.last_eval = "n/a" if rate is None else f"{rate:.3f}"
         elif event.kind == "step_finished":
@@ -130,23 +130,30 @@ def run(
         finally:
             unsubscribe()
     table = Table(title=f"gyre run: {run_dir}")
-    for col in ("step", "version", "eval", "reward", "dropped", "tampering", "|dlogp|", "loss", "grad norm", "tokens"):
+    for col in ("step", "version", "eval", "reward", "dropped", "tampering", "|dlogp|", "cap", "clip lo/hi", "entropy",
+                "resp tok", "loss", "grad norm", "tokens"):
         table.add_column(col, justify="right")
+
+    def num(value, spec: str) -> str:
+        return "n/a" if value is None else format(value, spec)
+
     for r in records:
         table.add_row(
             str(r.step), str(r.policy_version), "" if r.eval_pass_rate is None else f"{r.eval_pass_rate:.3f}",
-            "n/a" if r.reward_mean is None else f"{r.reward_mean:.3f}",
-            str(r.num_dropped), str(r.num_tampering), "n/a" if r.logprob_abs_diff is None else f"{r.logprob_abs_diff:.2e}",
-            "n/a" if r.loss is None else f"{r.loss:+.4f}", "n/a" if r.grad_norm is None else f"{r.grad_norm:.3f}",
-            str(r.tokens_trained),
+            num(r.reward_mean, ".3f"), str(r.num_dropped), str(r.num_tampering), num(r.logprob_abs_diff, ".2e"),
+            num(r.token_cap_frac, ".3f"), f"{num(r.clip_low_frac, '.2f')}/{num(r.clip_high_frac, '.2f')}",
+            num(r.sampled_entropy, ".2f"), num(r.mean_response_tokens, ".0f"),
+            num(r.loss, "+.4f"), num(r.grad_norm, ".3f"), str(r.tokens_trained),
         )
     console.print(table)
+    _print_gspo_summary(records)
     if cfg.evaluation.every_steps:
         from gyre.learning_curve import quarter_gain, read_eval_rounds
 
         console.print(f"eval pass rate after the last step: {listener.last_eval}  (table `evals`)")
-        gain = quarter_gain(read_eval_rounds(run_dir / "gyre.duckdb"), total)
-        console.print(f"held-out eval pass rate, {gain.describe()}")
+        if total:
+            gain = quarter_gain(read_eval_rounds(run_dir / "gyre.duckdb"), total)
+            console.print(f"held-out eval pass rate, {gain.describe()}")
     console.print(f"results: {run_dir / 'gyre.duckdb'}  (duckdb {run_dir / 'gyre.duckdb'} \"select * from steps\")")
 
 
@@ -244,6 +251,54 @@ def bench_trajectories(
         _print_figures("gyre bench trajectories", flat, False)
 
 
+@perf_app.command("learning")
+def bench_learning(
+    config: Path = typer.Option(Path("configs/tiny-cpu.yaml"), help="Base run config (needs a warm start)."),
+    seeds: str = typer.Option("0,1,2", help="Comma-separated seeds; every arm runs once per seed."),
+    steps: int | None = typer.Option(None, min=0, help="RL steps per run (default: the config's)."),
+    out: Path | None = typer.Option(None, help="Directory for the runs (default: runs/learning-<time>)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Held-out pass rate per arm (clean warm start + RL, flawed warm start + RL, clean warm start
+    trained longer by RL's tokens), start and end, mean and spread over seeds; see gyre/learning_bench.py."""
+    import json
+    from datetime import datetime
+
+    from gyre.learning_bench import run as run_learning
+
+    try:
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        _fail(ValueError(f"--seeds must be comma-separated integers, got {seeds!r}"))
+    out = out or Path("runs") / f"learning-{datetime.now():%Y%m%d-%H%M%S}"
+    try:
+        summary = run_learning(config, out, seed_list, steps)
+    except INPUT_ERRORS as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    table = Table(title=f"gyre bench learning: {out} (seeds {seed_list})")
+    for col in ("arm", "held-out set", "start", "end", "gain (mean ± se)"):
+        table.add_column(col, justify="right")
+
+    def fmt(s) -> str:
+        return "n/a" if s["mean"] is None else f"{s['mean']:.3f} ± {s['sd']:.3f}"
+
+    for arm, sets in summary["arms"].items():
+        for split, row in sets.items():
+            gain = row["gain"]
+            table.add_row(arm, split, fmt(row["start"]), fmt(row["end"]),
+                          "n/a" if gain["mean"] is None else f"{gain['mean']:+.3f} ± {gain['se']:.3f}")
+    console.print(table)
+    for split, rows in summary["comparisons"].items():
+        for name, s in rows.items():
+            if s["mean"] is not None:
+                console.print(f"{split}: {name}: {s['mean']:+.3f} ± {s['se']:.3f} (n={s['n']})")
+    console.print(f"goal ({summary['goal']}): {'met' if summary['goal_met'] else 'NOT met'}; runs and "
+                  f"learning.json in {out}")
+
+
 @app.command()
 def simulate(
     workload: str = typer.Option("nl2repo-122b", help="Named workload (see gyre/sim/workloads.py)."),
@@ -295,6 +350,22 @@ def simulate(
                   "without the room bound (docs/scheduler.md)")
 
 
+def _print_gspo_summary(records) -> None:
+    """GSPO's diagnostics over the run's steps: mean and max of each (what the table shows per step)."""
+    trained = [r for r in records if r.token_cap_frac is not None]
+    if not trained:
+        return
+    parts = []
+    for name, label in (("token_cap_frac", "capped tokens"), ("clip_low_frac", "clipped low"),
+                        ("clip_high_frac", "clipped high"), ("logprob_abs_diff", "|log ratio|"),
+                        ("sampled_entropy", "entropy"), ("mean_response_tokens", "response tokens")):
+        values = [getattr(r, name) for r in trained if getattr(r, name) is not None]
+        if values:
+            parts.append(f"{label} mean {sum(values) / len(values):.3g} max {max(values):.3g}")
+    console.print(f"GSPO over {len(trained)} trained steps: " + "; ".join(parts) + "  (table `steps`)")
+
+
 if __name__ == "__main__":
     app()
+
 

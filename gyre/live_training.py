@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, replace
 
+from gyre.algo.gspo import diagnostics, is_summed
 from gyre.algo.advantages import group_advantages
 from gyre.cells.topology import BatchShape
 from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
@@ -35,6 +36,8 @@ class StepBooks:
     loss: float = 0.0
     abs_diff_sum: float = 0.0
     tokens: int = 0
+    sums: dict[str, float] = field(default_factory=dict)
+    """The loss's summed stats (`gspo.is_summed`) over every micro-step, for `gspo.diagnostics`."""
     satellites: set[int] = field(default_factory=set)
     skipped: str | None = None
     """Why the step is skipped (a non-finite loss or gradient norm): no update, weights unchanged."""
@@ -92,6 +95,9 @@ class TrainingPlane:
                 books.loss += stats.loss
                 books.abs_diff_sum += stats.logprob_abs_diff * stats.tokens_trained
                 books.tokens += stats.tokens_trained
+                for key, value in stats.extra.items():
+                    if is_summed(key):
+                        books.sums[key] = books.sums.get(key, 0.0) + value
                 if cell_id != 0:
                     books.satellites.add(cell_id)
 
@@ -130,6 +136,7 @@ class TrainingPlane:
             loss=books.loss if grad_norm is not None else None,
             grad_norm=grad_norm,
             tokens_trained=books.tokens if grad_norm is not None else 0,
+            **(diagnostics(books.sums) if grad_norm is not None else {}),
             skipped_reason=books.skipped or (None if books.tokens else "no trainable tokens"),
             started_at=books.started_at,
             finished_at=utc_now(),

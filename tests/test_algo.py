@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gyre.algo.advantages import group_advantages
-from gyre.algo.gspo import GSPO
+from gyre.algo.gspo import GSPO, diagnostics, is_summed
 
 
 def _loss(logp, behaviour, adv, weights=None, mask=None, algo=GSPO()):
@@ -84,3 +84,25 @@ def test_zero_variance_and_singleton_groups_give_no_gradient():
     assert group_advantages({"a": 1.0, "b": 0.0}, normalize_std=False) == {"a": 0.5, "b": -0.5}
     with pytest.raises(ValueError, match="not finite"):
         group_advantages({"a": float("nan"), "b": 1.0})
+
+
+def test_step_diagnostics_add_up_over_micro_batches():
+    """Counts from two micro-batches give the same diagnostics as one batch holding both."""
+    algo = GSPO()
+    # trajectory 0: ratios 1 (on policy); trajectory 1: s = sqrt(0.5) -> clipped low; trajectory 2: one
+    # token at ratio 10 -> capped, s = sqrt(5) -> clipped high
+    rows = [([-1.0, -2.0], [-1.0, -2.0]), ([math.log(0.5), math.log(0.25)], [math.log(0.5), math.log(0.5)]),
+            ([math.log(0.5), -1.0], [math.log(0.05), -1.0])]
+    sums: dict[str, float] = {}
+    for logp, behaviour in rows:
+        _, _, stats = _loss(logp, behaviour, adv=1.0, algo=algo)
+        for key, value in stats.items():
+            if is_summed(key):
+                sums[key] = sums.get(key, 0.0) + value
+    d = diagnostics(sums)
+    assert d["clip_low_frac"] == pytest.approx(1 / 3) and d["clip_high_frac"] == pytest.approx(1 / 3)
+    assert d["token_cap_frac"] == pytest.approx(1 / 6)
+    assert d["mean_response_tokens"] == pytest.approx(2.0)
+    nll = -sum(sum(logp) for logp, _ in rows) / 6
+    assert d["sampled_entropy"] == pytest.approx(nll)
+    assert diagnostics({}) == dict.fromkeys(d)

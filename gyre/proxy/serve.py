@@ -11,7 +11,8 @@ from pathlib import Path
 
 import uvicorn
 
-from gyre.engines.hf import check_model_dir, load_tokenizer, stop_token_ids
+from gyre.engines.hf import load_tokenizer, stop_token_ids
+from gyre.engines.packaged import resolve_model_path
 from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
 from gyre.proxy.app import create_app
 from gyre.proxy.completion import ProxyDefaults
@@ -22,8 +23,8 @@ from gyre.proxy.toolcalls import parser_for
 
 
 def model_dir(config: ProxyServeConfig) -> Path:
-    if config.model.path is not None:
-        return check_model_dir(config.model.path)
+    if config.model.path is not None:  # a directory, or `pkg:<package>` converted once under the cache
+        return resolve_model_path(config.model.path, config.cache_dir / "models")
     tiny = config.model.tiny
     spec = TinyModelSpec(vocab_size=tiny.vocab_size, hidden_size=tiny.hidden_size,
                          num_hidden_layers=tiny.num_hidden_layers, seed=tiny.seed)

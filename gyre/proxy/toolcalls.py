@@ -1,7 +1,10 @@
 """Parsing a model's tool-call text into API tool calls, per model family.
 
 The bundled model (like Qwen and Hermes-style models) writes tool calls as
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`. The proxy turns them into
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; the SmolLM2 family writes a
+JSON list of them in one block, `<tool_call>[{"name": ...}, ...]</tool_call>`
+(`gyre.engines.smollm2`). One parser reads both: a block holds one call object or a list
+of them (an empty list, the family's "no call needed", is no call). The proxy turns them into
 OpenAI `tool_calls` and Anthropic `tool_use` blocks; output that does not parse stays
 plain content, never an error. A parser also names the tag that opens a call, so a
 streaming response can hold text back from the moment a call may have begun.
@@ -53,7 +56,8 @@ _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 class QwenToolCallParser:
-    """`<tool_call>{json}</tool_call>` blocks (Qwen2.5/Qwen3, Hermes, the bundled model)."""
+    """`<tool_call>{json}</tool_call>` blocks (Qwen2.5/Qwen3, Hermes, the bundled model), and
+    `<tool_call>[{json}, ...]</tool_call>` blocks (the SmolLM2 family)."""
 
     open_tag = "<tool_call>"
 
@@ -65,21 +69,30 @@ class QwenToolCallParser:
                 obj = json.loads(match.group(1))
             except json.JSONDecodeError:
                 return text, []
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                return text, []
-            args = obj.get("arguments", {})
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except json.JSONDecodeError:
+            for item in obj if isinstance(obj, list) else [obj]:
+                call = _call(item)
+                if call is None:
                     return text, []
-            if not isinstance(args, dict):
-                return text, []
+                calls.append(call)
             first = match.start() if first is None else first
-            calls.append(ToolCall(name=obj["name"], arguments=args, call_id=_call_id()))
         if not calls:
             return text, []
         return text[:first].rstrip(), calls
+
+
+def _call(obj: Any) -> ToolCall | None:
+    """`{"name": str, "arguments": object or JSON text of one}` as a call; None otherwise."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(name=obj["name"], arguments=args, call_id=_call_id())
 
 
 class NoToolCallParser:
@@ -93,7 +106,7 @@ class NoToolCallParser:
 
 NO_TOOL_CALLS = NoToolCallParser()
 
-PARSERS: dict[str, type] = {"qwen": QwenToolCallParser, "hermes": QwenToolCallParser}
+PARSERS: dict[str, type] = {"qwen": QwenToolCallParser, "hermes": QwenToolCallParser, "smollm2": QwenToolCallParser}
 """Model family -> tool-call parser class."""
 
 

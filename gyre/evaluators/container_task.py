@@ -70,14 +70,9 @@ def evaluate_container_task(
     too_big = copy_workspace(workspace, repo, limits)
     if too_big is not None:
         return ok(execution_id, 0.0, too_big)
-    hidden = Path(query.hidden_tests_dir)
-    rels = sorted(p.relative_to(hidden).as_posix() for p in hidden.rglob("*") if p.is_file() and not p.is_symlink())
     tests_inside = spec.tests_mount or "/tests"
     tests.mkdir()
-    pristine = place_pristine(tests, read_sources(hidden, rels), tests_inside if isolation.bwrap else str(tests),
-                              random.Random(secrets.randbits(64)), num_fail=0 if spec.format == HARBOR else 2)
-    if spec.format == TERMINAL_BENCH:
-        shutil.copyfile(query.root / RUN_TESTS, tests / RUN_TESTS)
+    pristine = place_task_tests(query, spec, tests, tests_inside if isolation.bwrap else str(tests))
     for d in (reports, scratch, logs / "verifier", logs / "agent"):
         d.mkdir(parents=True)
     isolation.hand_over(repo)
@@ -98,6 +93,19 @@ def evaluate_container_task(
     if spec.format == HARBOR:
         return harbor_reward(execution_id, logs, seen.result, timeout_s, pristine, seen.counted, seen.said.hello)
     return terminal_bench_verdict(execution_id, seen.result, timeout_s, pristine, seen.counted, seen.said.hello)
+
+
+def place_task_tests(query: Query, spec: TaskSpec, dest: Path, inside: str) -> list[PristineFile]:
+    """The task's pristine tests under `dest` (shown at `inside`), canaries in each test module (must-pass
+    only for Harbor, whose `test.sh` turns pytest's exit code into the reward), plus Terminal-Bench's
+    `run-tests.sh`; the same for a fresh sandbox, an in-place session and a container."""
+    hidden = Path(query.hidden_tests_dir)
+    rels = sorted(p.relative_to(hidden).as_posix() for p in hidden.rglob("*") if p.is_file() and not p.is_symlink())
+    pristine = place_pristine(dest, read_sources(hidden, rels), inside, random.Random(secrets.randbits(64)),
+                              num_fail=0 if spec.format == HARBOR else 2)
+    if spec.format == TERMINAL_BENCH:
+        shutil.copyfile(query.root / RUN_TESTS, dest / RUN_TESTS)
+    return pristine
 
 
 def terminal_bench_verdict(execution_id: str, result, timeout_s: float, pristine: list[PristineFile],

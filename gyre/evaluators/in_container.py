@@ -44,19 +44,17 @@ found stopped is started again, and what ran in it being gone is the workspace's
 from __future__ import annotations
 
 import os
-import random
 import secrets
 import shutil
 from pathlib import Path
 
 from gyre.benchmarks.harbor import REWARD_JSON, REWARD_TXT
 from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH, TaskSpec
-from gyre.benchmarks.terminal_bench import RUN_TESTS
 from gyre.evaluators.channel import PLUGIN_MOUNT, FifoChannel, PluginInstall
 from gyre.evaluators.common import EVAL_LIMITS, error, tampering, write_log
-from gyre.evaluators.container_task import harbor_reward, terminal_bench_verdict
+from gyre.evaluators.container_task import harbor_reward, place_task_tests, terminal_bench_verdict
 from gyre.evaluators.in_place import grant_access
-from gyre.evaluators.observed import INTERRUPT_GRACE_S, Observed, place_pristine, read_sources
+from gyre.evaluators.observed import INTERRUPT_GRACE_S, Observed
 from gyre.evaluators.tally import tally
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
@@ -90,12 +88,7 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     reports.mkdir(parents=True)
     owner = sandbox.eval_user
     tests, tests_inside = sandbox.slot(TESTS_SLOT), sandbox.eval_slots[TESTS_SLOT]
-    hidden = Path(query.hidden_tests_dir)
-    rels = sorted(p.relative_to(hidden).as_posix() for p in hidden.rglob("*") if p.is_file() and not p.is_symlink())
-    pristine = place_pristine(tests, read_sources(hidden, rels), tests_inside, random.Random(secrets.randbits(64)),
-                              num_fail=0 if spec.format == HARBOR else 2)
-    if spec.format == TERMINAL_BENCH:
-        shutil.copyfile(query.root / RUN_TESTS, tests / RUN_TESTS)
+    pristine = place_task_tests(query, spec, tests, tests_inside)
     own(tests, owner)
     if LOGS_SLOT in sandbox.eval_slots:
         logs = sandbox.slot(LOGS_SLOT)

@@ -31,18 +31,15 @@ cross-checked against the channel (Harbor).
 from __future__ import annotations
 
 import os
-import random
-import secrets
 import shutil
 import struct
 from pathlib import Path
 
 from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH, TaskSpec
-from gyre.benchmarks.terminal_bench import RUN_TESTS
 from gyre.evaluators.channel import PLUGIN_MOUNT
 from gyre.evaluators.common import error, write_log
-from gyre.evaluators.container_task import harbor_reward, terminal_bench_verdict
-from gyre.evaluators.observed import BRIDGE_SLOT, EVAL_BRIDGE_DIR, IndexAccess, Observer, place_pristine, read_sources
+from gyre.evaluators.container_task import harbor_reward, place_task_tests, terminal_bench_verdict
+from gyre.evaluators.observed import BRIDGE_SLOT, EVAL_BRIDGE_DIR, IndexAccess, Observer
 from gyre.evaluators.toolenv import ENV_MOUNT, TOOLS_MOUNT, tools_dir
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
@@ -81,20 +78,14 @@ def evaluate_in_place(query: Query, spec: TaskSpec, sandbox, eval_dir: Path, exe
     if sandbox is None or sandbox.closed:
         return error(execution_id, f"{SESSION_GONE}: the execution's sandbox session was closed; an in-place "
                                    "evaluation cannot be rerun (its processes are gone)")
-    restarts = sandbox.session_restarts
     session = sandbox.session()
-    note = "" if restarts == sandbox.session_restarts == 0 else \
-        "; the agent's own commands had ended its session (what ran there was gone)"
+    note = "" if sandbox.session_restarts == 0 else \
+        "; the session had ended before the evaluation (what ran there was gone): a new one was started"
     reports = Path(eval_dir) / "reports"
     reports.mkdir(parents=True)
     tests = session.slots[TESTS_SLOT]
     tests_inside = sandbox.session_slots[TESTS_SLOT]
-    hidden = Path(query.hidden_tests_dir)
-    rels = sorted(p.relative_to(hidden).as_posix() for p in hidden.rglob("*") if p.is_file() and not p.is_symlink())
-    pristine = place_pristine(tests, read_sources(hidden, rels), tests_inside, random.Random(secrets.randbits(64)),
-                              num_fail=0 if spec.format == HARBOR else 2)
-    if spec.format == TERMINAL_BENCH:
-        shutil.copyfile(query.root / RUN_TESTS, tests / RUN_TESTS)
+    pristine = place_task_tests(query, spec, tests, tests_inside)
     seal(tests)
     logs = session.slots.get(LOGS_SLOT)
     if logs is not None:

@@ -41,7 +41,7 @@ from gyre.sandboxes.diskwatch import DiskWatch
 from gyre.sandboxes.layout import SandboxLayout
 from gyre.sandboxes.privileges import SandboxUser, Stage, drop_argv, drop_tools, hand_over, sandbox_user
 from gyre.sandboxes.process import run_command
-from gyre.sandboxes.seccomp import seccomp_bpf
+from gyre.sandboxes.seccomp import seccomp_fd
 
 log = logging.getLogger("gyre.sandboxes")
 MODES = ("auto", "bwrap", "none")
@@ -112,7 +112,7 @@ class Isolation:
             if self.user is not None:
                 stage = Stage.create(bound_sources(workspace, scratch, layout, extra_ro, python_dirs))
                 confine = drop_argv(self.user, stage, _drop_tools())
-            pass_fds = (_seccomp_fd(),)
+            pass_fds = (seccomp_fd(),)
             confine += bwrap_argv(self.bwrap, workspace=workspace, scratch=scratch, layout=layout, extra_ro=extra_ro,
                                   source=stage.staged if stage else lambda p: p, seccomp_fd=pass_fds[0],
                                   python_dirs=python_dirs)
@@ -191,16 +191,6 @@ def _drop_tools() -> tuple[str, str]:
     if tools is None:
         raise RuntimeError("gyre runs as root and needs util-linux's unshare and setpriv to drop privileges")
     return tools
-
-
-def _seccomp_fd() -> int:
-    """A pipe's read end holding the seccomp program (bubblewrap reads it once)."""
-    read, write = os.pipe()
-    try:
-        os.write(write, seccomp_bpf())
-    finally:
-        os.close(write)
-    return read
 
 
 def _with_cgroup_verdict(result: ExecResult, group: CommandCgroup, limits: SandboxLimits) -> ExecResult:

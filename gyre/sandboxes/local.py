@@ -144,7 +144,6 @@ class LocalSandbox:
                 return self.session().run(command, user=self.isolation.user, env=self.env, timeout_s=timeout_s,
                                           on_spawn=on_spawn)
             except SessionGone:  # a command of the agent's own ended the session: start over, processes lost
-                self.session_restarts += 1
                 return self.session().run(command, user=self.isolation.user, env=self.env, timeout_s=timeout_s,
                                           on_spawn=on_spawn)
             finally:
@@ -176,8 +175,9 @@ class LocalSandbox:
         self._check_open()
         if self._session is not None and self._session.alive():
             return self._session
-        if self._session is not None:
+        if self._session is not None:  # it ended: what ran there is gone
             self._session.close()
+            self.session_restarts += 1
         self.scratch.mkdir(exist_ok=True)
         self._session = Session.start(
             bwrap=self.isolation.bwrap, user=self.isolation.user, workspace=self.workspace, scratch=self.scratch,

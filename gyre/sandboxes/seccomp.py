@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import os
 import tempfile
 
 # Calls that fail with EPERM whatever their arguments.
@@ -106,6 +107,17 @@ def _native_number(name: str) -> int:
 def unresolved_syscalls() -> tuple[str, ...]:
     """Names in DENIED_SYSCALLS/ENOSYS_SYSCALLS that the native architecture lacks (skipped by the filter)."""
     return tuple(name for name in (*DENIED_SYSCALLS, *ENOSYS_SYSCALLS) if _native_number(name) < 0)
+
+
+def seccomp_fd() -> int:
+    """A pipe's read end holding the compiled filter (bubblewrap's `--seccomp FD`, or the session's
+    loader, reads it once); the caller closes it."""
+    read, write = os.pipe()
+    try:
+        os.write(write, seccomp_bpf())
+    finally:
+        os.close(write)
+    return read
 
 
 @functools.cache

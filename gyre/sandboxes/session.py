@@ -58,7 +58,7 @@ from gyre.sandboxes.diskwatch import DiskWatch
 from gyre.sandboxes.layout import Mount, SandboxLayout
 from gyre.sandboxes.privileges import SandboxUser, Stage, drop_argv, drop_tools, hand_over
 from gyre.sandboxes.process import run_command, signal_group
-from gyre.sandboxes.seccomp import seccomp_bpf
+from gyre.sandboxes.seccomp import seccomp_fd
 
 EVAL_USER = SandboxUser(65533, 65533)
 """Host uid/gid of the keeper and of an in-place evaluation's commands (never the agent's)."""
@@ -150,7 +150,7 @@ class Session:
         stage = Stage.create(bound_sources(workspace, scratch, layout, extra_ro))
         group = create_cgroup(limits) if cgroups else None
         read_info, write_info = os.pipe()
-        seccomp = _seccomp_fd()
+        seccomp = seccomp_fd()
         argv = drop_argv(EVAL_USER, stage, drop_tools())
         argv += bwrap_argv(bwrap, workspace=workspace, scratch=scratch, layout=layout, extra_ro=extra_ro,
                            source=stage.staged, seccomp_fd=seccomp)[:-1]
@@ -188,7 +188,7 @@ class Session:
             raise SessionGone(f"the sandbox session of {self.workspace} has ended (its processes are gone)")
         limits = limits or self.limits
         group = create_cgroup(limits) if own_cgroup else self.group
-        seccomp = _seccomp_fd()
+        seccomp = seccomp_fd()
         confine = [
             "nsenter", f"--target={self.init_pid}", "--mount", "--uts", "--ipc", "--net", "--pid", "--root", "--",
             drop_tools()[1], f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups",
@@ -225,15 +225,6 @@ class Session:
 def _python() -> str:
     """The base interpreter (bound in every sandbox) that runs the seccomp loader."""
     return os.path.realpath(os.path.join(sys.base_prefix, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}"))
-
-
-def _seccomp_fd() -> int:
-    read, write = os.pipe()
-    try:
-        os.write(write, seccomp_bpf())
-    finally:
-        os.close(write)
-    return read
 
 
 def _read_child_pid(fd: int, keeper: subprocess.Popen) -> int:

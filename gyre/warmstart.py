@@ -159,7 +159,8 @@ def warmstart(base_model: Path, out: Path, queries: list[Query], spec: Warmstart
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "gyre_warmstart.json").write_text(
-            json.dumps({"base": str(base_model), "queries": len(queries), **asdict(spec)}, indent=2) + "\n"
+            json.dumps({"base": str(base_model), "queries": len(queries), **asdict(spec),
+                        "base_identity": base_identity(base_model)}, indent=2) + "\n"
         )
         os.replace(tmp, out)
     except BaseException:
@@ -185,8 +186,50 @@ def _sft_loss(model, batch: list[TrainSequence], pad_id: int) -> torch.Tensor:
     return (nll.view_as(target) * tmask).sum() / tmask.sum().clamp(min=1)
 
 
+# What a warm-started directory must share with its base: the tokenizer, the chat template, the shape.
+_TOKENIZER_FILES = ("tokenizer.json", "chat_template.jinja")
+_SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
+_SHAPE_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "intermediate_size", "max_position_embeddings", "rope_theta")
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def base_identity(model_dir: Path) -> dict[str, Any]:
+    """A digest of `model_dir`'s vocabulary, chat template and special tokens; its config's shape."""
+    h = hashlib.sha256()
+    for name in _TOKENIZER_FILES:
+        f = Path(model_dir) / name
+        h.update(name.encode() + (f.read_bytes() if f.exists() else b"<absent>"))
+    specials = _json(Path(model_dir) / "tokenizer_config.json")
+    h.update(json.dumps({k: specials.get(k) for k in _SPECIAL_TOKENS}, sort_keys=True).encode())
+    config = _json(Path(model_dir) / "config.json")
+    return {"tokenizer": h.hexdigest()[:16], "shape": {k: config.get(k) for k in _SHAPE_FIELDS}}
+
+
+def check_cached(path: Path, base_model: Path) -> None:
+    """Refuse a cached warm start built for another tokenizer or model shape than `base_model`'s.
+
+    The base's identity recorded when the warm start was built is compared when there is one
+    (saving may re-serialise files); an older cache is compared by its own files."""
+    recorded = _json(Path(path) / "gyre_warmstart.json").get("base_identity") or base_identity(path)
+    base = base_identity(base_model)
+    wrong = [what for what in ("tokenizer", "shape") if recorded[what] != base[what]]
+    if wrong:
+        detail = {k: (recorded["shape"].get(k), base["shape"][k]) for k in _SHAPE_FIELDS
+                  if recorded["shape"].get(k) != base["shape"][k]}
+        raise ValueError(
+            f"the cached warm start {path} was built for another {' and '.join(wrong)} than the base model "
+            f"{base_model}" + (f" (cached vs base: {detail})" if detail else "")
+            + "; delete it (it is rebuilt on the next run) or point cache_dir elsewhere")
+
+
 def cached_warmstart(base_model: Path, cache_dir: Path, queries: list[Query], spec: WarmstartSpec) -> Path:
+    """The warm start for (base, queries, spec), built once under `cache_dir`; a cache hit is checked."""
     path = Path(cache_dir) / f"{Path(base_model).name}-warm-{spec_digest(base_model, queries, spec)}"
     if path.exists():
+        check_cached(path, base_model)
         return path
     return warmstart(base_model, path, queries, spec)

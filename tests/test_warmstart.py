@@ -68,6 +68,33 @@ def test_preflight_builds_the_warm_started_model_once(tmp_path):
     assert again == model_dir and (again / "model.safetensors").stat().st_mtime_ns == stamp
 
 
+def test_a_warm_start_cached_for_another_tokenizer_or_shape_is_refused(tmp_path):
+    config = RunConfig.model_validate({
+        "cache_dir": str(tmp_path / "cache"),
+        "model": {"warmstart": {"steps": 2, "batch_size": 2}},
+        "benchmark": {"num_queries": 12, "eval_fraction": 0.3},
+        "rollout": {"queries_per_step": 2},
+    })
+    model_dir, _ = preflight(config)
+    record = model_dir / "gyre_warmstart.json"
+    built = json.loads(record.read_text())
+    assert built["base_identity"]["shape"]["vocab_size"]
+    # Built for another vocabulary (a cache copied from elsewhere, a tokenizer changed since).
+    record.write_text(json.dumps({**built, "base_identity": {**built["base_identity"], "tokenizer": "0" * 16}}))
+    with pytest.raises(ValueError, match="another tokenizer than the base model"):
+        preflight(config)
+    shape = {**built["base_identity"]["shape"], "hidden_size": 7}
+    record.write_text(json.dumps({**built, "base_identity": {**built["base_identity"], "shape": shape}}))
+    with pytest.raises(ValueError, match=r"another shape .*hidden_size"):
+        preflight(config)
+    # An older cache without the record is compared by its own files.
+    record.write_text(json.dumps({k: v for k, v in built.items() if k != "base_identity"}))
+    assert preflight(config)[0] == model_dir
+    (model_dir / "chat_template.jinja").write_text("{{ messages }}")
+    with pytest.raises(ValueError, match="another tokenizer"):
+        preflight(config)
+
+
 def test_bad_split_and_warmstart_settings_are_refused(tmp_path):
     base = {"cache_dir": str(tmp_path / "cache"), "benchmark": {"num_queries": 4}}
     with pytest.raises(ValueError, match="no eval queries"):

@@ -256,7 +256,9 @@ def bench_learning(
     config: Path = typer.Option(Path("configs/tiny-cpu.yaml"), help="Base run config (needs a warm start)."),
     seeds: str = typer.Option("0,1,2", help="Comma-separated seeds; every arm runs once per seed."),
     steps: int | None = typer.Option(None, min=0, help="RL steps per run (default: the config's)."),
-    out: Path | None = typer.Option(None, help="Directory for the runs (default: runs/learning-<time>)."),
+    out: Path | None = typer.Option(None, help="Directory for the runs (default: runs/learning-<time>); "
+                                    "runs finished there before with the same config are read back."),
+    arms: str = typer.Option("clean-rl,flawed-rl,clean-sft", help="Comma-separated arms to run."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Held-out pass rate per arm (clean warm start + RL, flawed warm start + RL, clean warm start
@@ -272,7 +274,8 @@ def bench_learning(
         _fail(ValueError(f"--seeds must be comma-separated integers, got {seeds!r}"))
     out = out or Path("runs") / f"learning-{datetime.now():%Y%m%d-%H%M%S}"
     try:
-        summary = run_learning(config, out, seed_list, steps)
+        summary = run_learning(config, out, seed_list, steps,
+                               arms=tuple(a.strip() for a in arms.split(",") if a.strip()))
     except INPUT_ERRORS as exc:
         _fail(exc)
     if as_json:

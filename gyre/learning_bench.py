@@ -36,6 +36,7 @@ import yaml
 ARMS = ("clean-rl", "flawed-rl", "clean-sft")
 SETS = ("in_distribution", "generalisation")
 FLAWED_FRACTION = 0.5
+ARM_FILE = "arm.json"  # a finished arm run: its config and results, read back on a rerun with the same --out
 
 
 @dataclass
@@ -50,6 +51,8 @@ class ArmRun:
     warmstart_steps: int = 0
     wall_s: float = 0.0
     run_dir: str = ""
+    curve: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """Per held-out set, (step, pass rate) of every eval round: the learning curve."""
 
 
 def arm_config(base: dict, arm: str, seed: int, extra_sft_steps: int = 0) -> dict:
@@ -70,18 +73,21 @@ def arm_config(base: dict, arm: str, seed: int, extra_sft_steps: int = 0) -> dic
     return config
 
 
-def read_run(db: Path) -> tuple[dict[str, float | None], dict[str, float | None], int]:
-    """(first round's pass rate per set, last round's per set, tokens trained) of a run file."""
+def read_run(db: Path) -> tuple[dict[str, float | None], dict[str, float | None], int,
+                               dict[str, list[tuple[int, float]]]]:
+    """(first round's pass rate per set, last round's per set, tokens trained, curve per set) of a run file."""
     with duckdb.connect(str(db), read_only=True) as con:
         rows = con.execute("select coalesce(split, 'in_distribution'), step, pass_rate from evals "
                            "order by step, finished_at").fetchall()
         tokens = con.execute("select coalesce(sum(tokens_trained), 0) from steps").fetchone()[0]
     start: dict[str, float | None] = {}
     end: dict[str, float | None] = {}
-    for split, _, rate in rows:
+    curve: dict[str, list[tuple[int, float]]] = {}
+    for split, step, rate in rows:
         start.setdefault(split, rate)
         end[split] = rate
-    return start, end, int(tokens)
+        curve.setdefault(split, []).append((int(step), rate))
+    return start, end, int(tokens), curve
 
 
 def tokens_per_warmstart_step(config: dict) -> float:
@@ -101,19 +107,32 @@ def tokens_per_warmstart_step(config: dict) -> float:
 
 
 def run_arm(config: dict, run_dir: Path, arm: str, seed: int, timeout_s: float) -> ArmRun:
-    """`gyre run` on `config` into `run_dir` (its own process); its pass rates read back."""
+    """`gyre run` on `config` into `run_dir` (its own process); its pass rates read back.
+
+    A run that finished before with the same config (`arm.json` beside it) is read back
+    instead of run again, so a bench stopped half-way continues with `--out` the same."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "config.in.yaml"
+    done_file = run_dir / ARM_FILE
+    if done_file.exists():
+        saved = json.loads(done_file.read_text(encoding="utf-8"))
+        if saved.get("config") == config:
+            return ArmRun(**{**saved["run"], "curve": {k: [tuple(p) for p in v] for k, v in saved["run"]["curve"].items()}})
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    stale = run_dir / "run"
+    if stale.exists():  # an earlier attempt that did not finish: kept aside, never mixed into this one
+        stale.rename(run_dir / f"run.unfinished-{time.strftime('%Y%m%d-%H%M%S')}")
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "gyre.cli", "run", "--config", str(path), "--run-dir",
                            str(run_dir / "run")], capture_output=True, text=True, timeout=timeout_s)
     (run_dir / "gyre-run.log").write_text(done.stdout + done.stderr, encoding="utf-8")
     if done.returncode != 0:
         raise RuntimeError(f"{arm} seed {seed}: gyre run exited {done.returncode}; see {run_dir / 'gyre-run.log'}")
-    start, end, tokens = read_run(run_dir / "run" / "gyre.duckdb")
-    return ArmRun(arm, seed, start, end, tokens, int(config["model"]["warmstart"]["steps"]),
-                  time.monotonic() - started, str(run_dir / "run"))
+    start, end, tokens, curve = read_run(run_dir / "run" / "gyre.duckdb")
+    result = ArmRun(arm, seed, start, end, tokens, int(config["model"]["warmstart"]["steps"]),
+                    time.monotonic() - started, str(run_dir / "run"), curve)
+    done_file.write_text(json.dumps({"config": config, "run": asdict(result)}, indent=2) + "\n", encoding="utf-8")
+    return result
 
 
 def stats(values: list[float]) -> dict[str, float | int | None]:
@@ -124,6 +143,15 @@ def stats(values: list[float]) -> dict[str, float | int | None]:
     mean = sum(values) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
     return {"n": n, "mean": mean, "sd": sd, "se": sd / math.sqrt(n)}
+
+
+def mean_curve(runs: list[ArmRun], split: str) -> list[dict]:
+    """Per eval step of `split`: the pass rate's mean and spread over the runs that evaluated there."""
+    by_step: dict[int, list[float]] = {}
+    for r in runs:
+        for step, rate in r.curve.get(split, []):
+            by_step.setdefault(step, []).append(rate)
+    return [{"step": step, **stats(rates)} for step, rates in sorted(by_step.items())]
 
 
 def summarise(runs: list[ArmRun]) -> dict:
@@ -139,7 +167,7 @@ def summarise(runs: list[ArmRun]) -> dict:
             pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
             if pairs:
                 arms[arm][split] = {"start": stats([a for a, _ in pairs]), "end": stats([b for _, b in pairs]),
-                                    "gain": stats([b - a for a, b in pairs])}
+                                    "gain": stats([b - a for a, b in pairs]), "curve": mean_curve(mine, split)}
     by_seed = {(r.arm, r.seed): r for r in runs}
     comparisons: dict[str, dict] = {}
     for split in SETS:
@@ -168,8 +196,15 @@ def summarise(runs: list[ArmRun]) -> dict:
 
 
 def run(base_config: Path, out: Path, seeds: list[int], steps: int | None = None,
-        timeout_s: float = 4 * 3600) -> dict:
-    """All arms x `seeds` from `base_config` (RL steps: `steps` or the config's); the summary."""
+        timeout_s: float = 4 * 3600, arms: tuple[str, ...] = ARMS) -> dict:
+    """`arms` x `seeds` from `base_config` (RL steps: `steps` or the config's); the summary.
+
+    Runs finished before under the same `out` are read back, not run again (see `run_arm`)."""
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown or not arms:
+        raise ValueError(f"unknown arms {unknown}; arms: {', '.join(ARMS)}" if unknown else "no arm to run")
+    if "clean-sft" in arms and "clean-rl" not in arms:
+        raise ValueError("the clean-sft arm trains by as many tokens as the same seed's clean-rl run: run clean-rl too")
     base = yaml.safe_load(Path(base_config).read_text(encoding="utf-8")) or {}
     if steps is not None:
         base["steps"] = steps
@@ -177,15 +212,19 @@ def run(base_config: Path, out: Path, seeds: list[int], steps: int | None = None
     per_step = tokens_per_warmstart_step(arm_config(base, "clean-rl", seeds[0]))
     runs: list[ArmRun] = []
     for seed in seeds:
-        clean = run_arm(arm_config(base, "clean-rl", seed), out / f"clean-rl-s{seed}", "clean-rl", seed, timeout_s)
-        runs.append(clean)
-        runs.append(run_arm(arm_config(base, "flawed-rl", seed), out / f"flawed-rl-s{seed}", "flawed-rl", seed,
-                            timeout_s))
-        extra = max(1, round(clean.tokens_trained / per_step)) if per_step else 1
-        runs.append(run_arm(arm_config(base, "clean-sft", seed, extra), out / f"clean-sft-s{seed}", "clean-sft", seed,
-                            timeout_s))
+        if "clean-rl" in arms:
+            clean = run_arm(arm_config(base, "clean-rl", seed), out / f"clean-rl-s{seed}", "clean-rl", seed,
+                            timeout_s)
+            runs.append(clean)
+        if "flawed-rl" in arms:
+            runs.append(run_arm(arm_config(base, "flawed-rl", seed), out / f"flawed-rl-s{seed}", "flawed-rl", seed,
+                                timeout_s))
+        if "clean-sft" in arms:
+            extra = max(1, round(clean.tokens_trained / per_step)) if per_step else 1
+            runs.append(run_arm(arm_config(base, "clean-sft", seed, extra), out / f"clean-sft-s{seed}", "clean-sft",
+                                seed, timeout_s))
     summary = summarise(runs)
-    summary["budget"] = {"config": str(base_config), "steps": base.get("steps"), "seeds": seeds,
+    summary["budget"] = {"config": str(base_config), "steps": base.get("steps"), "seeds": seeds, "arms": list(arms),
                          "tokens_per_warmstart_step": per_step}
     (out / "learning.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
-from gyre.learning_bench import ArmRun, arm_config, stats, summarise
+from gyre.learning_bench import ARM_FILE, ArmRun, arm_config, run, run_arm, stats, summarise
 
 BASE = {"steps": 20, "model": {"warmstart": {"steps": 60, "flawed_fraction": 0.5}},
         "benchmark": {"held_out_kinds": ["scale"]}}
@@ -49,3 +52,31 @@ def test_summary_compares_rl_with_both_warm_starts_and_with_more_sft():
     assert c["flawed-rl end - clean warm start"]["mean"] == pytest.approx((0.05 - 0.02 + 0.06) / 3)
     assert summary["goal_met"]  # +8.7 points, se ~0.9 points
     assert "generalisation" not in summary["arms"]["clean-rl"]
+
+
+def test_a_finished_arm_is_read_back_and_an_unfinished_one_kept_aside(tmp_path):
+    config = arm_config(BASE, "clean-rl", 0)
+    done = ArmRun("clean-rl", 0, {"in_distribution": 0.4}, {"in_distribution": 0.5}, 1234, 60, 10.0, "x",
+                  {"in_distribution": [(0, 0.4), (5, 0.45), (20, 0.5)]})
+    arm_dir = tmp_path / "clean-rl-s0"
+    arm_dir.mkdir()
+    (arm_dir / ARM_FILE).write_text(json.dumps({"config": config, "run": asdict(done)}))
+    assert run_arm(config, arm_dir, "clean-rl", 0, timeout_s=1) == done  # no run started: read back
+    # Another config (say, another step budget) is run again; a half-done run dir is moved aside first.
+    (arm_dir / "run").mkdir()
+    other = {**config, "steps": "not a number"}
+    with pytest.raises(RuntimeError, match="gyre run exited"):
+        run_arm(other, arm_dir, "clean-rl", 0, timeout_s=120)
+    assert [p.name.startswith("run.unfinished-") for p in arm_dir.iterdir() if p.name.startswith("run")] == [True]
+
+
+def test_mean_curve_over_seeds_and_arms_the_bench_refuses():
+    runs = [ArmRun("clean-rl", s, curve={"in_distribution": [(0, 0.4 + s / 100), (5, 0.5 + s / 100)]}) for s in range(3)]
+    for r in runs:
+        r.start, r.end = {"in_distribution": r.curve["in_distribution"][0][1]}, {"in_distribution": r.curve["in_distribution"][-1][1]}
+    curve = summarise(runs)["arms"]["clean-rl"]["in_distribution"]["curve"]
+    assert [c["step"] for c in curve] == [0, 5] and curve[1]["mean"] == pytest.approx(0.51) and curve[1]["n"] == 3
+    with pytest.raises(ValueError, match="run clean-rl too"):
+        run(Path("configs/tiny-cpu.yaml"), Path("unused"), [0], arms=("clean-sft",))
+    with pytest.raises(ValueError, match="unknown arms"):
+        run(Path("configs/tiny-cpu.yaml"), Path("unused"), [0], arms=("rl",))

@@ -353,6 +353,24 @@ def simulate(
                   "without the room bound (docs/scheduler.md)")
 
 
+@app.command()
+def report(run_dir: Path = typer.Argument(..., help="A run directory (holds gyre.duckdb).")) -> None:
+    """Plots, one self-contained HTML page and a summary of a run, into RUN_DIR/report/ (gyre/report/)."""
+    import duckdb
+
+    from gyre.report import write_report
+    from gyre.report.summary import summary_table
+
+    try:
+        result = write_report(run_dir)
+    except (*INPUT_ERRORS, duckdb.IOException) as exc:  # not a run dir; the file held by a live run
+        _fail(exc)
+    console.print(summary_table(result.rows, result.title))
+    console.print(f"wrote {result.html_path}", soft_wrap=True, markup=False)
+    console.print(f"plots ({len(result.plots)}): " + ", ".join(str(p.path) for p in result.plots), soft_wrap=True,
+                  markup=False)
+
+
 def _print_gspo_summary(records) -> None:
     """GSPO's diagnostics over the run's steps: mean and max of each (what the table shows per step)."""
     trained = [r for r in records if r.token_cap_frac is not None]

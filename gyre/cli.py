@@ -18,6 +18,7 @@ from rich.table import Table
 
 from gyre.cli_benchmark import bench_app
 from gyre.cli_common import INPUT_ERRORS, _fail, console
+from gyre.cli_rerun import rerun_failed
 from gyre.config import load_config
 
 app = typer.Typer(help="gyre: elastic online RL for xLong-horizon agents.", no_args_is_help=True)
@@ -28,6 +29,7 @@ app.add_typer(model_app, name="model")
 app.add_typer(bench_app, name="benchmark")
 app.add_typer(proxy_app, name="proxy")
 app.add_typer(perf_app, name="bench")
+app.command("rerun-failed")(rerun_failed)
 
 
 class _WarmstartProgress:

@@ -14,7 +14,6 @@ rollout engines), `checkpoints/` (train-engine state for `--resume`).
 from __future__ import annotations
 
 import json
-import logging
 import random
 import threading
 import uuid
@@ -30,10 +29,10 @@ from gyre.engines.checkpoint import latest_checkpoint, load_checkpoint, save_che
 from gyre.engines.hf import load_tokenizer, stop_token_ids
 from gyre.engines.torch_rollout import TorchRolloutEngine
 from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
-from gyre.evaluators import evaluate_query, index_access
 from gyre.evaluators.in_container import AGENT_DIRS as CONTAINER_AGENT_DIRS
 from gyre.evaluators.in_container import IN_CONTAINER_FORMATS, container_slots
 from gyre.evaluators.in_place import AGENT_DIRS, IN_PLACE_FORMATS, session_mounts, session_slots
+from gyre.evaluators.run_evaluator import RunEvaluator
 from gyre.harnesses.base import HarnessOutcome, ModelEndpoint
 from gyre.harnesses import make_harness
 from gyre.harnesses.compaction import classifier_markers
@@ -48,12 +47,11 @@ from gyre.resolve import preflight
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.factory import create_sandbox
 from gyre.sandboxes.isolation import Isolation
-from gyre.sandboxes.session import available as session_available
+from gyre.storage.call_log import CallLog
 from gyre.storage.store import RunStore
 from gyre.trajectories.processor import ProcessedBatch, process_batch, settings_from_config
 
 
-log = logging.getLogger("gyre.coordinator")
 EVAL_CONCURRENCY = 2
 """Evaluations (hidden-test runs) at once: each is a pytest process; more than the CPU box's
 cores only slows the rollouts that share it."""
@@ -111,7 +109,8 @@ class Coordinator:
         )
         self.algorithm = GSPO(config.algo.token_ratio_cap, config.algo.seq_clip_low, config.algo.seq_clip_high)
         self.transport = FileSnapshotTransport(self.run_dir / "snapshots")
-        self.sessions = SessionRegistry()
+        self.call_log = CallLog(self.store)  # every call on disk within a second of being made
+        self.sessions = SessionRegistry(sink=self.call_log.put)
         self.router = EngineRouter([self.rollout])
         app = create_app(
             self.router,
@@ -125,6 +124,7 @@ class Coordinator:
                 max_new_tokens=config.rollout.max_new_tokens,
                 force_temperature=True,
             ),
+            max_context_tokens=self.rollout.max_context,
         )
         self.server = ServerThread(app).start()
         self.harness = make_harness(config.harness)
@@ -148,14 +148,8 @@ class Coordinator:
         self._live: dict[str, object] = {}
         """Sandboxes kept alive after their agent stopped, for an in-place/in-container evaluation (by id)."""
         self._live_lock = threading.Lock()
-        self._in_place = config.evaluator.container_tasks == "in_place" and config.sandbox.type == "local"
-        if self._in_place and not session_available(self.isolation.bwrap, self.isolation.user):
-            log.warning("evaluator.container_tasks is in_place, but sandbox sessions need bubblewrap, nsenter and "
-                        "gyre running as root: Terminal-Bench/Harbor tasks are evaluated in a fresh sandbox instead "
-                        "(processes the agent left running are gone by then)")
-            self._in_place = False
-        # docker: Terminal-Bench and Harbor tasks are tested in the agent's own container (`in_container`)
-        self._in_container = config.evaluator.container_tasks == "in_place" and config.sandbox.type == "docker"
+        # Terminal-Bench/Harbor tested in the agent's live session (`in_place`) or docker container (`in_container`)
+        self.evaluator = RunEvaluator.from_config(config, self.isolation)
 
     # -- stages of one step -----------------------------------------------------------
 
@@ -179,8 +173,8 @@ class Coordinator:
         started = utc_now()
         spec = task_spec(query)
         deadlines = self.timeouts.start(spec.agent_timeout_s)  # harness and overall timeouts, kept apart
-        in_place = self._in_place and spec.format in IN_PLACE_FORMATS
-        in_container = self._in_container and spec.format in IN_CONTAINER_FORMATS
+        in_place = self.evaluator.in_place and spec.format in IN_PLACE_FORMATS
+        in_container = self.evaluator.in_container and spec.format in IN_CONTAINER_FORMATS
         session = dict(session_slots=session_slots(spec), agent_dirs=AGENT_DIRS, mounts=session_mounts()) \
             if in_place else {}
         if in_container:
@@ -241,18 +235,9 @@ class Coordinator:
         return score
 
     def _evaluate(self, result: ExecutionResult, live) -> Score:
-        return evaluate_query(
-            result.query,
-            result.execution.workspace,
-            self.run_dir / "evals" / result.execution.execution_id,
-            result.execution.execution_id,
-            timeout_s=self.config.evaluator.timeout_s,
-            isolation=self.isolation,
-            deadline_s=result.overall_deadline_s,
-            monitor=self.config.evaluator.monitor,
-            index=index_access(self.config.evaluator),
-            live=live,
-        )
+        execution_id = result.execution.execution_id
+        return self.evaluator.evaluate(result.query, result.execution.workspace, self.run_dir / "evals" / execution_id,
+                                       execution_id, deadline_s=result.overall_deadline_s, live=live)
 
     def train(
         self, step: int, results: list[ExecutionResult], scores: list[Score], started_at,
@@ -360,7 +345,8 @@ class Coordinator:
         return steps_done
 
     def record_step(self, outcome: StepOutcome, results: list[ExecutionResult], scores: list[Score]) -> None:
-        """One batch per table: executions (with staleness and advantage), calls, the step."""
+        """One batch per table: executions (with staleness and advantage), the step. Their calls
+        went to disk as they were made (`call_log`); the flush puts every one there before the step row."""
         record = outcome.record
         self.store.append_executions(
             [
@@ -369,13 +355,14 @@ class Coordinator:
                 for r, s in zip(results, scores)
             ]
         )
-        self.store.append_calls([c for r in results for c in r.calls])
+        self.call_log.flush()
         self.store.append_steps([record])
         emit(ProgressEvent("step_finished", record.step, record.model_dump(mode="json")))
 
     def record_eval(self, step: int, results: list[ExecutionResult], scores: list[Score], started_at,
                     split: str = "in_distribution") -> EvalRecord:
-        """Store an evaluation round of one held-out set: its executions, their calls, and the pass rate."""
+        """Store an evaluation round of one held-out set: its executions and the pass rate (their
+        calls are on disk already, flushed before the round's row)."""
         valid = [s.score for s in scores if s.score is not None]
         record = EvalRecord(
             step=step,
@@ -388,7 +375,7 @@ class Coordinator:
             finished_at=utc_now(),
         )
         self.store.append_executions([(r.execution, s, 0, None) for r, s in zip(results, scores)])
-        self.store.append_calls([c for r in results for c in r.calls])
+        self.call_log.flush()
         self.store.append_evals([record])
         emit(ProgressEvent("eval_finished", step, record.model_dump(mode="json")))
         return record
@@ -399,5 +386,6 @@ class Coordinator:
         for sandbox in left:  # executions whose evaluation never ran
             sandbox.close()
         self.server.stop()
+        self.call_log.close()
         self.rollout.close()
         self.store.close()

@@ -1,4 +1,4 @@
-"""Prefect flows: the RL run (and, later, evaluation, reruns, simulation sweeps).
+"""Prefect flows: the RL run, evaluating a saved policy, rerunning failed evaluations, simulation sweeps.
 
 Prefect runs in its ephemeral mode unless PREFECT_API_URL points at a server; analytics
 are off (they lock the ephemeral database on our machines).

@@ -29,16 +29,17 @@ from gyre.tasks.step import (
 )
 
 MAX_CONCURRENT_TASKS = 256
+EVAL_SPLITS = ("in_distribution", "generalisation")
 
 
-def eval_round(coord: Coordinator, step: int) -> EvalRecord:
-    """Sample the current policy on every held-out query (both sets: in-distribution and
-    generalisation, when there is one); record each set's mean score. Returns the
-    in-distribution record (the step's `eval_pass_rate`)."""
+def eval_round(coord: Coordinator, step: int, splits: tuple[str, ...] = EVAL_SPLITS) -> EvalRecord:
+    """Sample the current policy on every held-out query of `splits` (default both sets:
+    in-distribution and generalisation, when there is one); record each set's mean score.
+    Returns the first set's record (in-distribution: the step's `eval_pass_rate`)."""
     started_at = utc_now()
     samples = coord.config.evaluation.samples_per_query
     sets = [(name, qs) for name, qs in (("in_distribution", coord.eval_queries),
-                                         ("generalisation", coord.generalisation_queries)) if qs]
+                                         ("generalisation", coord.generalisation_queries)) if qs and name in splits]
     emit(ProgressEvent("eval_started", step, {"executions": sum(len(qs) for _, qs in sets) * samples}))
     submitted = []
     for name, queries in sets:

@@ -263,9 +263,9 @@ def _request(body: CountTokensRequest, session: ExecutionSession, headers, inlin
     )
 
 
-def count_tokens(core: CompletionCore, body: CountTokensRequest, session: ExecutionSession, headers,
-                 inline_reasoning: bool) -> Response:
-    prompt = core.build_prompt(_request(body, session, headers, inline_reasoning))
+async def count_tokens(core: CompletionCore, body: CountTokensRequest, session: ExecutionSession, headers,
+                       inline_reasoning: bool) -> Response:
+    prompt = await core.build_prompt(_request(body, session, headers, inline_reasoning))
     return Response(orjson.dumps({"input_tokens": len(prompt.ids)}), media_type="application/json")
 
 
@@ -275,7 +275,7 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
 
 async def messages(core: CompletionCore, body: MessagesRequest, session: ExecutionSession, headers, model_name: str,
                    inline_reasoning: bool, receive=None) -> Response:
-    turn = core.turn(_request(body, session, headers, inline_reasoning))
+    turn = await core.turn(_request(body, session, headers, inline_reasoning))
     model = body.model or model_name
     message_id = f"msg_{turn.call_id[5:]}"
     if not body.stream:

@@ -2,9 +2,11 @@
 
 Every harness reaches the policy only through here. A request is authenticated by its
 per-execution key (OpenAI `Authorization: Bearer`, Anthropic `x-api-key`; either header
-works on either API), its body is size-checked and validated at this boundary, and the
-call runs in `completion.py`. Errors come back in the shape of the API the path belongs
-to: `/v1/messages*` answers like Anthropic, everything else like OpenAI.
+works on either API), its body is size-checked (`max_body_bytes`, before and while it is
+read) and validated at this boundary, and the call runs in `completion.py`, which checks
+the prompt's length against the context (`limits.py`) before templating it off the event
+loop (`offload.py`). Errors come back in the shape of the API the path belongs to:
+`/v1/messages*` answers like Anthropic, everything else like OpenAI.
 
 Endpoints: `POST /v1/chat/completions`, `POST /v1/messages` (query strings such as
 `?beta=true` are ignored), `POST /v1/messages/count_tokens`, `GET /v1/models[/{id}]`,
@@ -35,6 +37,7 @@ from starlette.routing import Route
 from gyre.proxy import anthropic_api, openai_api
 from gyre.proxy.completion import CompletionCore, ProxyDefaults
 from gyre.proxy.errors import ProxyError, error_response
+from gyre.proxy.limits import PromptLimit
 from gyre.proxy.router import EngineRouter
 from gyre.proxy.sessions import ExecutionSession, SessionRegistry
 from gyre.proxy.toolcalls import QwenToolCallParser, ToolCallParser
@@ -90,11 +93,15 @@ def create_app(
     parser: ToolCallParser | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
+    max_context_tokens: int | None = None,
 ) -> Starlette:
+    """`max_context_tokens`: the engines' context, for refusing a prompt that cannot fit it
+    before any templating (`limits.py`); None leaves that to the engine."""
     executor = ThreadPoolExecutor(max_workers=max_concurrent_requests, thread_name_prefix="gyre-proxy-engine")
+    limit = PromptLimit.for_tokenizer(tokenizer, max_context_tokens) if max_context_tokens is not None else None
     core = CompletionCore(
         router, sessions, tokenizer, executor,
-        stop_token_ids=stop_token_ids, defaults=defaults, parser=parser or QwenToolCallParser(),
+        stop_token_ids=stop_token_ids, defaults=defaults, parser=parser or QwenToolCallParser(), limit=limit,
     )
     inline_reasoning = "reasoning_content" not in (tokenizer.chat_template or "")
 
@@ -112,7 +119,7 @@ def create_app(
         declared = headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > max_body_bytes):
             raise ProxyError(413, f"request body exceeds {max_body_bytes} bytes", "too_large")
-        body = b""
+        body = bytearray()  # appended in place: a many-chunk body is copied once, not once per chunk
         while True:
             message = await request.receive()
             if message["type"] != "http.request":
@@ -157,7 +164,7 @@ def create_app(
         headers = _headers(request)
         session = authenticate(headers)
         body = await read(request, headers, anthropic_api.CountTokensRequest)
-        return anthropic_api.count_tokens(core, body, session, headers, inline_reasoning)
+        return await anthropic_api.count_tokens(core, body, session, headers, inline_reasoning)
 
     created = int(time.time())
     model_entry = {

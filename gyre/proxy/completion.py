@@ -4,13 +4,15 @@ The OpenAI and Anthropic front ends translate their requests into template messa
 hand them here; they translate the outcome (and, streaming, the reasoning/content deltas)
 back into their own shapes. Everything that decides what is trained happens here, once:
 
-1. the prompt is rendered with the chat template and the exact sampled ids of earlier
-   outputs of the same execution are spliced in (`prompt.py`);
+1. the prompt is checked against the context by a cheap character bound (`limits.py`),
+   then rendered with the chat template and the exact sampled ids of earlier outputs of
+   the same execution are spliced in (`prompt.py`), in a worker thread (`offload.py`);
 2. the generation runs on engines leased from the router, continued exactly across
    drains and failures (`generation.py`);
 3. the output is parsed (`output.py`) and recorded as a `Call` BEFORE the response
    completes; the turn as the harness will send it back (`assistant_message`) is
-   remembered for splicing.
+   remembered for splicing; in a worker thread too. The event loop never templates,
+   tokenises or parses a whole prompt or output.
 
 A call that ends without a complete output (client gone, streaming or not; engines failed
 after sampling some tokens) is recorded with `finish_reason == "abort"` and never
@@ -35,6 +37,8 @@ from pydantic import BaseModel
 from gyre.engines.base import ContextLengthError, SamplingParams
 from gyre.proxy.errors import ProxyError
 from gyre.proxy.generation import EngineFailedError, Generated, Generation
+from gyre.proxy.limits import PromptLimit, counted_chars
+from gyre.proxy.offload import PromptLanes
 from gyre.proxy.output import IncrementalDecoder, OutputStreamer, ParsedOutput, parse_output
 from gyre.proxy.prompt import BuiltPrompt, PromptBuilder
 from gyre.proxy.router import EngineRouter, NoEngineError
@@ -116,21 +120,37 @@ class CompletionCore:
         stop_token_ids: tuple[int, ...],
         defaults: ProxyDefaults,
         parser: ToolCallParser,
+        limit: PromptLimit | None = None,
+        lanes: PromptLanes | None = None,
     ) -> None:
+        """`limit`: the context's character bound (None: only the engine checks the context)."""
         self.router, self.sessions, self.tokenizer, self.executor = router, sessions, tokenizer, executor
         self.stop_token_ids = frozenset(stop_token_ids)
         self._stop_tuple = tuple(stop_token_ids)
         self.defaults, self.parser = defaults, parser
         self.builder = PromptBuilder(tokenizer)
+        self.limit = limit
+        self.lanes = lanes or PromptLanes()
 
-    def build_prompt(self, req: TurnRequest) -> BuiltPrompt:
+    def prompt_chars(self, req: TurnRequest) -> int:
+        """The request's counted characters, refused (400) when they cannot fit the context."""
+        return self.limit.check(req.messages) if self.limit is not None else counted_chars(req.messages)
+
+    async def build_prompt(self, req: TurnRequest, chars: int | None = None) -> BuiltPrompt:
+        """The TITO prompt, built in a worker thread after the character bound passed."""
+        if chars is None:
+            chars = self.prompt_chars(req)
+        return await self.lanes.run(chars, self._build, req)
+
+    def _build(self, req: TurnRequest) -> BuiltPrompt:
         try:
             return self.builder.build(req.messages, req.tools, req.session.tito)
         except Exception as exc:  # the chat template rejected the conversation: bad input
             raise ProxyError(400, f"cannot render messages with the chat template: {exc}") from exc
 
-    def turn(self, req: TurnRequest) -> "Turn":
-        prompt = self.build_prompt(req)
+    async def turn(self, req: TurnRequest) -> "Turn":
+        chars = self.prompt_chars(req)
+        prompt = await self.build_prompt(req, chars)
         d = self.defaults
         forced = d.force_temperature
         params = SamplingParams(
@@ -140,12 +160,14 @@ class CompletionCore:
             top_p=1.0 if (req.top_p is None or forced) else req.top_p,
             top_k=0 if (req.top_k is None or forced) else req.top_k,
         )
-        return Turn(self, req, prompt, params)
+        return Turn(self, req, prompt, params, chars)
 
 
 class Turn:
-    def __init__(self, core: CompletionCore, req: TurnRequest, prompt: BuiltPrompt, params: SamplingParams) -> None:
+    def __init__(self, core: CompletionCore, req: TurnRequest, prompt: BuiltPrompt, params: SamplingParams,
+                 chars: int) -> None:
         self.core, self.req, self.prompt, self.params = core, req, prompt, params
+        self.chars = chars  # the prompt's counted characters: which lane its work takes
         self.call_id = f"call-{_CALL_ID_PREFIX}{next(_CALL_NUMBERS):08x}"
         self.parser = core.parser if req.parse_tool_calls else NO_TOOL_CALLS
         self._stops = StopMatcher(core.tokenizer, req.stop, core.stop_token_ids) if req.stop else None
@@ -238,6 +260,10 @@ class Turn:
             rest = self._stops.flush()  # no stop string: what was held back is shown now
             if rest:
                 self._queue.put_nowait(rest)
+        return await self.core.lanes.run(self.chars, self._finish, out, finish, stop_sequence, started)
+
+    def _finish(self, out: Generated, finish: str, stop_sequence: str | None, started) -> TurnResult:
+        """Worker thread: decode and parse the output, record the call, remember the turn."""
         ended = finish == "stop" and bool(out.output_ids) and out.output_ids[-1] in self.core.stop_token_ids
         text_ids = out.output_ids[:-1] if ended else out.output_ids
         text = self.core.tokenizer.decode(text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gyre.config import ModelConfig, load_yaml_model
 
@@ -58,7 +58,8 @@ class ProxyServeConfig(Section):
     max_new_tokens_cap: int = Field(default=8192, gt=0)
     """Upper bound on any request's token limit (Claude Code asks for 64000)."""
     max_body_bytes: int = Field(default=32 * 2**20, gt=0)
-    """Largest request body accepted; larger ones get a 413 in the API's shape."""
+    """Largest request body accepted; larger ones get a 413 in the API's shape before the body is
+    read whole. (A prompt whose text cannot fit the model's context is a 400 before templating.)"""
     max_concurrent_requests: int = Field(default=512, gt=0)
     """Engine calls in flight at once."""
     no_engine_wait_s: float = Field(default=120.0, ge=0)
@@ -66,7 +67,16 @@ class ProxyServeConfig(Section):
     keys: dict[str, str] = Field(default_factory=dict)
     """Static API key -> execution id (standalone use; a run mints one key per execution)."""
     record_path: Path | None = None
-    """Where to write every recorded call as JSON lines when the server stops (None: not kept)."""
+    """DuckDB file (`.duckdb`) every call is recorded in as it is made, in a run's call tables
+    (`calls`, `call_tokens`, `call_segments`, `call_fallbacks`), at least every second; None: not kept."""
+
+    @field_validator("record_path")
+    @classmethod
+    def _duckdb_file(cls, path: Path | None) -> Path | None:
+        if path is not None and path.suffix != ".duckdb":
+            raise ValueError(f"{path}: calls are recorded in a DuckDB file as they are made; name one ending "
+                             "in .duckdb (JSON lines written at exit are no longer kept)")
+        return path
 
 
 def load_proxy_config(path: Path | str) -> ProxyServeConfig:

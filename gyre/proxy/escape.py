@@ -29,6 +29,8 @@ from typing import Any
 
 import orjson
 
+from gyre.proxy.long_text import LONG_TEXT_CHARS, LongTextTokenizer
+
 MARKER = "\ue000"
 """Private-use character inserted into escaped control-token text (never a token here)."""
 ASSISTANT_TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
@@ -37,6 +39,11 @@ SMALL_TEXT_CHARS = 64
 """Texts up to this long are tokenised once and remembered (the separators and turn
 headers between spliced outputs recur on every call)."""
 SMALL_CACHE_ENTRIES = 4096
+GIL_FREE_CHARS = 4096
+"""Texts at least this long are tokenised through the Rust tokenizer's batch call, which
+releases the GIL (its single-text `encode` holds it throughout, during which the proxy's
+event loop cannot run); from `LONG_TEXT_CHARS` on, in a helper process (`long_text.py`).
+Same ids every way."""
 _UNMARK = re.compile(MARKER + "(" + MARKER + ")?")
 
 
@@ -59,12 +66,14 @@ class ControlTokenEscaper:
         self._boundaries = _pattern([t for t in self._ids if t not in assistant_tags])
         self._backend = getattr(tokenizer, "_tokenizer", None)  # the Rust tokenizer, when fast
         self._small: dict[str, list[int]] = {}
-        self._plain = None
+        self._plain = self._long = None
         if self._backend is not None:
             from tokenizers import Tokenizer
 
-            self._plain = Tokenizer.from_str(self._backend.to_str())
+            definition = self._backend.to_str()
+            self._plain = Tokenizer.from_str(definition)
             self._plain.encode_special_tokens = True  # control-token text is plain text here
+            self._long = LongTextTokenizer(definition)
 
     def is_control_token(self, text: str) -> bool:
         """Whether `text` is one of the tokenizer's added tokens (tokenisation splits there)."""
@@ -154,5 +163,10 @@ class ControlTokenEscaper:
 
     def _encode(self, text: str, special: bool) -> list[int]:
         if self._backend is not None:
-            return (self._backend if special else self._plain).encode(text, add_special_tokens=False).ids
+            if len(text) >= LONG_TEXT_CHARS:
+                return self._long.encode(text, special)
+            backend = self._backend if special else self._plain
+            if len(text) >= GIL_FREE_CHARS:
+                return backend.encode_batch([text], add_special_tokens=False)[0].ids
+            return backend.encode(text, add_special_tokens=False).ids
         return self._tokenizer(text, add_special_tokens=False, split_special_tokens=not special)["input_ids"]

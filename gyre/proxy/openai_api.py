@@ -201,7 +201,7 @@ async def chat_completions(
         agent_id=headers.get("x-gyre-agent-id"),
         session_hint=headers.get("x-gyre-session-id") or body.user,
     )
-    turn = core.turn(req)
+    turn = await core.turn(req)
     model = body.model or model_name
     created = int(time.time())
     completion_id = f"chatcmpl-{turn.call_id}"

@@ -1,12 +1,21 @@
 """`gyre proxy serve`: the proxy on its own, in front of the engines a config names.
 
 For pointing a harness (Claude Code, mini-swe-agent) at a policy by hand, or for serving
-rollouts to a run elsewhere. Runs in the foreground until interrupted; then, if the
-config says so, writes every recorded call as JSON lines.
+rollouts to a run elsewhere. Runs in the foreground until interrupted.
+
+With `record_path` set, every call is recorded token-in/token-out in that DuckDB file as it
+is made: the tables a run keeps its calls in (`calls`, `call_tokens`, `call_segments`,
+`call_fallbacks`), appended in batches at least every second by a `CallLog`. So a kill -9
+loses at most the last second of calls, and SIGTERM or SIGINT lose none: uvicorn stops
+taking requests, lets those in flight finish (and be recorded), then the log writes the rest.
+uvicorn re-raises the signal once it has stopped; SIGTERM's default action would end the
+process right there, so both signals are turned into `SystemExit(128 + signal)` and the
+`finally` below always runs.
 """
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import uvicorn
@@ -20,6 +29,10 @@ from gyre.proxy.config import ProxyServeConfig, load_proxy_config
 from gyre.proxy.router import EngineRouter
 from gyre.proxy.sessions import SessionRegistry
 from gyre.proxy.toolcalls import parser_for
+from gyre.storage.call_log import CallLog
+from gyre.storage.store import CALL_TABLES, RunStore
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def model_dir(config: ProxyServeConfig) -> Path:
@@ -31,7 +44,7 @@ def model_dir(config: ProxyServeConfig) -> Path:
     return cached_tiny_model(config.cache_dir / "models", spec)
 
 
-def build(config: ProxyServeConfig):
+def build(config: ProxyServeConfig, sessions: SessionRegistry | None = None):
     """(app, router, sessions, engines) for `config`, engines started."""
     from gyre.engines.torch_rollout import TorchRolloutEngine
 
@@ -40,7 +53,7 @@ def build(config: ProxyServeConfig):
     engines = [TorchRolloutEngine(path, engine_id=e.id, max_batch_size=e.max_batch_size, seed=e.seed, device=e.device)
                for e in config.engines]
     router = EngineRouter(engines, max_wait_s=config.no_engine_wait_s)
-    sessions = SessionRegistry()
+    sessions = sessions or SessionRegistry()
     for key, execution_id in config.keys.items():
         sessions.add(execution_id, key)
     app = create_app(
@@ -53,23 +66,36 @@ def build(config: ProxyServeConfig):
         parser=parser_for(config.tool_parser),
         max_body_bytes=config.max_body_bytes,
         max_concurrent_requests=config.max_concurrent_requests,
+        max_context_tokens=min(e.max_context for e in engines),
     )
     return app, router, sessions, engines
 
 
+def _exit_on_signal(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def serve(config_path: Path | str) -> None:
     config = load_proxy_config(config_path)
-    app, _, sessions, engines = build(config)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
-                                           access_log=False, lifespan="off"))
+    previous = {sig: signal.signal(sig, _exit_on_signal) for sig in STOP_SIGNALS}
+    store = call_log = None
+    engines = []
     try:
-        server.run()
-    finally:
-        for engine in engines:
-            engine.close()
         if config.record_path is not None:
-            config.record_path.parent.mkdir(parents=True, exist_ok=True)
-            with config.record_path.open("a") as f:
-                for execution_id in config.keys.values():
-                    for call in sessions.close(execution_id).calls:
-                        f.write(call.model_dump_json() + "\n")
+            store = RunStore(config.record_path, tables=CALL_TABLES)
+            call_log = CallLog(store)
+        app, _, _, engines = build(config, SessionRegistry(sink=call_log.put if call_log else None))
+        server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
+                                               access_log=False, lifespan="off"))
+        server.run()  # returns once stopped; a stop signal is re-raised here (SystemExit)
+    finally:
+        try:
+            if call_log is not None:
+                call_log.close()
+        finally:
+            if store is not None:
+                store.close()
+            for engine in engines:
+                engine.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -4,12 +4,17 @@ The run mints one key per execution; the key is the only thing that maps a reque
 execution, so one execution's key can never write into another's record, and one
 execution's recorded outputs are never spliced into another's prompt. Thread-safe: the
 proxy serves many executions concurrently while the run mints and closes keys.
+
+Every call that becomes part of an execution's record is also handed to the registry's
+`sink` at that moment (the run's or the standalone proxy's `CallLog`, which puts it on
+disk within a second); a call that ends after its execution was closed goes nowhere.
 """
 
 from __future__ import annotations
 
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gyre.proxy.prompt import TitoCache
@@ -32,7 +37,9 @@ class ExecutionSession:
 
 
 class SessionRegistry:
-    def __init__(self) -> None:
+    def __init__(self, sink: Callable[[Call], None] | None = None) -> None:
+        """`sink`: receives each recorded call as it is recorded (None: kept in memory only)."""
+        self._sink = sink
         self._lock = threading.Lock()
         self._by_key: dict[str, ExecutionSession] = {}
         self._key_of: dict[str, str] = {}
@@ -61,6 +68,8 @@ class SessionRegistry:
         with self._lock:
             if session.closed:
                 return  # the execution ended while this call ran: it is not part of its record
+            if self._sink is not None:
+                self._sink(call)
             session.calls.append(call)
             session.fallback_turns += fallback_turns
 

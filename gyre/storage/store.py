@@ -1,11 +1,16 @@
 """The run's DuckDB file: runs, steps, evals, executions, calls, their token arrays, the
-engines that served each call (segments) and where TITO fell back to template tokens.
+engines that served each call (segments), where TITO fell back to template tokens, and the
+reruns of failed evaluations (`eval_attempts`, `eval_rate_changes`; `gyre.rescore`).
 
 DuckDB allows one read-write process per file, so exactly one process (the coordinator)
 opens a `RunStore`; cells and tasks hand it records. Rows are appended in batches with one
 `INSERT ... SELECT FROM unnest(...)` per table per batch, never row by row (row-by-row
 `executemany` is ~10^4 times slower here). Appends are thread-safe and each batch is one
-transaction, so a crash never leaves half a batch; rows already written stay.
+transaction, so a crash never leaves half a batch; rows already written stay. `write` puts
+several tables' batches and updates into one transaction (all land or none).
+
+A file written by an older gyre opens: missing tables are created and missing columns added
+(`ADD COLUMN IF NOT EXISTS`) when the store opens it.
 
 Query it after (or between) runs: `duckdb runs/x/gyre.duckdb "select * from steps"`.
 """
@@ -123,6 +128,37 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("start_s", "DOUBLE"),
         ("end_s", "DOUBLE"),
     ],
+    # Evaluations rerun after the fact (`gyre rerun-failed`): attempt 1 is the run's own,
+    # kept in `executions`; every rerun adds attempt 2, 3, ... here. Steps' advantages keep
+    # the scores training used; the latest attempt is the execution's score from then on.
+    "eval_attempts": [
+        ("execution_id", "VARCHAR"),
+        ("attempt", "INTEGER"),
+        ("rerun_id", "VARCHAR"),
+        ("eval_status", "VARCHAR"),
+        ("score", "DOUBLE"),
+        ("tests_passed", "INTEGER"),
+        ("tests_total", "INTEGER"),
+        ("eval_detail", "VARCHAR"),
+        ("eval_evidence", "VARCHAR[]"),
+        ("flags", "VARCHAR[]"),
+        ("eval_dir", "VARCHAR"),
+        ("started_at", "TIMESTAMPTZ"),
+        ("finished_at", "TIMESTAMPTZ"),
+    ],
+    # An eval round's pass rate recomputed by a rerun from its executions' latest attempts:
+    # the `evals` row is updated in place, its old and new values are kept here.
+    "eval_rate_changes": [
+        ("rerun_id", "VARCHAR"),
+        ("step", "INTEGER"),
+        ("split", "VARCHAR"),
+        ("policy_version", "INTEGER"),
+        ("old_pass_rate", "DOUBLE"),
+        ("new_pass_rate", "DOUBLE"),
+        ("old_num_dropped", "INTEGER"),
+        ("new_num_dropped", "INTEGER"),
+        ("changed_at", "TIMESTAMPTZ"),
+    ],
     # TITO fallbacks: prompt positions [prompt_start, prompt_end) holding template tokens of
     # an assistant turn the harness changed (never trainable).
     "call_fallbacks": [
@@ -141,14 +177,33 @@ def _whole(call: Call) -> list[OutputSegment]:
                           end=len(call.output_ids))]
 
 
+def score_columns(score: Score | None) -> dict[str, Any]:
+    """A score's columns, as `executions` and `eval_attempts` store them (all None without a score)."""
+    return {
+        "eval_status": score.status.value if score else None,
+        "score": score.score if score else None,
+        "tests_passed": score.tests_passed if score else None,
+        "tests_total": score.tests_total if score else None,
+        "eval_detail": score.detail if score else None,
+        "eval_evidence": score.evidence if score else None,
+        "flags": score.flags if score else None,
+    }
+
+
+CALL_TABLES = ("calls", "call_tokens", "call_segments", "call_fallbacks")
+"""The tables of a standalone proxy's record (`gyre proxy serve`): a run's call tables."""
+
+
 class RunStore:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, tables: Sequence[str] | None = None) -> None:
+        """Open (or create) the file; `tables`: create only these (default: every table)."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._con = duckdb.connect(str(self.path))
         self._lock = threading.Lock()
         with self._lock:
-            for table, columns in SCHEMA.items():
+            for table in tables or SCHEMA:
+                columns = SCHEMA[table]
                 cols = ", ".join(f"{name} {kind}" for name, kind in columns)
                 self._con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
                 for name, kind in columns:  # a run file written by an older gyre (resume) gains new columns
@@ -156,8 +211,29 @@ class RunStore:
 
     def append(self, table: str, rows: Sequence[dict[str, Any]]) -> int:
         """Append `rows` (dicts keyed by column) to `table` as one batch; returns the count."""
-        if not rows:
-            return 0
+        self.write([(table, rows)])
+        return len(rows)
+
+    def write(self, batches: Sequence[tuple[str, Sequence[dict[str, Any]]]],
+              updates: Sequence[tuple[str, list]] = ()) -> None:
+        """Append each (table, rows) batch, then run each (SQL, params) update, as ONE transaction:
+        all of it lands or none of it does."""
+        statements = [self._insert(table, rows) for table, rows in batches if rows]
+        if not statements and not updates:
+            return
+        with self._lock:
+            self._con.execute("BEGIN")
+            try:
+                for sql, params in [*statements, *updates]:
+                    self._con.execute(sql, params)
+                self._con.execute("COMMIT")
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+
+    @staticmethod
+    def _insert(table: str, rows: Sequence[dict[str, Any]]) -> tuple[str, list]:
+        """One `INSERT ... SELECT unnest(...)` for `rows` of `table`, and its parameters."""
         columns = [name for name, _ in SCHEMA[table]]
         for i, row in enumerate(rows):
             unknown = set(row) - set(columns)
@@ -165,16 +241,7 @@ class RunStore:
                 raise ValueError(f"{table} row {i}: unknown columns {sorted(unknown)}")
         kinds = dict(SCHEMA[table])
         select = ", ".join(f"unnest(${i + 1})::{kinds[c]} AS {c}" for i, c in enumerate(columns))
-        params = [[row.get(c) for row in rows] for c in columns]
-        with self._lock:
-            self._con.execute("BEGIN")
-            try:
-                self._con.execute(f"INSERT INTO {table} SELECT {select}", params)
-                self._con.execute("COMMIT")
-            except BaseException:
-                self._con.execute("ROLLBACK")
-                raise
-        return len(rows)
+        return f"INSERT INTO {table} SELECT {select}", [[row.get(c) for row in rows] for c in columns]
 
     def append_steps(self, steps: Sequence[StepRecord]) -> int:
         return self.append("steps", [s.model_dump() for s in steps])
@@ -185,34 +252,25 @@ class RunStore:
     def append_calls(self, calls: Sequence[Call]) -> int:
         """Calls with their token arrays, output segments (engine and policy version per
         run of output tokens; a call recorded without segments is one segment) and TITO
-        fallback spans; one batch per table, the `calls` rows last."""
-        self.append(
-            "call_tokens",
-            [
+        fallback spans; one batch per table, all in one transaction (`call_log.py` hands
+        them over as they are made)."""
+        self.write([
+            ("call_tokens", [
                 {"call_id": c.call_id, "prompt_ids": c.prompt_ids, "output_ids": c.output_ids, "logprobs": c.logprobs}
                 for c in calls
-            ],
-        )
-        self.append(
-            "call_segments",
-            [
+            ]),
+            ("call_segments", [
                 {"call_id": c.call_id, "execution_id": c.execution_id, "segment_index": i, "engine_id": s.engine_id,
                  "policy_version": s.policy_version, "output_start": s.start, "output_end": s.end}
                 for c in calls
                 for i, s in enumerate(c.segments or _whole(c))
-            ],
-        )
-        self.append(
-            "call_fallbacks",
-            [
+            ]),
+            ("call_fallbacks", [
                 {"call_id": c.call_id, "execution_id": c.execution_id, "prompt_start": start, "prompt_end": end}
                 for c in calls
                 for start, end in c.prompt_fallback_spans
-            ],
-        )
-        return self.append(
-            "calls",
-            [
+            ]),
+            ("calls", [
                 {
                     "call_id": c.call_id,
                     "execution_id": c.execution_id,
@@ -227,8 +285,9 @@ class RunStore:
                     "finished_at": c.finished_at,
                 }
                 for c in calls
-            ],
-        )
+            ]),
+        ])
+        return len(calls)
 
     def append_executions(
         self, rows: Sequence[tuple[Execution, Score | None, int, float | None]]
@@ -239,13 +298,7 @@ class RunStore:
             row = ex.model_dump(mode="python")
             row["workspace"] = str(ex.workspace)
             row["status"] = ex.status.value
-            row["eval_status"] = score.status.value if score else None
-            row["score"] = score.score if score else None
-            row["tests_passed"] = score.tests_passed if score else None
-            row["tests_total"] = score.tests_total if score else None
-            row["eval_detail"] = score.detail if score else None
-            row["eval_evidence"] = score.evidence if score else None
-            row["flags"] = score.flags if score else None
+            row.update(score_columns(score))
             row["staleness"] = staleness
             row["advantage"] = advantage
             out.append(row)

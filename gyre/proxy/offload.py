@@ -1,0 +1,49 @@
+"""Prompt work off the event loop, in two bounded lanes of worker threads.
+
+The proxy's event loop only moves bytes: it reads bodies, routes, streams tokens, answers
+`/health`. Templating a conversation and tokenising it, and after the engine answers,
+decoding, parsing and rendering the turn to remember it for splicing (`completion.py`),
+cost time linear in the prompt, so they never run on the loop: `PromptLanes.run` hands
+them to a worker thread and awaits the result.
+
+Two lanes, chosen by the prompt's size in characters (`limits.counted_chars`, known
+before any of that work): prompts under `HEAVY_PROMPT_CHARS` (most calls; TITO prefix
+states make even a long conversation's next call cheap) run in `LIGHT_WORKERS` threads,
+larger ones in `HEAVY_WORKERS` threads. A burst of huge requests therefore queues behind
+itself, never in front of the small requests of other executions.
+
+Worker threads share the GIL with the loop. Rendering is Python and yields it every
+switch interval (5 ms); tokenising releases it (`escape.py`), and a long text is
+tokenised in a nicer helper process (`long_text.py`), so the loop keeps answering, and
+keeps its CPU, while a huge prompt is being tokenised. The threads themselves run at the
+loop's priority: a nicer thread descheduled while it holds the GIL would stall the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+
+HEAVY_PROMPT_CHARS = 65_536
+"""Prompts with at least this many counted characters (~16k tokens) take the heavy lane."""
+LIGHT_WORKERS = 4
+"""Threads doing the prompt work of ordinary requests."""
+HEAVY_WORKERS = 2
+"""Threads doing the prompt work of heavy requests."""
+
+
+class PromptLanes:
+    def __init__(self, light_workers: int = LIGHT_WORKERS, heavy_workers: int = HEAVY_WORKERS,
+                 heavy_chars: int = HEAVY_PROMPT_CHARS) -> None:
+        self.heavy_chars = heavy_chars
+        self._light = ThreadPoolExecutor(light_workers, thread_name_prefix="gyre-prompt")
+        self._heavy = ThreadPoolExecutor(heavy_workers, thread_name_prefix="gyre-prompt-heavy")
+
+    async def run(self, chars: int, fn: Callable[..., T], *args) -> T:
+        """`fn(*args)` in the lane for a prompt of `chars` characters."""
+        lane = self._heavy if chars >= self.heavy_chars else self._light
+        return await asyncio.get_running_loop().run_in_executor(lane, fn, *args)

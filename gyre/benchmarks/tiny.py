@@ -3,7 +3,8 @@
 A laptop-sized model cannot write a whole NL2RepoBench repository, yet the RL loop needs
 queries that it can sometimes solve and sometimes not, scored exactly the way the real
 benchmark is scored. `tiny` is that set: each query asks for one small Python module
-(`calc.py` with `add(a, b)`, a greeting with an exact string, a constant, ...) and hides
+(`calc.py` with a function such as `compute(a, b)` that returns a + b, a greeting with an exact
+string, a constant, ...; function names come from one pool shared by every template) and hides
 2-5 independent pytest tests, so partial credit is possible. The files use NL2RepoBench's
 layout exactly (see `gyre.benchmarks.nl2repo`), so `load_nl2repo(out, "tiny")` loads them
 through the same code path as the real benchmark.
@@ -47,12 +48,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # 2: hidden tests check the exact type before the value (1: plain `==`, beaten by always-equal objects).
-FORMAT_VERSION = 2
+# 3: function names from one pool shared by every template (2: 3-4 names per template, learnt by heart).
+FORMAT_VERSION = 3
 MANIFEST_FILE = "tiny.json"
 TEST_COMMAND = "python -m pytest -q -p no:cacheprovider tests"
 
 _MODULES = ("calc", "mathkit", "helpers", "funcs", "toolbox", "basics", "snippets", "little")
 _NAMES = ("Ada", "Linus", "Grace", "Alan", "Edsger", "Barbara", "Ken", "Margaret")
+# Every function template draws its name here. With 3-4 names of its own per template (format
+# 2), a template had 3-4 distinct reference solutions; a content split then held out names
+# the model had never written, and a 2-layer model that learnt each training pair by heart
+# scored 0.055 in-distribution against 0.8 on training queries (0.0 on `add`). Drawn from one
+# pool, a held-out (template, name) pair has a name trained on in other templates: the
+# policy must read the name from the instruction, which is what RL and SFT can both learn.
+# (never `result`: the hidden tests bind `result = fn(...)`)
+_FUNCTIONS = ("compute", "solve", "apply", "handle", "process", "evaluate", "transform", "calc",
+              "answer", "work", "outcome", "get_value", "make_value", "convert", "run", "do_task",
+              "helper", "op", "logic", "step", "check", "action", "main_fn", "task")
 _WORDS = ("red", "green", "blue", "fast", "slow", "cat", "dog", "sun", "moon", "tree", "river", "stone")
 
 
@@ -97,7 +109,7 @@ def _returns(name: str, call: str, value: bool | int | float | str) -> str:
 
 
 def _add(rng: random.Random, module: str) -> TinyTask:
-    fn = rng.choice(("add", "plus", "add_numbers", "sum_two"))
+    fn = rng.choice(_FUNCTIONS)
     pairs = [(rng.randint(-50, 50), rng.randint(-50, 50)) for _ in range(4)]
     pool = [_returns(f"{fn}_{i}", f"{fn}({a}, {b})", a + b) for i, (a, b) in enumerate(pairs)]
     pool.append(_returns(f"{fn}_floats", f"{fn}(0.5, 0.25)", 0.75))
@@ -113,7 +125,7 @@ def _add(rng: random.Random, module: str) -> TinyTask:
 
 
 def _greet(rng: random.Random, module: str) -> TinyTask:
-    fn = rng.choice(("greet", "hello", "welcome", "salute"))
+    fn = rng.choice(_FUNCTIONS)
     word = rng.choice(("Hello", "Hi", "Welcome", "Greetings", "Good day"))
     mark = rng.choice(("!", ".", "?"))
     pool = [_returns(f"{fn}_{name.lower()}", f"{fn}({name!r})", f"{word}, {name}{mark}") for name in _NAMES[:5]]
@@ -148,7 +160,7 @@ def _constant(rng: random.Random, module: str) -> TinyTask:
 
 
 def _reverse_words(rng: random.Random, module: str) -> TinyTask:
-    fn = rng.choice(("reverse_words", "flip_words", "words_backwards"))
+    fn = rng.choice(_FUNCTIONS)
     sentences = [" ".join(rng.sample(_WORDS, n)) for n in (2, 3, 4)]
     pool = [_returns(f"{fn}_{i}", f"{fn}({s!r})", " ".join(reversed(s.split()))) for i, s in enumerate(sentences)]
     pool.append(_returns(f"{fn}_single", f"{fn}('word')", "word"))
@@ -166,7 +178,7 @@ def _reverse_words(rng: random.Random, module: str) -> TinyTask:
 
 def _divisible(rng: random.Random, module: str) -> TinyTask:
     k = rng.randint(2, 9)
-    fn = "is_even" if k == 2 else f"divisible_by_{k}"
+    fn = rng.choice(_FUNCTIONS)
     numbers = [0, k * rng.randint(1, 20), k * rng.randint(1, 20) + 1, -k * rng.randint(1, 5), k * 7 - 1]
     pool = [_returns(f"{fn}_{i}", f"{fn}({n})", n % k == 0) for i, n in enumerate(numbers)]
     return TinyTask(
@@ -181,7 +193,7 @@ def _divisible(rng: random.Random, module: str) -> TinyTask:
 
 
 def _clamp(rng: random.Random, module: str) -> TinyTask:
-    fn = rng.choice(("clamp", "bound", "limit_to"))
+    fn = rng.choice(_FUNCTIONS)
     lo = rng.randint(-20, 0)
     hi = rng.randint(1, 20)
     pool = [
@@ -203,7 +215,7 @@ def _clamp(rng: random.Random, module: str) -> TinyTask:
 
 
 def _scale(rng: random.Random, module: str) -> TinyTask:
-    fn = rng.choice(("scale", "multiply", "times"))
+    fn = rng.choice(_FUNCTIONS)
     factor = rng.randint(2, 12)
     xs = [rng.randint(-30, 30) for _ in range(4)]
     pool = [_returns(f"{fn}_{i}", f"{fn}({x})", x * factor) for i, x in enumerate(xs)]

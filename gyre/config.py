@@ -244,6 +244,15 @@ class AlgoConfig(Section):
     """Divide group-relative advantages by the group's standard deviation."""
 
 
+class MetricsConfig(Section):
+    sinks: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
+    """Optional mirrors of the step metrics (`gyre.metrics`), beside DuckDB (always written):
+    `tensorboard` (events under `<run_dir>/tensorboard`) and `wandb` (offline, under `<run_dir>`),
+    each used when its package is installed. A failing sink is warned about once, never stops a run."""
+    project: str = "gyre"
+    """wandb project name."""
+
+
 class SchedulerConfig(Section):
     policy: Literal["colocate", "colocate-standalone", "colocate-streaming", "async", "async-streaming",
                     "elastic", "elastic-single-step"] | None = None
@@ -293,6 +302,8 @@ class RunConfig(Section):
     """How recorded calls become trained trajectories: Jmax sampling, packing, classifier hints."""
     scheduler: SchedulerConfig = SchedulerConfig()
     """Cell scheduling on the box (off by default: the step-synchronous loop)."""
+    metrics: MetricsConfig = MetricsConfig()
+    """Where step metrics go besides DuckDB."""
 
 
 M = TypeVar("M", bound=BaseModel)

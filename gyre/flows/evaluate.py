@@ -22,6 +22,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from gyre.config import load_config
 from gyre.coordinator import Coordinator
 from gyre.flows.rl_run import MAX_CONCURRENT_TASKS, eval_round
+from gyre.flows.ui import run_name
 from gyre.policy_eval import check_split, config_for_policy, load_policy
 from gyre.records import EvalRecord
 
@@ -35,7 +36,7 @@ def load(coord: Coordinator, policy: str) -> int:
     return load_policy(coord, Path(policy))
 
 
-@flow(name="evaluate", task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENT_TASKS))
+@flow(name="evaluate", flow_run_name=run_name, task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENT_TASKS))
 def evaluate(config_path: str, checkpoint_or_model: str, split: str = "in_distribution",
              run_dir: str | None = None) -> EvalRecord:
     """Evaluate a checkpoint (or model directory) on `split` (in_distribution or generalisation)

@@ -16,16 +16,20 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from prefect import flow
+from prefect import flow, tags
+from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from gyre.config import load_config
+from gyre.config import ConfigError, RunConfig, load_config
 from gyre.coordinator import Coordinator
+from gyre.flows.ui import RunObserver, rename_flow_run, run_name
+from gyre.lifecycle import attach
 from gyre.live_cells import LiveCells
+from gyre.metrics import MetricsFanout, make_sinks
 from gyre.progress import ProgressEvent, emit
 from gyre.records import EvalRecord, StepRecord, utc_now
 from gyre.tasks.step import (
-    checkpoint, evaluate, execute, launch_cell_command, publish_weights, record, record_eval, train,
+    checkpoint, evaluate, execute, launch_cell_command, prepare_model, publish_weights, record, record_eval, train,
 )
 
 MAX_CONCURRENT_TASKS = 256
@@ -43,10 +47,14 @@ def eval_round(coord: Coordinator, step: int, splits: tuple[str, ...] = EVAL_SPL
     emit(ProgressEvent("eval_started", step, {"executions": sum(len(qs) for _, qs in sets) * samples}))
     submitted = []
     for name, queries in sets:
-        executions = [execute.submit(coord, q, step, i, "eval") for q in queries for i in range(samples)]
-        submitted.append((name, executions, [evaluate.submit(coord, e) for e in executions]))
-    records = [record_eval(coord, step, [e.result() for e in executions], [e.result() for e in evaluations],
-                           started_at, name) for name, executions, evaluations in submitted]
+        with tags(f"step:{step}", "purpose:eval", f"split:{name}"):
+            executions = [execute.submit(coord, q, step, i, "eval") for q in queries for i in range(samples)]
+            submitted.append((name, executions, [evaluate.submit(coord, e) for e in executions]))
+    records = []
+    for name, executions, evaluations in submitted:
+        with tags(f"step:{step}", "purpose:eval", f"split:{name}"):
+            records.append(record_eval(coord, step, [e.result() for e in executions],
+                                       [e.result() for e in evaluations], started_at, name))
     return records[0]
 
 
@@ -55,14 +63,15 @@ def rl_step(coord: Coordinator, step: int, eval_pass_rate: float | None = None) 
     queries = coord.sample_queries(step)
     group_size = coord.config.rollout.group_size
     emit(ProgressEvent("step_started", step, {"executions": len(queries) * group_size}))
-    executions = [execute.submit(coord, q, step, g) for q in queries for g in range(group_size)]
-    evaluations = [evaluate.submit(coord, e) for e in executions]
-    results = [e.result() for e in executions]
-    scores = [e.result() for e in evaluations]
-    outcome = train(coord, step, results, scores, started_at, eval_pass_rate)
-    if outcome.record.skipped_reason is None:
-        publish_weights(coord, outcome.record.policy_version)
-    record(coord, outcome, results, scores)
+    with tags(f"step:{step}", "purpose:train"):
+        executions = [execute.submit(coord, q, step, g) for q in queries for g in range(group_size)]
+        evaluations = [evaluate.submit(coord, e) for e in executions]
+        results = [e.result() for e in executions]
+        scores = [e.result() for e in evaluations]
+        outcome = train(coord, step, results, scores, started_at, eval_pass_rate)
+        if outcome.record.skipped_reason is None:
+            publish_weights(coord, outcome.record.policy_version)
+        record(coord, outcome, results, scores)
     return outcome.record
 
 
@@ -87,40 +96,82 @@ def cells_run(coord: Coordinator, total: int) -> list[StepRecord]:
     return records
 
 
-@flow(name="rl-run", task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENT_TASKS))
+def load_run_config(config_path: str, benchmark_dir: str | None = None) -> RunConfig:
+    """The run's config, with `benchmark_dir` (a deployment parameter: the user's data) as its
+    benchmark path. A config that does not validate, or a benchmark directory that does not
+    exist, is a ConfigError here, before any work."""
+    config = load_config(config_path)
+    if benchmark_dir is not None:
+        if not Path(benchmark_dir).is_dir():
+            raise ConfigError(f"benchmark_dir {benchmark_dir}: no such directory (the benchmark's queries live there)")
+        config = config.model_copy(update={"benchmark": config.benchmark.model_copy(update={"path": Path(benchmark_dir)})})
+    elif config.benchmark.path is not None and not config.benchmark.path.is_dir():
+        raise ConfigError(f"{config_path}: field 'benchmark.path': {config.benchmark.path} is not a directory")
+    return config
+
+
+@flow(name="rl-run", flow_run_name=run_name, task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENT_TASKS))
 def rl_run(
-    config_path: str, run_dir: str | None = None, steps: int | None = None, resume: bool = False
+    config_path: str, run_dir: str | None = None, steps: int | None = None, resume: bool = False,
+    benchmark_dir: str | None = None,
 ) -> list[StepRecord]:
     """Run `steps` RL steps (default: the config's) into `run_dir` (default: runs/<name>-<time>).
 
-    With `evaluation.every_steps` set, the policy is evaluated on held-out queries before
-    every N-th step and after the last; the pass rate lands in `evals` and `steps`. With
-    `train.checkpoint_every` set, checkpoints land in `run_dir/checkpoints`; `resume`
-    continues a run directory from its newest checkpoint.
+    `benchmark_dir` replaces the config's `benchmark.path`. With `evaluation.every_steps` set,
+    the policy is evaluated on held-out queries before every N-th step and after the last; the
+    pass rate lands in `evals` and `steps`. With `train.checkpoint_every` set, checkpoints land
+    in `run_dir/checkpoints`; `resume` continues a run directory from its newest checkpoint.
+    The Prefect UI shows each step's artifacts and events (`gyre.flows.ui`).
     """
-    config = load_config(config_path)
-    run_dir = run_dir or str(Path("runs") / f"{config.name}-{datetime.now():%Y%m%d-%H%M%S}")
+    config = load_run_config(config_path, benchmark_dir)
+    if run_dir is None:
+        run_dir = str(Path("runs") / f"{config.name}-{datetime.now():%Y%m%d-%H%M%S}")
+        rename_flow_run(f"{Path(config_path).stem} @ {Path(run_dir).name}")
+    prepare_model(config)
     coord = Coordinator(config, Path(run_dir))
+    detach = attach(coord)  # closed in order by a stop signal; RUN_DIR/live.duckdb for `gyre sql`
+    total = steps or config.steps
+    mark_run(coord, "running")
+    metrics = MetricsFanout(make_sinks(config.metrics.sinks, coord.run_dir, config.metrics.project, coord.run_id))
+    observer = RunObserver(coord.run_id, config.name, coord.run_dir, total, metrics)
+    status = "failed"
     try:
-        total = steps or config.steps
-        if config.scheduler.policy is not None:
-            if resume:
-                raise ValueError("scheduler.policy: --resume is not supported with the cell scheduler yet")
-            emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir, "first_step": 0}))
-            records = cells_run(coord, total)
-            emit(ProgressEvent("run_finished", None, {"steps": total}))
-            return records
-        first = coord.resume() if resume else 0
-        emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir, "first_step": first}))
-        records = []
-        for step in range(first, total):
-            pass_rate = eval_round(coord, step).pass_rate if coord.eval_due(step, total) else None
-            records.append(rl_step(coord, step, pass_rate))
-            if coord.checkpoint_due(step, total):
-                checkpoint(coord, step)
-        if coord.eval_due(total, total):
-            eval_round(coord, total)
-        emit(ProgressEvent("run_finished", None, {"steps": total}))
+        records = train_run(coord, total, resume, run_dir)
+        status = "completed"
         return records
     finally:
+        observer.close()
+        mark_run(coord, status)
+        detach()
         coord.close()
+
+
+def train_run(coord: Coordinator, total: int, resume: bool, run_dir: str) -> list[StepRecord]:
+    """The steps (or the cell scheduler's run), with their evaluation rounds and checkpoints."""
+    config = coord.config
+    if config.scheduler.policy is not None:
+        if resume:
+            raise ValueError("scheduler.policy: --resume is not supported with the cell scheduler yet")
+        emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir, "first_step": 0}))
+        records = cells_run(coord, total)
+        emit(ProgressEvent("run_finished", None, {"steps": total}))
+        return records
+    first = coord.resume() if resume else 0
+    emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir, "first_step": first}))
+    records = []
+    for step in range(first, total):
+        pass_rate = eval_round(coord, step).pass_rate if coord.eval_due(step, total) else None
+        records.append(rl_step(coord, step, pass_rate))
+        if coord.checkpoint_due(step, total):
+            checkpoint(coord, step)
+    if coord.eval_due(total, total):
+        eval_round(coord, total)
+    emit(ProgressEvent("run_finished", None, {"steps": total}))
+    return records
+
+
+def mark_run(coord: Coordinator, status: str) -> None:
+    """The run's row in DuckDB's `runs`: its status, the Prefect flow run, the finish time."""
+    finished_at = None if status == "running" else utc_now()
+    coord.store.query("UPDATE runs SET status = ?, finished_at = ?, prefect_flow_run_id = ? WHERE run_id = ?",
+                      [status, finished_at, flow_run.id, coord.run_id])

@@ -1,6 +1,8 @@
-"""The tasks of one RL step (execute, evaluate, train, publish weights, record), of an
-evaluation round (execute and evaluate with purpose "eval", record-eval), and the one task
-that carries out a command of the cell scheduler (`cell-command`)."""
+"""The model build and warm start (`prepare-model`); the tasks of one RL step (execute,
+evaluate, train, publish weights, record), of an evaluation round (execute and evaluate with
+purpose "eval", record-eval), and the one task that carries out a command of the cell
+scheduler (`cell-command`). Task runs are named with step, purpose, query and sample, and
+the flow tags them `step:<N>` and `purpose:<train|eval>` (docs/prefect.md)."""
 
 from __future__ import annotations
 
@@ -11,18 +13,45 @@ from prefect import task
 from prefect.cache_policies import NONE
 from prefect.futures import PrefectFuture
 
+from gyre.config import RunConfig
 from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
-from gyre.records import EvalRecord, Query, Score
+from gyre.flows.ui import log_warmstart
+from gyre.prefect_events import emit_run_event
+from gyre.progress import subscribe
+from gyre.records import EvalRecord, EvalStatus, Query, Score
+from gyre.resolve import preflight
 
 
-@task(name="execute", task_run_name="{purpose}-{query.query_id}-g{group_index}", cache_policy=NONE)
+@task(name="prepare-model", task_run_name="build-model-and-warm-start-{config.name}", cache_policy=NONE)
+def prepare_model(config: RunConfig) -> str:
+    """Resolve the benchmark and build (or reuse) the model directory, warm start included, as
+    its own task run: its progress lines show in the UI. Returns the model directory."""
+    unsubscribe = subscribe(log_warmstart)
+    try:
+        model_dir, _ = preflight(config)
+    finally:
+        unsubscribe()
+    return str(model_dir)
+
+
+@task(name="execute", task_run_name="step{step}-{purpose}-{query.query_id}-sample{group_index}", cache_policy=NONE)
 def execute(coord: Coordinator, query: Query, step: int, group_index: int, purpose: str = "train") -> ExecutionResult:
     return coord.run_execution(query, step, group_index, purpose)
 
 
-@task(name="evaluate", task_run_name="evaluate-{result.execution.execution_id}", cache_policy=NONE)
+@task(name="evaluate", cache_policy=NONE,
+      task_run_name="step{result.execution.step}-{result.execution.purpose}-evaluate-{result.query.query_id}"
+                    "-sample{result.execution.group_index}")
 def evaluate(coord: Coordinator, result: ExecutionResult) -> Score:
-    return coord.evaluate(result)
+    """Score one kept workspace; an evaluator failure or a tampering verdict is also a Prefect event."""
+    score = coord.evaluate(result)
+    if score.status in (EvalStatus.error, EvalStatus.tampering):
+        kind = "failed" if score.status is EvalStatus.error else "tampering"
+        emit_run_event(f"gyre.evaluation.{kind}", coord.run_id, coord.config.name, {
+            "step": result.execution.step, "purpose": result.execution.purpose, "query_id": result.query.query_id,
+            "execution_id": result.execution.execution_id, "detail": score.detail[-2000:],
+            "evidence": score.evidence})
+    return score
 
 
 @task(name="train", task_run_name="train-step-{step}", cache_policy=NONE)

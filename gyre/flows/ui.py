@@ -1,0 +1,194 @@
+"""What a run shows in the Prefect UI: its name, artifacts, events and warnings.
+
+The flows wire this in; domain modules stay free of Prefect. `RunObserver` listens to the
+run's progress events (`gyre.progress`) and turns them into Prefect objects:
+
+- per step, a table artifact (scores, drops, staleness, GSPO diagnostics from the step
+  record) and a markdown artifact with the run's curves so far (PNG, also written under
+  `<run_dir>/report/steps/`);
+- one progress artifact for the run (`gyre-<run_id>-progress`), updated after every step;
+- Prefect events: `gyre.step.dropped-executions`, `gyre.step.tampering`,
+  `gyre.step.evaluations-mostly-failed` (also a WARNING log line), `gyre.cells.role-switch`;
+  `gyre.evaluation.failed` and `gyre.evaluation.tampering` come from the evaluate task;
+- warm-start progress as log lines of the task run that builds the model (`log_warmstart`);
+- every step's and evaluation's scalars to the metrics fan-out (`gyre.metrics`).
+
+Event resources are `gyre.run.<run_id>`, related to the flow run, so an automation can
+match on them (docs/prefect.md has one that pauses a run).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from prefect.artifacts import (
+    create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact,
+)
+from prefect.client.orchestration import get_client
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_run_logger
+from prefect.runtime import flow_run
+
+from gyre.metrics import MetricsFanout
+from gyre.prefect_events import emit_run_event
+from gyre.progress import ProgressEvent, subscribe
+
+MOSTLY_FAILED_SHARE = 0.5
+"""A step whose dropped (evaluator-failed) share of executions exceeds this is a warning."""
+WARMSTART_LOG_EVERY = 50
+"""Warm-start optimizer steps between two progress log lines."""
+TABLE_FIELDS = (
+    "step", "policy_version", "reward_mean", "num_executions", "num_dropped", "num_tampering", "mean_staleness",
+    "logprob_abs_diff", "loss", "grad_norm", "tokens_trained", "token_cap_frac", "clip_low_frac", "clip_high_frac",
+    "sampled_entropy", "mean_response_tokens", "eval_pass_rate", "skipped_reason",
+)
+
+log = logging.getLogger(__name__)
+
+
+def run_name() -> str:
+    """The flow run's name: the config's file stem and the run directory (`flow_run_name`)."""
+    params = flow_run.parameters
+    config = Path(params.get("config_path") or "config").stem
+    run_dir = params.get("run_dir")
+    return f"{config} @ {Path(run_dir).name}" if run_dir else f"{config} @ (new run directory)"
+
+
+def rename_flow_run(name: str) -> None:
+    """Rename the current flow run (once its run directory is chosen); nothing outside a flow run."""
+    if flow_run.id:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(UUID(flow_run.id), name=name)
+
+
+def prefect_logger() -> logging.Logger | logging.LoggerAdapter:
+    """The run logger (shown in the UI) when inside a flow or task run, else the module's."""
+    try:
+        return get_run_logger()
+    except MissingContextError:  # outside a flow or task run (tests, a listener thread): the module's logger
+        return log
+
+
+def step_table(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The step record as the table artifact's rows: one (metric, value) row per field."""
+    return [{"metric": key, "value": record.get(key)} for key in TABLE_FIELDS]
+
+
+def step_markdown(record: dict[str, Any], history: list[dict[str, Any]], png: bytes | None) -> str:
+    """The markdown artifact of a step: headline figures and the curves so far."""
+    dropped, total = record["num_dropped"], record["num_executions"]
+    lines = [
+        f"# Step {record['step']} (policy v{record['policy_version']})",
+        "",
+        f"- reward mean: {record.get('reward_mean')}",
+        f"- dropped: {dropped} of {total} executions (evaluator failures); tampering: {record.get('num_tampering', 0)}",
+        f"- mean staleness: {record.get('mean_staleness')}",
+        f"- GSPO: loss {record.get('loss')}, grad norm {record.get('grad_norm')}, clip low/high "
+        f"{record.get('clip_low_frac')}/{record.get('clip_high_frac')}, token cap {record.get('token_cap_frac')}",
+    ]
+    if record.get("skipped_reason"):
+        lines.append(f"- **skipped**: {record['skipped_reason']}")
+    if png is not None:
+        lines += ["", f"![curves after step {record['step']}](data:image/png;base64,{base64.b64encode(png).decode()})"]
+    lines += ["", f"{len(history)} step(s) so far."]
+    return "\n".join(lines)
+
+
+def curves_png(history: list[dict[str, Any]]) -> bytes:
+    """Reward mean, dropped share and GSPO clip fractions per step, as one PNG."""
+    from matplotlib.figure import Figure
+
+    steps = [r["step"] for r in history]
+
+    def series(key: str) -> list[float]:
+        return [float("nan") if r.get(key) is None else float(r[key]) for r in history]
+
+    fig = Figure(figsize=(9, 3), dpi=80)
+    reward, drops, gspo = fig.subplots(1, 3)
+    reward.plot(steps, series("reward_mean"), marker="o")
+    reward.set_title("reward mean")
+    drops.plot(steps, [r["num_dropped"] / max(r["num_executions"], 1) for r in history], marker="o", color="tab:red")
+    drops.set_title("dropped share")
+    for key in ("clip_low_frac", "clip_high_frac", "token_cap_frac"):
+        gspo.plot(steps, series(key), marker=".", label=key)
+    gspo.set_title("GSPO")
+    gspo.legend(fontsize=7)
+    for ax in (reward, drops, gspo):
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def log_warmstart(event: ProgressEvent) -> None:
+    """A progress listener for the model-build task run: a warm-start line every
+    `WARMSTART_LOG_EVERY` optimizer steps, and after the last."""
+    if event.kind == "warmstart" and event.step is not None:
+        done, total = event.step + 1, event.data["steps"]
+        if done % WARMSTART_LOG_EVERY == 0 or done == total:
+            prefect_logger().info("warm start: step %d of %d, loss %.4f", done, total, event.data["loss"])
+
+
+class RunObserver:
+    """Subscribes to a run's progress events for its lifetime; `close()` unsubscribes."""
+
+    def __init__(self, run_id: str, name: str, run_dir: Path, total_steps: int, metrics: MetricsFanout) -> None:
+        self.run_id, self.name, self.run_dir, self.total_steps = run_id, name, Path(run_dir), total_steps
+        self.metrics = metrics
+        self.history: list[dict[str, Any]] = []
+        self._roles: list[str] | None = None
+        self._progress_id: UUID | None = None
+        if flow_run.id:
+            self._progress_id = create_progress_artifact(
+                0.0, key=f"gyre-{run_id}-progress", description=f"{name}: steps done of {total_steps}")
+        self._unsubscribe = subscribe(self.on_event)
+
+    def close(self) -> None:
+        self._unsubscribe()
+        self.metrics.close()
+
+    def on_event(self, event: ProgressEvent) -> None:
+        if event.kind == "step_finished":
+            self.on_step(event.data)
+        elif event.kind == "eval_finished":
+            data = event.data
+            self.metrics.log({f"eval/{data['split']}/pass_rate": data.get("pass_rate"),
+                              f"eval/{data['split']}/num_dropped": data.get("num_dropped")}, event.step or 0)
+        elif event.kind == "cells":
+            self.on_roles(event.step, event.data["roles"])
+
+    def on_step(self, record: dict[str, Any]) -> None:
+        self.history.append(record)
+        step, dropped, total = record["step"], record["num_dropped"], record["num_executions"]
+        self.metrics.log({f"train/{k}": record.get(k) for k in TABLE_FIELDS if k != "step"}, step)
+        if dropped:
+            emit_run_event("gyre.step.dropped-executions", self.run_id, self.name,
+                           {"step": step, "dropped": dropped, "executions": total, "share": dropped / max(total, 1)})
+        if record.get("num_tampering"):
+            emit_run_event("gyre.step.tampering", self.run_id, self.name,
+                           {"step": step, "tampering": record["num_tampering"], "executions": total})
+        if total and dropped / total > MOSTLY_FAILED_SHARE:
+            prefect_logger().warning("step %d: %d of %d evaluations failed (dropped); its update rests on the rest",
+                                     step, dropped, total)
+            emit_run_event("gyre.step.evaluations-mostly-failed", self.run_id, self.name,
+                           {"step": step, "dropped": dropped, "executions": total, "share": dropped / total})
+        png = curves_png(self.history)
+        out = self.run_dir / "report" / "steps"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"step-{step:05d}.png").write_bytes(png)
+        create_table_artifact(step_table(record), description=f"{self.name}: step {step} record")
+        create_markdown_artifact(step_markdown(record, self.history, png), description=f"{self.name}: step {step}")
+        if self._progress_id is not None:
+            update_progress_artifact(self._progress_id, 100.0 * len(self.history) / max(self.total_steps, 1))
+
+    def on_roles(self, step: int | None, roles: list[str]) -> None:
+        if self._roles is not None and roles != self._roles:
+            emit_run_event("gyre.cells.role-switch", self.run_id, self.name,
+                           {"step": step, "before": self._roles, "after": roles})
+        self._roles = list(roles)

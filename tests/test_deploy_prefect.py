@@ -1,0 +1,155 @@
+"""The tiny deployment of prefect.yaml, deployed and run as a user does: a real Prefect server on
+127.0.0.1, a `process` work pool, `prefect deploy`, a worker, a triggered flow run that completes
+with the step's artifacts, named and tagged task runs, and its row in DuckDB's `runs`; then a
+flow run with a missing benchmark directory, which fails before any work."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFECT = [sys.executable, "-m", "prefect"]
+SERVER_START_S = 240.0
+"""Server start to healthy, at load 10 (a cold sqlite database and its migrations)."""
+RUN_DEADLINE_S = 900.0
+"""Trigger to a terminal state: worker poll, flow-run process start, model load, one small step."""
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    out = log.open("w")
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End the process we started and its session (the server's uvicorn, the worker's flow run)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def _wait_healthy(api: str, server: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + SERVER_START_S
+    while time.monotonic() < deadline:
+        assert server.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(f"{api}/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"server not healthy after {SERVER_START_S}s: {log.read_text()[-3000:]}")
+
+
+def _wait_terminal(api: str, flow_run_id: str, worker: subprocess.Popen, log: Path) -> dict:
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    while time.monotonic() < deadline:
+        run = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=30).json()
+        if run["state_type"] in TERMINAL:
+            return run
+        assert worker.poll() is None, log.read_text()[-3000:]
+        time.sleep(2)
+    raise AssertionError(f"flow run not finished after {RUN_DEADLINE_S}s: {log.read_text()[-3000:]}")
+
+
+def _cli(args: list[str], env: dict[str, str]) -> str:
+    proc = subprocess.run([*PREFECT, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _trigger(api: str, deployment_id: str, parameters: dict) -> str:
+    response = httpx.post(f"{api}/deployments/{deployment_id}/create_flow_run",
+                          json={"parameters": parameters}, timeout=30)
+    response.raise_for_status()
+    return response.json()["id"]
+
+
+@pytest.mark.slow
+def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_model_dir):
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = dict(
+        os.environ, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=api,
+        PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_API_PORT=str(port), PREFECT_UI_ENABLED="false",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false", GYRE_REPO=str(ROOT), PREFECT_WORKER_QUERY_SECONDS="2",
+    )
+    config = tmp_path / "one-step.yaml"
+    config.write_text(
+        f"name: deployed\nsteps: 1\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {tiny_model_dir}\n"
+        "benchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
+        "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\nharness:\n  max_turns: 2\n"
+    )
+    run_dir = tmp_path / "run"
+    server = worker = None
+    try:
+        server = _start([*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                        env, tmp_path / "server.log")
+        _wait_healthy(api, server, tmp_path / "server.log")
+        _cli(["work-pool", "create", "gyre-local", "--type", "process"], env)
+        _cli(["--no-prompt", "deploy", "--name", "tiny-cpu"], env)
+        deployment = httpx.get(f"{api}/deployments/name/rl-run/tiny-cpu", timeout=30).json()
+        assert deployment["parameters"] == {"config_path": "configs/tiny-cpu.yaml"}
+        worker = _start([*PREFECT, "worker", "start", "--pool", "gyre-local", "--limit", "1"],
+                        env, tmp_path / "worker.log")
+        flow_run_id = _trigger(api, deployment["id"], {"config_path": str(config), "run_dir": str(run_dir)})
+        run = _wait_terminal(api, flow_run_id, worker, tmp_path / "worker.log")
+        assert run["state_type"] == "COMPLETED", (run["state"], (tmp_path / "worker.log").read_text()[-4000:])
+        assert run["name"] == "one-step @ run"
+
+        artifacts = httpx.post(f"{api}/artifacts/filter", timeout=30,
+                               json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}}).json()
+        kinds = sorted(a["type"] for a in artifacts)
+        assert kinds == ["markdown", "progress", "table"], kinds
+        table = next(a for a in artifacts if a["type"] == "table")
+        assert "num_dropped" in str(table["data"]) and "clip_high_frac" in str(table["data"])
+        markdown = next(a for a in artifacts if a["type"] == "markdown")
+        assert "# Step 0" in markdown["data"] and "data:image/png;base64," in markdown["data"]
+        assert next(a for a in artifacts if a["type"] == "progress")["data"] == 100.0
+
+        task_runs = httpx.post(f"{api}/task_runs/filter", timeout=30,
+                               json={"flow_runs": {"id": {"any_": [flow_run_id]}}}).json()
+        names = {t["name"] for t in task_runs}
+        assert "build-model-and-warm-start-deployed" in names
+        executes = [t for t in task_runs if t["name"].startswith("step0-train-") and "-evaluate-" not in t["name"]]
+        assert len(executes) == 4 and all(t["name"].rsplit("-", 1)[1] in ("sample0", "sample1") for t in executes)
+        assert all({"step:0", "purpose:train"} <= set(t["tags"]) for t in executes)
+
+        con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
+        status, flow_run, finished = con.execute(
+            "select status, prefect_flow_run_id, finished_at from runs").fetchone()
+        con.close()
+        assert (status, flow_run) == ("completed", flow_run_id) and finished is not None
+
+        # a bad parameter fails the flow run at its first line: no run directory, no model build
+        missing = tmp_path / "no-such-benchmark"
+        bad_id = _trigger(api, deployment["id"], {"config_path": str(config), "run_dir": str(tmp_path / "bad"),
+                                                  "benchmark_dir": str(missing)})
+        bad = _wait_terminal(api, bad_id, worker, tmp_path / "worker.log")
+        assert bad["state_type"] == "FAILED"
+        assert str(missing) in bad["state"]["message"] or str(missing) in (tmp_path / "worker.log").read_text()
+        assert not (tmp_path / "bad").exists()
+    finally:
+        for proc in (worker, server):
+            if proc is not None:
+                _stop(proc)

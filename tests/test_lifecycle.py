@@ -1,0 +1,144 @@
+"""A `gyre run` leaves nothing behind: kill -9 mid-step then `--resume` completes with every
+step once; SIGTERM stops it promptly with a one-line message; `gyre sql` answers while it runs.
+
+Each test starts `gyre run` as a user does and kills it by PID in a `finally`. Every process
+below the run (its Prefect server, sandboxes, helpers) is listed by parent links in /proc
+while the run is live; after the stop each of them must be gone (a zombie counts as gone).
+Waits are bounded and generous: they hold on a 2-core box at load average 10.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from gyre.lifecycle import descendants
+
+GYRE = [sys.executable, "-m", "gyre.cli"]
+START_S = 600
+"""Bound on a run reaching its second step (Prefect server, preflight, one step) at load 10."""
+GONE_S = 30
+
+
+def _config(tmp_path: Path, model_dir: Path) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        f"name: lifecycle\nsteps: 3\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {model_dir}\n"
+        "benchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
+        "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\n"
+        "harness:\n  max_turns: 2\ntrain:\n  checkpoint_every: 1\n"
+    )
+    return path
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", COLUMNS="160")
+    env.pop("PREFECT_API_URL", None)  # gyre starts its own server
+    return env
+
+
+def _start(config: Path, cwd: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([*GYRE, "run", "--config", str(config), "--run-dir", "run", *extra], cwd=cwd,
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _sql(run_dir: Path, query: str) -> dict:
+    done = subprocess.run([*GYRE, "sql", str(run_dir), query, "--json"], env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def _wait_mid_step(proc: subprocess.Popen, run_dir: Path, step: int) -> set[int]:
+    """Wait until `step`'s executions run (step `step - 1` checkpointed); the run's processes then."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        seen.update(descendants(proc.pid))
+        if (run_dir / "checkpoints" / f"step-{step:06d}").is_dir() and \
+                list((run_dir / "workspaces").glob(f"s{step:04d}-*")):
+            return seen | set(descendants(proc.pid))
+        time.sleep(0.2)
+    raise AssertionError(f"run did not reach step {step} within {START_S} s")
+
+
+def _assert_gone(pids: set[int]) -> None:
+    deadline = time.monotonic() + GONE_S
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in pids if _alive(p)}
+    assert not left, f"left behind: {left}"
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_kill9_mid_step_then_resume_runs_every_step_once(tmp_path, tiny_model_dir):
+    config = _config(tmp_path, tiny_model_dir)
+    run_dir = tmp_path / "run"
+    proc = _start(config, tmp_path)
+    try:
+        pids = _wait_mid_step(proc, run_dir, 1)
+        assert len(pids) >= 1  # the Prefect server at least
+        # the live run holds gyre.duckdb: gyre sql reads the copy written after step 0
+        live = _sql(run_dir, "select step from steps order by step")
+        assert live["source"].endswith("live.duckdb") and live["age_s"] >= 0
+        assert live["rows"] == [[0]]
+        proc.kill()
+        proc.wait(timeout=60)
+        _assert_gone(pids)
+    finally:
+        _kill(proc)
+    resumed = _start(config, tmp_path, "--resume")
+    try:
+        out, err = resumed.communicate(timeout=1200)
+    finally:
+        _kill(resumed)
+    assert resumed.returncode == 0, out + err
+    con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
+    assert con.execute("select step, policy_version from steps order by step").fetchall() == [(0, 1), (1, 2), (2, 3)]
+    assert list(run_dir.glob("abandoned-*/workspaces/s0001-*"))
+    # finished: gyre sql reads the run file itself
+    assert _sql(run_dir, "select count(*) from steps")["age_s"] is None
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_run_promptly_and_leaves_nothing(tmp_path, tiny_model_dir):
+    config = _config(tmp_path, tiny_model_dir)
+    proc = _start(config, tmp_path)
+    try:
+        pids = _wait_mid_step(proc, tmp_path / "run", 1)
+        proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        took_s = time.monotonic() - started
+    finally:
+        _kill(proc)
+    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    assert took_s < 30, took_s
+    assert "SIGTERM: stopping" in err and "--resume --run-dir run" in err
+    _assert_gone(pids)
+    # the run file was closed in order: it opens, and step 0's row is there
+    con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
+    assert con.execute("select step from steps").fetchall() == [(0,)]

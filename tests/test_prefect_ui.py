@@ -1,0 +1,146 @@
+"""What a run shows in the Prefect UI (`gyre.flows.ui`): the flow run's name, a step's table,
+markdown and progress artifacts, the events and the warning of a step whose evaluations mostly
+failed, role-switch events; and the deployment parameters checked before any work."""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from gyre.config import ConfigError
+from gyre.flows.rl_run import load_run_config
+from gyre.flows.ui import RunObserver, step_markdown, step_table
+from gyre.metrics import MetricsFanout
+from gyre.progress import ProgressEvent, emit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _record(step: int, dropped: int, tampering: int = 0) -> dict:
+    now = datetime.now(timezone.utc).isoformat()
+    return {"step": step, "policy_version": step + 1, "reward_mean": 0.25, "num_executions": 8,
+            "num_dropped": dropped, "num_tampering": tampering, "mean_staleness": 0.0, "logprob_abs_diff": 1e-5,
+            "loss": 0.1, "grad_norm": 0.5, "tokens_trained": 640, "token_cap_frac": 0.0, "clip_low_frac": 0.05,
+            "clip_high_frac": 0.1, "sampled_entropy": 1.2, "mean_response_tokens": 80.0, "eval_pass_rate": None,
+            "skipped_reason": None, "started_at": now, "finished_at": now}
+
+
+def test_the_step_table_and_markdown_carry_the_step_record():
+    record = _record(3, dropped=2, tampering=1)
+    rows = {row["metric"]: row["value"] for row in step_table(record)}
+    assert rows["num_dropped"] == 2 and rows["mean_staleness"] == 0.0 and rows["clip_high_frac"] == 0.1
+    text = step_markdown(record, [record], b"\x89PNG")
+    assert text.startswith("# Step 3 (policy v4)")
+    assert "dropped: 2 of 8" in text and "tampering: 1" in text and "data:image/png;base64,iVBORw==" in text
+
+
+def test_a_bad_deployment_parameter_is_a_clear_error_before_any_work(tmp_path):
+    with pytest.raises(ConfigError, match="no such directory"):
+        load_run_config(str(ROOT / "configs/tiny-cpu.yaml"), str(tmp_path / "missing"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: many\n")
+    with pytest.raises(ConfigError, match="field 'steps'"):
+        load_run_config(str(bad))
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_run_config(str(tmp_path / "absent.yaml"))
+    config = load_run_config(str(ROOT / "configs/nl2repobench-cpu.yaml"), str(tmp_path))
+    assert config.benchmark.path == tmp_path and config.benchmark.kind == "nl2repo"
+
+
+@pytest.fixture(scope="module")
+def prefect_server():
+    from prefect.testing.utilities import prefect_test_harness
+
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+def test_a_step_shows_as_artifacts_events_and_a_warning(prefect_server, tmp_path, caplog, monkeypatch):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+    from prefect.events.clients import AssertingEventsClient
+    from prefect.events.worker import EventsWorker
+
+    from gyre.flows.ui import run_name
+
+    events_worker = EventsWorker.instance(AssertingEventsClient)
+    monkeypatch.setattr(EventsWorker, "instance", lambda *_: events_worker)
+    logged: list[tuple[dict, int]] = []
+
+    class ListSink:
+        name = "list"
+
+        def log(self, scalars: dict, step: int) -> None:
+            logged.append((scalars, step))
+
+        def close(self) -> None:
+            pass
+
+    @flow(flow_run_name=run_name)
+    def observed(config_path: str, run_dir: str) -> str:
+        from prefect.runtime import flow_run
+
+        observer = RunObserver("abc123", "demo", Path(run_dir), 2, MetricsFanout([ListSink()]))
+        try:
+            emit(ProgressEvent("cells", 0, {"roles": ["rollout", "train"]}))
+            emit(ProgressEvent("cells", 1, {"roles": ["rollout", "rollout"]}))
+            emit(ProgressEvent("step_finished", 0, _record(0, dropped=5, tampering=1)))
+        finally:
+            observer.close()
+        return flow_run.id
+
+    with caplog.at_level(logging.WARNING):
+        state = observed(str(ROOT / "configs/tiny-cpu.yaml"), str(tmp_path / "run-7"), return_state=True)
+    flow_run_id = state.result()
+    events_worker.drain()
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    assert run.name == "tiny-cpu @ run-7"
+    by_type = {a.type: a for a in artifacts}
+    assert set(by_type) == {"table", "markdown", "progress"}
+    assert by_type["progress"].data == 50.0  # one step of two
+    assert "dropped: 5 of 8" in by_type["markdown"].data
+    assert (tmp_path / "run-7" / "report" / "steps" / "step-00000.png").stat().st_size > 1000
+
+    ours = [e for e in events_worker._client.events if e.event.startswith("gyre.")]
+    names = [e.event for e in ours]
+    assert names == ["gyre.cells.role-switch", "gyre.step.dropped-executions", "gyre.step.tampering",
+                     "gyre.step.evaluations-mostly-failed"], names
+    failed = ours[-1]
+    assert failed.resource.id == "gyre.run.abc123" and failed.payload["share"] == 5 / 8
+    assert any(r.id == f"prefect.flow-run.{flow_run_id}" for r in failed.related)
+    assert any("5 of 8 evaluations failed" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert logged and logged[0][1] == 0 and logged[0][0]["train/num_dropped"] == 5
+
+
+def test_the_automation_in_docs_is_one_prefect_accepts():
+    import yaml
+    from prefect.events.schemas.automations import AutomationCore
+
+    text = (ROOT / "docs" / "prefect.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    automations = [AutomationCore.model_validate(a) for a in yaml.safe_load(block)["automations"]]
+    assert [a.trigger.expect for a in automations] == [{"gyre.evaluation.failed"},
+                                                       {"gyre.step.evaluations-mostly-failed"}]
+    assert all(a.actions[0].type == "suspend-flow-run" for a in automations)
+
+
+def test_warm_start_progress_is_logged_every_50_steps_and_at_the_end(caplog):
+    from gyre.flows.ui import log_warmstart
+
+    with caplog.at_level(logging.INFO, logger="gyre.flows.ui"):
+        for step in range(120):
+            log_warmstart(ProgressEvent("warmstart", step, {"steps": 120, "loss": 1.0 / (step + 1)}))
+        log_warmstart(ProgressEvent("step_finished", 0, {}))
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["warm start: step 50 of 120, loss 0.0200", "warm start: step 100 of 120, loss 0.0100",
+                     "warm start: step 120 of 120, loss 0.0083"]

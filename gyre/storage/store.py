@@ -25,6 +25,17 @@ import duckdb
 
 from gyre.records import Call, EvalRecord, Execution, OutputSegment, Score, StepRecord
 
+# An evaluation's verdict: the columns `executions` (attempt 1) and `eval_attempts` (2, 3, ...) share.
+_SCORE_COLUMNS = [
+        ("eval_status", "VARCHAR"),
+        ("score", "DOUBLE"),
+        ("tests_passed", "INTEGER"),
+        ("tests_total", "INTEGER"),
+        ("eval_detail", "VARCHAR"),
+        ("eval_evidence", "VARCHAR[]"),
+        ("flags", "VARCHAR[]"),
+]
+
 SCHEMA: dict[str, list[tuple[str, str]]] = {
     "runs": [
         ("run_id", "VARCHAR"),
@@ -65,13 +76,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("group_index", "INTEGER"),
         ("purpose", "VARCHAR"),
         ("status", "VARCHAR"),
-        ("eval_status", "VARCHAR"),
-        ("score", "DOUBLE"),
-        ("tests_passed", "INTEGER"),
-        ("tests_total", "INTEGER"),
-        ("eval_detail", "VARCHAR"),
-        ("eval_evidence", "VARCHAR[]"),
-        ("flags", "VARCHAR[]"),
+        *_SCORE_COLUMNS,
         ("num_calls", "INTEGER"),
         ("num_tokens", "BIGINT"),
         ("policy_version_dispatched", "INTEGER"),
@@ -138,13 +143,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("execution_id", "VARCHAR"),
         ("attempt", "INTEGER"),
         ("rerun_id", "VARCHAR"),
-        ("eval_status", "VARCHAR"),
-        ("score", "DOUBLE"),
-        ("tests_passed", "INTEGER"),
-        ("tests_total", "INTEGER"),
-        ("eval_detail", "VARCHAR"),
-        ("eval_evidence", "VARCHAR[]"),
-        ("flags", "VARCHAR[]"),
+        *_SCORE_COLUMNS,
         ("eval_dir", "VARCHAR"),
         ("started_at", "TIMESTAMPTZ"),
         ("finished_at", "TIMESTAMPTZ"),

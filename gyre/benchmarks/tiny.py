@@ -55,13 +55,10 @@ TEST_COMMAND = "python -m pytest -q -p no:cacheprovider tests"
 
 _MODULES = ("calc", "mathkit", "helpers", "funcs", "toolbox", "basics", "snippets", "little")
 _NAMES = ("Ada", "Linus", "Grace", "Alan", "Edsger", "Barbara", "Ken", "Margaret")
-# Every function template draws its name here. With 3-4 names of its own per template (format
-# 2), a template had 3-4 distinct reference solutions; a content split then held out names
-# the model had never written, and a 2-layer model that learnt each training pair by heart
-# scored 0.055 in-distribution against 0.8 on training queries (0.0 on `add`). Drawn from one
-# pool, a held-out (template, name) pair has a name trained on in other templates: the
-# policy must read the name from the instruction, which is what RL and SFT can both learn.
-# (never `result`: the hidden tests bind `result = fn(...)`)
+# One name pool for every function template (format 3): a held-out (template, name) pair has a
+# name trained on in other templates, so it is solved by copying the name from the instruction,
+# not by recall (format 2's 3-4 names per template were learnt by heart; docs/learning.md).
+# Never `result`: the hidden tests bind `result = fn(...)`.
 _FUNCTIONS = ("compute", "solve", "apply", "handle", "process", "evaluate", "transform", "calc",
               "answer", "work", "outcome", "get_value", "make_value", "convert", "run", "do_task",
               "helper", "op", "logic", "step", "check", "action", "main_fn", "task")

@@ -83,6 +83,10 @@ class BenchmarkConfig(Section):
     held_out_kinds: list[str] = Field(default_factory=list)
     """`tiny` templates never trained on (e.g. `[scale]`): their queries form a second held-out set,
     `generalisation`, evaluated beside the in-distribution one (`evals.split`)."""
+    skip_malformed: bool = False
+    """False: the first malformed task stops the run before it starts (its file and field named).
+    True: malformed tasks are left out, each named with its reason in one warning, and the run
+    goes on with the rest (`gyre benchmark check` lists them too)."""
 
 
 class RolloutConfig(Section):

@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gyre.benchmarks import generate_tiny, load_benchmark
+from gyre.benchmarks import generate_tiny, load_benchmark_problems
 from gyre.benchmarks.content import kind_of, split_by_content
 from gyre.benchmarks.tiny import tiny_reference
 from gyre.config import RunConfig
@@ -55,7 +55,14 @@ def resolve_queries(config: RunConfig) -> QuerySplit:
     if root is None:
         raise ValueError(f"benchmark.path is required for benchmark kind {bench.kind!r}")
     kind = "nl2repo" if bench.kind == "tiny" else bench.kind
-    queries = load_benchmark(kind, Path(root), bench.name or bench.kind)
+    queries, malformed = load_benchmark_problems(kind, Path(root), bench.name or bench.kind)
+    if malformed and not bench.skip_malformed:
+        raise malformed[0].error  # names the file and field; `benchmark.skip_malformed: true` runs the rest
+    if malformed:
+        log.warning("%d malformed task(s) of the benchmark at %s left out (benchmark.skip_malformed): %s",
+                    len(malformed), root, "; ".join(f"{p.task}: {p.reason}" for p in malformed))
+    if not queries:
+        raise ValueError(f"the benchmark at {root} has no loadable task")
     kinds = {kind_of(q) for q in queries}
     unknown = sorted(set(bench.held_out_kinds) - kinds)
     if unknown:

@@ -66,6 +66,21 @@ def test_unknown_held_out_kind_and_empty_training_side_are_refused(tmp_path):
         resolve_queries(RunConfig.model_validate({**base, "benchmark": {"num_queries": 14, "held_out_kinds": everything}}))
 
 
+def test_a_malformed_task_stops_the_run_unless_skip_malformed_is_set(tmp_path, caplog):
+    """By default the first malformed task is the run's error (its file and field); with
+    `benchmark.skip_malformed` the rest run and one warning names each one left out."""
+    from gyre.benchmarks.errors import BenchmarkFormatError
+
+    bench = {"kind": "nl2repo", "path": str(FIXTURES / "nl2repo")}
+    with pytest.raises(BenchmarkFormatError, match="broken-missing-tests.*field 'test_files\\[0\\]'"):
+        resolve_queries(RunConfig.model_validate({"cache_dir": str(tmp_path), "benchmark": bench,
+                                                  "rollout": {"queries_per_step": 1}}))
+    split = resolve_queries(RunConfig.model_validate({"cache_dir": str(tmp_path), "benchmark": {
+        **bench, "skip_malformed": True}, "rollout": {"queries_per_step": 1}}))
+    assert sorted(q.query_id for q in split.train) == ["mathkit", "textkit"]
+    assert "1 malformed task(s)" in caplog.text and "broken-missing-tests" in caplog.text
+
+
 def test_benchmark_check_flags_a_seeded_duplicate(tmp_path):
     bench = tmp_path / "bench"
     shutil.copytree(FIXTURES / "nl2repo", bench)

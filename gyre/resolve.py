@@ -36,6 +36,17 @@ from gyre.warmstart import WarmstartSpec, cached_warmstart
 log = logging.getLogger("gyre.resolve")
 
 
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """A warning about the benchmark, logged once per process: the CLI, the model task and the
+    coordinator each resolve the same config."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
+
+
 @dataclass(frozen=True)
 class QuerySplit:
     train: list[Query]
@@ -59,8 +70,8 @@ def resolve_queries(config: RunConfig) -> QuerySplit:
     if malformed and not bench.skip_malformed:
         raise malformed[0].error  # names the file and field; `benchmark.skip_malformed: true` runs the rest
     if malformed:
-        log.warning("%d malformed task(s) of the benchmark at %s left out (benchmark.skip_malformed): %s",
-                    len(malformed), root, "; ".join(f"{p.task}: {p.reason}" for p in malformed))
+        _warn_once(f"{len(malformed)} malformed task(s) of the benchmark at {root} left out "
+                   f"(benchmark.skip_malformed): " + "; ".join(f"{p.task}: {p.reason}" for p in malformed))
     if not queries:
         raise ValueError(f"the benchmark at {root} has no loadable task")
     kinds = {kind_of(q) for q in queries}
@@ -147,6 +158,6 @@ def warn_unscorable(queries: list[Query], config: RunConfig) -> list[tuple[str, 
     unscorable = [(q.query_id, missing) for q in queries if (missing := unmet(task_needs(q), available))]
     if unscorable:
         shown = "; ".join(f"{qid}: needs {', '.join(missing)}" for qid, missing in unscorable[:10])
-        log.warning("%d of %d queries cannot be scored here (their evaluations will be dropped, never zeros): %s%s",
-                    len(unscorable), len(queries), shown, " ..." if len(unscorable) > 10 else "")
+        _warn_once(f"{len(unscorable)} of {len(queries)} queries cannot be scored here (their evaluations will be "
+                   f"dropped, never zeros): {shown}{' ...' if len(unscorable) > 10 else ''}")
     return unscorable

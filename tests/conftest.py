@@ -21,3 +21,12 @@ def tiny_tokenizer(tiny_model_dir):
     from gyre.engines.hf import load_tokenizer
 
     return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(autouse=True)
+def _benchmark_warnings_per_test():
+    """gyre.resolve logs each benchmark warning once per process; each test sees its own."""
+    from gyre import resolve
+
+    resolve._warned.clear()
+    yield

@@ -142,3 +142,5 @@ def test_sigterm_stops_the_run_promptly_and_leaves_nothing(tmp_path, tiny_model_
     # the run file was closed in order: it opens, and step 0's row is there
     con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
     assert con.execute("select step from steps").fetchall() == [(0,)]
+    status, finished = con.execute("select status, finished_at from runs").fetchone()
+    assert status == "stopped" and finished is not None

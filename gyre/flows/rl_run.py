@@ -23,7 +23,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from gyre.config import ConfigError, RunConfig, load_config
 from gyre.coordinator import Coordinator
 from gyre.flows.ui import RunObserver, rename_flow_run, run_name
-from gyre.lifecycle import attach
+from gyre.lifecycle import attach, on_stop
 from gyre.live_cells import LiveCells
 from gyre.metrics import MetricsFanout, make_sinks
 from gyre.progress import ProgressEvent, emit
@@ -131,7 +131,9 @@ def rl_run(
     coord = Coordinator(config, Path(run_dir))
     detach = attach(coord)  # closed in order by a stop signal; RUN_DIR/live.duckdb for `gyre sql`
     total = steps or config.steps
-    mark_run(coord, "running")
+    flow_run_id = flow_run.id
+    mark_run(coord, "running", flow_run_id)
+    unmark = on_stop(lambda: mark_run(coord, "stopped", flow_run_id))  # SIGTERM/SIGINT: before the store closes
     metrics = MetricsFanout(make_sinks(config.metrics.sinks, coord.run_dir, config.metrics.project, coord.run_id))
     observer = RunObserver(coord.run_id, config.name, coord.run_dir, total, metrics)
     status = "failed"
@@ -141,7 +143,8 @@ def rl_run(
         return records
     finally:
         observer.close()
-        mark_run(coord, status)
+        unmark()
+        mark_run(coord, status, flow_run_id)
         detach()
         coord.close()
 
@@ -170,8 +173,8 @@ def train_run(coord: Coordinator, total: int, resume: bool, run_dir: str) -> lis
     return records
 
 
-def mark_run(coord: Coordinator, status: str) -> None:
+def mark_run(coord: Coordinator, status: str, flow_run_id: str | None) -> None:
     """The run's row in DuckDB's `runs`: its status, the Prefect flow run, the finish time."""
     finished_at = None if status == "running" else utc_now()
     coord.store.query("UPDATE runs SET status = ?, finished_at = ?, prefect_flow_run_id = ? WHERE run_id = ?",
-                      [status, finished_at, flow_run.id, coord.run_id])
+                      [status, finished_at, flow_run_id, coord.run_id])

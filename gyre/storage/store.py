@@ -42,7 +42,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("name", "VARCHAR"),
         ("config_json", "VARCHAR"),
         ("started_at", "TIMESTAMPTZ"),
-        ("status", "VARCHAR"),  # running | completed | failed (set by the run flow)
+        ("status", "VARCHAR"),  # running | completed | failed | stopped (set by the run flow)
         ("finished_at", "TIMESTAMPTZ"),
         ("prefect_flow_run_id", "VARCHAR"),
     ],

@@ -207,6 +207,8 @@ class TrainConfig(Section):
     """Padded tokens per micro-batch; gradients accumulate across micro-batches."""
     checkpoint_every: int = Field(default=0, ge=0)
     """Write a checkpoint (weights, optimizer, step, RNG) every N steps and after the last; 0: never."""
+    keep_checkpoints: int = Field(default=0, ge=0)
+    """Keep only the newest N checkpoints (older ones are removed after each new one); 0: keep all."""
 
 
 class TrajectoryConfig(Section):

@@ -25,7 +25,7 @@ from gyre.algo.gspo import GSPO, diagnostics
 from gyre.benchmarks import task_spec
 from gyre.cells.transport import FileSnapshotTransport
 from gyre.config import RunConfig, dump_config
-from gyre.engines.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from gyre.engines.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from gyre.engines.hf import load_tokenizer, stop_token_ids
 from gyre.engines.torch_rollout import TorchRolloutEngine
 from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
@@ -321,7 +321,9 @@ class Coordinator:
 
     def checkpoint(self, step: int) -> Path:
         """Checkpoint the train engine after `step` (checkpoints/step-NNNNNN, written then renamed)."""
-        return save_checkpoint(self.trainer, self.run_dir / "checkpoints", step + 1, rollout=self.rollout)
+        path = save_checkpoint(self.trainer, self.run_dir / "checkpoints", step + 1, rollout=self.rollout)
+        prune_checkpoints(self.run_dir / "checkpoints", self.config.train.keep_checkpoints)
+        return path
 
     def resume(self) -> int:
         """Restore the newest checkpoint of this run directory; returns the first step to run.

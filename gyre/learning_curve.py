@@ -54,9 +54,10 @@ def quarter_gain(rounds: list[tuple[int, float | None]], total_steps: int) -> Qu
 
 
 def read_eval_rounds(db_path: Path) -> list[tuple[int, float | None]]:
-    """Every eval round of a run file, oldest first (a resumed run keeps the newest per step)."""
+    """Every eval round of a run file, oldest first (a resumed run keeps the newest per step, also when
+    its pass rate is NULL: every evaluation failed)."""
     with duckdb.connect(str(db_path), read_only=True) as con:
         return con.execute(
-            "select step, arg_max(pass_rate, finished_at) from evals "
+            "select step, arg_max_null(pass_rate, finished_at) from evals "
             "where coalesce(split, 'in_distribution') = 'in_distribution' group by step order by step"
         ).fetchall()

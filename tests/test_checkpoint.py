@@ -7,7 +7,7 @@ import torch
 
 from gyre.algo.gspo import GSPO
 from gyre.engines.base import TrainSequence
-from gyre.engines.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from gyre.engines.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from gyre.engines.torch_train import TorchTrainEngine
 
 
@@ -67,3 +67,15 @@ def test_checkpoint_carries_the_rollout_engines_sampling_rng(tmp_path, tiny_mode
     finally:
         first.close()
         other.close()
+
+
+def test_pruning_keeps_the_newest_complete_checkpoints(tmp_path, tiny_model_dir):
+    engine = TorchTrainEngine(tiny_model_dir, lr=1e-3)
+    for step in (1, 2, 3, 4):
+        save_checkpoint(engine, tmp_path, step=step)
+    (tmp_path / ".step-000005.partial").mkdir()  # a write in progress is not a checkpoint: left alone
+    assert prune_checkpoints(tmp_path, keep=0) == []
+    removed = prune_checkpoints(tmp_path, keep=2)
+    assert [p.name for p in removed] == ["step-000001", "step-000002"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".step-000005.partial", "step-000003", "step-000004"]
+    assert load_checkpoint(engine, latest_checkpoint(tmp_path)) == 4

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from gyre.learning_curve import quarter_gain, read_eval_rounds
@@ -35,3 +37,19 @@ def test_read_eval_rounds_from_a_run_file(tmp_path):
     ])
     store.close()
     assert read_eval_rounds(tmp_path / "gyre.duckdb") == [(0, 0.25), (4, 0.5)]
+
+
+def test_a_rounds_newest_row_wins_even_when_every_evaluation_failed(tmp_path):
+    """A resumed run re-evaluates step 4: its newer round, all evaluator failures (pass rate NULL),
+    is the one read back, not the older rate."""
+    store = RunStore(tmp_path / "gyre.duckdb")
+    now = utc_now()
+    later = now + timedelta(minutes=5)
+    store.append_evals([
+        EvalRecord(step=4, policy_version=4, pass_rate=0.5, num_executions=4, num_dropped=0, started_at=now,
+                   finished_at=now),
+        EvalRecord(step=4, policy_version=4, pass_rate=None, num_executions=4, num_dropped=4, started_at=later,
+                   finished_at=later),
+    ])
+    store.close()
+    assert read_eval_rounds(tmp_path / "gyre.duckdb") == [(4, None)]

@@ -34,7 +34,7 @@ def _config(tmp_path: Path, model_dir: Path) -> Path:
         f"name: lifecycle\nsteps: 3\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {model_dir}\n"
         "benchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
         "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\n"
-        "harness:\n  max_turns: 2\ntrain:\n  checkpoint_every: 1\n"
+        "harness:\n  max_turns: 2\ntrain:\n  checkpoint_every: 1\n  keep_checkpoints: 2\n"
     )
     return path
 
@@ -119,6 +119,7 @@ def test_kill9_mid_step_then_resume_runs_every_step_once(tmp_path, tiny_model_di
     con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
     assert con.execute("select step, policy_version from steps order by step").fetchall() == [(0, 1), (1, 2), (2, 3)]
     assert list(run_dir.glob("abandoned-*/workspaces/s0001-*"))
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000002", "step-000003"]  # keep 2
     # finished: gyre sql reads the run file itself
     assert _sql(run_dir, "select count(*) from steps")["age_s"] is None
 

@@ -59,6 +59,21 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def prune_checkpoints(directory: Path, keep: int) -> list[Path]:
+    """Remove all but the newest `keep` complete checkpoints under `directory` (`keep` 0: none
+    removed); returns the removed paths. Each is renamed away first, so a stop mid-removal
+    never leaves a half checkpoint that looks complete."""
+    if keep <= 0:
+        return []
+    found = sorted(p for p in Path(directory).glob("step-*") if (p / STATE).is_file())
+    removed = found[:-keep]
+    for old in removed:
+        doomed = old.with_name(f".{old.name}.removing")
+        os.replace(old, doomed)
+        shutil.rmtree(doomed)
+    return removed
+
+
 def load_checkpoint(engine, path: Path, rollout=None) -> int:
     """Restore `engine` (and `rollout`'s sampling RNG, when saved) from `path`; returns the step."""
     from safetensors.torch import load_model

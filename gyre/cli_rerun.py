@@ -34,12 +34,15 @@ def rerun_failed(run_dir: Path = typer.Argument(..., help="A run directory (hold
     stays in DuckDB (`eval_attempts`); eval pass rates are recomputed (`eval_rate_changes`)."""
     import duckdb
 
+    from gyre.lifecycle import check_prefect_api
     from gyre.rescore import DB_FILE, check_run_dir
 
     try:
         check_run_dir(run_dir)
         duckdb.connect(str(run_dir / DB_FILE), read_only=True).close()  # held by a live run: says by whom
-    except (*INPUT_ERRORS, duckdb.IOException) as exc:
+        if os.environ.get("PREFECT_API_URL"):
+            check_prefect_api(os.environ["PREFECT_API_URL"])
+    except (*INPUT_ERRORS, duckdb.IOException, ConnectionError) as exc:
         _fail(exc)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from gyre.cli_common import INPUT_ERRORS, _fail, console
 from gyre.config import load_config
-from gyre.lifecycle import STARTUP_TIMEOUT_S, PrefectServer, StopOnSignal
+from gyre.lifecycle import STARTUP_TIMEOUT_S, PrefectServer, StopOnSignal, check_prefect_api
 
 JOIN_POLL_S = 0.2
 """How often the main thread wakes while the flow runs (signal handlers run between waits)."""
@@ -118,6 +118,8 @@ def run(
     hf_logging.set_verbosity_error()
 
     try:
+        if os.environ.get("PREFECT_API_URL"):
+            check_prefect_api(os.environ["PREFECT_API_URL"])
         cfg = load_config(config)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("{task.fields[info]}"), console=console, transient=True) as bar:
@@ -126,7 +128,7 @@ def run(
                 preflight(cfg)  # builds the cached tiny model, benchmark and warm start once
             finally:
                 unsubscribe()
-    except (*INPUT_ERRORS, ValueError) as exc:
+    except (*INPUT_ERRORS, ValueError, ConnectionError) as exc:
         _fail(exc)
     run_dir = run_dir or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
     if resume and cfg.scheduler.policy is not None:

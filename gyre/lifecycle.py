@@ -141,6 +141,33 @@ class PrefectServer:
             proc.wait()
 
 
+API_PROBE_ATTEMPTS = 3
+"""Health checks of a configured PREFECT_API_URL before a run starts, `API_PROBE_BACKOFF_S` apart."""
+API_PROBE_BACKOFF_S = 2.0
+API_PROBE_TIMEOUT_S = 10.0
+
+
+def check_prefect_api(url: str) -> None:
+    """A clear error, before any work, when the Prefect server `url` (PREFECT_API_URL) does not
+    answer its health check; Prefect itself would fail later with a long traceback."""
+    health = url.rstrip("/") + "/health"
+    reason = ""
+    for attempt in range(API_PROBE_ATTEMPTS):
+        if attempt:
+            time.sleep(API_PROBE_BACKOFF_S)
+        try:
+            response = httpx.get(health, timeout=API_PROBE_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            continue
+        if response.status_code == 200:
+            return
+        reason = f"{health} answered HTTP {response.status_code}"
+    raise ConnectionError(
+        f"PREFECT_API_URL={url}: no Prefect server answers ({reason}); start one "
+        "(`prefect server start --host 127.0.0.1`) or unset PREFECT_API_URL and gyre starts its own")
+
+
 _closers: list[Callable[[], None]] = []
 _closers_lock = threading.Lock()
 

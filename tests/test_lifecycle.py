@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -145,3 +146,19 @@ def test_sigterm_stops_the_run_promptly_and_leaves_nothing(tmp_path, tiny_model_
     assert con.execute("select step from steps").fetchall() == [(0,)]
     status, finished = con.execute("select status, finished_at from runs").fetchone()
     assert status == "stopped" and finished is not None
+
+
+def test_an_unreachable_prefect_server_is_one_clear_error_before_any_work(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from gyre.cli import app
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{port}/api")
+    monkeypatch.setattr("gyre.lifecycle.API_PROBE_BACKOFF_S", 0.1)
+    result = CliRunner().invoke(app, ["run", "--config", "configs/tiny-cpu.yaml", "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert f"PREFECT_API_URL=http://127.0.0.1:{port}/api: no Prefect server answers" in " ".join(result.output.split())
+    assert "Traceback" not in result.output and not (tmp_path / "run").exists()

@@ -33,7 +33,6 @@ clear error instead of running in the wrong place.
 from __future__ import annotations
 
 import shutil
-import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,7 +45,7 @@ from gyre.sandboxes.bridge import INSIDE_DIR, ProxyBridge, proxy_address
 from gyre.sandboxes.layout import Mount, SandboxLayout
 from gyre.sandboxes.paths import read_inside, remove_tree, write_inside
 from gyre.sandboxes.privileges import hand_over
-from gyre.sandboxes.process import sandbox_env, signal_group
+from gyre.sandboxes.process import kill_group, sandbox_env
 from gyre.sandboxes.session import Session, SessionGone
 
 SESSION_SUFFIX = ".session"
@@ -189,7 +188,7 @@ class LocalSandbox:
         """The agent is done: its commands and its way to the proxy end; in session mode the processes
         it left running stay for an in-place evaluation (then `close()`)."""
         for pgid in list(self._live_groups):
-            signal_group(pgid, signal.SIGKILL)
+            kill_group(pgid)
         self._live_groups.clear()
         self._close_bridge()
 
@@ -225,7 +224,7 @@ class LocalSandbox:
     def close(self) -> None:
         """Kill commands still running (from other threads); keep the workspace, drop the scratch dir."""
         for pgid in list(self._live_groups):
-            signal_group(pgid, signal.SIGKILL)
+            kill_group(pgid)
         self._live_groups.clear()
         if self._session is not None:
             self._session.close()

@@ -25,8 +25,10 @@ is argv run before the rlimits (joining a cgroup), `confine` is argv run after t
 before bash (bubblewrap). `watch` is polled while the command runs; when it returns a
 reason the group is killed and the reason lands in `ExecResult.limit_hit`.
 
-Known gap without bubblewrap: a child that calls setsid() leaves the group and escapes
-the kill. With it, the PID namespace dies with the command.
+Every command's group is watched by `gyre.sandboxes.reaper` until gyre has killed it, so
+it dies with gyre even after a kill -9 of gyre. Known gap without bubblewrap: a child that
+calls setsid() leaves the group and escapes the kill. With it, the PID namespace dies with
+the command.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from gyre.sandboxes import reaper
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 
 FALLBACK_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -134,6 +137,7 @@ def run_command(
         start_new_session=True,
         pass_fds=tuple(pass_fds),
     )
+    reaper.watch(proc.pid)  # killed with gyre, whatever ends gyre
     if on_spawn is not None:
         on_spawn(proc.pid)
     stdout = BoundedCapture(limits.max_output_bytes)
@@ -148,6 +152,8 @@ def run_command(
             if kill_leftovers or proc.returncode is None:
                 signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
+            if kill_leftovers:
+                reaper.forget(proc.pid)  # else the caller owns what is left: it calls `kill_group`
             proc.stdout.close()
             proc.stderr.close()
     return ExecResult(
@@ -158,6 +164,12 @@ def run_command(
         duration_s=time.monotonic() - started,
         limit_hit=limit_hit,
     )
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a command's process group that its caller kept alive, and forget it (`reaper`)."""
+    signal_group(pgid, signal.SIGKILL)
+    reaper.forget(pgid)
 
 
 def signal_group(pgid: int, sig: int) -> None:

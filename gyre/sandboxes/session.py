@@ -51,6 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gyre.sandboxes import reaper
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.bwrap import SHM_DIR, bound_sources, bwrap_argv, prepare_scratch
 from gyre.sandboxes.cgroups import CommandCgroup, create_cgroup, sigkill
@@ -116,6 +117,8 @@ class Session:
     stage: Stage | None = None
     group: CommandCgroup | None = None
     closed: bool = field(default=False, init=False)
+    spawned: list[int] = field(default_factory=list, init=False)
+    """Process groups of the commands run (`reaper`-watched until the session ends)."""
 
     @classmethod
     def start(cls, *, bwrap: str, user: SandboxUser, workspace: Path, scratch: Path, layout: SandboxLayout,
@@ -195,10 +198,15 @@ class Session:
             "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
             _python(), "-I", "-S", "-c", SECCOMP_LOADER, str(seccomp), self.workdir,
         ]
+        def spawned(pgid: int) -> None:
+            self.spawned.append(pgid)
+            if on_spawn is not None:
+                on_spawn(pgid)
+
         try:
             return run_command(
                 command, cwd=self.workspace, env=env, limits=limits, timeout_s=timeout_s,
-                interrupt_grace_s=interrupt_grace_s, kill_leftovers=kill_leftovers, on_spawn=on_spawn,
+                interrupt_grace_s=interrupt_grace_s, kill_leftovers=kill_leftovers, on_spawn=spawned,
                 enter=group.enter_argv() if group else (), confine=confine, watch=DiskWatch(
                     [self.workspace, self.scratch], limits.max_workspace_bytes, limits.max_workspace_files),
                 interrupt_descendants_only=True, pass_fds=(seccomp, *extra_fds),
@@ -220,6 +228,8 @@ class Session:
             self.group.remove()
         if self.stage is not None:
             self.stage.remove()
+        for pgid in self.spawned:  # all dead with the session: never signal those ids again
+            reaper.forget(pgid)
 
 
 def _python() -> str:

@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 from prefect import flow, tags
+from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -141,6 +142,9 @@ def rl_run(
         records = train_run(coord, total, resume, run_dir)
         status = "completed"
         return records
+    except TerminationSignal:  # a flow run cancelled through Prefect (worker runs): SIGTERM raised here
+        status = "stopped"
+        raise
     finally:
         observer.close()
         unmark()

@@ -49,6 +49,11 @@ class WarmstartSettings(Section):
     sources of uneven quality; with a share > 0 the warm-started policy is split between the two
     styles and RL has to find out from reward alone which one passes. 0: every demonstration is
     correct."""
+    demonstrated_fraction: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Share of the training queries (whole content groups, per template) whose demonstrations the
+    warm start trains on; RL trains on the others, queries the warm start never saw (as held-out
+    ones are). 1: demonstrations of every training query, and RL on those same queries, which a
+    small model learns by heart: groups that all pass, nothing for RL to learn (docs/learning.md)."""
 
 
 class ModelConfig(Section):

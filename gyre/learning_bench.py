@@ -11,7 +11,9 @@ content-disjoint split (`gyre.benchmarks.content`):
   then RL: the demo of the README, compared against both warm starts;
 - `clean-sft`: the clean warm start trained longer instead of RL, by as many trained tokens
   as the `clean-rl` run of the same seed trained (extra steps = RL's trained tokens / the
-  tokens a warm-start step trains), then evaluated: is RL doing more than more training?
+  tokens a warm-start step trains), on demonstrations of every training query (with
+  `model.warmstart.demonstrated_fraction` < 1 the RL arms never see a demonstration of the
+  queries RL trains on; this arm does), then evaluated: is RL doing more than more training?
 
 Each run is `gyre run` in its own process (a fresh Prefect flow, a fresh DuckDB file under
 `out/<arm>-s<seed>/`); the pass rates are read back from its `evals` table, both held-out
@@ -69,6 +71,7 @@ def arm_config(base: dict, arm: str, seed: int, extra_sft_steps: int = 0) -> dic
     config.setdefault("evaluation", {}).setdefault("every_steps", 5)
     if arm == "clean-sft":
         warm["steps"] = int(warm["steps"]) + extra_sft_steps
+        warm["demonstrated_fraction"] = 1.0  # demonstrations of RL's queries too: what SFT would get instead
         config["steps"] = 0  # no RL: the one eval round measures the longer warm start
     return config
 
@@ -102,7 +105,8 @@ def tokens_per_warmstart_step(config: dict) -> float:
     run = RunConfig.model_validate(config)
     split = resolve_queries(run)
     builder = PromptBuilder(load_tokenizer(resolve_model_dir(run, split)))
-    counts = [sum(render(builder, demonstration(q, *tiny_reference(q)))[1]) for q in split.train]
+    side = split.training_side or split.train  # what the clean-sft arm demonstrates
+    counts = [sum(render(builder, demonstration(q, *tiny_reference(q)))[1]) for q in side]
     return run.model.warmstart.batch_size * sum(counts) / max(len(counts), 1)
 
 

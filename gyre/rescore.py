@@ -131,7 +131,7 @@ class Rerun:
         self.run_dir = run_dir
         self.config = config
         split = resolve_queries(config)
-        self.queries = {q.query_id: q for q in [*split.train, *split.eval, *split.generalisation]}
+        self.queries = {q.query_id: q for q in [*split.train, *split.demonstrated, *split.eval, *split.generalisation]}
         self.split_ids = {"in_distribution": {q.query_id for q in split.eval},
                           "generalisation": {q.query_id for q in split.generalisation}}
         self.evaluator = RunEvaluator.from_config(config, Isolation.detect(config.sandbox.isolation))

@@ -9,7 +9,9 @@ The split is by content (`gyre.benchmarks.content`): queries that share an instr
 hidden tests or a reference solution stay on one side, chosen by a hash of their content,
 so a query stays on its side when the benchmark grows, no held-out query is a copy of a
 training one, and the warm start only ever sees training queries. Templates listed in
-`benchmark.held_out_kinds` form a second held-out set (generalisation).
+`benchmark.held_out_kinds` form a second held-out set (generalisation). With
+`model.warmstart.demonstrated_fraction` < 1 the training side is split again the same way:
+the warm start sees demonstrations of one part, RL trains on the other.
 """
 
 from __future__ import annotations
@@ -54,6 +56,17 @@ class QuerySplit:
     """In-distribution held-out queries (content never trained on, templates trained on)."""
     generalisation: list[Query] = field(default_factory=list)
     """Queries of templates never trained on (`benchmark.held_out_kinds`)."""
+    demonstrated: list[Query] = field(default_factory=list)
+    """Training queries whose demonstrations the warm start sees, when RL trains on others
+    (`model.warmstart.demonstrated_fraction` < 1); empty: the warm start sees `train`."""
+
+    training_side: list[Query] = field(default_factory=list)
+    """Both of those, in benchmark order (empty: `train`); the bundled tokenizer is built on them,
+    so the base model is the same whatever the warm start demonstrates."""
+
+    @property
+    def warmstart_queries(self) -> list[Query]:
+        return self.demonstrated or self.train
 
 
 def resolve_queries(config: RunConfig) -> QuerySplit:
@@ -84,6 +97,14 @@ def resolve_queries(config: RunConfig) -> QuerySplit:
     if not split.train:
         raise ValueError(f"the split of the benchmark at {root} leaves no training queries "
                          f"(eval_fraction {bench.eval_fraction}, held_out_kinds {bench.held_out_kinds})")
+    warm = config.model.warmstart
+    if warm.steps and warm.demonstrated_fraction < 1.0:  # the warm start's queries, then RL's: by content too
+        parts = split_by_content(split.train, 1.0 - warm.demonstrated_fraction)
+        if not parts.eval:
+            raise ValueError(f"model.warmstart.demonstrated_fraction {warm.demonstrated_fraction} leaves RL no "
+                             f"training query of the {len(split.train)} (every content group demonstrated)")
+        split = QuerySplit(train=parts.eval, eval=split.eval, generalisation=split.generalisation,
+                           demonstrated=parts.train, training_side=split.train)
     if config.rollout.queries_per_step > len(split.train):
         raise ValueError(
             f"rollout.queries_per_step={config.rollout.queries_per_step} exceeds the "
@@ -121,7 +142,7 @@ def resolve_model_dir(config: RunConfig, split: QuerySplit) -> Path:
             num_key_value_heads=heads // 2,
             head_dim=tiny.hidden_size // heads,
             seed=tiny.seed,
-            corpus=_tokenizer_corpus(split.train) if tiny.domain_tokenizer else (),
+            corpus=_tokenizer_corpus(split.training_side or split.train) if tiny.domain_tokenizer else (),
         )
         base = cached_tiny_model(config.cache_dir / "models", spec)
     warm = config.model.warmstart
@@ -133,7 +154,7 @@ def resolve_model_dir(config: RunConfig, split: QuerySplit) -> Path:
         steps=warm.steps, lr=warm.lr, batch_size=warm.batch_size, seed=warm.seed,
         flawed_fraction=warm.flawed_fraction,
     )
-    return cached_warmstart(base, config.cache_dir / "models", split.train, spec)
+    return cached_warmstart(base, config.cache_dir / "models", split.warmstart_queries, spec)
 
 
 def preflight(config: RunConfig) -> tuple[Path, QuerySplit]:

@@ -66,6 +66,30 @@ def test_unknown_held_out_kind_and_empty_training_side_are_refused(tmp_path):
         resolve_queries(RunConfig.model_validate({**base, "benchmark": {"num_queries": 14, "held_out_kinds": everything}}))
 
 
+def test_rl_trains_on_queries_the_warm_start_never_demonstrated(tmp_path):
+    """`demonstrated_fraction: 0.5`: the training side splits by content into the warm start's
+    queries and RL's, every template on both, no shared content; the held-out sets stay as they
+    were, and the tokenizer is built on the same training side (same base model)."""
+    base = {"cache_dir": str(tmp_path), "benchmark": {"num_queries": 256, "eval_fraction": 0.25},
+            "model": {"warmstart": {"steps": 10}}}
+    whole = resolve_queries(RunConfig.model_validate(base))
+    half = resolve_queries(RunConfig.model_validate(
+        {**base, "model": {"warmstart": {"steps": 10, "demonstrated_fraction": 0.5}}}))
+    assert whole.demonstrated == [] and whole.warmstart_queries == whole.train
+    assert [q.query_id for q in half.eval] == [q.query_id for q in whole.eval]
+    assert [q.query_id for q in half.training_side] == [q.query_id for q in whole.train]
+    assert len(half.demonstrated) + len(half.train) == len(whole.train)
+    assert abs(len(half.train) - len(whole.train) / 2) <= 14, (len(half.demonstrated), len(half.train))
+    assert half.warmstart_queries == half.demonstrated
+    for kind in ("instruction", "tests", "solution"):
+        assert not _keys(half.demonstrated, kind) & _keys(half.train, kind), kind
+    templates = {kind_of(q) for q in whole.train}
+    assert {kind_of(q) for q in half.demonstrated} == {kind_of(q) for q in half.train} == templates
+    with pytest.raises(ValueError, match="leaves RL no training query"):
+        resolve_queries(RunConfig.model_validate({**base, "benchmark": {"num_queries": 14},
+                                                  "model": {"warmstart": {"steps": 10, "demonstrated_fraction": 0.9}}}))
+
+
 def test_a_malformed_task_stops_the_run_unless_skip_malformed_is_set(tmp_path, caplog):
     """By default the first malformed task is the run's error (its file and field); with
     `benchmark.skip_malformed` the rest run and one warning names each one left out."""

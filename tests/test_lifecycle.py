@@ -119,6 +119,9 @@ def test_kill9_mid_step_then_resume_runs_every_step_once(tmp_path, tiny_model_di
     assert resumed.returncode == 0, out + err
     con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
     assert con.execute("select step, policy_version from steps order by step").fetchall() == [(0, 1), (1, 2), (2, 3)]
+    # the rerun step 1 was dispatched with the checkpoint's policy (version 1)
+    assert con.execute("select distinct policy_version_dispatched from executions where step = 1 "
+                       "and purpose = 'train'").fetchall() == [(1,)]
     assert list(run_dir.glob("abandoned-*/workspaces/s0001-*"))
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000002", "step-000003"]  # keep 2
     # finished: gyre sql reads the run file itself

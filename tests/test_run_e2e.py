@@ -127,20 +127,3 @@ def test_malformed_benchmark_names_file_and_field(tmp_path, tiny_model_dir):
     proc = _gyre("run", "--config", str(config), "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
     assert proc.returncode == 2
     assert "test_case_count.txt" in proc.stderr and "test_case_count" in proc.stderr
-
-
-@pytest.mark.slow
-def test_checkpoint_and_resume(tmp_path, tiny_model_dir):
-    config = _config(tmp_path, tmp_path / "cache",
-                     f"model:\n  path: {tiny_model_dir}\ntrain:\n  checkpoint_every: 1\n")
-    proc = _gyre("run", "--config", str(config), "--steps", "1", "--run-dir", "run", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step-000001"]
-    (tmp_path / "run" / "workspaces" / "s0001-leftover-g00").mkdir()  # what a crash mid-step leaves
-    proc = _gyre("run", "--config", str(config), "--steps", "2", "--run-dir", "run", "--resume", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
-    assert con.execute("select step, policy_version from steps order by step").fetchall() == [(0, 1), (1, 2)]
-    assert con.execute("select distinct policy_version_dispatched from executions where step = 1").fetchall() == [(1,)]
-    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
-    assert list((tmp_path / "run").glob("abandoned-*/workspaces/s0001-leftover-g00"))

@@ -321,7 +321,9 @@ class Coordinator:
 
     def checkpoint(self, step: int) -> Path:
         """Checkpoint the train engine after `step` (checkpoints/step-NNNNNN, written then renamed)."""
-        path = save_checkpoint(self.trainer, self.run_dir / "checkpoints", step + 1, rollout=self.rollout)
+        done = latest_checkpoint(self.run_dir / "checkpoints")  # a retry after the rename: keep it
+        path = done if done is not None and done.name == f"step-{step + 1:06d}" else \
+            save_checkpoint(self.trainer, self.run_dir / "checkpoints", step + 1, rollout=self.rollout)
         prune_checkpoints(self.run_dir / "checkpoints", self.config.train.keep_checkpoints)
         return path
 

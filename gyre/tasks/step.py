@@ -76,7 +76,14 @@ def record_eval(coord: Coordinator, step: int, results: list[ExecutionResult], s
     return coord.record_eval(step, results, scores, started_at, split)
 
 
-@task(name="checkpoint", task_run_name="checkpoint-after-step-{step}", cache_policy=NONE)
+CHECKPOINT_RETRIES = 2
+"""A checkpoint is a disk write (a full disk, a network filesystem's hiccup); written to a
+temporary directory and renamed, and a complete one is kept on a retry, so retrying is safe."""
+CHECKPOINT_RETRY_DELAY_S = 15.0
+
+
+@task(name="checkpoint", task_run_name="checkpoint-after-step-{step}", cache_policy=NONE,
+      retries=CHECKPOINT_RETRIES, retry_delay_seconds=CHECKPOINT_RETRY_DELAY_S)
 def checkpoint(coord: Coordinator, step: int) -> None:
     coord.checkpoint(step)
 

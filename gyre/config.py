@@ -29,6 +29,13 @@ class TinyModelSettings(Section):
     """Byte-level BPE vocabulary size (256 bytes + merges + special tokens)."""
     seed: int = 0
     """Seed of the tiny model's random initialisation."""
+    context_tokens: int = Field(default=262_144, ge=256, le=2**22)
+    """Context length of the bundled tiny model in tokens (its `max_position_embeddings`). The
+    default holds a whole Claude Code session, whose prompts reach ~50k tokens; a prompt at or
+    past it is refused with a context-length error."""
+    rope_theta: float = Field(default=10_000.0, gt=0)
+    """RoPE base frequency of the bundled tiny model (Qwen3's default; long-context checkpoints
+    such as Qwen3's own use 1e6)."""
     domain_tokenizer: bool = True
     """Train the tokenizer also on the harness's prompts and the training queries' text, so what
     a run sends compresses into few tokens (fewer tokens per call, faster steps on a CPU)."""
@@ -107,6 +114,10 @@ class RolloutConfig(Section):
     """Default cap on tokens per model call when the harness does not set one."""
     max_batch_size: int = Field(default=32, gt=0)
     """Most concurrent calls the engine batches together."""
+    prefix_cache_bytes: int = Field(default=2**30, ge=0)
+    """Memory budget of the engine's prefix cache: the KV of earlier prompts, so a call that extends
+    an earlier call's prompt (an agent's next turn) prefills only what is new. Evicted least recently
+    used, emptied on every weight update. 0 turns the cache off."""
 
 
 class HarnessConfig(Section):

@@ -96,7 +96,8 @@ class Coordinator:
         self.policy_version = 0
         self.tokenizer = tokenizer = load_tokenizer(self.model_dir)
         self.rollout = TorchRolloutEngine(
-            self.model_dir, max_batch_size=config.rollout.max_batch_size, seed=config.seed
+            self.model_dir, max_batch_size=config.rollout.max_batch_size, seed=config.seed,
+            prefix_cache_bytes=config.rollout.prefix_cache_bytes,
         )
         self.trainer = TorchTrainEngine(
             self.model_dir,

@@ -113,6 +113,7 @@ class LiveCells:
             engine = TorchRolloutEngine(
                 coord.model_dir, f"cell-{i}", max_batch_size=rollout.max_batch_size,
                 seed=coord.config.seed + i, policy_version=coord.policy_version,
+                prefix_cache_bytes=rollout.prefix_cache_bytes,
             )  # fmt: skip
             engine.model.load_state_dict(coord.rollout.model.state_dict())
             self.cells.append(LiveCell(i, engine))
@@ -187,7 +188,7 @@ class LiveCells:
             rollout = self.coord.config.rollout
             self._eval_engine = TorchRolloutEngine(
                 self.coord.model_dir, "eval", max_batch_size=rollout.max_batch_size,
-                seed=self.coord.config.seed + len(self.cells),
+                seed=self.coord.config.seed + len(self.cells), prefix_cache_bytes=rollout.prefix_cache_bytes,
             )  # fmt: skip
         self._route_current(self._eval_engine)
         started = self.clock()

@@ -141,6 +141,8 @@ def resolve_model_dir(config: RunConfig, split: QuerySplit) -> Path:
             num_attention_heads=heads,
             num_key_value_heads=heads // 2,
             head_dim=tiny.hidden_size // heads,
+            max_position_embeddings=tiny.context_tokens,
+            rope_theta=tiny.rope_theta,
             seed=tiny.seed,
             corpus=_tokenizer_corpus(split.training_side or split.train) if tiny.domain_tokenizer else (),
         )

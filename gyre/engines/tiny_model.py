@@ -82,6 +82,9 @@ _CORPUS_SNIPPETS = [
 ]
 
 
+_HASHED_ONLY_IF_CHANGED = {"rope_theta": 10_000.0}
+
+
 @dataclass(frozen=True)
 class TinyModelSpec:
     """Shape of the bundled model. Defaults: ~0.1M parameters, fast on 2 CPU cores."""
@@ -93,14 +96,21 @@ class TinyModelSpec:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     head_dim: int = 16
-    max_position_embeddings: int = 8192
+    max_position_embeddings: int = 262_144
+    """Context length in tokens: a whole Claude Code session (~50k-token prompts) fits."""
+    rope_theta: float = 10_000.0
+    """RoPE base frequency (Qwen3's default; real long-context checkpoints use 1e6 and more)."""
     seed: int = 0
     corpus: tuple[str, ...] = ()
     """Extra tokenizer training text (the harness's prompts, the benchmark's instructions), so
     the text a run actually sends compresses into few tokens."""
 
     def digest(self) -> str:
-        payload = json.dumps(asdict(self), sort_keys=True) + CHAT_TEMPLATE + "".join(_CORPUS_SNIPPETS)
+        fields = asdict(self)
+        for name, legacy in _HASHED_ONLY_IF_CHANGED.items():  # fields added later: old specs keep their hash
+            if fields[name] == legacy:
+                del fields[name]
+        payload = json.dumps(fields, sort_keys=True) + CHAT_TEMPLATE + "".join(_CORPUS_SNIPPETS)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
@@ -149,6 +159,7 @@ def build_tiny_model(out: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
         num_key_value_heads=spec.num_key_value_heads,
         head_dim=spec.head_dim,
         max_position_embeddings=spec.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
         tie_word_embeddings=True,
         bos_token_id=pad_id,
         eos_token_id=eos_id,

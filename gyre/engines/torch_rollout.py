@@ -15,6 +15,13 @@ the batch at the next token boundary with the tokens it has (`finish_reason == "
 and `on_token` sees every token as it is sampled: that is what lets the proxy drain this
 engine and continue each request exactly elsewhere.
 
+Each request's prompt is prefilled on its own, starting from the KV of the longest prefix an
+earlier call already computed (`PrefixCache`: an agent's next call extends its last prompt, so
+only the new tokens are computed); the per-request KV is then laid out as one left-padded
+batch for the decode loop, and each request's prompt and sampled tokens go into the cache.
+A weight update empties it. Results are the same with and without the cache up to float
+rounding (the prefix's KV was computed in a different-shaped forward pass).
+
 Engine-level control, for a scheduler that flips a cell between rollout and training:
 `pause()` lets the running batch finish and holds queued requests; `drain()` also refuses
 new ones (the proxy sends them elsewhere) and waits until the queued and running ones are
@@ -32,9 +39,14 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 
 from gyre.engines.base import ContextLengthError, EngineDrainingError, GenerationRequest, GenerationResult
 from gyre.engines.hf import load_causal_lm
+from gyre.engines.prefix_cache import KV, PrefixCache, left_padded_batch
+
+PREFILL_CHUNK_TOKENS = 4096
+"""Prompt tokens per prefill forward pass: bounds the attention's working memory on long prompts."""
 
 
 class TorchRolloutEngine:
@@ -49,6 +61,7 @@ class TorchRolloutEngine:
         seed: int = 0,
         policy_version: int = 0,
         device: str = "cpu",
+        prefix_cache_bytes: int = 2**30,
     ) -> None:
         self.engine_id = engine_id
         self.max_batch_size = max_batch_size
@@ -57,7 +70,12 @@ class TorchRolloutEngine:
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
         self.pad_id = int(self.model.config.pad_token_id or 0)
         # transformers renamed `past_key_values` to `cache` in 5.x; accept either.
-        self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        forward_args = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        # prefill needs the last position's logits only (a 4k-token chunk's full logits can be GBs)
+        self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        """KV of earlier prompts (None: off); `hit_tokens` / `miss_tokens` count its effect."""
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._version = policy_version
         self._lock = threading.Lock()  # held while a batch runs or weights swap
@@ -125,6 +143,8 @@ class TorchRolloutEngine:
         with self._lock:
             load_model(self.model, str(snapshot), strict=True, device=str(self.device))
             self._version = version
+            if self.prefix_cache is not None:  # KV computed with the old weights is stale
+                self.prefix_cache.clear()
 
     def close(self) -> None:
         self._running.set()
@@ -174,12 +194,6 @@ class TorchRolloutEngine:
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         num_rows = len(requests)
         lengths = [len(r.prompt_ids) for r in requests]
-        width = max(lengths)
-        input_ids_BL = torch.full((num_rows, width), self.pad_id, dtype=torch.long)
-        attention_BL = torch.zeros((num_rows, width), dtype=torch.long)
-        for row, req in enumerate(requests):
-            input_ids_BL[row, width - lengths[row] :] = torch.tensor(req.prompt_ids, dtype=torch.long)
-            attention_BL[row, width - lengths[row] :] = 1
         budgets = [min(r.params.max_new_tokens, self.max_context - n) for r, n in zip(requests, lengths)]
         temps_B1 = torch.tensor([[max(r.params.temperature, 0.0)] for r in requests], dtype=torch.float32)
         greedy_B = temps_B1[:, 0] == 0.0
@@ -201,15 +215,17 @@ class TorchRolloutEngine:
         if all(done):
             return [self._result(outputs[r], logprobs[r], finish[r]) for r in range(num_rows)]
 
-        input_ids_BL = input_ids_BL.to(self.device)
-        attention_BL = attention_BL.to(self.device)
-        position_BL = (attention_BL.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=input_ids_BL, attention_mask=attention_BL, position_ids=position_BL, use_cache=True
-        )
-        past = out[self._cache_arg]
-        next_pos_B = position_BL[:, -1] + 1
-        logits_BV = out.logits[:, -1, :].float()
+        prefilled = [self._prefill(req.prompt_ids) for req in requests]
+        batch_kv, _ = left_padded_batch([kv for kv, _ in prefilled])
+        width = max(lengths)
+        attention_BL = torch.zeros((num_rows, width), dtype=torch.long, device=self.device)
+        for row, n in enumerate(lengths):
+            attention_BL[row, width - n :] = 1
+        past = DynamicCache(batch_kv)
+        next_pos_B = torch.tensor(lengths, dtype=torch.long, device=self.device)
+        logits_BV = torch.stack([logits_V for _, logits_V in prefilled])
+        del prefilled, batch_kv
+        fed = 0  # decode steps whose tokens went through the model (their KV is in `past`)
         while not all(done):
             scaled_BV = logits_BV / torch.where(greedy_B, 1.0, temps_B1[:, 0]).unsqueeze(-1)
             logp_BV = torch.log_softmax(scaled_BV, dim=-1)
@@ -247,9 +263,42 @@ class TorchRolloutEngine:
                 **{self._cache_arg: past},
             )
             past = out[self._cache_arg]
+            fed += 1
             next_pos_B = next_pos_B + 1
             logits_BV = out.logits[:, -1, :].float()
+        if self.prefix_cache is not None:  # the next call of an execution extends prompt + answer
+            for row, req in enumerate(requests):
+                n = min(len(outputs[row]), fed)
+                span = slice(width - lengths[row], width + n)
+                kv = [(layer.keys[row, :, span], layer.values[row, :, span]) for layer in past.layers]
+                self.prefix_cache.insert(list(req.prompt_ids) + outputs[row][:n], kv)
         return [self._result(outputs[row], logprobs[row], finish[row]) for row in range(num_rows)]
+
+    def _prefill(self, prompt_ids: list[int]) -> tuple[KV, torch.Tensor]:
+        """One prompt's KV (per layer `[heads, len, head_dim]`) and its last position's logits,
+        computed on top of the longest cached prefix (at least the last token is computed)."""
+        hit = self.prefix_cache.match(prompt_ids, len(prompt_ids) - 1) if self.prefix_cache is not None else None
+        start = hit.length if hit is not None else 0
+        cache = DynamicCache([(k.unsqueeze(0), v.unsqueeze(0)) for k, v in hit.kv] if start else None)
+        ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
+        # The last token always goes alone: whether the rest came from the cache or not, its
+        # forward pass has the same shapes, so a repeated prompt gives bit-identical log-probs.
+        last = len(prompt_ids) - 1
+        edges = [*range(start, last, PREFILL_CHUNK_TOKENS), last, last + 1]
+        for begin, end in zip(edges, edges[1:]):
+            out = self.model(
+                input_ids=ids[None, begin:end],
+                attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
+                position_ids=torch.arange(begin, end, device=self.device)[None],
+                use_cache=True,
+                **{self._cache_arg: cache},
+                **self._last_logits,
+            )
+            cache = out[self._cache_arg]
+        kv = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+        if self.prefix_cache is not None:
+            self.prefix_cache.insert(prompt_ids, kv)
+        return kv, out.logits[0, -1, :].float()
 
     def _result(self, output_ids: list[int], logprobs: list[float], finish_reason: str) -> GenerationResult:
         return GenerationResult(output_ids, logprobs, finish_reason, self._version, self.engine_id)

@@ -118,6 +118,22 @@ def _chat(tokenizer, text: str) -> list[int]:
     return tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
 
+def _one_batch(engine: TorchRolloutEngine, requests: list[GenerationRequest]) -> list:
+    """Generate `requests` as one batch: queued while the engine is paused, then released."""
+    engine.pause()
+    results: dict[int, object] = {}
+    threads = [threading.Thread(target=lambda i=i, r=r: results.__setitem__(i, engine.generate(r)))
+               for i, r in enumerate(requests)]
+    for t in threads:
+        t.start()
+    while engine._pending < len(requests):
+        time.sleep(0.01)
+    engine.resume()
+    for t in threads:
+        t.join()
+    return [results[i] for i in range(len(requests))]
+
+
 def _run_session(engine: TorchRolloutEngine, tokenizer, temperature: float) -> list[tuple[list[int], list[float]]]:
     """Two executions, three calls each: each call is the last prompt + its answer + a tool result.
     The second call of both executions runs as one batch (different lengths: left padding)."""
@@ -129,18 +145,7 @@ def _run_session(engine: TorchRolloutEngine, tokenizer, temperature: float) -> l
     seen = []
     for turn in range(3):
         if turn == 1:  # both executions in one batch
-            engine.pause()
-            results: dict[int, object] = {}
-            threads = [threading.Thread(target=lambda i=i: results.__setitem__(
-                i, engine.generate(GenerationRequest(prompts[i], params)))) for i in range(2)]
-            for t in threads:
-                t.start()
-            while engine._pending < 2:
-                time.sleep(0.01)
-            engine.resume()
-            for t in threads:
-                t.join()
-            answers = [results[0], results[1]]
+            answers = _one_batch(engine, [GenerationRequest(p, params) for p in prompts])
         else:
             answers = [engine.generate(GenerationRequest(p, params)) for p in prompts]
         for i, answer in enumerate(answers):
@@ -230,16 +235,7 @@ def test_a_group_of_identical_prompts_in_one_batch_prefills_once(tiny_model_dir,
     try:
         prompt = _chat(tiny_tokenizer, "Create calc.py with add(a, b).")
         request = GenerationRequest(prompt, SamplingParams(0.0, 5, stop_token_ids=[]))
-        engine.pause()
-        results: list = []
-        threads = [threading.Thread(target=lambda: results.append(engine.generate(request))) for _ in range(3)]
-        for t in threads:
-            t.start()
-        while engine._pending < 3:
-            time.sleep(0.01)
-        engine.resume()
-        for t in threads:
-            t.join()
+        results = _one_batch(engine, [request] * 3)
         assert engine.prefix_cache.hit_tokens == 2 * (len(prompt) - 1)  # the 2nd and 3rd row reuse the 1st
         assert results[0].output_ids == results[1].output_ids == results[2].output_ids
         for other in results[1:]:  # rows of one batch can round differently (GEMM kernels per row block)

@@ -31,6 +31,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -43,6 +44,7 @@ from gyre.cells.timeline import Timeline
 from gyre.cells.topology import BatchShape, SchedulingConfigError, Topology
 from gyre.coordinator import Coordinator, ExecutionResult
 from gyre.engines.torch_rollout import TorchRolloutEngine
+from gyre.live_switches import SwitchLog
 from gyre.live_training import TrainingPlane
 from gyre.progress import ProgressEvent, emit
 from gyre.records import ExecutionStatus, Score, StepRecord
@@ -133,12 +135,14 @@ class LiveCells:
         self.log = CommandLog()
         self._publishing = threading.Lock()  # a cell rejoining rollout never misses a publication
         self.timeline = self._new_timeline()  # started again by `run`, so it begins with the scheduler
+        self.switches = SwitchLog(self.timeline.start_s, self.clock)
 
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> list[StepRecord]:
         """Run until the scheduler has applied `steps` updates and the last one is published."""
         self.timeline = self._new_timeline()
+        self.switches = SwitchLog(self.timeline.start_s, self.clock)
         commands = self.scheduler.start()
         try:
             while not self.scheduler.state.done():
@@ -160,6 +164,7 @@ class LiveCells:
             raise
         self.pool.shutdown(wait=True)
         self.timeline.close(self.clock())
+        self._flush_switches()
         self._save_timeline()
         return self.training.records
 
@@ -181,7 +186,12 @@ class LiveCells:
         title = (f"{self.coord.config.scheduler.policy} on {len(self.cells)} cells: {self.steps} steps in "
                  f"{end_s / UNITS_S[unit]:.1f} {unit}, E[d]={state.mean_staleness:.2f}")  # fmt: skip
         draw_timeline(self.timeline.segments, self.timeline.waterlevel, len(self.cells), end_s, title,
-                      self.coord.run_dir / "cells.png", unit, pauses=self.timeline.pauses)  # fmt: skip
+                      self.coord.run_dir / "cells.png", unit, pauses=self.timeline.pauses,
+                      switch_phases=[(r.cell, r.start_s, r.phases) for r in self.switches.records])  # fmt: skip
+
+    def _flush_switches(self) -> None:
+        """The role switches not yet written, as one batch into `role_switches`."""
+        self.switches.flush(lambda rows: self.coord.store.append("role_switches", rows), self.coord.run_id)
 
     def _while_published(self, version: int, hook: Callable[[int], None]) -> None:
         if self._eval_engine is None:
@@ -274,23 +284,33 @@ class LiveCells:
 
     def _switch(self, command: ev.SwitchCell) -> ev.Event:
         cell = self.cells[command.cell_id]
-        if command.role is Role.train:
-            self.coord.router.drain(cell.engine.engine_id)
-            self._unroute(cell.engine)
+        to_train = command.role is Role.train
+        timer = self.switches.start(cell.cell_id, "rollout" if to_train else "train", command.role.value)
+        if to_train:
+            with timer.phase("drain"):
+                self.coord.router.drain(cell.engine.engine_id)
+            with timer.phase("unroute"):
+                self._unroute(cell.engine)
             if command.pull_snapshot:
-                self.training.pull(cell.cell_id)
+                with timer.phase("pull"):
+                    self.training.pull(cell.cell_id)
         else:
-            self._route_current(cell.engine)
+            self._route_current(cell.engine, timer.phase)
+        self.switches.add(timer)
         return ev.SwitchDone(command.cell_id, command.role)
 
-    def _route_current(self, engine: TorchRolloutEngine) -> None:
+    def _route_current(self, engine: TorchRolloutEngine,
+                       phase: Callable[[str], AbstractContextManager] = lambda name: nullcontext()) -> None:
         """Load the newest published weights into `engine` and route calls to it again; under
-        the publication lock, so a publication in progress cannot miss the engine."""
+        the publication lock, so a publication in progress cannot miss the engine. `phase`
+        times the `load` and `route` phases of a switch."""
         with self._publishing:
             published = self.coord.policy_version
-            if engine.policy_version != published:
-                engine.load_weights(self.coord.transport.latest(), published)
-            self.coord.router.register(engine)
+            with phase("load"):
+                if engine.policy_version != published:
+                    engine.load_weights(self.coord.transport.latest(), published)
+            with phase("route"):
+                self.coord.router.register(engine)
 
     def _pull(self, cell_id: int, version: int) -> ev.Event:
         self.training.pull(cell_id)
@@ -309,6 +329,7 @@ class LiveCells:
         g = self.shape.group_size
         eids = [gid * g + i for gid in state.steps[command.step_index].group_ids for i in range(g)]
         self.training.optimizer_step(command.step_index, [self.results[e] for e in eids], [self.scores[e] for e in eids])
+        self._flush_switches()
         emit(ProgressEvent("cells", command.step_index, {"roles": [c.role.value for c in state.cells]}))
         return ev.OptimizerStepDone(command.cell_id, command.step_index + 1)
 

@@ -90,6 +90,19 @@ def test_elastic_cells_train_and_record(tiny_model_dir, tmp_path):
     spans = con.execute("select cell_id, sum(end_s - start_s), max(end_s) from cell_segments group by cell_id").fetchall()
     assert all(abs(total - end) < 1e-6 for _, total, end in spans)  # contiguous from 0, no overlap
     assert (tmp_path / "run" / "cells.png").read_bytes()[:4] == b"\x89PNG"
+    # every switch timed per phase, one row each, matching the switching segments of the timeline
+    rows = con.execute("select cell, from_role, to_role, seconds, phases, start_s from role_switches "
+                       "order by start_s").fetchall()
+    assert len(rows) == len(switches) == len(cells.switches.records)
+    expected = {"train": ["drain", "unroute"], "rollout": ["load", "route"]}
+    for cell, from_role, to_role, seconds, phases, start_s in rows:
+        names = [p["name"] for p in phases]
+        assert from_role != to_role and names[:2] == expected[to_role]
+        assert names[2:] in ([], ["pull"]) and (names[2:] == [] or cell != 0)  # only a satellite pulls
+        assert 0 <= sum(p["seconds"] for p in phases) <= seconds + 1e-6
+        assert any(c == cell and s == "switching" and abs(a - start_s) < 0.5
+                   for c, s, a, _ in cells.timeline.segments)
+    assert any(to == "train" for _, _, to, *_ in rows)
     # checkpoints after step 1 (every 2) and after the last step, with the core's weights
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
 

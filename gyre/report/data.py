@@ -95,6 +95,8 @@ class RoleSwitch:
     duration_s: float
     to_role: str
     """'train', 'rollout', or 'unknown' when the timeline has nothing around the switch."""
+    phases: tuple[tuple[str, float], ...] = ()
+    """(phase, seconds) in the order they ran, from `role_switches` (empty for an older run file)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,8 @@ class RunData:
     """Staleness d of every train execution (executions.staleness)."""
     totals: list[ExecutionTotals]
     cell_segments: list[CellSegment]
+    switches: list[RoleSwitch]
+    """The `role_switches` table (timed per phase); empty for runs written before it existed."""
     missing: frozenset[str]
     """'table' or 'table.column' names this file lacks (written by an older gyre)."""
 
@@ -120,7 +124,8 @@ class RunData:
         return [e for e in self.evals if e.split == split]
 
     def role_switches(self) -> list[RoleSwitch]:
-        return role_switches(self.cell_segments)
+        """The run's switches with their phases, or (an older run file) read off the timeline."""
+        return self.switches or role_switches(self.cell_segments)
 
 
 def role_switches(segments: list[CellSegment]) -> list[RoleSwitch]:
@@ -202,7 +207,8 @@ class _Reader:
         run_ids, name, started_at = self.runs()
         return RunData(run_dir=run_dir, run_ids=run_ids, name=name, started_at=started_at, steps=self.steps(),
                        evals=self.evals(), staleness=self.staleness(), totals=self.totals(),
-                       cell_segments=self.cell_segments(), missing=frozenset(self.missing))
+                       cell_segments=self.cell_segments(), switches=self.switches(),
+                       missing=frozenset(self.missing))
 
     def runs(self) -> tuple[tuple[str, ...], str | None, datetime | None]:
         if not self.has("runs"):
@@ -280,3 +286,11 @@ class _Reader:
         select = self.cols("cell_segments", ("cell_id", "state", "start_s", "end_s"))
         rows = self.con.execute(f"select {select} from cell_segments order by cell_id, start_s").fetchall()
         return [CellSegment(*row) for row in rows]
+
+    def switches(self) -> list[RoleSwitch]:
+        if not self.has("role_switches"):
+            return []
+        rows = self.con.execute("select cell, start_s, seconds, to_role, phases from role_switches "
+                                "order by start_s").fetchall()
+        return [RoleSwitch(cell, start_s, seconds, to_role, tuple((p["name"], p["seconds"]) for p in phases or ()))
+                for cell, start_s, seconds, to_role, phases in rows]

@@ -172,8 +172,18 @@ def _cells(data: RunData, path: Path) -> str | None:
     num_cells = max(s.cell_id for s in segs) + 1
     unit = unit_for(end_s)
     title = f"{data.name or 'run'}: {num_cells} cells over {end_s / UNITS_S[unit]:.1f} {unit}"
-    draw_timeline([(s.cell_id, s.state, s.start_s, s.end_s) for s in segs], [], num_cells, end_s, title, path, unit)
+    draw_timeline([(s.cell_id, s.state, s.start_s, s.end_s) for s in segs], [], num_cells, end_s, title, path, unit,
+                  switch_phases=[(w.cell_id, w.start_s, w.phases) for w in data.switches])
     return None
+
+
+def _phase_medians(switches: list) -> list[tuple[str, float]]:
+    """(phase, median seconds over the switches that ran it), phases in first-seen order."""
+    by_phase: dict[str, list[float]] = {}
+    for switch in switches:
+        for name, seconds in switch.phases:
+            by_phase.setdefault(name, []).append(seconds)
+    return [(name, sorted(v)[len(v) // 2]) for name, v in by_phase.items()]
 
 
 def _role_switches(data: RunData, fig: Figure) -> str | None:
@@ -192,6 +202,10 @@ def _role_switches(data: RunData, fig: Figure) -> str | None:
             median = durations[len(durations) // 2]
             ax.scatter([s.start_s for s in chosen], [s.duration_s for s in chosen], color=color, s=18,
                        label=f"to {role}: {len(chosen)}, median {median:.2f} s")
+    phase_medians = _phase_medians(switches)
+    if phase_medians:
+        ax.text(0.01, 0.98, "median per phase: " + ", ".join(f"{n} {m:.3f} s" for n, m in phase_medians),
+                transform=ax.transAxes, va="top", fontsize=8)
     ax.set_xlabel("start (s since the scheduler started)")
     ax.set_ylabel("switch duration (s)")
     ax.set_ylim(bottom=0)
@@ -280,7 +294,8 @@ PLOTS: tuple[tuple[str, str, str, Draw], ...] = (
      _draw(_staleness_hist, (8, 3.5))),
     ("cells", "Cell Gantt", "cell_segments: each cell's state over time (rollout, switching, train-idle, "
      "train-busy).", _cells),
-    ("role_switches", "Role-switch times", "Each switching segment of cell_segments, by the role it led to.",
+    ("role_switches", "Role-switch times", "role_switches (each switch's duration, by the role it led to, with the "
+     "median of each phase); an older run file: the switching segments of cell_segments.",
      _draw(_role_switches, (8, 3.5))),
     ("tokens_trained", "Tokens trained per step", "steps.tokens_trained.", _draw(_tokens, (8, 3.5))),
     ("drops_tampering", "Drops and tampering per step",

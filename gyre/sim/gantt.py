@@ -21,6 +21,8 @@ COLORS = {
     "failed": "#9e9e9e",
 }
 
+PHASE_COLORS = ("#e65100", "#6d4c41", "#c2185b", "#7b1fa2", "#00838f")
+"""One per switch phase (drain, unroute, pull, load, route), in the order phases first appear."""
 
 UNITS_S = {"hours": 3600.0, "minutes": 60.0, "seconds": 1.0}
 
@@ -49,10 +51,13 @@ def draw_timeline(
     path: Path,
     unit: str = "hours",
     pauses: Sequence[tuple[float, float]] = (),
+    switch_phases: Sequence[tuple[int, float, Sequence[tuple[str, float]]]] = (),
 ) -> Path:
     """Cells' states over time (segments and waterlevel in seconds), drawn in `unit`. The
     simulator's runs and real-cell runs (`gyre.cells.timeline`) both come through here;
-    `pauses` (a real run's evaluation rounds, when the scheduler was held) are hatched."""
+    `pauses` (a real run's evaluation rounds, when the scheduler was held) are hatched;
+    `switch_phases` (a real run's switches: cell, start, (phase, seconds) in order) are drawn
+    as a thin strip of one colour per phase under the cell's bar."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,6 +69,13 @@ def draw_timeline(
     for cell_id, state, start_s, stop_s in segments:
         ax.broken_barh([(start_s / scale, (stop_s - start_s) / scale)], (cell_id - 0.4, 0.8),
                        facecolors=COLORS.get(state, "black"))  # fmt: skip
+    phases_seen: dict[str, str] = {}
+    for cell_id, start_s, phases in switch_phases:
+        at = start_s
+        for name, seconds in phases:
+            color = phases_seen.setdefault(name, PHASE_COLORS[len(phases_seen) % len(PHASE_COLORS)])
+            ax.broken_barh([(at / scale, seconds / scale)], (cell_id + 0.25, 0.15), facecolors=color)
+            at += seconds
     for start_s, stop_s in pauses:
         ax.axvspan(start_s / scale, stop_s / scale, facecolor="none", edgecolor="#616161", hatch="//", linewidth=0)
     ax.set_yticks(range(num_cells), [f"cell {i}" + (" (core)" if i == 0 else "") for i in range(num_cells)])
@@ -76,10 +88,11 @@ def draw_timeline(
         level.stairs([v for _, v in waterlevel], times, color="black", linewidth=0.8)
         level.set_ylabel("waterlevel (executions)")
     handles = [Patch(color=c, label=s) for s, c in COLORS.items()]
+    handles += [Patch(color=c, label=f"switch: {name}") for name, c in phases_seen.items()]
     if pauses:
         handles.append(Patch(facecolor="none", edgecolor="#616161", hatch="//", label="held (evaluation)"))
     ax.legend(handles=handles, loc="upper center",
-              bbox_to_anchor=(0.5, -0.25 if num_cells > 4 else -0.45), ncol=len(handles), fontsize=8)  # fmt: skip
+              bbox_to_anchor=(0.5, -0.3 if num_cells > 4 else -0.6), ncol=min(len(handles), 6), fontsize=8)  # fmt: skip
     ax.set_title(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

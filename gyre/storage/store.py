@@ -136,6 +136,18 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("start_s", "DOUBLE"),
         ("end_s", "DOUBLE"),
     ],
+    # Under the cell scheduler: every role switch of a cell, timed per phase (`gyre/live_switches.py`);
+    # phases in the order they ran (rollout->train: drain, unroute, pull; train->rollout: load, route).
+    "role_switches": [
+        ("run_id", "VARCHAR"),
+        ("cell", "INTEGER"),
+        ("from_role", "VARCHAR"),
+        ("to_role", "VARCHAR"),
+        ("started_at", "TIMESTAMPTZ"),
+        ("start_s", "DOUBLE"),
+        ("seconds", "DOUBLE"),
+        ("phases", "STRUCT(name VARCHAR, seconds DOUBLE)[]"),
+    ],
     # Evaluations rerun after the fact (`gyre rerun-failed`): attempt 1 is the run's own,
     # kept in `executions`; every rerun adds attempt 2, 3, ... here. Steps' advantages keep
     # the scores training used; the latest attempt is the execution's score from then on.

@@ -102,8 +102,19 @@ class BenchmarkConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["torch"] = "torch"
-    """Rollout engine backend. `torch` is the reference engine; SGLang comes as another variant."""
+    engine: Literal["torch", "sglang"] = "torch"
+    """Rollout engine backend: `torch`, the reference engine in this process (the default), or
+    `sglang`, SGLang servers already running (one per rollout cell, `sglang_urls`), reached over
+    HTTP (`gyre/engines/sglang_adapter.py`; servers launched with `--skip-tokenizer-init` on the
+    run's model directory). With `sglang` each server is given the run's start weights before
+    the first step, and every published snapshot after that."""
+    sglang_urls: list[str] = Field(default_factory=list)
+    """`engine: sglang`: base URLs of the servers (e.g. `http://10.0.0.5:30000`), one per rollout
+    engine: the first serves the run (cell 0), the next ones cells 1.. of the cell scheduler and
+    the evaluation engine (so `scheduler.num_cells` + 1 under the cell scheduler)."""
+    sglang_healthy_timeout_s: float = Field(default=300.0, gt=0)
+    """`engine: sglang`: how long a server may take to answer `/health_generate` before the run
+    stops with an error naming it."""
     queries_per_step: int = Field(default=2, gt=0)
     """Distinct queries per optimizer step."""
     group_size: int = Field(default=16, ge=2)

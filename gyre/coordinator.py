@@ -27,6 +27,7 @@ from gyre.cells.transport import FileSnapshotTransport
 from gyre.config import RunConfig, dump_config
 from gyre.engines.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from gyre.engines.hf import load_tokenizer, stop_token_ids
+from gyre.engines.factory import rollout_engine
 from gyre.engines.torch_rollout import TorchRolloutEngine
 from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
 from gyre.evaluators.in_container import AGENT_DIRS as CONTAINER_AGENT_DIRS
@@ -95,10 +96,7 @@ class Coordinator:
         )
         self.policy_version = 0
         self.tokenizer = tokenizer = load_tokenizer(self.model_dir)
-        self.rollout = TorchRolloutEngine(
-            self.model_dir, max_batch_size=config.rollout.max_batch_size, seed=config.seed,
-            prefix_cache_bytes=config.rollout.prefix_cache_bytes,
-        )
+        self.rollout = rollout_engine(config, self.model_dir, 0, f"{config.rollout.engine}-0", seed=config.seed)
         self.trainer = TorchTrainEngine(
             self.model_dir,
             lr=config.train.lr,
@@ -324,7 +322,7 @@ class Coordinator:
         """Checkpoint the train engine after `step` (checkpoints/step-NNNNNN, written then renamed)."""
         done = latest_checkpoint(self.run_dir / "checkpoints")  # a retry after the rename: keep it
         path = done if done is not None and done.name == f"step-{step + 1:06d}" else \
-            save_checkpoint(self.trainer, self.run_dir / "checkpoints", step + 1, rollout=self.rollout)
+            save_checkpoint(self.trainer, self.run_dir / "checkpoints", step + 1, rollout=self._sampling_rng())
         prune_checkpoints(self.run_dir / "checkpoints", self.config.train.keep_checkpoints)
         return path
 
@@ -338,7 +336,7 @@ class Coordinator:
         path = latest_checkpoint(self.run_dir / "checkpoints")
         if path is None:
             raise FileNotFoundError(f"{self.run_dir}/checkpoints: no complete checkpoint to resume from")
-        steps_done = load_checkpoint(self.trainer, path, rollout=self.rollout)
+        steps_done = load_checkpoint(self.trainer, path, rollout=self._sampling_rng())
         self.publish_weights(self.trainer.steps_taken)
         # Workspaces of steps the crash interrupted are set aside (kept), so those steps rerun.
         aside = self.run_dir / f"abandoned-{utc_now():%Y%m%d-%H%M%S}"
@@ -384,6 +382,10 @@ class Coordinator:
         self.store.append_evals([record])
         emit(ProgressEvent("eval_finished", step, record.model_dump(mode="json")))
         return record
+
+    def _sampling_rng(self) -> TorchRolloutEngine | None:
+        """The engine whose sampling RNG a checkpoint keeps: the torch engine's (a server's is its own)."""
+        return self.rollout if isinstance(self.rollout, TorchRolloutEngine) else None
 
     def close(self) -> None:
         with self._live_lock:

@@ -43,7 +43,8 @@ from gyre.cells.scheduler import Scheduler
 from gyre.cells.timeline import Timeline
 from gyre.cells.topology import BatchShape, SchedulingConfigError, Topology
 from gyre.coordinator import Coordinator, ExecutionResult
-from gyre.engines.torch_rollout import TorchRolloutEngine
+from gyre.engines.base import RolloutEngine
+from gyre.engines.factory import rollout_engine
 from gyre.live_switches import SwitchLog
 from gyre.live_training import TrainingPlane
 from gyre.progress import ProgressEvent, emit
@@ -58,7 +59,7 @@ TIMED_OUT = {
 @dataclass
 class LiveCell:
     cell_id: int
-    engine: TorchRolloutEngine
+    engine: RolloutEngine
 
 
 @dataclass
@@ -112,12 +113,11 @@ class LiveCells:
         )  # fmt: skip
         self.cells = [LiveCell(0, coord.rollout)]
         for i in range(1, cfg.num_cells):
-            engine = TorchRolloutEngine(
-                coord.model_dir, f"cell-{i}", max_batch_size=rollout.max_batch_size,
-                seed=coord.config.seed + i, policy_version=coord.policy_version,
-                prefix_cache_bytes=rollout.prefix_cache_bytes,
+            engine = rollout_engine(
+                coord.config, coord.model_dir, i, f"cell-{i}", seed=coord.config.seed + i,
+                policy_version=coord.policy_version,
+                snapshot=coord.transport.latest() if coord.policy_version else None,
             )  # fmt: skip
-            engine.model.load_state_dict(coord.rollout.model.state_dict())
             self.cells.append(LiveCell(i, engine))
         for cell, state in zip(self.cells, self.scheduler.state.cells):
             (coord.router.register if state.role is Role.rollout else self._unroute)(cell.engine)
@@ -127,7 +127,7 @@ class LiveCells:
         self.pool = ThreadPoolExecutor(max_workers=in_flight + 2 * cfg.num_cells + 2)
         self.launch: Launcher = launch or self._thread
         self.on_published = on_published
-        self._eval_engine: TorchRolloutEngine | None = None
+        self._eval_engine: RolloutEngine | None = None
         self._pending: set[Future] = set()
         self.results: dict[int, ExecutionResult] = {}
         self.scores: dict[int, Score] = {}
@@ -195,10 +195,8 @@ class LiveCells:
 
     def _while_published(self, version: int, hook: Callable[[int], None]) -> None:
         if self._eval_engine is None:
-            rollout = self.coord.config.rollout
-            self._eval_engine = TorchRolloutEngine(
-                self.coord.model_dir, "eval", max_batch_size=rollout.max_batch_size,
-                seed=self.coord.config.seed + len(self.cells), prefix_cache_bytes=rollout.prefix_cache_bytes,
+            self._eval_engine = rollout_engine(
+                self.coord.config, self.coord.model_dir, len(self.cells), "eval", seed=self.coord.config.seed + len(self.cells),
             )  # fmt: skip
         self._route_current(self._eval_engine)
         started = self.clock()
@@ -279,7 +277,7 @@ class LiveCells:
             return ev.ExecutionFinished(command.execution_id, tokens)
         return ev.ExecutionTimedOut(command.execution_id, tokens, end)
 
-    def _unroute(self, engine: TorchRolloutEngine) -> None:
+    def _unroute(self, engine: RolloutEngine) -> None:
         self.coord.router.deregister(engine.engine_id)
 
     def _switch(self, command: ev.SwitchCell) -> ev.Event:
@@ -299,7 +297,7 @@ class LiveCells:
         self.switches.add(timer)
         return ev.SwitchDone(command.cell_id, command.role)
 
-    def _route_current(self, engine: TorchRolloutEngine,
+    def _route_current(self, engine: RolloutEngine,
                        phase: Callable[[str], AbstractContextManager] = lambda name: nullcontext()) -> None:
         """Load the newest published weights into `engine` and route calls to it again; under
         the publication lock, so a publication in progress cannot miss the engine. `phase`

@@ -86,6 +86,11 @@ class RolloutEngine(Protocol):
     @property
     def policy_version(self) -> int: ...
 
+    @property
+    def max_context(self) -> int:
+        """Tokens the model can attend to: a prompt must be shorter (the proxy refuses longer ones)."""
+        ...
+
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Blocking and thread-safe; concurrent callers are batched together."""
         ...

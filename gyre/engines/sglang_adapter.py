@@ -117,6 +117,11 @@ class SGLangRolloutEngine:
             self._context_length = int(cards[0]["max_model_len"])
         return self._context_length
 
+    @property
+    def max_context(self) -> int:
+        """The `RolloutEngine` name of `context_length`."""
+        return self.context_length
+
     # -- generation -----------------------------------------------------------------------
 
     def generate(self, request: GenerationRequest) -> GenerationResult:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gyre.config import ModelConfig, load_yaml_model
 
@@ -23,14 +23,30 @@ class Section(BaseModel):
 class EngineSpec(Section):
     id: str
     """Engine id, recorded with every output token it samples."""
-    type: Literal["torch"] = "torch"
-    """Backend: `torch` runs the reference engine in this process (SGLang comes as another variant)."""
+    type: Literal["torch", "sglang"] = "torch"
+    """Backend: `torch` runs the reference engine in this process; `sglang` is an SGLang server
+    already running at `url` (launched with `--skip-tokenizer-init` on the same model)."""
     max_batch_size: int = Field(default=32, gt=0)
-    """Most concurrent calls the engine batches together."""
+    """`torch`: most concurrent calls the engine batches together."""
     seed: int = 0
-    """Sampling seed of this engine."""
+    """`torch`: sampling seed of this engine."""
     device: str = "cpu"
-    """Torch device of the reference engine."""
+    """`torch`: torch device of the reference engine."""
+    prefix_cache_bytes: int = Field(default=2**30, ge=0)
+    """`torch`: memory budget of the engine's prefix cache (the KV of earlier prompts, so an agent's
+    next turn prefills only what is new); 0 turns it off. An SGLang server has its own (RadixAttention)."""
+    url: str | None = None
+    """`sglang`: the server's base URL, e.g. `http://127.0.0.1:30000`."""
+    healthy_timeout_s: float = Field(default=300.0, gt=0)
+    """`sglang`: how long the server may take to answer `/health_generate` at start."""
+
+    @model_validator(mode="after")
+    def _url_for_sglang(self) -> "EngineSpec":
+        if self.type == "sglang" and not self.url:
+            raise ValueError(f"engine {self.id!r}: type sglang needs `url`, the SGLang server's base URL")
+        if self.type == "torch" and self.url:
+            raise ValueError(f"engine {self.id!r}: `url` is for type sglang; a torch engine runs in this process")
+        return self
 
 
 class ProxyServeConfig(Section):

@@ -46,12 +46,16 @@ def model_dir(config: ProxyServeConfig) -> Path:
 
 def build(config: ProxyServeConfig, sessions: SessionRegistry | None = None):
     """(app, router, sessions, engines) for `config`, engines started."""
-    from gyre.engines.torch_rollout import TorchRolloutEngine
-
     path = model_dir(config)
     tokenizer = load_tokenizer(path)
-    engines = [TorchRolloutEngine(path, engine_id=e.id, max_batch_size=e.max_batch_size, seed=e.seed, device=e.device)
-               for e in config.engines]
+    engines = []
+    try:
+        for spec in config.engines:
+            engines.append(_engine(spec, path))
+    except BaseException:
+        for engine in engines:
+            engine.close()
+        raise
     router = EngineRouter(engines, max_wait_s=config.no_engine_wait_s)
     sessions = sessions or SessionRegistry()
     for key, execution_id in config.keys.items():
@@ -69,6 +73,24 @@ def build(config: ProxyServeConfig, sessions: SessionRegistry | None = None):
         max_context_tokens=min(e.max_context for e in engines),
     )
     return app, router, sessions, engines
+
+
+def _engine(spec, path: Path):
+    """One engine of the config: a torch reference engine here, or an SGLang server, once healthy."""
+    if spec.type == "sglang":
+        from gyre.engines.sglang_adapter import SGLangRolloutEngine
+
+        engine = SGLangRolloutEngine(spec.url, spec.id, base_model_dir=path)
+        try:
+            engine.wait_healthy(spec.healthy_timeout_s)
+        except BaseException:
+            engine.close()
+            raise
+        return engine
+    from gyre.engines.torch_rollout import TorchRolloutEngine
+
+    return TorchRolloutEngine(path, engine_id=spec.id, max_batch_size=spec.max_batch_size, seed=spec.seed,
+                              device=spec.device, prefix_cache_bytes=spec.prefix_cache_bytes)
 
 
 def _exit_on_signal(signum: int, frame) -> None:

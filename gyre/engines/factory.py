@@ -1,0 +1,61 @@
+"""The rollout engine a run's config asks for: the torch reference engine or an SGLang server.
+
+The coordinator, the live cells and the evaluation engine all get their rollout engines
+here, so `rollout.engine` switches every one of them, and the rest of gyre sees only the
+`RolloutEngine` interface. Engine `index` 0 serves the run (and is the core cell's), 1.. are
+the other cells' and then the evaluation engine's: with SGLang, `rollout.sglang_urls[index]`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gyre.config import RunConfig
+from gyre.engines.base import RolloutEngine
+from gyre.engines.torch_rollout import TorchRolloutEngine
+
+
+class EngineConfigError(ValueError):
+    """The rollout section cannot give the engine asked for (e.g. too few SGLang servers)."""
+
+
+def rollout_engine(config: RunConfig, model_dir: Path, index: int, engine_id: str, *, seed: int,
+                   policy_version: int = 0, snapshot: Path | None = None) -> RolloutEngine:
+    """Engine `index` of the run on `model_dir` (the run's start weights), serving `policy_version`.
+
+    `snapshot`: the weights of `policy_version` when it is not 0 (a cell joining later); a new
+    torch engine loads it, an SGLang server is told to load it."""
+    rollout = config.rollout
+    if rollout.engine == "torch":
+        engine: RolloutEngine = TorchRolloutEngine(
+            model_dir, engine_id, max_batch_size=rollout.max_batch_size, seed=seed,
+            prefix_cache_bytes=rollout.prefix_cache_bytes,
+        )  # fmt: skip
+    else:
+        engine = _sglang(config, model_dir, index, engine_id)
+    if policy_version:
+        if snapshot is None:
+            raise ValueError(f"engine {engine_id}: policy version {policy_version} needs its snapshot")
+        engine.load_weights(snapshot, policy_version)
+    return engine
+
+
+def _sglang(config: RunConfig, model_dir: Path, index: int, engine_id: str) -> RolloutEngine:
+    from gyre.engines.sglang_adapter import SGLangRolloutEngine
+
+    urls = config.rollout.sglang_urls
+    if index >= len(urls):
+        raise EngineConfigError(
+            f"rollout.engine is sglang and the run needs rollout engine {index} ({engine_id}), but "
+            f"rollout.sglang_urls names {len(urls)} server(s): give one URL per rollout engine "
+            "(the run's, one per further cell under scheduler.policy, and one for evaluation)")
+    engine = SGLangRolloutEngine(urls[index], engine_id, base_model_dir=model_dir)
+    try:
+        engine.wait_healthy(config.rollout.sglang_healthy_timeout_s)
+        # the server was launched on some model directory; the run starts from gyre's own
+        # (a warm start, a converted GGUF): load it, so version 0 is the same weights everywhere
+        engine.load_weights(model_dir, 0)
+    except BaseException:
+        engine.close()
+        raise
+    return engine

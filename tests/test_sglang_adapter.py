@@ -20,6 +20,8 @@ from gyre.engines.base import (
 )
 from gyre.engines.sglang_adapter import SGLangError, SGLangRolloutEngine
 from gyre.engines.torch_rollout import TorchRolloutEngine
+from gyre.engines.torch_server import TorchEngineServer
+from gyre.proxy.server import ServerThread
 from tests.sglang_fake import FakeSGLang
 
 PROMPT = [5, 6, 7, 8]
@@ -218,11 +220,25 @@ def test_the_fake_speaks_sglangs_wire_format(fake):
 # -- the contract both engines keep ------------------------------------------------------
 
 
-@pytest.fixture(params=["torch", "sglang"])
+@pytest.fixture(params=["torch", "sglang", "torch-over-http"])
 def engine(request, tiny_model_dir):
     if request.param == "torch":
         eng = TorchRolloutEngine(tiny_model_dir, seed=3)
         context = eng.max_context
+    elif request.param == "torch-over-http":  # a cell's engine in another process, as the adapter reaches it
+        served = TorchRolloutEngine(tiny_model_dir, "served", seed=3)
+        app = TorchEngineServer(served, tiny_model_dir)
+        thread = ServerThread(app.app, name="torch-server").start()
+
+        def stop():
+            thread.stop()
+            app.close()
+            served.close()
+
+        request.addfinalizer(stop)
+        eng = SGLangRolloutEngine(f"http://127.0.0.1:{thread.port}", "torch-over-http")
+        context = eng.context_length
+        assert context == served.max_context
     else:
         server = FakeSGLang(context_len=512, token_delay_s=0.002).start()
         request.addfinalizer(server.stop)

@@ -138,10 +138,15 @@ class TorchRolloutEngine:
                 self._idle.notify_all()
 
     def load_weights(self, snapshot: Path, version: int) -> None:
-        from safetensors.torch import load_model
+        """Swap in `snapshot`'s weights between batches. Every tensor's name and shape is checked
+        first: a snapshot that does not fit is refused whole (ValueError naming the tensor), and
+        the engine keeps serving its old weights, never a mix."""
+        from safetensors.torch import load_file
 
+        tensors = load_file(str(snapshot), device=str(self.device))
+        check_fits(self.model, tensors, snapshot)
         with self._lock:
-            load_model(self.model, str(snapshot), strict=True, device=str(self.device))
+            self.model.load_state_dict(tensors, strict=False)  # strict by check_fits (tied weights may be absent)
             self._version = version
             if self.prefix_cache is not None:  # KV computed with the old weights is stale
                 self.prefix_cache.clear()
@@ -315,3 +320,24 @@ def _truncated(logp_BV: torch.Tensor, top_p_B: torch.Tensor, top_k_B: torch.Tens
     keep_BV &= (top_k_B.unsqueeze(-1) <= 0) | (rank_V < top_k_B.unsqueeze(-1))
     kept_BV = torch.full_like(logp_BV, float("-inf")).scatter(-1, order_BV, sorted_BV.masked_fill(~keep_BV, float("-inf")))
     return torch.log_softmax(kept_BV, dim=-1)
+
+
+def check_fits(model: torch.nn.Module, tensors: dict[str, torch.Tensor], source: Path) -> None:
+    """`tensors` load into `model` whole: the same names (a tied weight may be absent) and shapes."""
+    expected = model.state_dict()
+    unknown = sorted(set(tensors) - set(expected))
+    if unknown:
+        raise ValueError(f"snapshot {source}: tensor {unknown[0]!r} is not in the model"
+                         + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
+    for name, tensor in tensors.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise ValueError(f"snapshot {source}: tensor {name!r} has shape {tuple(tensor.shape)}, the model's is "
+                             f"{tuple(expected[name].shape)}")
+    aliases: dict[int, list[str]] = {}  # a tied weight is saved once, under any one of its names
+    for name, param in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(param), []).append(name)
+    alias_of = {name: names for names in aliases.values() for name in names}
+    missing = sorted(n for n in expected if not any(a in tensors for a in alias_of.get(n, [n])))
+    if missing:
+        raise ValueError(f"snapshot {source}: tensor {missing[0]!r} is missing"
+                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))

@@ -301,6 +301,16 @@ class SchedulerConfig(Section):
     """Groups allowed in flight beyond one step's batch: the staleness room (0: d = 0)."""
     executions_per_micro_step: int = Field(default=4, gt=0)
     """Executions per streamed micro-step (must divide rollout.group_size)."""
+    runtime: Literal["threads", "ray"] = "threads"
+    """Where cells 1.. live. `threads`: slices of this process (each its own engine and replica).
+    `ray`: the rollout side of each such cell is a Ray actor, its own process, serving its engine
+    over HTTP (SGLang's API) to the proxy's router; training replicas stay in this process for now
+    (the Ray cells issue moves them). Cell 0, the core, is always this process."""
+    ray_address: str | None = None
+    """`runtime: ray`: an existing Ray cluster to join (`host:port`); None: gyre starts a local Ray
+    on 127.0.0.1 for the run and stops it at the end (nothing of it outlives gyre)."""
+    ray_actor_threads: int = Field(default=1, gt=0)
+    """`runtime: ray`: torch threads of each cell's process (one process per cell shares the box's cores)."""
 
 
 class RunConfig(Section):

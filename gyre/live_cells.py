@@ -112,13 +112,13 @@ class LiveCells:
             topology, self.shape, self.clock, check_invariants=check_invariants,
         )  # fmt: skip
         self.cells = [LiveCell(0, coord.rollout)]
-        for i in range(1, cfg.num_cells):
-            engine = rollout_engine(
-                coord.config, coord.model_dir, i, f"cell-{i}", seed=coord.config.seed + i,
-                policy_version=coord.policy_version,
-                snapshot=coord.transport.latest() if coord.policy_version else None,
-            )  # fmt: skip
-            self.cells.append(LiveCell(i, engine))
+        self.ray = self._start_ray() if cfg.runtime == "ray" else None
+        try:
+            for i in range(1, cfg.num_cells):
+                self.cells.append(LiveCell(i, self._cell_engine(i)))
+        except BaseException:
+            self._close_engines()
+            raise
         for cell, state in zip(self.cells, self.scheduler.state.cells):
             (coord.router.register if state.role is Role.rollout else self._unroute)(cell.engine)
         self.events: queue.Queue[ev.Event | BaseException] = queue.Queue()
@@ -215,12 +215,43 @@ class LiveCells:
 
     def close(self) -> None:
         """Hand the box back to the coordinator: its own engine routed, with the newest weights
-        (it missed the publications made while cell 0 trained), the other cells' engines closed."""
+        (it missed the publications made while cell 0 trained), the other cells' engines closed
+        (and their Ray actors with the run's Ray, under `scheduler.runtime: ray`)."""
+        self._close_engines()
+        self._route_current(self.coord.rollout)
+
+    def _close_engines(self) -> None:
         engines = [cell.engine for cell in self.cells[1:]]
-        for engine in engines + ([self._eval_engine] if self._eval_engine else []):
+        for engine in engines + ([self._eval_engine] if getattr(self, "_eval_engine", None) else []):
             self.coord.router.deregister(engine.engine_id)
             engine.close()
-        self._route_current(self.coord.rollout)
+        if self.ray is not None:
+            self.ray.close()
+            self.ray = None
+
+    def _start_ray(self):
+        from gyre.cluster.rollout_actor import RayCells
+
+        cfg = self.coord.config
+        if cfg.rollout.engine != "torch":
+            raise SchedulingConfigError("scheduler.runtime: ray runs the torch engine in each cell's actor; with "
+                                        "rollout.engine: sglang the servers are already separate (runtime: threads)")
+        return RayCells.start(cfg.scheduler.ray_address, num_cpus=cfg.scheduler.num_cells)
+
+    def _cell_engine(self, i: int) -> RolloutEngine:
+        """Cell `i`'s rollout engine, serving the current policy: in this process, or in its Ray actor."""
+        coord = self.coord
+        snapshot = coord.transport.latest() if coord.policy_version else None
+        if self.ray is None:
+            return rollout_engine(coord.config, coord.model_dir, i, f"cell-{i}", seed=coord.config.seed + i,
+                                  policy_version=coord.policy_version, snapshot=snapshot)
+        rollout = coord.config.rollout
+        engine = self.ray.add(i, coord.model_dir, f"cell-{i}", seed=coord.config.seed + i,
+                              max_batch_size=rollout.max_batch_size, prefix_cache_bytes=rollout.prefix_cache_bytes,
+                              torch_threads=coord.config.scheduler.ray_actor_threads)
+        if snapshot is not None:
+            engine.load_weights(snapshot, coord.policy_version)
+        return engine
 
     def _carry_out(self, commands: list[ev.Command]) -> None:
         for command in commands:

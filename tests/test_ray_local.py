@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from gyre.cluster.ray_local import session_pids as _session
+
 DRIVER = """
 import json, os, sys, time
 from gyre.cluster.ray_local import loopback_environment, start_local_ray
@@ -36,22 +38,6 @@ print(json.dumps({"head_pid": local.process.pid, "address": local.address, "acto
                   "node": ray.nodes()[0]["NodeManagerAddress"]}), flush=True)
 time.sleep(600)
 """
-
-
-def _session(sid: int) -> list[int]:
-    """Live (not zombie) processes of session `sid`."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(entry.name))
-    return pids
 
 
 def _listening(pids: list[int]) -> list[tuple[int, str]]:

@@ -53,14 +53,39 @@ class LocalRay:
     temp_dir: Path
 
     def stop(self) -> None:
-        """Kill the head's whole process group (GCS, raylet, agents); actors die with the raylet."""
+        """Kill every process of the head's session (GCS, raylet, agents, and the actors' workers,
+        which sit in groups of their own) and wait until they are gone."""
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.process.wait(timeout=STOP_TIMEOUT_S)
         reaper.forget(self.process.pid)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while (left := session_pids(self.process.pid)) and time.monotonic() < deadline:
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live (not zombie) processes of session `sid`, read from /proc."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after the command name, which may hold spaces
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids
 
 
 def loopback_environment() -> None:

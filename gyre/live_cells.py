@@ -45,6 +45,7 @@ from gyre.cells.topology import BatchShape, SchedulingConfigError, Topology
 from gyre.coordinator import Coordinator, ExecutionResult
 from gyre.engines.base import RolloutEngine
 from gyre.engines.factory import rollout_engine
+from gyre.live_faults import ActorBack, ActorDown, CellFaults
 from gyre.live_switches import SwitchLog
 from gyre.live_training import TrainingPlane
 from gyre.progress import ProgressEvent, emit
@@ -136,6 +137,9 @@ class LiveCells:
         self._publishing = threading.Lock()  # a cell rejoining rollout never misses a publication
         self.timeline = self._new_timeline()  # started again by `run`, so it begins with the scheduler
         self.switches = SwitchLog(self.timeline.start_s, self.clock)
+        self.faults = CellFaults(self)
+        if self.ray is not None:
+            self.ray.watch(self.faults.on_down, self.faults.on_back)
 
     # ------------------------------------------------------------------ the loop
 
@@ -148,6 +152,11 @@ class LiveCells:
             while not self.scheduler.state.done():
                 self._carry_out(commands)
                 event = self._next_event()
+                if isinstance(event, (ActorDown, ActorBack)):  # a cell's process died or came back
+                    event = self.faults.handle(event)
+                    if event is None:
+                        commands = []
+                        continue
                 commands = self.scheduler.handle(event)
                 self.timeline.event(event, self.clock(), self.scheduler.state.waterlevel)
                 if isinstance(event, ev.WeightsPublished) and event.version < self.steps and self.on_published:
@@ -165,6 +174,7 @@ class LiveCells:
         self.pool.shutdown(wait=True)
         self.timeline.close(self.clock())
         self._flush_switches()
+        self._save_faults()
         self._save_timeline()
         return self.training.records
 
@@ -188,6 +198,12 @@ class LiveCells:
         draw_timeline(self.timeline.segments, self.timeline.waterlevel, len(self.cells), end_s, title,
                       self.coord.run_dir / "cells.png", unit, pauses=self.timeline.pauses,
                       switch_phases=[(r.cell, r.start_s, r.phases) for r in self.switches.records])  # fmt: skip
+
+    def _save_faults(self) -> None:
+        """Every death and return of a cell's process, into `cell_faults`."""
+        self.coord.store.append("cell_faults", [
+            {"run_id": self.coord.run_id, "cell": r.cell_id, "at_s": r.at_s, "what": r.what} for r in self.faults.records
+        ])  # fmt: skip
 
     def _flush_switches(self) -> None:
         """The role switches not yet written, as one batch into `role_switches`."""
@@ -324,7 +340,12 @@ class LiveCells:
                 with timer.phase("pull"):
                     self.training.pull(cell.cell_id)
         else:
-            self._route_current(cell.engine, timer.phase)
+            try:
+                self._route_current(cell.engine, timer.phase)
+            except Exception:
+                if self.ray is None or not self.faults.confirmed_down(cell.cell_id):
+                    raise
+                return ev.SwitchDone(command.cell_id, command.role)  # the cell failed meanwhile: ignored
         self.switches.add(timer)
         return ev.SwitchDone(command.cell_id, command.role)
 
@@ -363,6 +384,16 @@ class LiveCells:
         return ev.OptimizerStepDone(command.cell_id, command.step_index + 1)
 
     def _publish(self, version: int) -> ev.Event:
+        """The new snapshot into every routed engine; one whose process died meanwhile is
+        skipped (it loads the newest weights when it is back)."""
         with self._publishing:
-            self.coord.publish_weights(version)
+            path = self.coord.transport.publish(self.coord.trainer, [], version)
+            for engine in self.coord.router.engines():
+                try:
+                    engine.load_weights(path, version)
+                except Exception:
+                    cell = self.faults.cell_of(engine)
+                    if self.ray is None or cell is None or not self.faults.confirmed_down(cell):
+                        raise
+            self.coord.policy_version = version
         return ev.WeightsPublished(version)

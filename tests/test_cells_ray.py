@@ -55,3 +55,58 @@ def test_elastic_cells_with_a_ray_actor_cell_train_and_switch_across_processes(t
     phases = con.execute("select to_role, phases from role_switches where cell = 1").fetchall()
     assert {to for to, _ in phases} >= {"train"}
     assert _session(head) == []  # the run's Ray (head, raylet, the actor) closed with the cells
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_rollout_cells_process_mid_rollout_loses_nothing_and_the_cell_rejoins(tiny_model_dir, tmp_path):
+    import signal
+    import threading
+    import time
+
+    config = RunConfig.model_validate({
+        "name": "ray-fault", "steps": 4, "cache_dir": str(tmp_path / "cache"),
+        "model": {"path": str(tiny_model_dir)},
+        "benchmark": {"num_queries": 16},
+        "rollout": {"queries_per_step": 2, "group_size": 4, "max_new_tokens": 24},
+        "harness": {"max_turns": 2},
+        "scheduler": {"policy": "async", "num_cells": 2, "slots_per_cell": 8, "lookahead_groups": 1,
+                      "executions_per_micro_step": 2, "runtime": "ray"},
+    })  # fmt: skip
+    coord = Coordinator(config, tmp_path / "run")
+    killed = threading.Event()
+    try:
+        cells = LiveCells(coord, config.steps)
+        import ray
+
+        actor_pid = ray.get(cells.ray.cells[0].actor.pid.remote())
+
+        def kill_mid_rollout():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not killed.is_set():
+                if coord.router.load().get("cell-1", 0) > 0:  # the actor's engine is serving calls now
+                    os.kill(actor_pid, signal.SIGKILL)
+                    killed.set()
+                    return
+                time.sleep(0.01)
+
+        threading.Thread(target=kill_mid_rollout, daemon=True).start()
+        records = cells.run()
+        faults = [(r.cell_id, r.what) for r in cells.faults.records]
+        cells.close()
+    finally:
+        killed.set()
+        coord.close()
+    assert [r.policy_version for r in records] == [1, 2, 3, 4]
+    assert (1, "failed") in faults and (1, "rejoined") in faults, faults
+    con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
+    # no execution lost: every train execution of the 4 steps finished and was scored
+    rows = con.execute("select count(*), count(score) from executions where purpose = 'train'").fetchone()
+    assert rows == (32, 32)
+    # the calls the dead engine was serving were finished by another engine (continued where their
+    # streamed tokens ended, or from the start when it died before the first token): no call failed
+    reasons = dict(con.execute("select coalesce(finish_reason, 'none'), count(*) from calls group by 1").fetchall())
+    assert set(reasons) <= {"stop", "length"}, reasons
+    recorded = con.execute("select what from cell_faults where cell = 1 order by at_s").fetchall()
+    assert [w for (w,) in recorded][:2] == ["failed", "rejoined"]
+    states = {s for (s,) in con.execute("select distinct state from cell_segments where cell_id = 1").fetchall()}
+    assert "failed" in states

@@ -103,6 +103,13 @@ class CellFailed:
     cell_id: int
 
 
+@dataclass(frozen=True)
+class CellRejoined:
+    """A failed cell is back (its process restarted), serving rollout with the published weights."""
+
+    cell_id: int
+
+
 Event = (
     ExecutionDispatched
     | ExecutionFinished
@@ -113,6 +120,7 @@ Event = (
     | OptimizerStepDone
     | WeightsPublished
     | CellFailed
+    | CellRejoined
 )
 
 # ----------------------------------------------------------------------------- commands

@@ -279,6 +279,10 @@ class SchedulerState:
                 self._consume_step(version - 1)
             case ev.CellFailed(cell_id=cid):
                 self._fail(cid)
+            case ev.CellRejoined(cell_id=cid):
+                cell = self.cells[cid]
+                if cell.role is Role.failed:  # back as a rollout cell; policies may switch it as any other
+                    cell.role, cell.busy, cell.micro_step_id, cell.weights_version = Role.rollout, None, None, None
         return []
 
     def _finish_execution(self, execution_id: int, num_tokens: int) -> None:

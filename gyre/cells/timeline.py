@@ -7,7 +7,8 @@ draws them with the simulator's Gantt chart, so a run on real cells and a simula
 read the same way. Pure: no clock of its own (times are passed in), no I/O.
 
 States: `rollout`, `switching`, `train-idle` (in the train role, nothing claimed),
-`train-busy` (a micro-step, a snapshot pull or the optimizer step).
+`train-busy` (a micro-step, a snapshot pull or the optimizer step), `failed` (from a
+`CellFailed` until the cell's `CellRejoined`).
 """
 
 from __future__ import annotations
@@ -38,15 +39,20 @@ class Timeline:
             case ev.SwitchCell(cell_id=cid):
                 self._enter(cid, "switching", now_s)
             case ev.ClaimMicroStep(cell_id=cid) | ev.PullSnapshot(cell_id=cid) | ev.ApplyOptimizerStep(cell_id=cid):
-                self._enter(cid, "train-busy", now_s)
+                if self._state[cid] != "failed":
+                    self._enter(cid, "train-busy", now_s)
 
     def event(self, event: ev.Event, now_s: float, waterlevel: int) -> None:
         match event:
-            case ev.SwitchDone(cell_id=cid, role=role):
+            case ev.SwitchDone(cell_id=cid, role=role) if self._state[cid] != "failed":
                 self._enter(cid, "rollout" if role is Role.rollout else "train-idle", now_s)
             case ev.MicroStepDone(cell_id=cid) | ev.SnapshotPulled(cell_id=cid) | ev.OptimizerStepDone(cell_id=cid):
                 if self._state[cid] == "train-busy":
                     self._enter(cid, "train-idle", now_s)
+            case ev.CellFailed(cell_id=cid):
+                self._enter(cid, "failed", now_s)
+            case ev.CellRejoined(cell_id=cid):
+                self._enter(cid, "rollout", now_s)
         t = now_s - self.start_s
         if not self.waterlevel or self.waterlevel[-1][1] != waterlevel:
             self.waterlevel.append((t, waterlevel))

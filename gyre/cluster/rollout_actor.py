@@ -15,6 +15,9 @@ existing cluster at `scheduler.ray_address`; its `close` kills the actors and st
 from __future__ import annotations
 
 import os
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +25,9 @@ from gyre.cluster.ray_local import LocalRay, loopback_environment, start_local_r
 from gyre.engines.sglang_adapter import SGLangRolloutEngine
 
 ACTOR_START_TIMEOUT_S = 300.0  # building the engine in a fresh process on a loaded 2-core box
-MAX_RESTARTS = 3  # Ray restarts a cell's process this often before the run stops on it
+MAX_RESTARTS = 3  # Ray restarts a cell's process this often; after that the cell stays failed
+WATCH_INTERVAL_S = 0.5  # how often the watcher asks each actor for its pid: a death is noticed within ~1 s
+PING_TIMEOUT_S = 10.0  # an actor that does not answer within this is busy, not dead (a loaded box)
 
 
 class RolloutCellActor:
@@ -55,6 +60,8 @@ class RayCell:
     cell_id: int
     actor: object
     engine: SGLangRolloutEngine
+    pid: int
+    model_dir: Path
 
 
 @dataclass
@@ -64,6 +71,8 @@ class RayCells:
     local: LocalRay | None
     cells: list[RayCell] = field(default_factory=list)
     _placement: list[object] = field(default_factory=list)
+    _closing: threading.Event = field(default_factory=threading.Event)
+    _watcher: threading.Thread | None = None
 
     @classmethod
     def start(cls, address: str | None, num_cpus: int) -> "RayCells":
@@ -89,15 +98,63 @@ class RayCells:
             name=f"cell-{cell_id}-{os.getpid()}",
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group),
         ).remote(str(model_dir), engine_id, seed, max_batch_size, prefix_cache_bytes, torch_threads)  # fmt: skip
-        url = ray.get(actor.url.remote(), timeout=ACTOR_START_TIMEOUT_S)
-        engine = SGLangRolloutEngine(url, engine_id, base_model_dir=Path(model_dir))
-        engine.wait_healthy(ACTOR_START_TIMEOUT_S)
-        self.cells.append(RayCell(cell_id, actor, engine))
+        engine, pid = _connect(actor, engine_id, Path(model_dir))
+        self.cells.append(RayCell(cell_id, actor, engine, pid, Path(model_dir)))
         return engine
+
+    def watch(self, on_down: Callable[[int], None], on_back: Callable[[int, SGLangRolloutEngine], None]) -> None:
+        """Notice a cell's process dying (`on_down(cell_id)`, within about a second) and coming
+        back after Ray restarted it (`on_back(cell_id, engine)`: a new adapter on the new
+        process's address, base weights loaded, not yet routed). One thread; callbacks run on it."""
+        self._watcher = threading.Thread(target=self._watch, args=(on_down, on_back), name="ray-cells-watch",
+                                         daemon=True)
+        self._watcher.start()
+
+    def _watch(self, on_down: Callable[[int], None], on_back: Callable[[int, SGLangRolloutEngine], None]) -> None:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        while not self._closing.wait(WATCH_INTERVAL_S):
+            for cell in list(self.cells):
+                try:
+                    if ray.get(cell.actor.pid.remote(), timeout=PING_TIMEOUT_S) == cell.pid:
+                        continue
+                except GetTimeoutError:
+                    continue  # busy, not dead
+                except RayActorError:
+                    pass  # died (restarting, or out of restarts)
+                if self._closing.is_set():
+                    return
+                on_down(cell.cell_id)
+                back = self._restarted(cell)
+                if back is None:
+                    return
+                cell.engine, cell.pid = back
+                on_back(cell.cell_id, cell.engine)
+
+    def _restarted(self, cell: RayCell) -> tuple[SGLangRolloutEngine, int] | None:
+        """The cell's engine once Ray has restarted its process; None when closing or out of restarts."""
+        import ray
+        from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
+
+        deadline = time.monotonic() + ACTOR_START_TIMEOUT_S
+        while not self._closing.is_set() and time.monotonic() < deadline:
+            try:
+                ray.get(cell.actor.pid.remote(), timeout=PING_TIMEOUT_S)
+            except ActorDiedError:
+                return None  # no restarts left: the cell stays failed
+            except (RayActorError, GetTimeoutError):
+                time.sleep(WATCH_INTERVAL_S)
+                continue
+            return _connect(cell.actor, cell.engine.engine_id, cell.model_dir)
+        return None
 
     def close(self) -> None:
         import ray
 
+        self._closing.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=PING_TIMEOUT_S + 1)
         for cell in self.cells:
             cell.engine.close()
             ray.kill(cell.actor, no_restart=True)
@@ -106,3 +163,14 @@ class RayCells:
         ray.shutdown()
         if self.local is not None:
             self.local.stop()
+
+
+def _connect(actor, engine_id: str, model_dir: Path) -> tuple[SGLangRolloutEngine, int]:
+    """An adapter on the actor's server once it answers, and the actor's pid."""
+    import ray
+
+    url = ray.get(actor.url.remote(), timeout=ACTOR_START_TIMEOUT_S)
+    pid = ray.get(actor.pid.remote(), timeout=ACTOR_START_TIMEOUT_S)
+    engine = SGLangRolloutEngine(url, engine_id, base_model_dir=model_dir)
+    engine.wait_healthy(ACTOR_START_TIMEOUT_S)
+    return engine, pid

@@ -148,6 +148,14 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("seconds", "DOUBLE"),
         ("phases", "STRUCT(name VARCHAR, seconds DOUBLE)[]"),
     ],
+    # Under the cell scheduler with cells in their own processes: each death of a cell's process and
+    # its return (`gyre/live_faults.py`); what: down, failed (reported to the scheduler), rejoined, replaced.
+    "cell_faults": [
+        ("run_id", "VARCHAR"),
+        ("cell", "INTEGER"),
+        ("at_s", "DOUBLE"),
+        ("what", "VARCHAR"),
+    ],
     # Evaluations rerun after the fact (`gyre rerun-failed`): attempt 1 is the run's own,
     # kept in `executions`; every rerun adds attempt 2, 3, ... here. Steps' advantages keep
     # the scores training used; the latest attempt is the execution's score from then on.

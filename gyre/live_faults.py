@@ -1,0 +1,107 @@
+"""A cell's process dying mid-run, and coming back: what the live driver does about it.
+
+Under `scheduler.runtime: ray` a cell's rollout engine is its own process (a Ray actor). When
+that process dies (kill -9, OOM) the Ray watcher (`RayCells.watch`) tells this module within
+about a second, from its own thread:
+
+- the engine leaves the proxy's router at once, so new calls go elsewhere; calls it was
+  serving fail over to other engines and continue exactly where they were (the proxy keeps
+  the tokens already streamed), so no execution is lost;
+- in the loop thread, a cell that was serving rollout (or switching to it) is reported to the
+  scheduler as `CellFailed`: its slots are gone until it is back. A cell in the train role
+  trains on its replica in this process, which did not die: the scheduler hears nothing and
+  the cell's new engine is used when it next switches to rollout;
+- when Ray has restarted the process, a failed cell's new engine loads the newest published
+  weights, is routed again, and the scheduler hears `CellRejoined`.
+
+Work that touched the dead engine while the news travelled (a publication loading weights
+into it, a switch routing it) waits up to `NOTICE_S` for the watcher and then goes on
+without it; anything else still raises, as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from gyre.cells import events as ev
+from gyre.cells.events import Role
+
+NOTICE_S = 15.0  # a call to a dead engine failed: how long to wait for the watcher to confirm it
+
+
+@dataclass(frozen=True)
+class ActorDown:
+    cell_id: int
+
+
+@dataclass(frozen=True)
+class ActorBack:
+    cell_id: int
+    engine: object
+
+
+@dataclass
+class FaultRecord:
+    cell_id: int
+    at_s: float
+    what: str  # "down" | "failed" (reported to the scheduler) | "rejoined" | "replaced" (a train cell's engine)
+
+
+class CellFaults:
+    """Between the Ray watcher's thread and the loop thread of `LiveCells`."""
+
+    def __init__(self, cells) -> None:
+        self.cells = cells  # the LiveCells driver
+        self.down: set[int] = set()
+        self.records: list[FaultRecord] = []
+        self._changed = threading.Condition()
+
+    # -- the watcher's thread --------------------------------------------------------------
+
+    def on_down(self, cell_id: int) -> None:
+        engine = self.cells.cells[cell_id].engine
+        self.cells.coord.router.deregister(engine.engine_id)
+        with self._changed:
+            self.down.add(cell_id)
+            self._changed.notify_all()
+        self.cells.events.put(ActorDown(cell_id))
+
+    def on_back(self, cell_id: int, engine) -> None:
+        self.cells.events.put(ActorBack(cell_id, engine))
+
+    # -- any thread ------------------------------------------------------------------------
+
+    def confirmed_down(self, cell_id: int) -> bool:
+        """True once the watcher has seen cell `cell_id`'s process die (waits up to NOTICE_S)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: cell_id in self.down, timeout=NOTICE_S)
+
+    def cell_of(self, engine) -> int | None:
+        return next((c.cell_id for c in self.cells.cells if c.engine is engine), None)
+
+    # -- the loop thread -------------------------------------------------------------------
+
+    def handle(self, event) -> ev.Event | None:
+        """The scheduler event `event` (an ActorDown / ActorBack) means, if any."""
+        driver = self.cells
+        state = driver.scheduler.state
+        now = driver.clock() - driver.timeline.start_s
+        if isinstance(event, ActorDown):
+            cell = state.cells[event.cell_id]
+            if cell.role in (Role.rollout, Role.to_rollout):
+                self.records.append(FaultRecord(event.cell_id, now, "failed"))
+                return ev.CellFailed(event.cell_id)
+            self.records.append(FaultRecord(event.cell_id, now, "down"))
+            return None
+        live = driver.cells[event.cell_id]
+        old, live.engine = live.engine, event.engine
+        old.close()
+        with self._changed:
+            self.down.discard(event.cell_id)
+        if state.cells[event.cell_id].role is Role.failed:
+            driver._route_current(live.engine)
+            self.records.append(FaultRecord(event.cell_id, now, "rejoined"))
+            return ev.CellRejoined(event.cell_id)
+        self.records.append(FaultRecord(event.cell_id, now, "replaced"))
+        return None

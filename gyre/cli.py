@@ -81,13 +81,59 @@ def _print_figures(title: str, figures: dict, as_json: bool) -> None:
 @perf_app.command("proxy")
 def bench_proxy(
     as_json: bool = typer.Option(False, "--json"),
-    duration_s: float = typer.Option(3.0, "--duration-s", min=0.1),
-    concurrency: int = typer.Option(32, "--concurrency", min=1),
+    duration_s: float = typer.Option(3.0, "--duration-s", min=0.1, help="Null-engine mode: throughput window."),
+    concurrency: int | None = typer.Option(
+        None, "--concurrency", min=1,
+        help="Null-engine mode: connections (default 32). --sessions mode: sessions in flight (default 8)."),
+    sessions: int = typer.Option(
+        0, "--sessions", min=0,
+        help="Replay N agent-shaped sessions through the proxy to the tiny model (0: the null-engine measurement)."),
+    turns: int = typer.Option(6, "--turns", min=1, help="--sessions mode: calls per session (default 6)."),
+    max_tokens: int = typer.Option(8, "--max-tokens", min=1, help="--sessions mode: tokens sampled per call."),
+    api: str = typer.Option("mixed", "--api", help="--sessions mode: openai, anthropic or mixed (alternating)."),
+    seed: int = typer.Option(0, "--seed", help="--sessions mode: the sessions' seed."),
 ) -> None:
-    """Proxy overhead (p50/p99 vs a direct engine call) and requests/s against a null engine."""
+    """Proxy overhead. Default: p50/p99 vs a direct call and requests/s against a null engine.
+    With --sessions N: N multi-turn tool-calling sessions against the tiny model, proxy vs the
+    engine called directly, and the k-th call's time with and without the prefix cache."""
+    if sessions > 0:
+        from gyre.proxy.agent_sessions import APIS
+        from gyre.proxy.session_bench import DEFAULT_CONCURRENCY, run as run_sessions
+
+        if api not in (*APIS, "mixed"):
+            _fail(ValueError(f"--api must be openai, anthropic or mixed, got {api!r}"))
+        result = run_sessions(sessions, turns, concurrency or DEFAULT_CONCURRENCY, max_tokens=max_tokens,
+                              seed=seed, api=api)
+        _print_session_bench(result, as_json)
+        return
     from gyre.proxy.bench import run as run_bench
 
-    _print_figures("gyre bench proxy", run_bench(duration_s=duration_s, concurrency=concurrency), as_json)
+    _print_figures("gyre bench proxy", run_bench(duration_s=duration_s, concurrency=concurrency or 32), as_json)
+
+
+def _print_session_bench(result: dict, as_json: bool) -> None:
+    import json
+
+    from gyre.proxy.session_bench import PER_CALL_COLUMNS, summary_rows
+
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    from rich import box
+
+    calls = Table(title="gyre bench proxy --sessions: the k-th call of a session (medians over sessions)",
+                  box=box.SIMPLE_HEAD)
+    for key, heading in PER_CALL_COLUMNS:
+        calls.add_column(heading, justify="right", min_width=len(heading) if key == "cache_speedup" else None)
+    for row in result["per_call"]:
+        calls.add_row(*(str(row[key]) for key, _ in PER_CALL_COLUMNS))
+    console.print(calls)
+    summary = Table(title="proxy overhead and replays")
+    summary.add_column("figure")
+    summary.add_column("value", justify="right")
+    for figure, value in summary_rows(result):
+        summary.add_row(figure, value)
+    console.print(summary)
 
 
 @perf_app.command("rollout")

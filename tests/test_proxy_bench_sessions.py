@@ -1,0 +1,94 @@
+"""`gyre bench proxy --sessions`: agent-shaped sessions and their replay through the proxy.
+
+The generator's sessions are well-formed in both API shapes, carry the same conversation in
+both, and each call's prompt extends the previous one (as messages and as the proxy's token
+ids); the replay runs end to end through the real proxy to the tiny model and reports the
+k-th call's time with and without the prefix cache and the proxy's overhead; with the cache,
+every later call reuses at least the whole previous prompt (the engine's own counters).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+
+from typer.testing import CliRunner
+
+from gyre.proxy import anthropic_api, openai_api
+from gyre.proxy.agent_sessions import agent_sessions
+from gyre.proxy.prompt import PromptBuilder, TitoCache
+from gyre.proxy.session_bench import run
+
+SMALL = (200, 500)
+
+
+def _template_messages(session, k):
+    """Call k's conversation as the proxy's template messages, from each API shape."""
+    oa = openai_api.ChatCompletionRequest.model_validate(session.openai_body(k, 8))
+    an = anthropic_api.MessagesRequest.model_validate(session.anthropic_body(k, 8))
+    from_openai = [openai_api.template_message(m, True) for m in oa.messages]
+    from_anthropic = anthropic_api.template_messages(an, True)
+    return from_openai, from_anthropic, [t.model_dump() for t in oa.tools], anthropic_api.template_tools(an.tools)
+
+
+def test_sessions_are_deterministic_well_formed_and_growing(tiny_tokenizer):
+    sessions = agent_sessions(3, 4, seed=1, result_chars=SMALL)
+    assert sessions == agent_sessions(3, 4, seed=1, result_chars=SMALL)
+    assert sessions != agent_sessions(3, 4, seed=2, result_chars=SMALL)
+    assert [s.api for s in sessions] == ["openai", "anthropic", "openai"]
+    builder = PromptBuilder(tiny_tokenizer)
+    for session in sessions:
+        assert session.turns == 4
+        previous_messages, previous_ids = None, None
+        for k in range(1, session.turns + 1):
+            messages = session.openai_messages(k)
+            assert messages[0]["role"] == "system" and messages[1]["role"] == "user"
+            for i, m in enumerate(messages):
+                if m["role"] == "assistant":  # its tool calls are answered, in order, right after it
+                    ids = [c["id"] for c in m["tool_calls"]]
+                    answers = messages[i + 1 : i + 1 + len(ids)]
+                    assert ids and [a["tool_call_id"] for a in answers] == ids
+                    assert all(a["role"] == "tool" and a["content"] for a in answers)
+                    assert all(isinstance(json.loads(c["function"]["arguments"]), dict) for c in m["tool_calls"])
+            from_openai, from_anthropic, tools_oa, tools_an = _template_messages(session, k)
+            assert from_openai == from_anthropic  # both shapes carry the same conversation
+            assert [t["function"]["name"] for t in tools_oa] == [t["function"]["name"] for t in tools_an]
+            prompt = builder.build(from_openai, tools_an, TitoCache())
+            if previous_messages is not None:
+                assert messages[: len(previous_messages)] == previous_messages
+                assert prompt.ids[: len(previous_ids)] == previous_ids  # token prefix, too
+                assert len(prompt.ids) - len(previous_ids) >= 100  # tool results of hundreds of tokens
+            previous_messages, previous_ids = messages, prompt.ids
+
+
+def test_replay_through_the_proxy_reports_cache_and_overhead(tiny_model_dir):
+    result = run(2, 3, 2, max_tokens=4, model_dir=tiny_model_dir, result_chars=SMALL, paired_sessions=1)
+    assert [row["k"] for row in result["per_call"]] == [1, 2, 3]
+    for row in result["per_call"]:
+        for key in ("proxy_cache_ms", "proxy_no_cache_ms", "engine_cache_ms", "engine_no_cache_ms"):
+            assert row[key] > 0
+        assert row["proxy_cache_ms"] >= row["engine_cache_ms"]
+    overhead = result["overhead"]
+    assert overhead["vs_direct"]["n"] == 3 and overhead["in_call_cache"]["n"] == 6
+    assert {"p50_ms", "p95_ms"} <= overhead["vs_direct"].keys() and overhead["in_call_no_cache"]["p50_ms"] > 0
+    assert result["prompt_extends"] and result["same_prompts_with_and_without_cache"]
+    # the scripted assistant turns never match what the engine generated: each is a fallback
+    assert result["replays"]["cache"]["fallback_turns"] == result["tito_fallback_turns_expected"] == 2 * (0 + 1 + 2)
+    # with the cache, each later call reuses at least the whole previous prompt
+    calls = {(c["session"], c["k"]): c for c in result["calls"]}
+    for (session, k), call in calls.items():
+        if k > 1:
+            assert call["cache_hit_tokens"] >= calls[(session, k - 1)]["prompt_tokens"]
+    hits = result["replays"]["cache"]["engine_cache"]["hit_tokens"]
+    assert hits >= sum(c["cache_hit_tokens"] for c in result["calls"]) > 0
+    assert result["replays"]["no_cache"]["engine_cache"] == {"hit_tokens": 0, "miss_tokens": 0}
+
+
+def test_cli_bench_proxy_sessions_prints_tables(monkeypatch, tmp_path):
+    from gyre.cli import app
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the tiny model is built under tmp_path
+    result = CliRunner().invoke(app, ["bench", "proxy", "--sessions", "1", "--turns", "2", "--max-tokens", "2"])
+    assert result.exit_code == 0, result.output
+    assert "the k-th call of a session" in result.output and "proxy - direct" in result.output
+    assert (tmp_path / "gyre-bench-models").is_dir()

@@ -40,7 +40,8 @@ class PolicyKnobs:
     max_updates_per_burst: int | None = None
     """Elastic only: train cells return to rollout after this many optimizer steps (E1: 1)."""
     num_train_cells: int | None = None
-    """Async only: size of the pinned training pool (None: half the cells, rounded down)."""
+    """Async only: size of the pinned training pool (None: half the cells, rounded down;
+    set by reading the paper's target 1.78x, see `gyre.cells.asynchronous`)."""
     standalone: bool = True
     """Colocate only: executions outlive a role flip (kept alive off the accelerators,
     stalled while the pool trains). False: the pool flips only once every live execution

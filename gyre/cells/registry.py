@@ -23,6 +23,8 @@ from gyre.cells.policy import Policy, PolicyKnobs
 from gyre.cells.topology import SchedulingConfigError
 
 POLICIES: dict[str, tuple[type[Policy], PolicyKnobs]] = {
+    # standalone=False (rounds drain): read from the seeds' text, adopted when standalone
+    # Colocate (C1) missed the paper's 122B colocate target (docs/scheduler.md)
     "colocate": (Colocate, PolicyKnobs(streaming=False, standalone=False)),
     "colocate-standalone": (Colocate, PolicyKnobs(streaming=False)),
     "colocate-streaming": (Colocate, PolicyKnobs(streaming=True)),

@@ -6,7 +6,9 @@ after changing a target:  python -m gyre.sim.calibration
 
 Method: common random numbers (one fixed set of normal draws) and a small Nelder-Mead
 on the summed squared relative error of the targeted statistics, over log-parameters.
-Only workload *inputs* are fitted here, never a scheduling outcome.
+Only workload *inputs* are fitted here, never a scheduling outcome; the choices elsewhere
+that were made by reading the paper's target ratios are listed in docs/scheduler.md
+("Parameters set by reading the paper").
 """
 
 from __future__ import annotations

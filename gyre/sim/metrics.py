@@ -19,6 +19,12 @@ Lower bound on the makespan of the steps actually trained (max of three bounds):
 Efficiency = lower bound / makespan: 1.0 would be a schedule that wastes nothing the
 bounds allow; `capacity_efficiency` leaves the room bound out (work and critical path only),
 so it also counts capacity the staleness bound keeps idle.
+
+The room term of `efficiency` was set by reading the target: it was added when the
+capacity-only efficiency (the issue's "work / capacity and critical path") missed its
+>= 0.9 target at E[d] = 1.5 (0.79). The bound is valid (tests/test_sim_api.py checks it
+against every policy), but the choice to grade efficiency against it was made after the
+miss, so the paper checks report both (docs/scheduler.md).
 """
 
 from __future__ import annotations
@@ -130,6 +136,7 @@ def summarize(
 ) -> SimResult:
     work_s, critical_s = lower_bounds_s(sim, trace)
     room_s = room_bound_s(sim, steps, lookahead_groups)
+    # the room term: set by reading the >= 0.9 efficiency target (module docstring)
     bound_s = max(work_s, critical_s, room_s)
     cells = [
         CellUsageRecord(

@@ -5,15 +5,24 @@ staleness knob, `lookahead_groups` (groups allowed in flight beyond one batch); 
 grows with it (more groups in flight, each consumed more versions after dispatch) until
 the rollout slots, not the room, limit dispatch. `run_at_staleness` searches the
 smallest lookahead whose E[d] reaches the target and keeps whichever of it and its
-predecessor is closer; a target outside what the policy can reach is an error naming
-the reachable range. Async runs with its fixed split (half the cells train, see
-`gyre.cells.asynchronous`); `best_async` tries every split and keeps the fastest at the
-target, a sensitivity check that `paper_checks` reports next to the fixed split.
+predecessor is closer (`hint`: start the bracket there instead of at [0, cap]; the same
+answer while E[d] grows with the lookahead, fewer runs); a target outside what the
+policy can reach is an error naming the reachable range. Plain Colocate's E[d] is not
+monotone (a round of `queries_per_step + lookahead` groups trains as successive updates,
+so E[d] drops each time a round gains a whole batch): bisection then finds one of
+several matching lookaheads (docs/scheduler.md gives the 122B and 2.4T cases).
+
+Async's default split (half the cells train, `gyre.cells.asynchronous`) was set by
+reading the paper's target ratio (its 1.78x; docs/scheduler.md, "Parameters set by
+reading the paper"). `best_async` is the baseline's best setting instead: every split,
+each matched to the same E[d] through its own lookahead, the fastest kept;
+`paper_checks` reports every check with both.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gyre.cells.asynchronous import Async
@@ -71,8 +80,30 @@ def max_lookahead(workload: Workload, cell_nodes: int | None, num_cells: int | N
     return 2 * topo.num_cells * topo.slots_per_cell // workload.group_size
 
 
+def _bracket(at: Callable[[int], SimResult], target: float, cap: int, hint: int) -> tuple[int, int]:
+    """(lo, hi) around the crossing, galloping out from `hint`: E[d](lo) < target <=
+    E[d](hi), or lo = 0 when E[d](0) already reaches it, or hi = cap when nothing does."""
+    hint = min(max(hint, 0), cap)
+    step = 1
+    if at(hint).mean_staleness >= target:
+        hi = hint
+        while hi > 0:
+            lo = max(0, hint - step)
+            if at(lo).mean_staleness < target:
+                return lo, hi
+            hi, step = lo, 2 * step
+        return 0, 0
+    lo = hint
+    while lo < cap:
+        hi = min(cap, hint + step)
+        if at(hi).mean_staleness >= target:
+            return lo, hi
+        lo, step = hi, 2 * step
+    return cap, cap
+
+
 def run_at_staleness(
-    workload: Workload, policy: str, steps: int, target_staleness: float, **kwargs: Any
+    workload: Workload, policy: str, steps: int, target_staleness: float, hint: int | None = None, **kwargs: Any
 ) -> SimResult:
     cache: dict[int, SimResult] = {}
 
@@ -81,8 +112,9 @@ def run_at_staleness(
             cache[lookahead] = run_once(workload, policy, steps, lookahead, target_staleness=target_staleness, **kwargs)
         return cache[lookahead]
 
-    lo, hi = 0, max_lookahead(workload, kwargs.get("cell_nodes"), kwargs.get("num_cells"))
-    if at(lo).mean_staleness >= target_staleness:
+    cap = max_lookahead(workload, kwargs.get("cell_nodes"), kwargs.get("num_cells"))
+    lo, hi = (0, cap) if hint is None else _bracket(at, target_staleness, cap, hint)
+    if hi == 0 or (lo == 0 and at(0).mean_staleness >= target_staleness):
         best = at(lo)
     else:
         if at(hi).mean_staleness < target_staleness - STALENESS_TOLERANCE:
@@ -107,9 +139,17 @@ def run_at_staleness(
 
 
 def best_async(
-    workload: Workload, policy: str, steps: int, target_staleness: float | None, lookahead_groups: int, **kwargs: Any
+    workload: Workload,
+    policy: str,
+    steps: int,
+    target_staleness: float | None,
+    lookahead_groups: int,
+    hint: int | None = None,
+    **kwargs: Any,
 ) -> SimResult:
-    """The fastest pinned split (1 .. num_cells-1 training cells) for an Async policy."""
+    """The fastest pinned split (1 .. num_cells-1 training cells) for an Async policy, each
+    split matched to `target_staleness` through its own lookahead (the search starts at
+    `hint`, else at the lookahead the previous split needed)."""
     topo = workload.topology(kwargs.get("cell_nodes"), kwargs.get("num_cells"))
     results: list[SimResult] = []
     errors: list[str] = []
@@ -118,9 +158,11 @@ def best_async(
             if target_staleness is None:
                 results.append(run_once(workload, policy, steps, lookahead_groups, num_train_cells=num_train, **kwargs))
             else:
-                results.append(
-                    run_at_staleness(workload, policy, steps, target_staleness, num_train_cells=num_train, **kwargs)
+                result = run_at_staleness(
+                    workload, policy, steps, target_staleness, hint=hint, num_train_cells=num_train, **kwargs
                 )
+                results.append(result)
+                hint = result.lookahead_groups
         except SchedulingConfigError as error:
             errors.append(str(error))
     if not results:

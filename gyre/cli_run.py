@@ -131,8 +131,6 @@ def run(
     except (*INPUT_ERRORS, ValueError, ConnectionError) as exc:
         _fail(exc)
     run_dir = run_dir or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    if resume and cfg.scheduler.policy is not None:
-        _fail(ValueError("--resume is not supported with the cell scheduler (scheduler.policy) yet"))
     if resume and not (run_dir / "checkpoints").is_dir():
         _fail(ValueError(f"--resume: {run_dir} has no checkpoints/ (set train.checkpoint_every)"))
     if not resume and (run_dir / "gyre.duckdb").exists():

@@ -87,9 +87,14 @@ class LiveCells:
         launch: Launcher | None = None,
         on_published: Callable[[int], None] | None = None,
         check_invariants: bool = True,
+        start_version: int = 0,
     ) -> None:
         """`launch`: how a command's work starts (default: this driver's thread pool); whatever
         it returns must offer `add_done_callback` and `result` (concurrent or Prefect futures).
+
+        `start_version`: steps already trained (a resumed run: `coord.resume()` restored them);
+        the scheduler starts at that step, with the group, execution and step numbers the run
+        would have had without the interruption.
 
         `on_published(version)`: called in the loop thread once `version` (< steps) is served
         (the run flow runs its evaluation rounds there). While it runs the scheduler hears
@@ -110,7 +115,7 @@ class LiveCells:
         self.clock: Callable[[], float] = time.monotonic
         self.scheduler = Scheduler(
             make_policy(cfg.policy, lookahead_groups=cfg.lookahead_groups),
-            topology, self.shape, self.clock, check_invariants=check_invariants,
+            topology, self.shape, self.clock, check_invariants=check_invariants, start_version=start_version,
         )  # fmt: skip
         self.cells = [LiveCell(0, coord.rollout)]
         self.ray = self._start_ray() if cfg.runtime == "ray" else None

@@ -117,9 +117,12 @@ class TrainingPlane:
                     grad_norm = core.apply_gradients()
                 except NonFiniteError as exc:  # deliberate: skipped, weights unchanged (gradients cleared)
                     books.skipped = str(exc)
+            # the step's row first, then its checkpoint (as the step-synchronous loop does): a crash
+            # between the two reruns the step on resume (its newer row supersedes), never loses its row
+            record = self._record(step, books, grad_norm, results, scores)
             if self.coord.checkpoint_due(step, self.steps):
                 self.coord.checkpoint(step)
-        return self._record(step, books, grad_norm, results, scores)
+        return record
 
     def _record(
         self, step: int, books: StepBooks, grad_norm: float | None, results: list[ExecutionResult], scores: list[Score]

@@ -29,13 +29,13 @@ START_S = 600
 GONE_S = 30
 
 
-def _config(tmp_path: Path, model_dir: Path) -> Path:
+def _config(tmp_path: Path, model_dir: Path, extra: str = "") -> Path:
     path = tmp_path / "run.yaml"
     path.write_text(
         f"name: lifecycle\nsteps: 3\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {model_dir}\n"
         "benchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
         "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\n"
-        "harness:\n  max_turns: 2\ntrain:\n  checkpoint_every: 1\n  keep_checkpoints: 2\n"
+        "harness:\n  max_turns: 2\ntrain:\n  checkpoint_every: 1\n  keep_checkpoints: 2\n" + extra
     )
     return path
 
@@ -126,6 +126,45 @@ def test_kill9_mid_step_then_resume_runs_every_step_once(tmp_path, tiny_model_di
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000002", "step-000003"]  # keep 2
     # finished: gyre sql reads the run file itself
     assert _sql(run_dir, "select count(*) from steps")["age_s"] is None
+
+
+@pytest.mark.slow
+def test_kill9_under_the_cell_scheduler_then_resume_runs_every_step_once(tmp_path, tiny_model_dir):
+    config = _config(tmp_path, tiny_model_dir, "scheduler:\n  policy: elastic\n  num_cells: 2\n"
+                     "  slots_per_cell: 4\n  lookahead_groups: 1\n  executions_per_micro_step: 2\n")
+    run_dir = tmp_path / "run"
+    proc = _start(config, tmp_path)
+    try:
+        pids = _wait_mid_step(proc, run_dir, 1)
+        proc.kill()
+        proc.wait(timeout=60)
+        _assert_gone(pids)
+    finally:
+        _kill(proc)
+    con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
+    before = {row[0] for row in con.execute("select execution_id from executions where purpose = 'train'").fetchall()}
+    con.close()
+    resumed = _start(config, tmp_path, "--resume")
+    try:
+        out, err = resumed.communicate(timeout=1200)
+    finally:
+        _kill(resumed)
+    assert resumed.returncode == 0, out + err
+    con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
+    # every step once (the newest row per step: a step the kill caught between its row and its
+    # checkpoint is rerun and its newer row supersedes), versions in order
+    newest = con.execute("select step, arg_max(policy_version, finished_at) from steps group by step "
+                         "order by step").fetchall()
+    assert newest == [(0, 1), (1, 2), (2, 3)]
+    # the resumed session trained steps 1 and 2 with the group numbers the run would have had:
+    # each of its train executions is filed under one of them, 4 per step (2 queries x 2)
+    per_step = con.execute("select step, count(*) from executions where purpose = 'train' and started_at >= "
+                           "(select max(started_at) from runs) group by step order by step").fetchall()
+    assert per_step == [(1, 4), (2, 4)], per_step
+    # nothing the first session recorded was lost
+    after = {row[0] for row in con.execute("select execution_id from executions where purpose = 'train'").fetchall()}
+    assert before <= after
+    assert list(run_dir.glob("abandoned-*/workspaces/s0001-*")) or list(run_dir.glob("abandoned-*/workspaces/s0002-*"))
 
 
 @pytest.mark.slow

@@ -118,3 +118,16 @@ def test_impossible_topologies_name_the_constraint(topology, policy, knobs, mess
 def test_unknown_policy_is_named():
     with pytest.raises(SchedulingConfigError, match="unknown policy 'greedy'"):
         make_policy("greedy")
+
+
+@pytest.mark.parametrize("policy", ["elastic", "async", "colocate"])
+def test_a_resumed_scheduler_goes_on_from_its_start_version_with_the_same_numbers(policy):
+    """`start_version=2` (a run resumed after 2 trained steps): the first groups are those a run
+    without the interruption would dispatch for step 2, at version 2, and it ends after step 3."""
+    s = Scheduler(make_policy(policy), TOPO, SHAPE, clock=lambda: 0.0, check_invariants=True, start_version=2)
+    assert s.state.trained_version == s.state.published_version == 2 and not s.state.done()
+    dispatched = of(s.start(), ev.DispatchExecution)
+    assert dispatched and {d.policy_version for d in dispatched} == {2}
+    assert min(d.group_id for d in dispatched) == 2 * SHAPE.queries_per_step  # groups 4, 5: block 2
+    assert min(d.execution_id for d in dispatched) == 2 * SHAPE.queries_per_step * SHAPE.group_size
+    assert len({d.group_id for d in dispatched}) <= SHAPE.queries_per_step  # one step left

@@ -30,7 +30,9 @@ class Scheduler:
         shape: BatchShape,
         clock: Callable[[], float],
         check_invariants: bool = False,
+        start_version: int = 0,
     ) -> None:
+        """`start_version`: the steps already trained (a resumed run); the first step is that one."""
         topology.validate(shape.group_size)
         shape.validate()
         policy.validate(topology, shape)
@@ -38,7 +40,7 @@ class Scheduler:
         self.policy = policy
         self.clock = clock
         self.check_invariants = check_invariants
-        self.state = SchedulerState.initial(topology, shape, roles, core_cell)
+        self.state = SchedulerState.initial(topology, shape, roles, core_cell, start_version)
 
     def start(self) -> list[ev.Command]:
         return self._decide([])

@@ -99,13 +99,20 @@ class SchedulerState:
     # ------------------------------------------------------------------ queries
 
     @classmethod
-    def initial(cls, topology: Topology, shape: BatchShape, roles: list[Role], core_cell: int) -> "SchedulerState":
+    def initial(cls, topology: Topology, shape: BatchShape, roles: list[Role], core_cell: int,
+                start_version: int = 0) -> "SchedulerState":
+        """Books at the start of a run, or of a resumed one whose first `start_version` steps were
+        trained before (their groups and steps count as consumed: ids, blocks and versions go on
+        from there, so a resumed run's executions and steps carry the same numbers a run without
+        the interruption would)."""
         cells = [CellState(i, topology.slots_per_cell, role) for i, role in enumerate(roles)]
         cells[core_cell].is_core = True
         for cell in cells:
             if cell.role is Role.train:
-                cell.weights_version = 0
-        return cls(topology=topology, shape=shape, cells=cells)
+                cell.weights_version = start_version
+        done_groups = start_version * shape.queries_per_step
+        return cls(topology=topology, shape=shape, cells=cells, trained_version=start_version,
+                   published_version=start_version, num_groups_dispatched=done_groups, num_groups_ready=done_groups)
 
     @property
     def core(self) -> CellState:

@@ -76,19 +76,19 @@ def rl_step(coord: Coordinator, step: int, eval_pass_rate: float | None = None) 
     return outcome.record
 
 
-def cells_run(coord: Coordinator, total: int) -> list[StepRecord]:
-    """The run under the cell scheduler: evaluate, let the cells train `total` steps (with an
-    evaluation round each time a due version is published), evaluate."""
+def cells_run(coord: Coordinator, total: int, first: int = 0) -> list[StepRecord]:
+    """The run under the cell scheduler: evaluate, let the cells train steps `first`..`total`
+    (with an evaluation round each time a due version is published), evaluate."""
 
     def evaluate_version(version: int) -> None:
         if coord.eval_due(version, total):
             eval_round(coord, version)
 
     # built first: a topology the policy cannot run fails before any work
-    cells = LiveCells(coord, total, launch=launch_cell_command, on_published=evaluate_version)
+    cells = LiveCells(coord, total, launch=launch_cell_command, on_published=evaluate_version, start_version=first)
     try:
-        if coord.config.evaluation.every_steps:
-            eval_round(coord, 0)
+        if coord.eval_due(first, total):
+            eval_round(coord, first)
         records = cells.run()
     finally:
         cells.close()
@@ -157,10 +157,9 @@ def train_run(coord: Coordinator, total: int, resume: bool, run_dir: str) -> lis
     """The steps (or the cell scheduler's run), with their evaluation rounds and checkpoints."""
     config = coord.config
     if config.scheduler.policy is not None:
-        if resume:
-            raise ValueError("scheduler.policy: --resume is not supported with the cell scheduler yet")
-        emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir, "first_step": 0}))
-        records = cells_run(coord, total)
+        first = coord.resume() if resume else 0
+        emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir, "first_step": first}))
+        records = cells_run(coord, total, first)
         emit(ProgressEvent("run_finished", None, {"steps": total}))
         return records
     first = coord.resume() if resume else 0

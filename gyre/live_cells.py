@@ -145,6 +145,9 @@ class LiveCells:
         self.faults = CellFaults(self)
         if self.ray is not None:
             self.ray.watch(self.faults.on_down, self.faults.on_back)
+        self.feeds: list[queue.Queue[str | None]] = [queue.Queue() for _ in self.cells]
+        """Per cell, a line for each thing that happened to it (switches, faults); None at the end.
+        The run flow shows each cell as a task run that reads its feed (`gyre.tasks.step.cell`)."""
 
     # ------------------------------------------------------------------ the loop
 
@@ -237,7 +240,9 @@ class LiveCells:
     def close(self) -> None:
         """Hand the box back to the coordinator: its own engine routed, with the newest weights
         (it missed the publications made while cell 0 trained), the other cells' engines closed
-        (and their Ray actors with the run's Ray, under `scheduler.runtime: ray`)."""
+        (and their Ray actors with the run's Ray, under `scheduler.runtime: ray`); feeds ended."""
+        for feed in self.feeds:
+            feed.put(None)
         self._close_engines()
         self._route_current(self.coord.rollout)
 
@@ -351,8 +356,23 @@ class LiveCells:
                 if self.ray is None or not self.faults.confirmed_down(cell.cell_id):
                     raise
                 return ev.SwitchDone(command.cell_id, command.role)  # the cell failed meanwhile: ignored
-        self.switches.add(timer)
+        record = self.switches.add(timer)
+        phases = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in record.phases)
+        self.note(cell.cell_id, f"{record.from_role} -> {record.to_role} in {record.seconds:.3f} s ({phases})")
         return ev.SwitchDone(command.cell_id, command.role)
+
+    def note(self, cell_id: int, line: str) -> None:
+        """A line for cell `cell_id`'s feed (its task run's log in the Prefect UI)."""
+        self.feeds[cell_id].put(line)
+
+    def describe(self, cell_id: int) -> str:
+        """What cell `cell_id` is: where its rollout engine lives and what trains on it."""
+        cell = self.cells[cell_id]
+        where = getattr(cell.engine, "base_url", None)
+        engine = f"its engine {cell.engine.engine_id} at {where} (a process of its own)" if where else \
+            f"its engine {cell.engine.engine_id} in this process"
+        role = "core: owns the optimizer" if cell_id == 0 else "satellite: pulls the core's weights to train"
+        return f"cell {cell_id}: {engine}; {role}"
 
     def _route_current(self, engine: RolloutEngine,
                        phase: Callable[[str], AbstractContextManager] = lambda name: nullcontext()) -> None:

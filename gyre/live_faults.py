@@ -90,9 +90,11 @@ class CellFaults:
         if isinstance(event, ActorDown):
             cell = state.cells[event.cell_id]
             if cell.role in (Role.rollout, Role.to_rollout):
-                self.records.append(FaultRecord(event.cell_id, now, "failed"))
+                self._record(event.cell_id, now, "failed", "its process died while serving rollout: CellFailed, "
+                             "its calls moved to other engines")
                 return ev.CellFailed(event.cell_id)
-            self.records.append(FaultRecord(event.cell_id, now, "down"))
+            self._record(event.cell_id, now, "down", "its rollout process died while it trained (its replica "
+                         "here goes on); waiting for Ray to restart it")
             return None
         live = driver.cells[event.cell_id]
         old, live.engine = live.engine, event.engine
@@ -101,7 +103,12 @@ class CellFaults:
             self.down.discard(event.cell_id)
         if state.cells[event.cell_id].role is Role.failed:
             driver._route_current(live.engine)
-            self.records.append(FaultRecord(event.cell_id, now, "rejoined"))
+            self._record(event.cell_id, now, "rejoined", f"restarted by Ray at {live.engine.base_url}, newest "
+                         "weights loaded: CellRejoined")
             return ev.CellRejoined(event.cell_id)
-        self.records.append(FaultRecord(event.cell_id, now, "replaced"))
+        self._record(event.cell_id, now, "replaced", f"restarted by Ray at {live.engine.base_url}")
         return None
+
+    def _record(self, cell_id: int, at_s: float, what: str, line: str) -> None:
+        self.records.append(FaultRecord(cell_id, at_s, what))
+        self.cells.note(cell_id, line)

@@ -144,3 +144,38 @@ def test_warm_start_progress_is_logged_every_50_steps_and_at_the_end(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["warm start: step 50 of 120, loss 0.0200", "warm start: step 100 of 120, loss 0.0100",
                      "warm start: step 120 of 120, loss 0.0083"]
+
+
+def test_each_cell_is_a_task_run_alive_for_the_run_logging_its_switches(prefect_server):
+    import queue
+    import threading
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId
+
+    from gyre.tasks.step import cell
+
+    @flow
+    def two_cells() -> str:
+        from prefect.runtime import flow_run
+
+        feeds = [queue.Queue(), queue.Queue()]
+        workers = [cell.submit(i, f"cell {i}: its engine in this process", feeds[i]) for i in range(2)]
+        # the run goes on while the cells' task runs are alive
+        threading.Timer(0.2, feeds[1].put, ["rollout -> train in 0.120 s (drain 0.100 s, unroute 0.000 s)"]).start()
+        threading.Timer(0.5, lambda: [f.put(None) for f in feeds]).start()
+        assert [w.result() for w in workers] == [0, 1]
+        return flow_run.id
+
+    flow_run_id = two_cells()
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler().flush()  # logs go to the server in batches
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        by_name = {r.name: r for r in runs}
+        assert set(by_name) == {"cell-0", "cell-1"} and all(r.state.is_completed() for r in runs)
+        logs = client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[by_name["cell-1"].id])))
+    messages = [log.message for log in logs]
+    assert messages[0] == "cell 1: its engine in this process" and "rollout -> train in 0.120 s" in messages[1]

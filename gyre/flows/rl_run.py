@@ -30,7 +30,7 @@ from gyre.metrics import MetricsFanout, make_sinks
 from gyre.progress import ProgressEvent, emit
 from gyre.records import EvalRecord, StepRecord, utc_now
 from gyre.tasks.step import (
-    checkpoint, evaluate, execute, launch_cell_command, prepare_model, publish_weights, record, record_eval, train,
+    cell, checkpoint, evaluate, execute, launch_cell_command, prepare_model, publish_weights, record, record_eval, train,
 )
 
 MAX_CONCURRENT_TASKS = 256
@@ -86,12 +86,16 @@ def cells_run(coord: Coordinator, total: int, first: int = 0) -> list[StepRecord
 
     # built first: a topology the policy cannot run fails before any work
     cells = LiveCells(coord, total, launch=launch_cell_command, on_published=evaluate_version, start_version=first)
+    # each cell a task run alive for the whole run: the UI lists the cells, their switches and faults
+    workers = [cell.submit(i, cells.describe(i), cells.feeds[i]) for i in range(len(cells.cells))]
     try:
         if coord.eval_due(first, total):
             eval_round(coord, first)
         records = cells.run()
     finally:
         cells.close()
+        for worker in workers:
+            worker.wait()
     if coord.config.evaluation.every_steps:
         eval_round(coord, total)
     return records

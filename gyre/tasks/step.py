@@ -6,10 +6,12 @@ the flow tags them `step:<N>` and `purpose:<train|eval>` (docs/prefect.md)."""
 
 from __future__ import annotations
 
+import queue
+
 from collections.abc import Callable
 from datetime import datetime
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.futures import PrefectFuture
 
@@ -97,3 +99,16 @@ def cell_command(name: str, fn: Callable[..., object], args: tuple) -> object:
 def launch_cell_command(name: str, fn: Callable[..., object], args: tuple) -> PrefectFuture:
     """The `Launcher` the run flow gives `LiveCells`: every command's work is a task run."""
     return cell_command.submit(name, fn, args)
+
+
+@task(name="cell", task_run_name="cell-{cell_id}", cache_policy=NONE)
+def cell(cell_id: int, description: str, feed: "queue.Queue[str | None]") -> int:
+    """One cell, alive for the whole run: its log says what it is and every switch and fault it
+    went through, as they happen; returns how many it logged."""
+    logger = get_run_logger()
+    logger.info(description)
+    lines = 0
+    while (line := feed.get()) is not None:
+        logger.info(line)
+        lines += 1
+    return lines

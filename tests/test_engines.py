@@ -207,3 +207,30 @@ def test_gspo_diagnostics_show_clip_and_cap_on_stale_data(tiny_model_dir, tiny_t
     assert after["clip_low_frac"] + after["clip_high_frac"] > 0, after
     assert after["mean_response_tokens"] == before["mean_response_tokens"] > 0
     assert after["sampled_entropy"] > 0
+
+
+def test_models_loaded_from_parallel_threads_are_whole(tiny_model_dir):
+    """Live cells build replicas and engines from worker threads; transformers' loading is not
+    thread-safe (meta tensors, silently re-initialised weights): `load_causal_lm` serialises it."""
+    import threading
+
+    from gyre.engines.hf import load_causal_lm
+
+    reference = load_causal_lm(tiny_model_dir).state_dict()
+    loaded, errors = [], []
+
+    def load():
+        try:
+            loaded.append(load_causal_lm(tiny_model_dir).state_dict())
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    for _ in range(3):
+        threads = [threading.Thread(target=load) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == [] and len(loaded) == 9
+    for state in loaded:
+        assert all(not t.is_meta and torch.equal(t, reference[name]) for name, t in state.items())

@@ -6,6 +6,8 @@ Qwen2/Qwen3/Llama directory follow one path. Nothing is downloaded: `local_files
 
 from __future__ import annotations
 
+import threading
+
 import json
 from pathlib import Path
 
@@ -43,15 +45,25 @@ def load_tokenizer(path: Path):
     return tokenizer
 
 
+_LOADING = threading.Lock()
+"""transformers builds a model under process-wide state (a meta-device context while it
+initialises), so two `from_pretrained` calls in parallel threads see each other's meta tensors:
+parameters left on the meta device, or silently re-initialised ("newly initialized because
+missing from the checkpoint"). Seen with 3 threads: every load of 30 went wrong. Live cells
+build replicas and engines from worker threads, so every load takes this lock."""
+
+
 def load_causal_lm(path: Path, dtype: str = "float32"):
-    """Load the model in `dtype` on CPU in eval mode (the caller moves it)."""
+    """Load the model in `dtype` on CPU in eval mode (the caller moves it); one load at a time."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            check_model_dir(path), local_files_only=True, dtype=getattr(torch, dtype)
-        )
+        with _LOADING:  # the import too: transformers' lazy modules are not safe to import from two threads
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(
+                check_model_dir(path), local_files_only=True, dtype=getattr(torch, dtype)
+            )
     except ValueError as exc:  # transformers: unrecognised configuration class
         raise ModelDirError(f"{path}: not loadable as a causal LM: {exc}") from exc
     model.eval()

@@ -62,9 +62,11 @@ class ProxyServeConfig(Section):
     """Model id served by `/v1/models` (default: the model directory's name)."""
     engines: list[EngineSpec] = Field(min_length=1)
     """Rollout engines to route to."""
-    tool_parser: Literal["qwen", "hermes", "smollm2"] = "qwen"
-    """How the model writes tool calls (model family; all three read `<tool_call>` blocks holding one
-    call object or, as SmolLM2 writes them, a list of them)."""
+    tool_parser: Literal["qwen", "hermes", "smollm2", "llama3"] = "qwen"
+    """How the model writes tool calls (model family). `qwen` (Qwen2.5, Qwen3), `hermes` and `smollm2`
+    read `<tool_call>` blocks holding one call object or, as SmolLM2 writes them, a list of them;
+    `llama3` (Llama 3.1/3.2/3.3) reads the JSON object `{"name": ..., "parameters": {...}}`, after
+    `<|python_tag|>` or not, several separated by `;` or new lines (docs/models.md)."""
     temperature: float = Field(default=1.0, gt=0.0)
     """Sampling temperature when a request does not set one."""
     force_temperature: bool = False

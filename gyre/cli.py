@@ -224,6 +224,46 @@ def bench_learning(
                   f"learning.json in {out}")
 
 
+@perf_app.command("cells")
+def bench_cells(
+    config: Path = typer.Option(Path("configs/tiny-cpu-sleepy.yaml"), help="A sleepy-harness run config."),
+    steps: int = typer.Option(4, min=1, help="Optimizer steps per policy."),
+    num_cells: int = typer.Option(4, "--num-cells", min=1, help="Cells of every run."),
+    out: Path | None = typer.Option(None, help="Directory for the runs (default: runs/cells-<time>)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Elastic, Async and Colocate on the real stack under one sleepy workload at matched E[d], each
+    with the simulator's prediction of its wall time; see gyre/cells_bench.py."""
+    import json
+    from datetime import datetime
+
+    from gyre.cells_bench import POLICIES, run as run_cells
+
+    out = out or Path("runs") / f"cells-{datetime.now():%Y%m%d-%H%M%S}"
+    try:
+        result = run_cells(config, out, steps=steps, num_cells=num_cells)
+    except INPUT_ERRORS as exc:
+        _fail(exc)
+    (out / "cells.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    table = Table(title=f"gyre bench cells: {result['workload']['name']} at {result['workload']['scale_s_per_h']} s/h, "
+                        f"{num_cells} cells, {steps} steps ({out})")
+    for col in ("policy", "lookahead", "E[d]", "wall s", "simulated s", "sim / real", "to train s", "to rollout s"):
+        table.add_column(col, justify="right")
+    for policy in POLICIES:
+        r = result[policy]
+        table.add_row(policy, str(r["lookahead_groups"]), f"{r['mean_staleness']:.2f}", f"{r['wall_s']:.1f}",
+                      f"{r['simulated_wall_s']:.1f}", f"{r['simulated_wall_s'] / r['wall_s']:.2f}",
+                      f"{r['switch_s'].get('to_train', {}).get('total', 0.0):.3f}",
+                      f"{r['switch_s'].get('to_rollout', {}).get('total', 0.0):.3f}")
+    console.print(table)
+    for name, ratio in result["ratios"].items():
+        console.print(f"{name}: real {ratio['real']:.2f}x, simulated {ratio['simulated']:.2f}x")
+    console.print(f"checks: {result['checks']}")
+
+
 @app.command()
 def simulate(
     workload: str = typer.Option("nl2repo-122b", help="Named workload (see gyre/sim/workloads.py)."),

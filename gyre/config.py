@@ -132,10 +132,13 @@ class RolloutConfig(Section):
 
 
 class HarnessConfig(Section):
-    type: Literal["builtin", "claude-code", "mini-swe-agent", "command"] = "builtin"
+    type: Literal["builtin", "claude-code", "mini-swe-agent", "command", "sleepy"] = "builtin"
     """Harness that drives the model: `builtin` (gyre's reference agent, runs on the host and
     acts through the sandbox), or one run inside the sandbox against the proxy: `claude-code`
-    (the `claude` CLI in print mode), `mini-swe-agent` (the `mini` CLI), `command` (`command`)."""
+    (the `claude` CLI in print mode), `mini-swe-agent` (the `mini` CLI), `command` (`command`).
+    `sleepy` is a systems-benchmark load, not an agent: real model calls spread over a wait
+    drawn from a simulator workload (`sleepy_*`); it writes nothing to the workspace, which scores
+    what an untouched one does (0 on the tiny benchmark)."""
     command: list[str] = []
     """argv of the `command` harness; it gets the proxy URL/key and GYRE_INSTRUCTION in its env."""
     max_turns: int = Field(default=4, gt=0)
@@ -159,6 +162,14 @@ class HarnessConfig(Section):
     only when this is above 0); each works in a fresh context and returns a report."""
     sub_agent_max_turns: int = Field(default=4, gt=0)
     """`builtin`: model calls per sub-agent before it stops."""
+    sleepy_workload: Literal["nl2repo-122b", "nl2repo-2.4t", "deepswe-122b", "terminalbench-122b"] = "nl2repo-122b"
+    """`sleepy`: the simulator workload (`gyre simulate --workload`) whose execution durations it
+    draws: execution i of group g gets the duration the simulator gives execution g x group_size + i
+    of that workload at the run's seed and `rollout.group_size`, so every policy sees the same ones."""
+    sleepy_scale: float = Field(default=10.0, gt=0)
+    """`sleepy`: wall-clock seconds per simulated hour (10: a 4 h harness timeout lasts 40 s)."""
+    sleepy_calls: int = Field(default=4, gt=0)
+    """`sleepy`: model calls per execution; the drawn duration is spread as equal waits after each."""
 
 
 class SandboxConfig(Section):
@@ -221,9 +232,21 @@ class EvaluationConfig(Section):
     """Evaluate on at most this many held-out queries (the first by id); None: all."""
 
 
+class MegatronConfig(Section):
+    tp: int = Field(default=1, ge=1)
+    """Tensor-parallel size: each weight matrix split over this many ranks (one process per rank;
+    world = tp x pp x data-parallel). Must divide the attention heads, key/value heads and MLP width."""
+    pp: int = Field(default=1, ge=1, le=1)
+    """Pipeline-parallel size; only 1 is supported yet."""
+
+
 class TrainConfig(Section):
-    engine: Literal["torch"] = "torch"
-    """Train engine backend. `torch` is the reference engine; Megatron-core comes as another variant."""
+    engine: Literal["torch", "megatron"] = "torch"
+    """Train engine backend. `torch`: the reference engine (one replica per process). `megatron`:
+    Megatron-core's GPTModel built from the HF config (Qwen3/Qwen2/Llama), split by
+    `train.megatron`; needs `pip install gyre-rl[megatron]`. Same loss, same HF snapshots."""
+    megatron: MegatronConfig = MegatronConfig()
+    """`megatron` engine: model-parallel sizes."""
     lr: float = Field(default=1e-3, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(default=0.0, ge=0)

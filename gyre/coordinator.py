@@ -27,14 +27,14 @@ from gyre.cells.transport import FileSnapshotTransport
 from gyre.config import RunConfig, dump_config
 from gyre.engines.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from gyre.engines.hf import load_tokenizer, stop_token_ids
-from gyre.engines.factory import rollout_engine
+from gyre.engines.factory import rollout_engine, train_engine
 from gyre.engines.torch_rollout import TorchRolloutEngine
-from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
+from gyre.engines.torch_train import NonFiniteError
 from gyre.evaluators.in_container import AGENT_DIRS as CONTAINER_AGENT_DIRS
 from gyre.evaluators.in_container import IN_CONTAINER_FORMATS, container_slots
 from gyre.evaluators.in_place import AGENT_DIRS, IN_PLACE_FORMATS, session_mounts, session_slots
 from gyre.evaluators.run_evaluator import RunEvaluator
-from gyre.harnesses.base import HarnessOutcome, ModelEndpoint
+from gyre.harnesses.base import ExecutionSlot, HarnessOutcome, ModelEndpoint
 from gyre.harnesses import make_harness
 from gyre.harnesses.compaction import classifier_markers
 from gyre.harnesses.timeouts import execution_timeouts
@@ -97,15 +97,7 @@ class Coordinator:
         self.policy_version = 0
         self.tokenizer = tokenizer = load_tokenizer(self.model_dir)
         self.rollout = rollout_engine(config, self.model_dir, 0, f"{config.rollout.engine}-0", seed=config.seed)
-        self.trainer = TorchTrainEngine(
-            self.model_dir,
-            lr=config.train.lr,
-            weight_decay=config.train.weight_decay,
-            grad_clip=config.train.grad_clip,
-            micro_batch_tokens=config.train.micro_batch_tokens,
-            temperature=config.rollout.temperature,
-            seed=config.seed,
-        )
+        self.trainer = train_engine(config, self.model_dir, seed=config.seed)  # train.engine: torch | megatron
         self.algorithm = GSPO(config.algo.token_ratio_cap, config.algo.seq_clip_low, config.algo.seq_clip_high)
         self.transport = FileSnapshotTransport(self.run_dir / "snapshots")
         self.call_log = CallLog(self.store)  # every call on disk within a second of being made
@@ -156,6 +148,14 @@ class Coordinator:
         rng = random.Random(f"{self.config.seed}:{step}")
         return rng.sample(self.queries, self.config.rollout.queries_per_step)
 
+    def group_id(self, step: int, query: Query) -> int | None:
+        """The cell scheduler's number for `query`'s group in block `step` (step x queries_per_step +
+        its place in `sample_queries(step)`, as `live_cells` maps them back); None when not sampled."""
+        ids = [q.query_id for q in self.sample_queries(step)]
+        if query.query_id not in ids:
+            return None
+        return step * self.config.rollout.queries_per_step + ids.index(query.query_id)
+
     def eval_due(self, step: int, total_steps: int) -> bool:
         """Evaluate before `step` (and after the last one, when `step` == `total_steps`)?"""
         every = self.config.evaluation.every_steps
@@ -190,8 +190,11 @@ class Coordinator:
             **session,
         )
         endpoint = ModelEndpoint(self.server.base_url, key, self.model_dir.name)
+        slot = ExecutionSlot(execution_id, purpose, self.config.seed,
+                             self.group_id(step, query) if purpose == "train" else None,
+                             group_index, self.config.rollout.group_size)
         try:
-            outcome = self.harness.run(query, sandbox, endpoint, deadlines.harness_s)
+            outcome = self.harness.run(query, sandbox, endpoint, deadlines.harness_s, slot)
         except Exception as exc:  # deliberate: a harness crash is this execution's outcome, recorded
             outcome = HarnessOutcome(ExecutionStatus.harness_error, 0, f"{type(exc).__name__}: {exc}")
         finally:

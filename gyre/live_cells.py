@@ -28,6 +28,7 @@ worker that raises stops the run with that error. The training commands land in
 from __future__ import annotations
 
 import queue
+from collections import defaultdict
 import threading
 import time
 from collections.abc import Callable
@@ -45,7 +46,9 @@ from gyre.cells.topology import BatchShape, SchedulingConfigError, Topology
 from gyre.coordinator import Coordinator, ExecutionResult
 from gyre.engines.base import RolloutEngine
 from gyre.engines.factory import rollout_engine
+from gyre.live_engines import cell_engine, describe, start_ray
 from gyre.live_faults import ActorBack, ActorDown, CellFaults
+from gyre.live_records import flush_switches, save_records
 from gyre.live_switches import SwitchLog
 from gyre.live_training import TrainingPlane
 from gyre.progress import ProgressEvent, emit
@@ -118,10 +121,10 @@ class LiveCells:
             topology, self.shape, self.clock, check_invariants=check_invariants, start_version=start_version,
         )  # fmt: skip
         self.cells = [LiveCell(0, coord.rollout)]
-        self.ray = self._start_ray() if cfg.runtime == "ray" else None
+        self.ray = start_ray(coord.config) if cfg.runtime == "ray" else None
         try:
             for i in range(1, cfg.num_cells):
-                self.cells.append(LiveCell(i, self._cell_engine(i)))
+                self.cells.append(LiveCell(i, cell_engine(coord, self.ray, i)))
         except BaseException:
             self._close_engines()
             raise
@@ -139,6 +142,9 @@ class LiveCells:
         self.scores: dict[int, Score] = {}
         self.training = TrainingPlane(coord, self.shape, steps, cfg.num_cells)
         self.log = CommandLog()
+        self.command_seconds: defaultdict[str, list[float]] = defaultdict(list)
+        """Wall seconds of every command carried out, by kind (`execute`, `switch`, `micro_step`,
+        `pull`, `optimizer_step`, `publish`): what `gyre bench cells` gives the simulator."""
         self._publishing = threading.Lock()  # a cell rejoining rollout never misses a publication
         self.timeline = self._new_timeline()  # started again by `run`, so it begins with the scheduler
         self.switches = SwitchLog(self.timeline.start_s, self.clock)
@@ -181,41 +187,11 @@ class LiveCells:
             raise
         self.pool.shutdown(wait=True)
         self.timeline.close(self.clock())
-        self._flush_switches()
-        self._save_faults()
-        self._save_timeline()
+        save_records(self)
         return self.training.records
 
     def _new_timeline(self) -> Timeline:
         return Timeline(len(self.cells), self.clock(), [c.role for c in self.scheduler.state.cells])
-
-    def _save_timeline(self) -> None:
-        """Cells' states over time: `cell_segments` in DuckDB and `cells.png` in the run directory."""
-        from gyre.sim.gantt import UNITS_S, draw_timeline, unit_for
-
-        run_id = self.coord.run_id
-        self.coord.store.append("cell_segments", [
-            {"run_id": run_id, "cell_id": c, "state": state, "start_s": a, "end_s": b}
-            for c, state, a, b in self.timeline.segments
-        ])  # fmt: skip
-        end_s = max((b for *_, b in self.timeline.segments), default=0.0)
-        state = self.scheduler.state
-        unit = unit_for(end_s)
-        title = (f"{self.coord.config.scheduler.policy} on {len(self.cells)} cells: {self.steps} steps in "
-                 f"{end_s / UNITS_S[unit]:.1f} {unit}, E[d]={state.mean_staleness:.2f}")  # fmt: skip
-        draw_timeline(self.timeline.segments, self.timeline.waterlevel, len(self.cells), end_s, title,
-                      self.coord.run_dir / "cells.png", unit, pauses=self.timeline.pauses,
-                      switch_phases=[(r.cell, r.start_s, r.phases) for r in self.switches.records])  # fmt: skip
-
-    def _save_faults(self) -> None:
-        """Every death and return of a cell's process, into `cell_faults`."""
-        self.coord.store.append("cell_faults", [
-            {"run_id": self.coord.run_id, "cell": r.cell_id, "at_s": r.at_s, "what": r.what} for r in self.faults.records
-        ])  # fmt: skip
-
-    def _flush_switches(self) -> None:
-        """The role switches not yet written, as one batch into `role_switches`."""
-        self.switches.flush(lambda rows: self.coord.store.append("role_switches", rows), self.coord.run_id)
 
     def _while_published(self, version: int, hook: Callable[[int], None]) -> None:
         if self._eval_engine is None:
@@ -255,30 +231,6 @@ class LiveCells:
             self.ray.close()
             self.ray = None
 
-    def _start_ray(self):
-        from gyre.cluster.rollout_actor import RayCells
-
-        cfg = self.coord.config
-        if cfg.rollout.engine != "torch":
-            raise SchedulingConfigError("scheduler.runtime: ray runs the torch engine in each cell's actor; with "
-                                        "rollout.engine: sglang the servers are already separate (runtime: threads)")
-        return RayCells.start(cfg.scheduler.ray_address, num_cpus=cfg.scheduler.num_cells)
-
-    def _cell_engine(self, i: int) -> RolloutEngine:
-        """Cell `i`'s rollout engine, serving the current policy: in this process, or in its Ray actor."""
-        coord = self.coord
-        snapshot = coord.transport.latest() if coord.policy_version else None
-        if self.ray is None:
-            return rollout_engine(coord.config, coord.model_dir, i, f"cell-{i}", seed=coord.config.seed + i,
-                                  policy_version=coord.policy_version, snapshot=snapshot)
-        rollout = coord.config.rollout
-        engine = self.ray.add(i, coord.model_dir, f"cell-{i}", seed=coord.config.seed + i,
-                              max_batch_size=rollout.max_batch_size, prefix_cache_bytes=rollout.prefix_cache_bytes,
-                              torch_threads=coord.config.scheduler.ray_actor_threads)
-        if snapshot is not None:
-            engine.load_weights(snapshot, coord.policy_version)
-        return engine
-
     def _carry_out(self, commands: list[ev.Command]) -> None:
         for command in commands:
             now = self.clock()
@@ -299,8 +251,18 @@ class LiveCells:
                     self._submit(f"publish-weights-v{version}", self._publish, version)
 
     def _submit(self, name: str, fn: Callable[..., ev.Event | None], *args: object) -> None:
-        """Start `fn(*args)` through the launcher; its event (or error) comes back on the queue."""
-        future = self.launch(name, fn, args)
+        """Start `fn(*args)` through the launcher; its event (or error) comes back on the queue.
+        Its wall time lands in `command_seconds` under its kind (`micro_step`, `publish`, ...)."""
+        kind = fn.__name__.lstrip("_")
+
+        def timed(*call_args: object) -> ev.Event | None:
+            started = self.clock()
+            try:
+                return fn(*call_args)
+            finally:
+                self.command_seconds[kind].append(self.clock() - started)
+
+        future = self.launch(name, timed, args)
         self._pending.add(future)
         future.add_done_callback(self._done)
 
@@ -366,13 +328,7 @@ class LiveCells:
         self.feeds[cell_id].put(line)
 
     def describe(self, cell_id: int) -> str:
-        """What cell `cell_id` is: where its rollout engine lives and what trains on it."""
-        cell = self.cells[cell_id]
-        where = getattr(cell.engine, "base_url", None)
-        engine = f"its engine {cell.engine.engine_id} at {where} (a process of its own)" if where else \
-            f"its engine {cell.engine.engine_id} in this process"
-        role = "core: owns the optimizer" if cell_id == 0 else "satellite: pulls the core's weights to train"
-        return f"cell {cell_id}: {engine}; {role}"
+        return describe(cell_id, self.cells[cell_id].engine)
 
     def _route_current(self, engine: RolloutEngine,
                        phase: Callable[[str], AbstractContextManager] = lambda name: nullcontext()) -> None:
@@ -404,7 +360,7 @@ class LiveCells:
         g = self.shape.group_size
         eids = [gid * g + i for gid in state.steps[command.step_index].group_ids for i in range(g)]
         self.training.optimizer_step(command.step_index, [self.results[e] for e in eids], [self.scores[e] for e in eids])
-        self._flush_switches()
+        flush_switches(self)
         emit(ProgressEvent("cells", command.step_index, {"roles": [c.role.value for c in state.cells]}))
         return ev.OptimizerStepDone(command.cell_id, command.step_index + 1)
 

@@ -24,6 +24,7 @@ from gyre.algo.gspo import diagnostics, is_summed
 from gyre.algo.advantages import group_advantages
 from gyre.cells.topology import BatchShape
 from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
+from gyre.engines.factory import train_engine
 from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
 from gyre.records import Score, StepRecord, utc_now
 
@@ -58,11 +59,7 @@ class TrainingPlane:
     def replica(self, cell_id: int) -> TorchTrainEngine:
         if cell_id not in self.replicas:
             cfg = self.coord.config
-            self.replicas[cell_id] = TorchTrainEngine(
-                self.coord.model_dir, lr=cfg.train.lr, grad_clip=cfg.train.grad_clip,
-                micro_batch_tokens=cfg.train.micro_batch_tokens, temperature=cfg.rollout.temperature,
-                seed=cfg.seed + cell_id,
-            )  # fmt: skip
+            self.replicas[cell_id] = train_engine(cfg, self.coord.model_dir, seed=cfg.seed + cell_id)
         return self.replicas[cell_id]
 
     def pull(self, cell_id: int) -> None:

@@ -29,7 +29,8 @@ ROLLOUT_RNG = "rollout_rng.pt"
 
 
 def save_checkpoint(engine, directory: Path, step: int, rollout=None) -> Path:
-    """Write `directory/step-NNNNNN/` for `engine` (a TorchTrainEngine) and return it;
+    """Write `directory/step-NNNNNN/` for `engine` (a TorchTrainEngine, or a single-process
+    MegatronTrainEngine: weights in HF names) and return it;
     `rollout` (an engine with `rng_state()`) adds its sampling RNG."""
     from safetensors.torch import save_model
 
@@ -40,7 +41,12 @@ def save_checkpoint(engine, directory: Path, step: int, rollout=None) -> Path:
         raise FileExistsError(f"{final}: a checkpoint for step {step} already exists")
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=directory))
     try:
-        save_model(engine.model, str(tmp / WEIGHTS))
+        if hasattr(engine, "hf_state_dict"):  # the Megatron engine: its weights in HF names
+            from safetensors.torch import save_file
+
+            save_file(engine.hf_state_dict(), str(tmp / WEIGHTS))
+        else:
+            save_model(engine.model, str(tmp / WEIGHTS))
         torch.save(engine.optimizer.state_dict(), tmp / OPTIMIZER)
         torch.save(torch.get_rng_state(), tmp / RNG)
         if rollout is not None:
@@ -82,7 +88,10 @@ def load_checkpoint(engine, path: Path, rollout=None) -> int:
     missing = [name for name in (WEIGHTS, OPTIMIZER, STATE, RNG) if not (path / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{path}: not a complete checkpoint, missing {missing}")
-    load_model(engine.model, str(path / WEIGHTS), strict=True)
+    if hasattr(engine, "load_snapshot"):  # the Megatron engine (checks every name and shape)
+        engine.load_snapshot(path / WEIGHTS)
+    else:
+        load_model(engine.model, str(path / WEIGHTS), strict=True)
     engine.optimizer.load_state_dict(torch.load(path / OPTIMIZER, weights_only=True))
     torch.set_rng_state(torch.load(path / RNG, weights_only=True))
     if rollout is not None and (path / ROLLOUT_RNG).is_file():

@@ -1,4 +1,5 @@
-"""The rollout engine a run's config asks for: the torch reference engine or an SGLang server.
+"""The engines a run's config asks for: the rollout engine (the torch reference engine or an
+SGLang server) and the train engine (`train.engine`: torch, or Megatron-core).
 
 The coordinator, the live cells and the evaluation engine all get their rollout engines
 here, so `rollout.engine` switches every one of them, and the rest of gyre sees only the
@@ -13,6 +14,27 @@ from pathlib import Path
 from gyre.config import RunConfig
 from gyre.engines.base import RolloutEngine
 from gyre.engines.torch_rollout import TorchRolloutEngine
+
+
+def train_engine(config: RunConfig, model_dir: Path, *, seed: int):
+    """The run's train engine (`train.engine`) on `model_dir`; the Megatron one is imported only
+    when asked for, with the install command when the extra is missing."""
+    train = config.train
+    kwargs = dict(lr=train.lr, weight_decay=train.weight_decay, grad_clip=train.grad_clip,
+                  micro_batch_tokens=train.micro_batch_tokens, temperature=config.rollout.temperature, seed=seed)
+    if train.engine == "torch":
+        from gyre.engines.torch_train import TorchTrainEngine
+
+        return TorchTrainEngine(model_dir, **kwargs)
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError as exc:
+        raise EngineConfigError(
+            "train.engine is megatron but megatron-core is not installed: pip install 'gyre-rl[megatron]'") from exc
+    from gyre.engines.megatron_train import MegatronParallel, MegatronTrainEngine
+
+    parallel = MegatronParallel(tp=train.megatron.tp, pp=train.megatron.pp)
+    return MegatronTrainEngine(model_dir, parallel=parallel, **kwargs)
 
 
 class EngineConfigError(ValueError):

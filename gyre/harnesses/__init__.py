@@ -1,4 +1,5 @@
-"""Harnesses: agents that drive the model through the proxy (builtin, claude-code, mini-swe-agent, command).
+"""Harnesses: agents that drive the model through the proxy (builtin, claude-code, mini-swe-agent, command),
+and `sleepy`, a benchmark load that waits out simulated durations between real calls.
 
 `make_harness(config)` builds the one a run's `harness` config names, so the coordinator
 never branches on harness types.
@@ -26,6 +27,10 @@ def make_harness(config: HarnessConfig) -> Harness:
         from gyre.harnesses.claude_code import ClaudeCodeHarness
 
         return ClaudeCodeHarness(max_turns=config.max_turns)
+    if config.type == "sleepy":
+        from gyre.harnesses.sleepy import SleepyHarness
+
+        return SleepyHarness(config.sleepy_workload, config.sleepy_scale, config.sleepy_calls)
     if config.type == "mini-swe-agent":
         from gyre.harnesses.mini_swe_agent import MiniSweAgentHarness
 

@@ -1,9 +1,11 @@
 """The harness interface: something that drives a model through the proxy to do a task.
 
 A harness is a black box to gyre (Claude Code, mini-swe-agent, a script, or the builtin
-reference agent): it gets the query's instruction, a sandbox to act in, and a model
-endpoint (the proxy's base URL and this execution's key). Everything gyre learns from comes
-through the proxy, not from the harness; the harness only reports how it ended.
+reference agent): it gets the query's instruction, a sandbox to act in, a model endpoint
+(the proxy's base URL and this execution's key) and the execution's slot in the run (which
+group, which sample; most harnesses ignore it, the `sleepy` one keys its waits on it).
+Everything gyre learns from comes through the proxy, not from the harness; the harness only
+reports how it ended.
 """
 
 from __future__ import annotations
@@ -22,6 +24,22 @@ class ModelEndpoint:
     model: str
 
 
+@dataclass(frozen=True)
+class ExecutionSlot:
+    """Where an execution sits in its run: what a harness may key reproducible behaviour on."""
+
+    execution_id: str
+    purpose: str
+    """`train` or `eval`."""
+    run_seed: int
+    group_id: int | None
+    """The scheduler's number for the execution's group (step x queries_per_step + the query's place
+    in that step's sample: `DispatchExecution.group_id`); None for evaluation executions."""
+    index: int
+    """The execution's place in its group, 0 .. group_size - 1."""
+    group_size: int
+
+
 @dataclass
 class HarnessOutcome:
     status: ExecutionStatus
@@ -32,6 +50,9 @@ class HarnessOutcome:
 class Harness(Protocol):
     name: str
 
-    def run(self, query: Query, sandbox: Sandbox, endpoint: ModelEndpoint, deadline_s: float) -> HarnessOutcome:
+    def run(
+        self, query: Query, sandbox: Sandbox, endpoint: ModelEndpoint, deadline_s: float,
+        slot: ExecutionSlot | None = None,
+    ) -> HarnessOutcome:
         """Drive the agent until it finishes or `deadline_s` (time.monotonic) passes."""
         ...

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gyre.harnesses.base import HarnessOutcome, ModelEndpoint
+from gyre.harnesses.base import ExecutionSlot, HarnessOutcome, ModelEndpoint
 from gyre.harnesses.builtin_tools import FINISH, TOOLS, parse_arguments, run_sandbox_tool
 from gyre.harnesses.compaction import compact, due
 from gyre.harnesses.model_client import ModelClient, context_tokens
@@ -100,7 +100,8 @@ class BuiltinHarness:
         tools = TOOLS + [SPAWN_AGENT_TOOL] if self.max_sub_agents > 0 else TOOLS
         return AgentRole(MAIN_AGENT_ID, SYSTEM_PROMPT, tools, self.max_turns)
 
-    def run(self, query: Query, sandbox: Sandbox, endpoint: ModelEndpoint, deadline_s: float) -> HarnessOutcome:
+    def run(self, query: Query, sandbox: Sandbox, endpoint: ModelEndpoint, deadline_s: float,
+            slot: ExecutionSlot | None = None) -> HarnessOutcome:
         with ModelClient(endpoint, self.max_tokens) as client:
             run = _Run(client, sandbox, deadline_s, SubAgentBudget(self.max_sub_agents))
             result = self._agent(run, self.main_role, query.instruction)

@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from gyre.harnesses.base import HarnessOutcome, ModelEndpoint
+from gyre.harnesses.base import ExecutionSlot, HarnessOutcome, ModelEndpoint
 from gyre.harnesses.external import INSTRUCTION_FILE, run_external
 from gyre.records import Query
 from gyre.sandboxes.base import Sandbox
@@ -68,5 +68,6 @@ class ClaudeCodeHarness:
     def env(self) -> dict[str, str]:
         return dict(QUIET_ENV)
 
-    def run(self, query: Query, sandbox: Sandbox, endpoint: ModelEndpoint, deadline_s: float) -> HarnessOutcome:
+    def run(self, query: Query, sandbox: Sandbox, endpoint: ModelEndpoint, deadline_s: float,
+            slot: ExecutionSlot | None = None) -> HarnessOutcome:
         return run_external(query, sandbox, endpoint, deadline_s, self.argv(endpoint), self.env())

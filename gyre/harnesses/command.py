@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gyre.harnesses.base import HarnessOutcome, ModelEndpoint
+from gyre.harnesses.base import ExecutionSlot, HarnessOutcome, ModelEndpoint
 from gyre.harnesses.external import run_external
 from gyre.records import Query
 from gyre.sandboxes.base import Sandbox
@@ -26,5 +26,6 @@ class CommandHarness:
         self.argv = list(argv)
         self.env = dict(env or {})
 
-    def run(self, query: Query, sandbox: Sandbox, endpoint: ModelEndpoint, deadline_s: float) -> HarnessOutcome:
+    def run(self, query: Query, sandbox: Sandbox, endpoint: ModelEndpoint, deadline_s: float,
+            slot: ExecutionSlot | None = None) -> HarnessOutcome:
         return run_external(query, sandbox, endpoint, deadline_s, self.argv, self.env)

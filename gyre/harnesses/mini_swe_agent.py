@@ -10,7 +10,7 @@ and its global config lives in the scratch `/tmp`, not the scored workspace.
 
 from __future__ import annotations
 
-from gyre.harnesses.base import HarnessOutcome, ModelEndpoint
+from gyre.harnesses.base import ExecutionSlot, HarnessOutcome, ModelEndpoint
 from gyre.harnesses.external import INSTRUCTION_FILE, run_external
 from gyre.records import Query
 from gyre.sandboxes.base import Sandbox
@@ -37,5 +37,6 @@ class MiniSweAgentHarness:
     def env(self) -> dict[str, str]:
         return dict(OFFLINE_ENV)
 
-    def run(self, query: Query, sandbox: Sandbox, endpoint: ModelEndpoint, deadline_s: float) -> HarnessOutcome:
+    def run(self, query: Query, sandbox: Sandbox, endpoint: ModelEndpoint, deadline_s: float,
+            slot: ExecutionSlot | None = None) -> HarnessOutcome:
         return run_external(query, sandbox, endpoint, deadline_s, self.argv(endpoint), self.env())

@@ -1,0 +1,448 @@
+"""The Megatron-core train engine (`pip install gyre-rl[megatron]`).
+
+Why it exists: the torch reference engine holds one full replica per process; a cluster
+trains models that only fit split across accelerators. This engine builds Megatron-core's
+`GPTModel` from a Hugging Face config (engines/megatron_convert.py maps the weights both
+ways), splits it with tensor parallelism over `torch.distributed`, and otherwise behaves as
+`TorchTrainEngine` does for the coordinator: `forward_backward` on the trajectory
+processor's packed rows with the algorithm's loss (plain and tree-packed rows, the same
+`_collate` and `token_logprobs`), `apply_gradients` (global grad-norm clip, AdamW),
+`save_snapshot` in HF tensor names that the rollout engines load, `steps_taken`.
+
+Parallelism: `MegatronParallel(tp, pp)`; data parallelism is what the world leaves (world =
+tp * pp * dp). Every rank calls every method with the same arguments; a data-parallel
+replica takes every dp-th row; a call's fresh gradients are summed over data-parallel ranks
+(the loss is a sum) and, for the q/k norms (applied to each rank's own heads), over the
+tensor-parallel group, as Megatron's `finalize_model_grads` does. Megatron's DDP wrapper and
+optimizer assume CUDA and are not used: plain AdamW on each rank's shard is the same update.
+Pipeline parallelism (pp > 1) is refused with a clear error (Megatron's p2p schedules are
+not driven yet).
+
+CPU (gloo): megatron-core 0.16 assumes CUDA where this engine reaches it; all handled here,
+only when CUDA is absent, never outside this module: (1) `GlobalMemoryBuffer.get_tensor`
+(attention's scratch buffer, shared process-wide) allocates on `torch.cuda.current_device()`:
+patched once (`_patch_for_cpu`) to allocate a fresh CPU tensor (thread-safe); (2) the RNG tracker is seeded by
+`model_parallel_cuda_manual_seed` (CUDA only): the engine calls
+`initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)` instead (dropout is
+0, no stream is drawn). Without patches: the default causal mask and `RotaryEmbedding.forward`
+also go to "cuda", so the engine passes its own mask and rotary angles (which is also what
+tree rows need: depth positions, ancestor-only masks); Megatron's vocabulary gather
+allocates on CUDA, so the logits are gathered by `_GatherVocab`.
+
+Megatron's parallel state is global to a process: engines in one process share it and must
+agree on tp and pp. With no process group, the engine starts a one-process gloo group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from gyre.algo.gspo import is_summed
+from gyre.engines import megatron_convert as conv
+from gyre.engines.base import LossFn, TrainSequence, TrainStats
+from gyre.engines.hf import check_model_dir
+from gyre.engines.torch_train import NonFiniteError, _check, _collate, micro_batches, token_logprobs
+
+
+@dataclass(frozen=True)
+class MegatronParallel:
+    """Model-parallel sizes (`train.megatron`); data parallelism is world / (tp * pp)."""
+
+    tp: int = 1
+    pp: int = 1
+
+
+_patched = False
+_engines_alive = 0
+_owned_group = False
+_SHARED_BUFFER = threading.Lock()  # unpatched (CUDA), attention's scratch buffer is process-wide
+
+
+@contextlib.contextmanager
+def _quiet():
+    """megatron-core warns on import and build that Apex / Transformer Engine are absent, which
+    is expected here (local specs, torch norms and optimizers): those warnings only."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine)( and Apex)? (is|are) not installed")
+        warnings.filterwarnings("ignore", message=r"full scope is deprecated")
+        yield
+
+
+def _patch_for_cpu() -> None:
+    global _patched
+    if _patched or torch.cuda.is_available():
+        return
+    from megatron.core import utils as mutils
+
+    def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):
+        # a fresh tensor each call, not a shared buffer: replicas in one process (live cells'
+        # satellites) run forward passes in concurrent threads
+        return torch.empty(tuple(tensor_shape), dtype=dtype, device="cpu")
+
+    mutils.GlobalMemoryBuffer.get_tensor = get_tensor
+    _patched = True
+
+
+def _init_parallel(parallel: MegatronParallel) -> None:
+    global _owned_group
+    with _quiet():
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel.random import initialize_rng_tracker
+
+    if parallel.tp < 1 or parallel.pp < 1:
+        raise ValueError(f"megatron tp and pp must be >= 1, got tp={parallel.tp} pp={parallel.pp}")
+    if parallel.pp > 1:
+        raise NotImplementedError(f"megatron pp={parallel.pp}: pipeline parallelism is not supported by this engine yet (use pp: 1)")
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) != 1:
+            raise RuntimeError("WORLD_SIZE > 1 but torch.distributed is not initialised: call init_process_group first")
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        _owned_group = True
+    world = dist.get_world_size()
+    if world % (parallel.tp * parallel.pp):
+        raise ValueError(f"world size {world} is not a multiple of tp * pp = {parallel.tp * parallel.pp}: "
+                         "run one process per rank (e.g. torchrun) with torch.distributed initialised")
+    if ps.model_parallel_is_initialized():
+        have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
+        if have != (parallel.tp, parallel.pp):
+            raise ValueError(f"megatron parallel state already set up with tp, pp = {have}, this engine asks {parallel.tp, parallel.pp}")
+    else:
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp,
+            create_gloo_process_groups=False,
+        )
+    _patch_for_cpu()
+    initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+
+
+def _build_model(spec: conv.DecoderSpec, tp: int, pp: int):
+    """Megatron's GPTModel with local (torch-only) layer specs, shaped like the HF model."""
+    import torch.nn.functional as F
+
+    with _quiet():
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer import TransformerConfig
+
+        config = TransformerConfig(
+            num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_attention_heads=spec.num_heads,
+            num_query_groups=spec.num_kv_heads, kv_channels=spec.head_dim, ffn_hidden_size=spec.ffn_hidden_size,
+            normalization="RMSNorm", layernorm_epsilon=spec.norm_eps, qk_layernorm=spec.qk_norm,
+            gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=spec.qkv_bias,
+            hidden_dropout=0.0, attention_dropout=0.0, attention_softmax_in_fp32=True,
+            bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
+            apply_rope_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
+            use_cpu_initialization=True, perform_initialization=False, params_dtype=torch.float32,
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=False,
+        )
+        return GPTModel(
+            config, get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm"),
+            vocab_size=spec.padded_vocab(tp), max_sequence_length=spec.max_position_embeddings,
+            share_embeddings_and_output_weights=spec.tied_embeddings, position_embedding_type="rope",
+            rotary_base=spec.rope_theta, parallel_output=True,
+        )
+
+
+class _GatherVocab(torch.autograd.Function):
+    """All-gather vocabulary-parallel logits along the last dim; backward keeps this rank's
+    slice (every TP rank computes the same loss from the same full logits). Megatron's own
+    gather allocates on `torch.cuda.current_device()`, so the engine does it here."""
+
+    @staticmethod
+    def forward(ctx, local, group):
+        ctx.group = group
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, local.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        rank, world = dist.get_rank(ctx.group), dist.get_world_size(ctx.group)
+        return grad.chunk(world, dim=-1)[rank].contiguous(), None
+
+
+class MegatronTrainEngine:
+    """A `TrainEngine` on Megatron-core: this rank's shard of the model and its AdamW state."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        lr: float,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        grad_clip: float = 1.0,
+        micro_batch_tokens: int = 8192,
+        temperature: float = 1.0,
+        seed: int = 0,
+        parallel: MegatronParallel = MegatronParallel(),
+        device: str = "cpu",
+    ) -> None:
+        global _engines_alive
+
+        model_dir = check_model_dir(Path(model_dir))
+        hf_config = json.loads((model_dir / "config.json").read_text())
+        self.spec = conv.spec_from_hf_config(hf_config)
+        conv.check_parallel(self.spec, parallel.tp)
+        torch.manual_seed(seed)
+        _init_parallel(parallel)
+        from megatron.core import parallel_state as ps
+
+        _engines_alive += 1
+        self._closed = False
+        self.parallel = parallel
+        self.tp_rank, self.tp_group = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_group()
+        self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        self.dp_group = ps.get_data_parallel_group()
+        self.device = torch.device(device)
+        try:
+            self.model = _build_model(self.spec, parallel.tp, parallel.pp).to(self.device)
+            self.load_hf_state(conv.load_hf_dir(model_dir))
+        except BaseException:
+            self.close()
+            raise
+        self.pad_id = int(hf_config.get("pad_token_id") or 0)
+        self.grad_clip = grad_clip
+        self.micro_batch_tokens = micro_batch_tokens
+        self.temperature = temperature
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        self.steps_taken = 0
+        self.model.eval()
+
+    # -- weights -----------------------------------------------------------------------
+
+    def load_hf_state(self, hf: dict[str, torch.Tensor]) -> None:
+        """Set this rank's shard from full HF tensors; all shapes are checked before any copy
+        (errors name the tensor), so a refused state leaves the weights as they were."""
+        shard = conv.to_megatron(self.spec, hf, self.tp_rank, self.parallel.tp)
+        params = dict(self.model.named_parameters())
+        for name in sorted(set(params) | set(shard)):
+            have, want = shard.get(name), params.get(name)
+            if have is None or want is None or have.shape != want.shape:
+                raise conv.WeightShapeError(
+                    f"megatron tensor {name!r}: converted {None if have is None else list(have.shape)}, "
+                    f"model parameter {None if want is None else list(want.shape)}")
+        with torch.no_grad():
+            for name, tensor in shard.items():
+                params[name].copy_(tensor)
+
+    def load_snapshot(self, path: Path) -> None:
+        """Load an HF-named safetensors snapshot (e.g. `save_snapshot`'s); a tensor that is
+        missing, unknown or of the wrong shape is refused whole, naming it."""
+        from safetensors.torch import load_file
+
+        try:
+            self.load_hf_state({k: v.float() for k, v in load_file(str(path)).items()})
+        except conv.WeightShapeError as exc:
+            raise conv.WeightShapeError(f"snapshot {path}: {exc}") from None
+
+    def _gather_hf(self, which: str) -> dict[str, torch.Tensor]:
+        """Full HF-named tensors (weights or gradients) gathered over the tensor-parallel group."""
+        local = {}
+        for name, p in self.model.named_parameters():
+            t = p.detach() if which == "weights" else (p.grad if p.grad is not None else torch.zeros_like(p))
+            local[name] = t.detach().cpu().clone()
+        if self.parallel.tp == 1:
+            return conv.to_hf(self.spec, [local])
+        shards: list = [None] * self.parallel.tp
+        dist.all_gather_object(shards, local, group=self.tp_group)
+        return conv.to_hf(self.spec, shards)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        return self._gather_hf("weights")
+
+    def hf_gradients(self) -> dict[str, torch.Tensor]:
+        """The held gradients in HF names (zeros where none); a collective over the TP group."""
+        return self._gather_hf("grads")
+
+    def save_snapshot(self, path: Path) -> Path:
+        """Write the weights in HF names as safetensors (write, then rename); tensor-parallel
+        rank 0 of data-parallel rank 0 writes, every rank returns once it is there."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        state = self.hf_state_dict()
+        if self.tp_rank == 0 and self.dp_rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+            os.close(fd)
+            try:
+                save_file(state, tmp, metadata={"format": "pt"})
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        if dist.get_world_size() > 1:
+            dist.barrier()
+        return path
+
+    def copy_weights_from(self, other: "MegatronTrainEngine") -> None:
+        """Take another replica's weights (same process, same parallel layout)."""
+        with torch.no_grad():
+            for mine, theirs in zip(self.model.parameters(), other.model.parameters(), strict=True):
+                mine.copy_(theirs)
+
+    def add_gradients_from(self, other: "MegatronTrainEngine") -> None:
+        """Add a replica's gradients into this one's and clear the replica's."""
+        for mine, theirs in zip(self.model.parameters(), other.model.parameters(), strict=True):
+            if theirs.grad is None:
+                continue
+            mine.grad = theirs.grad.detach().clone() if mine.grad is None else mine.grad.add_(theirs.grad)
+        other.optimizer.zero_grad(set_to_none=True)
+
+    # -- training ----------------------------------------------------------------------
+
+    @property
+    def pair_cost(self) -> float:
+        """The tree packer's cost model, as `TorchTrainEngine`'s with "mask": attention here is
+        dense over the row's mask, so a tree row pays every pair."""
+        s = self.spec
+        params = sum(math.prod(shape) for shape in conv.hf_names(s).values())
+        return 4 * s.num_layers * s.num_heads * s.head_dim / (2 * params)
+
+    def _forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
+        """HF-style call for `token_logprobs`: logits [B, T, vocab], gathered over TP."""
+        rows, width = input_ids.shape
+        if attention_mask is not None and attention_mask.dim() == 4:
+            masked = attention_mask < 0  # tree rows: additive float mask from _collate
+        else:
+            causal = torch.ones(width, width, dtype=torch.bool, device=input_ids.device).triu(1)
+            masked = causal.expand(rows, 1, width, width)
+        if position_ids is None:
+            position_ids = torch.arange(width, device=input_ids.device).expand(rows, width)
+        m = self.model
+        hidden = m.embedding(input_ids=input_ids, position_ids=position_ids)  # [T, B, H]
+        # RotaryEmbedding.forward moves its frequencies to CUDA; its CUDA-free half is enough:
+        # angles per position, [cos | sin] halves (not interleaved), indexed by each token's position
+        freqs = m.rotary_pos_emb.get_freqs_non_repeated(int(position_ids.max()) + 1)  # [S, D/2]
+        rotary = torch.cat((freqs, freqs), dim=-1)[position_ids.transpose(0, 1)].unsqueeze(2)  # [T, B, 1, D]
+        with _SHARED_BUFFER if _engines_alive > 1 and not _patched else contextlib.nullcontext():
+            hidden = m.decoder(hidden_states=hidden, attention_mask=masked, rotary_pos_emb=rotary)
+        weight = m.shared_embedding_or_output_weight() if self.spec.tied_embeddings else None
+        logits, _ = m.output_layer(hidden, weight=weight, runtime_gather_output=False)  # [T, B, V / tp]
+        if self.parallel.tp > 1:
+            logits = _GatherVocab.apply(logits, self.tp_group)
+        return SimpleNamespace(logits=logits[..., : self.spec.vocab_size].transpose(0, 1))
+
+    def _reduce_fresh_grads(self) -> None:
+        """This call's gradients: q/k norms summed over TP ranks, everything over DP ranks."""
+        if self.parallel.tp > 1 and self.spec.qk_norm:
+            for name, p in self.model.named_parameters():
+                if p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name):
+                    dist.all_reduce(p.grad, group=self.tp_group)
+        if self.dp_size > 1:
+            for p in self.model.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, group=self.dp_group)
+
+    def forward_backward(self, sequences: list[TrainSequence], loss_fn: LossFn, accumulate: bool = False) -> TrainStats:
+        """As `TorchTrainEngine.forward_backward`: gradients of the loss, no clip, no step.
+        Stats cover every data-parallel rank's rows."""
+        if not sequences:
+            raise ValueError("forward_backward needs at least one sequence")
+        for seq in sequences:
+            _check(seq)
+        self.model.train()
+        params = list(self.model.parameters())
+        held = [p.grad for p in params] if accumulate else [None] * len(params)
+        for p in params:
+            p.grad = None
+        mine = sequences[self.dp_rank :: self.dp_size]
+        total_loss, abs_diff_sum, num_trained = 0.0, 0.0, 0
+        extra_sums: dict[str, float] = {}
+        for batch in micro_batches(mine, self.micro_batch_tokens) if mine else []:
+            cols = _collate(batch, self.pad_id, "mask")
+            cols = {k: v.to(self.device) for k, v in cols.items()}
+            logp_BT = token_logprobs(
+                self._forward, cols["input_ids"], cols["attention"], self.temperature,
+                cols.get("position_ids"), cols.get("prev"),
+            )
+            loss, stats = loss_fn(logp_BT, cols["behaviour"], cols["mask"], cols["weight"], cols["advantage"], cols["segment"])
+            loss.backward()
+            total_loss += float(loss.detach())
+            mask = cols["mask"]
+            abs_diff_sum += float((logp_BT.detach() - cols["behaviour"]).abs()[mask].sum())
+            num_trained += int(mask.sum())
+            for key, value in stats.items():
+                extra_sums[key] = extra_sums.get(key, 0.0) + (value if is_summed(key) else value * len(batch))
+        self._reduce_fresh_grads()
+        if self.dp_size > 1:  # as objects: a replica with no rows has no stat keys
+            gathered: list = [None] * self.dp_size
+            dist.all_gather_object(gathered, (total_loss, abs_diff_sum, num_trained, extra_sums), group=self.dp_group)
+            total_loss, abs_diff_sum, num_trained = (sum(g[i] for g in gathered) for i in range(3))
+            extra_sums = {k: sum(g[3].get(k, 0.0) for g in gathered) for g in gathered for k in g[3]}
+        if not math.isfinite(total_loss):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(f"loss is {total_loss}; step skipped, weights unchanged")
+        for p, old in zip(params, held):
+            if old is not None:
+                p.grad = old if p.grad is None else p.grad.add_(old)
+        return TrainStats(
+            loss=total_loss, grad_norm=0.0, logprob_abs_diff=abs_diff_sum / max(num_trained, 1),
+            tokens_trained=num_trained,
+            extra={k: v if is_summed(k) else v / len(sequences) for k, v in extra_sums.items()},
+        )
+
+    def grad_norm(self) -> float:
+        """Global L2 norm of the held gradients: sharded tensors counted once per shard,
+        replicated ones (the norms) once (a collective over the TP group). By name: with
+        `perform_initialization=False` Megatron never sets its `tensor_model_parallel` flag."""
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for name, p in self.model.named_parameters():
+            if p.grad is None:
+                continue
+            if not conv.is_replicated(name) or self.tp_rank == 0:
+                sq += p.grad.detach().double().pow(2).sum()
+        if self.parallel.tp > 1:
+            dist.all_reduce(sq, group=self.tp_group)
+        return float(sq.sqrt())
+
+    def apply_gradients(self) -> float:
+        """Clip the held gradients to `grad_clip` (global norm), one AdamW step, clear them."""
+        norm = self.grad_norm()
+        if not math.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(f"gradient norm is {norm}; step skipped, weights unchanged")
+        coef = min(self.grad_clip / (norm + 1e-6), 1.0)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(coef)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        self.steps_taken += 1
+        return norm
+
+    def train_step(self, sequences: list[TrainSequence], loss_fn: LossFn) -> TrainStats:
+        stats = self.forward_backward(sequences, loss_fn)
+        stats.grad_norm = self.apply_gradients()
+        return stats
+
+    def close(self) -> None:
+        """Release Megatron's parallel state (and the one-process group it started) once the
+        last engine of this process closes."""
+        global _engines_alive, _owned_group
+        if self._closed:
+            return
+        self._closed = True
+        _engines_alive -= 1
+        if _engines_alive == 0:
+            from megatron.core import parallel_state as ps
+
+            ps.destroy_model_parallel()
+            if _owned_group and dist.is_initialized():
+                dist.destroy_process_group()
+                _owned_group = False

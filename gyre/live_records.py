@@ -1,0 +1,36 @@
+"""What a run on real cells leaves in DuckDB and beside it: switches, faults, the cells' timeline.
+
+`role_switches` is written in batches as the run goes (after every optimizer step, so a run
+that dies loses at most one step's switches); `cell_faults`, `cell_segments` and `cells.png`
+at its end.
+"""
+
+from __future__ import annotations
+
+
+def flush_switches(cells) -> None:
+    """The role switches not yet written, as one batch into `role_switches`."""
+    coord = cells.coord
+    cells.switches.flush(lambda rows: coord.store.append("role_switches", rows), coord.run_id)
+
+
+def save_records(cells) -> None:
+    """At the end of the run: the last switches, every fault, the timeline and its Gantt."""
+    from gyre.sim.gantt import UNITS_S, draw_timeline, unit_for
+
+    flush_switches(cells)
+    coord, timeline = cells.coord, cells.timeline
+    coord.store.append("cell_faults", [
+        {"run_id": coord.run_id, "cell": r.cell_id, "at_s": r.at_s, "what": r.what} for r in cells.faults.records
+    ])  # fmt: skip
+    coord.store.append("cell_segments", [
+        {"run_id": coord.run_id, "cell_id": c, "state": state, "start_s": a, "end_s": b}
+        for c, state, a, b in timeline.segments
+    ])  # fmt: skip
+    end_s = max((b for *_, b in timeline.segments), default=0.0)
+    unit = unit_for(end_s)
+    title = (f"{coord.config.scheduler.policy} on {len(cells.cells)} cells: {cells.steps} steps in "
+             f"{end_s / UNITS_S[unit]:.1f} {unit}, E[d]={cells.scheduler.state.mean_staleness:.2f}")  # fmt: skip
+    draw_timeline(timeline.segments, timeline.waterlevel, len(cells.cells), end_s, title,
+                  coord.run_dir / "cells.png", unit, pauses=timeline.pauses,
+                  switch_phases=[(r.cell, r.start_s, r.phases) for r in cells.switches.records])  # fmt: skip

@@ -73,6 +73,10 @@ class ModelConfig(Section):
     """Shape of the bundled tiny model, used when `path` is None."""
     warmstart: WarmstartSettings = WarmstartSettings()
     """Supervised warm start before RL (needs demonstrations: the bundled tiny benchmark has them)."""
+    tool_parser: Literal["qwen", "hermes", "smollm2", "llama3"] = "qwen"
+    """How the model writes tool calls, for the run's proxy (docs/models.md): `qwen` (`<tool_call>`
+    blocks; Qwen2.5, Qwen3, the tiny model), `hermes`, `smollm2` (a list in one block), `llama3`
+    (`{"name": ..., "parameters": ...}` JSON, optionally after `<|python_tag|>`)."""
 
 
 class BenchmarkConfig(Section):

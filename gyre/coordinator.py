@@ -43,6 +43,7 @@ from gyre.proxy.app import ProxyDefaults, create_app
 from gyre.proxy.router import EngineRouter
 from gyre.proxy.server import ServerThread
 from gyre.proxy.sessions import SessionRegistry
+from gyre.proxy.toolcalls import parser_for
 from gyre.records import Call, EvalRecord, EvalStatus, Execution, ExecutionStatus, Query, Score, StepRecord, utc_now
 from gyre.resolve import preflight
 from gyre.sandboxes.base import SandboxLimits
@@ -116,6 +117,7 @@ class Coordinator:
                 force_temperature=True,
             ),
             max_context_tokens=self.rollout.max_context,
+            parser=parser_for(config.model.tool_parser),
         )
         self.server = ServerThread(app).start()
         self.harness = make_harness(config.harness)

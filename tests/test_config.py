@@ -65,3 +65,15 @@ def test_scheduler_policies_in_the_config_are_the_registered_ones():
 
     literal = next(a for a in get_args(SchedulerConfig.model_fields["policy"].annotation) if a is not type(None))
     assert set(get_args(literal)) == set(POLICIES)
+
+
+def test_model_tool_parser_names_the_family_or_is_refused(tmp_path):
+    from gyre.config import ConfigError, load_config
+
+    good = tmp_path / "llama.yaml"
+    good.write_text("model:\n  tool_parser: llama3\n")
+    assert load_config(good).model.tool_parser == "llama3"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  tool_parser: mistral\n")
+    with pytest.raises(ConfigError, match="model.tool_parser"):
+        load_config(bad)

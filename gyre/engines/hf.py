@@ -73,7 +73,7 @@ def load_causal_lm(path: Path, dtype: str = "float32"):
 def stop_token_ids(tokenizer) -> tuple[int, ...]:
     """End-of-turn ids: the tokenizer's eos plus the common chat end markers it knows."""
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    for token in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+    for token in ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>"):  # eom: Llama 3.1 after a tool call
         tid = tokenizer.convert_tokens_to_ids(token)
         if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
             ids.add(tid)

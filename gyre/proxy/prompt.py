@@ -124,10 +124,24 @@ def _compiled_template(tokenizer):
 _REASONING_ALIASES = ("thinking", "reasoning")
 
 
+END_OF_TURN_TOKENS = (END_OF_TURN, "<|eot_id|>")
+"""The token that closes a turn, per family: ChatML's (Qwen, SmolLM2, the tiny model) and Llama 3's."""
+
+
+def end_of_turn_for(tokenizer) -> str:
+    """The first of `END_OF_TURN_TOKENS` the tokenizer knows as one token (ChatML's when none)."""
+    for token in END_OF_TURN_TOKENS:
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id:
+            return token
+    return END_OF_TURN
+
+
 class PromptBuilder:
-    def __init__(self, tokenizer, end_of_turn: str = END_OF_TURN) -> None:
+    def __init__(self, tokenizer, end_of_turn: str | None = None) -> None:
+        """`end_of_turn`: the token closing a turn (default: the tokenizer's family's, `end_of_turn_for`)."""
         self.tokenizer = tokenizer
-        self.end_of_turn = end_of_turn
+        self.end_of_turn = end_of_turn or end_of_turn_for(tokenizer)
         self.escaper = ControlTokenEscaper(tokenizer)
         self._heads: dict[str, list[int]] | None = {} if self.escaper.is_control_token(end_of_turn) else None
         self._template = _compiled_template(tokenizer)

@@ -46,7 +46,7 @@ from gyre.cells.topology import BatchShape, SchedulingConfigError, Topology
 from gyre.coordinator import Coordinator, ExecutionResult
 from gyre.engines.base import RolloutEngine
 from gyre.engines.factory import rollout_engine
-from gyre.live_engines import cell_engine, describe, start_ray
+from gyre.live_engines import cell_engine, describe, policy_state, start_ray
 from gyre.live_faults import ActorBack, ActorDown, CellFaults
 from gyre.live_records import flush_switches, save_records
 from gyre.live_switches import SwitchLog
@@ -121,7 +121,7 @@ class LiveCells:
             topology, self.shape, self.clock, check_invariants=check_invariants, start_version=start_version,
         )  # fmt: skip
         self.cells = [LiveCell(0, coord.rollout)]
-        self.ray = start_ray(coord.config) if cfg.runtime == "ray" else None
+        self.ray = start_ray(coord) if cfg.runtime == "ray" else None
         try:
             for i in range(1, cfg.num_cells):
                 self.cells.append(LiveCell(i, cell_engine(coord, self.ray, i)))
@@ -369,6 +369,8 @@ class LiveCells:
         skipped (it loads the newest weights when it is back)."""
         with self._publishing:
             path = self.coord.transport.publish(self.coord.trainer, [], version)
+            if self.ray is not None:  # the cells' actors pull it from the run's weight channel
+                self.ray.channel.publish(policy_state(self.coord.trainer), version)
             for engine in self.coord.router.engines():
                 try:
                     engine.load_weights(path, version)

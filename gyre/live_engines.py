@@ -14,14 +14,28 @@ from gyre.engines.base import RolloutEngine
 from gyre.engines.factory import rollout_engine
 
 
-def start_ray(config: RunConfig):
-    """The run's Ray (`gyre.cluster.rollout_actor.RayCells`), for `scheduler.runtime: ray`."""
+def start_ray(coord):
+    """The run's Ray (`gyre.cluster.rollout_actor.RayCells`), for `scheduler.runtime: ray`, with its
+    weight channel open on the current policy (actors attach to it when they start)."""
     from gyre.cluster.rollout_actor import RayCells
 
+    config: RunConfig = coord.config
     if config.rollout.engine != "torch":
         raise SchedulingConfigError("scheduler.runtime: ray runs the torch engine in each cell's actor; with "
                                     "rollout.engine: sglang the servers are already separate (runtime: threads)")
-    return RayCells.start(config.scheduler.ray_address, num_cpus=config.scheduler.num_cells)
+    ray = RayCells.start(config.scheduler.ray_address, num_cpus=config.scheduler.num_cells,
+                         weight_transport=config.scheduler.weight_transport)
+    try:
+        ray.channel.open(policy_state(coord.trainer), coord.policy_version)
+    except BaseException:
+        ray.close()
+        raise
+    return ray
+
+
+def policy_state(trainer) -> dict:
+    """The trainer's weights under the rollout engines' (HF) names."""
+    return trainer.hf_state_dict() if hasattr(trainer, "hf_state_dict") else trainer.model.state_dict()
 
 
 def cell_engine(coord, ray, i: int) -> RolloutEngine:

@@ -1,6 +1,6 @@
 """What a run on real cells leaves in DuckDB and beside it: switches, faults, the cells' timeline.
 
-`role_switches` is written in batches as the run goes (after every optimizer step, so a run
+`role_switches` and `weight_pulls` are written in batches as the run goes (after every optimizer step, so a run
 that dies loses at most one step's switches); `cell_faults`, `cell_segments` and `cells.png`
 at its end.
 """
@@ -9,9 +9,14 @@ from __future__ import annotations
 
 
 def flush_switches(cells) -> None:
-    """The role switches not yet written, as one batch into `role_switches`."""
+    """The role switches and weight pulls not yet written, one batch each (`role_switches`, `weight_pulls`)."""
     coord = cells.coord
     cells.switches.flush(lambda rows: coord.store.append("role_switches", rows), coord.run_id)
+    if cells.ray is not None:
+        pulls = cells.ray.channel.take()
+        if pulls:
+            keep = ("engine_id", "transport", "version", "nbytes", "seconds", "wait_seconds", "attempts", "started_at")
+            coord.store.append("weight_pulls", [{"run_id": coord.run_id, **{k: p[k] for k in keep}} for p in pulls])
 
 
 def save_records(cells) -> None:

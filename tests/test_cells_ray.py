@@ -5,6 +5,7 @@ published version as the thread cells do; the run's Ray is gone when the run clo
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -19,7 +20,7 @@ from gyre.cluster.ray_local import session_pids as _session
 
 
 @pytest.mark.slow
-def test_elastic_cells_with_a_ray_actor_cell_train_and_switch_across_processes(tiny_model_dir, tmp_path):
+def test_elastic_cells_with_a_ray_actor_cell_train_and_switch_across_processes_weights_by_shm(tiny_model_dir, tmp_path):
     config = RunConfig.model_validate({
         "name": "ray-cells", "steps": 2, "cache_dir": str(tmp_path / "cache"),
         "model": {"path": str(tiny_model_dir)},
@@ -27,7 +28,7 @@ def test_elastic_cells_with_a_ray_actor_cell_train_and_switch_across_processes(t
         "rollout": {"queries_per_step": 2, "group_size": 4, "max_new_tokens": 16},
         "harness": {"max_turns": 2},
         "scheduler": {"policy": "elastic", "num_cells": 2, "slots_per_cell": 8, "lookahead_groups": 1,
-                      "executions_per_micro_step": 2, "runtime": "ray"},
+                      "executions_per_micro_step": 2, "runtime": "ray", "weight_transport": "shm"},
     })  # fmt: skip
     coord = Coordinator(config, tmp_path / "run")
     head = None
@@ -55,6 +56,14 @@ def test_elastic_cells_with_a_ray_actor_cell_train_and_switch_across_processes(t
     phases = con.execute("select to_role, phases from role_switches where cell = 1").fetchall()
     assert {to for to, _ in phases} >= {"train"}
     assert _session(head) == []  # the run's Ray (head, raylet, the actor) closed with the cells
+    # weights reached the actor through shared memory: checksummed pulls, one per version it loaded
+    pulls = con.execute("select engine_id, transport, version, nbytes, seconds, attempts from weight_pulls "
+                        "order by started_at").fetchall()
+    assert pulls and all(e == "cell-1" and t == "shm" and n > 0 and s >= 0 and a >= 1
+                         for e, t, _, n, s, a in pulls)
+    versions = [v for _, _, v, *_ in pulls]
+    assert versions == sorted(versions) and versions[-1] >= 1
+    assert not list(Path("/dev/shm").glob(f"gyre-{os.getpid()}-*"))  # the segment went with the run
 
 
 @pytest.mark.slow

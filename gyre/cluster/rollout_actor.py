@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gyre.cluster.ray_local import LocalRay, loopback_environment, start_local_ray
+from gyre.cluster.actor_weights import ActorEngine, ActorReader, WeightsChannel
 from gyre.engines.sglang_adapter import SGLangRolloutEngine
 
 ACTOR_START_TIMEOUT_S = 300.0  # building the engine in a fresh process on a loaded 2-core box
@@ -34,7 +35,7 @@ class RolloutCellActor:
     """The body of one rollout cell's actor (wrapped with `ray.remote` by `RayCells`)."""
 
     def __init__(self, model_dir: str, engine_id: str, seed: int, max_batch_size: int, prefix_cache_bytes: int,
-                 torch_threads: int) -> None:
+                 torch_threads: int, weights: tuple[str, str | None] = ("disk", None)) -> None:
         import ray
         import torch
 
@@ -47,6 +48,11 @@ class RolloutCellActor:
                                          prefix_cache_bytes=prefix_cache_bytes)
         self.server = TorchEngineServer(self.engine, Path(model_dir))
         self.thread = ServerThread(self.server.app, host=ray.util.get_node_ip_address(), name=engine_id).start()
+        self.reader = ActorReader(*weights)  # attached again by a restart: the constructor reruns
+
+    def pull(self, version: int) -> dict:
+        """Pull policy `version` (or newer) through the run's weight channel into the engine."""
+        return self.reader.pull_into(self.engine, version)
 
     def url(self) -> str:
         return f"http://{self.thread.host}:{self.thread.port}"
@@ -73,15 +79,17 @@ class RayCells:
     _placement: list[object] = field(default_factory=list)
     _closing: threading.Event = field(default_factory=threading.Event)
     _watcher: threading.Thread | None = None
+    channel: WeightsChannel = field(default_factory=lambda: WeightsChannel("disk"))
 
     @classmethod
-    def start(cls, address: str | None, num_cpus: int) -> "RayCells":
+    def start(cls, address: str | None, num_cpus: int, weight_transport: str = "disk") -> "RayCells":
+        channel = WeightsChannel(weight_transport)  # a bad name fails before Ray starts
         loopback_environment()
         local = start_local_ray(num_cpus) if address is None else None
         import ray
 
         ray.init(address=local.address if local else address, log_to_driver=False, namespace="gyre")
-        return cls(local)
+        return cls(local, channel=channel)
 
     def add(self, cell_id: int, model_dir: Path, engine_id: str, *, seed: int, max_batch_size: int,
             prefix_cache_bytes: int, torch_threads: int) -> SGLangRolloutEngine:
@@ -97,8 +105,9 @@ class RayCells:
         actor = actor_class.options(
             name=f"cell-{cell_id}-{os.getpid()}",
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group),
-        ).remote(str(model_dir), engine_id, seed, max_batch_size, prefix_cache_bytes, torch_threads)  # fmt: skip
-        engine, pid = _connect(actor, engine_id, Path(model_dir))
+        ).remote(str(model_dir), engine_id, seed, max_batch_size, prefix_cache_bytes, torch_threads,
+                 (self.channel.kind, self.channel.where))  # fmt: skip
+        engine, pid = _connect(actor, engine_id, Path(model_dir), self.channel)
         self.cells.append(RayCell(cell_id, actor, engine, pid, Path(model_dir)))
         return engine
 
@@ -146,7 +155,7 @@ class RayCells:
             except (RayActorError, GetTimeoutError):
                 time.sleep(WATCH_INTERVAL_S)
                 continue
-            return _connect(cell.actor, cell.engine.engine_id, cell.model_dir)
+            return _connect(cell.actor, cell.engine.engine_id, cell.model_dir, self.channel)
         return None
 
     def close(self) -> None:
@@ -161,16 +170,17 @@ class RayCells:
         for group in self._placement:
             ray.util.remove_placement_group(group)
         ray.shutdown()
+        self.channel.close()
         if self.local is not None:
             self.local.stop()
 
 
-def _connect(actor, engine_id: str, model_dir: Path) -> tuple[SGLangRolloutEngine, int]:
-    """An adapter on the actor's server once it answers, and the actor's pid."""
+def _connect(actor, engine_id: str, model_dir: Path, channel: WeightsChannel) -> tuple[ActorEngine, int]:
+    """The driver's engine for the actor once its server answers, and the actor's pid."""
     import ray
 
     url = ray.get(actor.url.remote(), timeout=ACTOR_START_TIMEOUT_S)
     pid = ray.get(actor.pid.remote(), timeout=ACTOR_START_TIMEOUT_S)
-    engine = SGLangRolloutEngine(url, engine_id, base_model_dir=model_dir)
+    engine = ActorEngine(url, engine_id, model_dir, actor, channel)
     engine.wait_healthy(ACTOR_START_TIMEOUT_S)
     return engine, pid

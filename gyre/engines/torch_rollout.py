@@ -151,6 +151,18 @@ class TorchRolloutEngine:
             if self.prefix_cache is not None:  # KV computed with the old weights is stale
                 self.prefix_cache.clear()
 
+    def load_snapshot(self, snapshot) -> None:
+        """Swap in a verified `gyre.weights` snapshot between batches (its version with it); one
+        that does not fit the model is refused whole, naming the tensor."""
+        from gyre.weights.snapshot import check_fits, load_into
+
+        check_fits(snapshot, self.model)
+        with self._lock:
+            load_into(self.model, snapshot, verify=False)  # a pull verified its checksum
+            self._version = snapshot.version
+            if self.prefix_cache is not None:
+                self.prefix_cache.clear()
+
     def close(self) -> None:
         self._running.set()
         self._queue.put(None)

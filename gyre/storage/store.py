@@ -156,6 +156,19 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("at_s", "DOUBLE"),
         ("what", "VARCHAR"),
     ],
+    # Under scheduler.runtime: ray with weight_transport shm or mooncake: every pull of a published
+    # version by a cell's actor (`gyre/cluster/actor_weights.py`), checksum verified.
+    "weight_pulls": [
+        ("run_id", "VARCHAR"),
+        ("engine_id", "VARCHAR"),
+        ("transport", "VARCHAR"),
+        ("version", "INTEGER"),
+        ("nbytes", "BIGINT"),
+        ("seconds", "DOUBLE"),
+        ("wait_seconds", "DOUBLE"),
+        ("attempts", "INTEGER"),
+        ("started_at", "TIMESTAMPTZ"),
+    ],
     # Evaluations rerun after the fact (`gyre rerun-failed`): attempt 1 is the run's own,
     # kept in `executions`; every rerun adds attempt 2, 3, ... here. Steps' advantages keep
     # the scores training used; the latest attempt is the execution's score from then on.

@@ -40,9 +40,6 @@ import json
 import math
 import os
 import tempfile
-import threading
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -54,123 +51,10 @@ from gyre.engines import megatron_convert as conv
 from gyre.engines.base import LossFn, TrainSequence, TrainStats
 from gyre.engines.hf import check_model_dir
 from gyre.engines.torch_train import NonFiniteError, _check, _collate, micro_batches, token_logprobs
-
-
-@dataclass(frozen=True)
-class MegatronParallel:
-    """Model-parallel sizes (`train.megatron`); data parallelism is world / (tp * pp)."""
-
-    tp: int = 1
-    pp: int = 1
-
-
-_patched = False
-_engines_alive = 0
-_owned_group = False
-_SHARED_BUFFER = threading.Lock()  # unpatched (CUDA), attention's scratch buffer is process-wide
-
-
-@contextlib.contextmanager
-def _quiet():
-    """megatron-core warns on import and build that Apex / Transformer Engine are absent, which
-    is expected here (local specs, torch norms and optimizers): those warnings only."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine)( and Apex)? (is|are) not installed")
-        warnings.filterwarnings("ignore", message=r"full scope is deprecated")
-        yield
-
-
-def _patch_for_cpu() -> None:
-    global _patched
-    if _patched or torch.cuda.is_available():
-        return
-    from megatron.core import utils as mutils
-
-    def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):
-        # a fresh tensor each call, not a shared buffer: replicas in one process (live cells'
-        # satellites) run forward passes in concurrent threads
-        return torch.empty(tuple(tensor_shape), dtype=dtype, device="cpu")
-
-    mutils.GlobalMemoryBuffer.get_tensor = get_tensor
-    _patched = True
-
-
-def _init_parallel(parallel: MegatronParallel) -> None:
-    global _owned_group
-    with _quiet():
-        from megatron.core import parallel_state as ps
-        from megatron.core.tensor_parallel.random import initialize_rng_tracker
-
-    if parallel.tp < 1 or parallel.pp < 1:
-        raise ValueError(f"megatron tp and pp must be >= 1, got tp={parallel.tp} pp={parallel.pp}")
-    if parallel.pp > 1:
-        raise NotImplementedError(f"megatron pp={parallel.pp}: pipeline parallelism is not supported by this engine yet (use pp: 1)")
-    if not dist.is_initialized():
-        if int(os.environ.get("WORLD_SIZE", "1")) != 1:
-            raise RuntimeError("WORLD_SIZE > 1 but torch.distributed is not initialised: call init_process_group first")
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        _owned_group = True
-    world = dist.get_world_size()
-    if world % (parallel.tp * parallel.pp):
-        raise ValueError(f"world size {world} is not a multiple of tp * pp = {parallel.tp * parallel.pp}: "
-                         "run one process per rank (e.g. torchrun) with torch.distributed initialised")
-    if ps.model_parallel_is_initialized():
-        have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
-        if have != (parallel.tp, parallel.pp):
-            raise ValueError(f"megatron parallel state already set up with tp, pp = {have}, this engine asks {parallel.tp, parallel.pp}")
-    else:
-        ps.initialize_model_parallel(
-            tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp,
-            create_gloo_process_groups=False,
-        )
-    _patch_for_cpu()
-    initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
-
-
-def _build_model(spec: conv.DecoderSpec, tp: int, pp: int):
-    """Megatron's GPTModel with local (torch-only) layer specs, shaped like the HF model."""
-    import torch.nn.functional as F
-
-    with _quiet():
-        from megatron.core.models.gpt import GPTModel
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        from megatron.core.transformer import TransformerConfig
-
-        config = TransformerConfig(
-            num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_attention_heads=spec.num_heads,
-            num_query_groups=spec.num_kv_heads, kv_channels=spec.head_dim, ffn_hidden_size=spec.ffn_hidden_size,
-            normalization="RMSNorm", layernorm_epsilon=spec.norm_eps, qk_layernorm=spec.qk_norm,
-            gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=spec.qkv_bias,
-            hidden_dropout=0.0, attention_dropout=0.0, attention_softmax_in_fp32=True,
-            bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
-            apply_rope_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
-            use_cpu_initialization=True, perform_initialization=False, params_dtype=torch.float32,
-            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=False,
-        )
-        return GPTModel(
-            config, get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm"),
-            vocab_size=spec.padded_vocab(tp), max_sequence_length=spec.max_position_embeddings,
-            share_embeddings_and_output_weights=spec.tied_embeddings, position_embedding_type="rope",
-            rotary_base=spec.rope_theta, parallel_output=True,
-        )
-
-
-class _GatherVocab(torch.autograd.Function):
-    """All-gather vocabulary-parallel logits along the last dim; backward keeps this rank's
-    slice (every TP rank computes the same loss from the same full logits). Megatron's own
-    gather allocates on `torch.cuda.current_device()`, so the engine does it here."""
-
-    @staticmethod
-    def forward(ctx, local, group):
-        ctx.group = group
-        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, local.contiguous(), group=group)
-        return torch.cat(parts, dim=-1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        rank, world = dist.get_rank(ctx.group), dist.get_world_size(ctx.group)
-        return grad.chunk(world, dim=-1)[rank].contiguous(), None
+from gyre.engines import megatron_setup as setup
+from gyre.engines.megatron_setup import (  # noqa: F401 - MegatronParallel is part of this module's API
+    _SHARED_BUFFER, MegatronParallel, _build_model, _GatherVocab, _init_parallel,
+)
 
 
 class MegatronTrainEngine:
@@ -190,8 +74,6 @@ class MegatronTrainEngine:
         parallel: MegatronParallel = MegatronParallel(),
         device: str = "cpu",
     ) -> None:
-        global _engines_alive
-
         model_dir = check_model_dir(Path(model_dir))
         hf_config = json.loads((model_dir / "config.json").read_text())
         self.spec = conv.spec_from_hf_config(hf_config)
@@ -200,7 +82,7 @@ class MegatronTrainEngine:
         _init_parallel(parallel)
         from megatron.core import parallel_state as ps
 
-        _engines_alive += 1
+        setup._engines_alive += 1
         self._closed = False
         self.parallel = parallel
         self.tp_rank, self.tp_group = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_group()
@@ -326,9 +208,11 @@ class MegatronTrainEngine:
         hidden = m.embedding(input_ids=input_ids, position_ids=position_ids)  # [T, B, H]
         # RotaryEmbedding.forward moves its frequencies to CUDA; its CUDA-free half is enough:
         # angles per position, [cos | sin] halves (not interleaved), indexed by each token's position
-        freqs = m.rotary_pos_emb.get_freqs_non_repeated(int(position_ids.max()) + 1)  # [S, D/2]
+        # (its `inv_freq` is made on the CPU with `use_cpu_initialization` and is no buffer, so
+        # `.to("cuda")` leaves it there: the angles are moved to the activations' device)
+        freqs = m.rotary_pos_emb.get_freqs_non_repeated(int(position_ids.max()) + 1).to(hidden.device)  # [S, D/2]
         rotary = torch.cat((freqs, freqs), dim=-1)[position_ids.transpose(0, 1)].unsqueeze(2)  # [T, B, 1, D]
-        with _SHARED_BUFFER if _engines_alive > 1 and not _patched else contextlib.nullcontext():
+        with _SHARED_BUFFER if setup._engines_alive > 1 and not setup._patched else contextlib.nullcontext():
             hidden = m.decoder(hidden_states=hidden, attention_mask=masked, rotary_pos_emb=rotary)
         weight = m.shared_embedding_or_output_weight() if self.spec.tied_embeddings else None
         logits, _ = m.output_layer(hidden, weight=weight, runtime_gather_output=False)  # [T, B, V / tp]
@@ -434,15 +318,14 @@ class MegatronTrainEngine:
     def close(self) -> None:
         """Release Megatron's parallel state (and the one-process group it started) once the
         last engine of this process closes."""
-        global _engines_alive, _owned_group
         if self._closed:
             return
         self._closed = True
-        _engines_alive -= 1
-        if _engines_alive == 0:
+        setup._engines_alive -= 1
+        if setup._engines_alive == 0:
             from megatron.core import parallel_state as ps
 
             ps.destroy_model_parallel()
-            if _owned_group and dist.is_initialized():
+            if setup._owned_group and dist.is_initialized():
                 dist.destroy_process_group()
-                _owned_group = False
+                setup._owned_group = False

@@ -26,11 +26,11 @@ def train_engine(config: RunConfig, model_dir: Path, *, seed: int):
         from gyre.engines.torch_train import TorchTrainEngine
 
         return TorchTrainEngine(model_dir, **kwargs)
-    try:
-        import megatron.core  # noqa: F401
-    except ImportError as exc:
+    from importlib.util import find_spec
+
+    if find_spec("megatron") is None or find_spec("megatron.core") is None:  # imported only in its backend module
         raise EngineConfigError(
-            "train.engine is megatron but megatron-core is not installed: pip install 'gyre-rl[megatron]'") from exc
+            "train.engine is megatron but megatron-core is not installed: pip install 'gyre-rl[megatron]'")
     from gyre.engines.megatron_train import MegatronParallel, MegatronTrainEngine
 
     parallel = MegatronParallel(tp=train.megatron.tp, pp=train.megatron.pp)

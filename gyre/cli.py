@@ -92,10 +92,15 @@ def bench_proxy(
     max_tokens: int = typer.Option(8, "--max-tokens", min=1, help="--sessions mode: tokens sampled per call."),
     api: str = typer.Option("mixed", "--api", help="--sessions mode: openai, anthropic or mixed (alternating)."),
     seed: int = typer.Option(0, "--seed", help="--sessions mode: the sessions' seed."),
+    long_tokens: int = typer.Option(
+        50_000, "--long-tokens", min=0,
+        help="--sessions mode: also time one call extending a session of this many tokens by ~2,000, with and "
+             "without the prefix cache (0: skip)."),
 ) -> None:
     """Proxy overhead. Default: p50/p99 vs a direct call and requests/s against a null engine.
     With --sessions N: N multi-turn tool-calling sessions against the tiny model, proxy vs the
-    engine called directly, and the k-th call's time with and without the prefix cache."""
+    engine called directly, and the k-th call's time with and without the prefix cache; and one
+    call extending a --long-tokens session by ~2,000 tokens, with and without the cache."""
     if sessions > 0:
         from gyre.proxy.agent_sessions import APIS
         from gyre.proxy.session_bench import DEFAULT_CONCURRENCY, run as run_sessions
@@ -104,6 +109,10 @@ def bench_proxy(
             _fail(ValueError(f"--api must be openai, anthropic or mixed, got {api!r}"))
         result = run_sessions(sessions, turns, concurrency or DEFAULT_CONCURRENCY, max_tokens=max_tokens,
                               seed=seed, api=api)
+        if long_tokens:
+            from gyre.proxy.long_call_bench import run as run_long_call
+
+            result["long_call"] = run_long_call(session_tokens=long_tokens, seed=seed)
         _print_session_bench(result, as_json)
         return
     from gyre.proxy.bench import run as run_bench
@@ -133,6 +142,12 @@ def _print_session_bench(result: dict, as_json: bool) -> None:
     summary.add_column("value", justify="right")
     for figure, value in summary_rows(result):
         summary.add_row(figure, value)
+    if "long_call" in result:
+        long = result["long_call"]
+        summary.add_row(f"call extending a {long['session_prompt_tokens']}-token session to "
+                        f"{long['extended_prompt_tokens']} ({long['samples']} sampled): cached / uncached",
+                        f"{long['extending_call_cached_s']:.2f} s / {long['extending_call_uncached_s']:.2f} s = "
+                        f"{long['cached_over_uncached']:.3f} (target <= 0.10)")
     console.print(summary)
 
 

@@ -88,7 +88,24 @@ def test_cli_bench_proxy_sessions_prints_tables(monkeypatch, tmp_path):
     from gyre.cli import app
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the tiny model is built under tmp_path
-    result = CliRunner().invoke(app, ["bench", "proxy", "--sessions", "1", "--turns", "2", "--max-tokens", "2"])
+    result = CliRunner().invoke(app, ["bench", "proxy", "--sessions", "1", "--turns", "2", "--max-tokens", "2",
+                                      "--long-tokens", "0"])
     assert result.exit_code == 0, result.output
     assert "the k-th call of a session" in result.output and "proxy - direct" in result.output
+    result = CliRunner().invoke(app, ["bench", "proxy", "--sessions", "1", "--turns", "2", "--max-tokens", "2",
+                                      "--long-tokens", "2000", "--json"])
+    assert result.exit_code == 0, result.output
+    long = json.loads(result.output)["long_call"]
+    assert long["session_prompt_tokens"] >= 2000 and long["cache_hit_tokens"] >= long["session_prompt_tokens"]
     assert (tmp_path / "gyre-bench-models").is_dir()
+
+
+def test_a_call_extending_a_long_session_reuses_the_whole_session_from_the_cache(tiny_model_dir):
+    from gyre.proxy.long_call_bench import run as run_long_call
+
+    result = run_long_call(session_tokens=3_000, extend_tokens=500, samples=4, model_dir=tiny_model_dir)
+    assert result["session_prompt_tokens"] >= 3_000
+    assert 200 < result["extended_prompt_tokens"] - result["session_prompt_tokens"] < 2_000
+    assert result["cache_hit_tokens"] >= result["session_prompt_tokens"]  # the extending call prefilled only its tail
+    assert result["same_output"]  # greedy: the same tokens with and without the cache
+    assert result["extending_call_cached_s"] > 0 and result["extending_call_uncached_s"] > 0

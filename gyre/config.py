@@ -61,6 +61,11 @@ class WarmstartSettings(Section):
     warm start trains on; RL trains on the others, queries the warm start never saw (as held-out
     ones are). 1: demonstrations of every training query, and RL on those same queries, which a
     small model learns by heart: groups that all pass, nothing for RL to learn (docs/learning.md)."""
+    extra_steps: int = Field(default=0, ge=0)
+    """Supervised steps after the warm start, on demonstrations of every training query (the warm
+    start's and RL's), at the rate the warm start ended with (`lr` x 0.1), decaying: supervised
+    training instead of RL from the same starting point, as `gyre bench learning`'s `clean-sft`
+    arm does (with `steps: 0`, no RL). 0: none."""
 
 
 class ModelConfig(Section):

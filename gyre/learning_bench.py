@@ -9,11 +9,12 @@ content-disjoint split (`gyre.benchmarks.content`):
   start is the clean warm start's own held-out rate (the eval round before step 0);
 - `flawed-rl`: a warm start with half its demonstrations flawed (`print` for `return`),
   then RL: the demo of the README, compared against both warm starts;
-- `clean-sft`: the clean warm start trained longer instead of RL, by as many trained tokens
-  as the `clean-rl` run of the same seed trained (extra steps = RL's trained tokens / the
-  tokens a warm-start step trains), on demonstrations of every training query (with
-  `model.warmstart.demonstrated_fraction` < 1 the RL arms never see a demonstration of the
-  queries RL trains on; this arm does), then evaluated: is RL doing more than more training?
+- `clean-sft`: the same clean warm start as `clean-rl` (cached), then trained longer instead of
+  RL (`model.warmstart.extra_steps`), by as many trained tokens as the `clean-rl` run of the
+  same seed trained (extra steps = RL's trained tokens / the tokens a warm-start step trains),
+  on demonstrations of every training query (with `model.warmstart.demonstrated_fraction` < 1
+  the RL arms never see a demonstration of the queries RL trains on; this arm does), then
+  evaluated: is RL doing more than more training from the same start would?
 
 Each run is `gyre run` in its own process (a fresh Prefect flow, a fresh DuckDB file under
 `out/<arm>-s<seed>/`); the pass rates are read back from its `evals` table, both held-out
@@ -70,9 +71,10 @@ def arm_config(base: dict, arm: str, seed: int, extra_sft_steps: int = 0) -> dic
     config["seed"] = seed
     config.setdefault("evaluation", {}).setdefault("every_steps", 5)
     if arm == "clean-sft":
-        warm["steps"] = int(warm["steps"]) + extra_sft_steps
-        warm["demonstrated_fraction"] = 1.0  # demonstrations of RL's queries too: what SFT would get instead
-        config["steps"] = 0  # no RL: the one eval round measures the longer warm start
+        # the clean warm start (the same as clean-rl's, cached), then as many supervised steps as RL's
+        # tokens buy, on demonstrations of every training query: RL's queries too, what SFT would get
+        warm["extra_steps"] = extra_sft_steps
+        config["steps"] = 0  # no RL: the one eval round measures the warm start trained longer
     return config
 
 

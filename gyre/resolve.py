@@ -156,7 +156,12 @@ def resolve_model_dir(config: RunConfig, split: QuerySplit) -> Path:
         steps=warm.steps, lr=warm.lr, batch_size=warm.batch_size, seed=warm.seed,
         flawed_fraction=warm.flawed_fraction,
     )
-    return cached_warmstart(base, config.cache_dir / "models", split.warmstart_queries, spec)
+    warmed = cached_warmstart(base, config.cache_dir / "models", split.warmstart_queries, spec)
+    if not warm.extra_steps:
+        return warmed
+    # more supervised steps from the same warm start, on every training query's demonstrations
+    extra = WarmstartSpec(steps=warm.extra_steps, lr=warm.lr * 0.1, batch_size=warm.batch_size, seed=warm.seed)
+    return cached_warmstart(warmed, config.cache_dir / "models", split.training_side or split.train, extra)
 
 
 def preflight(config: RunConfig) -> tuple[Path, QuerySplit]:

@@ -20,7 +20,10 @@ def test_arms_differ_only_in_the_warm_start_and_the_rl_budget():
     sft = arm_config(BASE, "clean-sft", 1, extra_sft_steps=40)
     assert clean["model"]["warmstart"]["flawed_fraction"] == 0.0 and flawed["model"]["warmstart"]["flawed_fraction"] == 0.5
     assert clean["steps"] == flawed["steps"] == 20 and clean["seed"] == flawed["seed"] == 1
-    assert sft["steps"] == 0 and sft["model"]["warmstart"]["steps"] == 100
+    # clean-sft: the clean warm start unchanged (the same cached one), then 40 supervised steps, no RL
+    assert sft["steps"] == 0 and sft["model"]["warmstart"]["steps"] == 60
+    assert sft["model"]["warmstart"]["extra_steps"] == 40
+    assert {k: v for k, v in sft["model"]["warmstart"].items() if k != "extra_steps"} == clean["model"]["warmstart"]
     assert sft["model"]["warmstart"]["flawed_fraction"] == 0.0
     assert BASE["model"]["warmstart"]["flawed_fraction"] == 0.5  # the base is not changed
     with pytest.raises(ValueError, match="warmstart.steps"):
@@ -80,3 +83,29 @@ def test_mean_curve_over_seeds_and_arms_the_bench_refuses():
         run(Path("configs/tiny-cpu.yaml"), Path("unused"), [0], arms=("clean-sft",))
     with pytest.raises(ValueError, match="unknown arms"):
         run(Path("configs/tiny-cpu.yaml"), Path("unused"), [0], arms=("rl",))
+
+
+def test_extra_steps_continue_the_cached_warm_start_on_every_training_query(tmp_path):
+    """`model.warmstart.extra_steps`: the warm start the RL arm uses (a cache hit), then more
+    supervised steps on demonstrations of the whole training side, cached under its own name."""
+    from gyre.config import RunConfig
+    from gyre.resolve import resolve_model_dir, resolve_queries
+
+    def config(extra: int) -> RunConfig:
+        return RunConfig.model_validate({
+            "cache_dir": str(tmp_path / "cache"), "benchmark": {"num_queries": 32, "eval_fraction": 0.25},
+            "model": {"tiny": {"hidden_size": 32, "num_hidden_layers": 1, "vocab_size": 512},
+                      "warmstart": {"steps": 3, "batch_size": 2, "demonstrated_fraction": 0.5, "extra_steps": extra}},
+        })  # fmt: skip
+
+    plain = config(0)
+    warmed = resolve_model_dir(plain, resolve_queries(plain))
+    longer_config = config(2)
+    split = resolve_queries(longer_config)
+    longer = resolve_model_dir(longer_config, split)
+    assert longer != warmed and longer.parent == warmed.parent
+    record = json.loads((longer / "gyre_warmstart.json").read_text())
+    assert record["base"] == str(warmed)  # trained from the very warm start the RL arm uses
+    assert record["steps"] == 2 and record["queries"] == len(split.training_side) > len(split.demonstrated)
+    assert record["lr"] == pytest.approx(plain.model.warmstart.lr * 0.1)
+    assert resolve_model_dir(longer_config, split) == longer  # cached

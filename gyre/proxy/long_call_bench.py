@@ -27,22 +27,29 @@ from gyre.proxy.agent_sessions import agent_sessions
 DEFAULT_SESSION_TOKENS = 50_000
 DEFAULT_EXTEND_TOKENS = 2_000
 DEFAULT_SAMPLES = 16
+CHARS_PER_TOKEN = 3.5  # the tiny model's byte-level BPE on the sessions' code and logs, about
 TIMEOUT_S = 1800.0  # one uncached 50k-token prefill takes 9 s on an idle 2-core box, minutes on a loaded one
 
 
 def _bodies(tokenizer, session_tokens: int, extend_tokens: int, samples: int, seed: int) -> tuple[dict, dict, int]:
-    """(the session's call, the extending call, turns) in OpenAI shape: tool results sized so the
-    session reaches `session_tokens` and its last step adds about `extend_tokens`."""
-    chars_per_token = 2.5  # the tiny model's byte-level BPE on code and prose; checked below
-    per_result = int(extend_tokens * chars_per_token / 2)  # a step holds about two tool results
-    turns = 2
-    while True:
-        session = agent_sessions(1, turns, seed, api="openai", result_chars=(per_result, per_result + 1))[0]
-        text = "".join(m.get("content") or "" for m in session.openai_messages(turns - 1))
-        if len(tokenizer(text)["input_ids"]) >= session_tokens or turns > 400:
+    """(the session's call, the extending call, its call number) in OpenAI shape: the first call
+    at or past `session_tokens` whose next step adds the closest to `extend_tokens` (of the next
+    nine), counted on the messages' text (the template adds a little)."""
+    per_result = int(extend_tokens * CHARS_PER_TOKEN / 1.5)  # a step holds one or two tool results
+    turns = max(4, 3 * session_tokens // extend_tokens)
+    session = agent_sessions(1, turns, seed, api="openai", result_chars=(per_result * 4 // 5, per_result * 6 // 5))[0]
+    sizes = []  # text tokens of call k's prompt, k = 1..turns
+    for k in range(1, turns + 1):
+        text = "".join(m.get("content") or "" for m in session.openai_messages(k))
+        sizes.append(len(tokenizer(text)["input_ids"]))
+        if sizes[-1] >= session_tokens + 10 * extend_tokens:
             break
-        turns += max(1, (session_tokens - len(tokenizer(text)["input_ids"])) // extend_tokens)
-    return session.openai_body(turns - 1, samples), session.openai_body(turns, samples), turns
+    first = next((k for k in range(1, len(sizes)) if sizes[k - 1] >= session_tokens), None)
+    if first is None:
+        raise ValueError(f"a session of {turns} calls stays under {session_tokens} tokens")
+    last = min(first + 8, len(sizes) - 1)
+    k = min(range(first, last + 1), key=lambda k: abs(sizes[k] - sizes[k - 1] - extend_tokens))
+    return session.openai_body(k, samples), session.openai_body(k + 1, samples), k + 1
 
 
 def run(session_tokens: int = DEFAULT_SESSION_TOKENS, extend_tokens: int = DEFAULT_EXTEND_TOKENS,

@@ -135,7 +135,10 @@ def test_processes_the_agent_left_cannot_reach_the_evaluation(task, tmp_path):
     assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
     assert score.tests_passed == 0 and score.tests_total == 3, score.detail
     spied = (sandbox.workspace / "spy.log").read_text() if (sandbox.workspace / "spy.log").exists() else ""
-    assert "pytest" in spied, "the spy saw the evaluation's processes while they ran"
+    # the spy saw the evaluation's processes while they ran: its runner (`python3 -I -S -c ...`) or
+    # pytest itself (on a loaded box the spy may catch only the runner before pytest has started)
+    seen = [line for line in spied.splitlines() if line.startswith("other ")]
+    assert any("pytest" in line or "python3" in line for line in seen), spied[:500]
     assert "read /tests" not in spied and "read /gyre-plugin" not in spied, spied[:500]
     assert "wrote " not in spied, spied[:500]
 

@@ -92,6 +92,11 @@ def bench_proxy(
     max_tokens: int = typer.Option(8, "--max-tokens", min=1, help="--sessions mode: tokens sampled per call."),
     api: str = typer.Option("mixed", "--api", help="--sessions mode: openai, anthropic or mixed (alternating)."),
     seed: int = typer.Option(0, "--seed", help="--sessions mode: the sessions' seed."),
+    echo: bool = typer.Option(
+        False, "--echo",
+        help="Agent-shaped sessions echoing the proxy's own answers (the fast path a real harness takes), "
+             "--concurrency at once (default 32), growing to --long-tokens, against a null engine: the "
+             "proxy's overhead per call."),
     long_tokens: int = typer.Option(
         50_000, "--long-tokens", min=0,
         help="--sessions mode: also time one call extending a session of this many tokens by ~2,000, with and "
@@ -101,6 +106,13 @@ def bench_proxy(
     With --sessions N: N multi-turn tool-calling sessions against the tiny model, proxy vs the
     engine called directly, and the k-th call's time with and without the prefix cache; and one
     call extending a --long-tokens session by ~2,000 tokens, with and without the cache."""
+    if echo:
+        from gyre.proxy.echo_bench import DEFAULT_CONCURRENCY as ECHO_CONCURRENCY
+        from gyre.proxy.echo_bench import run as run_echo
+
+        _print_figures("gyre bench proxy --echo (agent-shaped, null engine)",
+                       run_echo(concurrency or ECHO_CONCURRENCY, target_tokens=long_tokens or 50_000), as_json)
+        return
     if sessions > 0:
         from gyre.proxy.agent_sessions import APIS
         from gyre.proxy.session_bench import DEFAULT_CONCURRENCY, run as run_sessions

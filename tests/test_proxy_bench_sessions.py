@@ -109,3 +109,51 @@ def test_a_call_extending_a_long_session_reuses_the_whole_session_from_the_cache
     assert result["cache_hit_tokens"] >= result["session_prompt_tokens"]  # the extending call prefilled only its tail
     assert result["same_output"]  # greedy: the same tokens with and without the cache
     assert result["extending_call_cached_s"] > 0 and result["extending_call_uncached_s"] > 0
+
+
+def test_echoing_the_proxys_answers_keeps_every_turn_on_the_fast_path(tiny_tokenizer):
+    """A harness that sends back the assistant message the proxy returned: no TITO fallback on any
+    turn, so the proxy tokenises only what is new (`gyre bench proxy --echo` measures that path)."""
+    import asyncio
+
+    import httpx as _httpx
+
+    from gyre.engines.hf import stop_token_ids
+    from gyre.proxy.app import create_app
+    from gyre.proxy.bench import NullEngine, _output_ids
+    from gyre.proxy.echo_bench import replay
+    from gyre.proxy.router import EngineRouter
+    from gyre.proxy.server import ServerThread
+    from gyre.proxy.sessions import SessionRegistry
+
+    registry = SessionRegistry()
+    app = create_app(EngineRouter([NullEngine(_output_ids(tiny_tokenizer))]), registry, tiny_tokenizer,
+                     model_name="null", stop_token_ids=stop_token_ids(tiny_tokenizer))
+    server = ServerThread(app).start()
+    session = agent_sessions(1, 5, 0, api="openai", result_chars=(2000, 3000))[0]
+    key = registry.mint("echo")
+    try:
+        async def go():
+            async with _httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=60) as client:
+                return await replay(client, key, session)
+
+        calls = asyncio.run(go())
+    finally:
+        server.stop()
+    closed = registry.close("echo")
+    assert len(calls) == 5 and [b for b, _ in calls] == sorted(b for b, _ in calls)  # the context grows
+    assert len(closed.calls) == 5 and closed.fallback_turns == 0
+    prompts = [c.prompt_ids for c in closed.calls]
+    for before, after, call in zip(prompts, prompts[1:], closed.calls):
+        assert after[: len(before) + len(call.output_ids)] == before + call.output_ids  # token-in/token-out
+
+
+def test_cli_bench_proxy_echo_reports_the_overhead():
+    from gyre.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "proxy", "--echo", "--concurrency", "2", "--long-tokens", "3000",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.output)
+    assert figures["sessions"] == 2 and figures["calls"] == 2 * figures["turns"] and figures["turns"] >= 2
+    assert 0 < figures["p50_overhead_ms"] <= figures["p99_overhead_ms"]

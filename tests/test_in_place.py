@@ -87,6 +87,7 @@ def test_fresh_sandbox_would_miss_the_server(task, tmp_path):
     assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
 
 
+SPY_ATTEMPTS = 3  # a spy that never got a core while the evaluation ran proves nothing: try again
 SPY = r'''
 import glob, json, os, time
 log = open("/app/spy.log", "a", buffering=1)
@@ -126,21 +127,26 @@ while time.time() < end:
 
 def test_processes_the_agent_left_cannot_reach_the_evaluation(task, tmp_path):
     """A daemon left running tries to read the tests, forge results on any fd it can open, and kill
-    every process not its own: the evaluation goes on untouched and the unsolved task scores 0."""
-    sandbox = _sandbox(task, tmp_path / "spy")
-    sandbox.write_file("spy.py", SPY)
-    started = sandbox.exec("nohup python3 /app/spy.py >/dev/null 2>&1 & sleep 1; echo started", timeout_s=60)
-    assert "started" in started.stdout
-    score = _evaluate(task, sandbox, tmp_path / "e1")
-    assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
-    assert score.tests_passed == 0 and score.tests_total == 3, score.detail
-    spied = (sandbox.workspace / "spy.log").read_text() if (sandbox.workspace / "spy.log").exists() else ""
-    # the spy saw the evaluation's processes while they ran: its runner (`python3 -I -S -c ...`) or
-    # pytest itself (on a loaded box the spy may catch only the runner before pytest has started)
-    seen = [line for line in spied.splitlines() if line.startswith("other ")]
-    assert any("pytest" in line or "python3" in line for line in seen), spied[:500]
-    assert "read /tests" not in spied and "read /gyre-plugin" not in spied, spied[:500]
-    assert "wrote " not in spied, spied[:500]
+    every process not its own: the evaluation goes on untouched and the unsolved task scores 0.
+
+    The check means something only if the spy ran while the evaluation did (it saw one of its
+    processes: the runner, `python3 -I -S -c ...`, or pytest). At load 10 the spy may not get a
+    core in time: then the whole thing is tried again, a bounded number of times."""
+    for attempt in range(SPY_ATTEMPTS):
+        sandbox = _sandbox(task, tmp_path / f"spy-{attempt}")
+        sandbox.write_file("spy.py", SPY)
+        started = sandbox.exec("nohup python3 /app/spy.py >/dev/null 2>&1 & sleep 1; echo started", timeout_s=60)
+        assert "started" in started.stdout
+        score = _evaluate(task, sandbox, tmp_path / f"e-{attempt}")
+        assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
+        assert score.tests_passed == 0 and score.tests_total == 3, score.detail
+        spied = (sandbox.workspace / "spy.log").read_text() if (sandbox.workspace / "spy.log").exists() else ""
+        assert "read /tests" not in spied and "read /gyre-plugin" not in spied, spied[:500]
+        assert "wrote " not in spied, spied[:500]
+        seen = [line for line in spied.splitlines() if line.startswith("other ")]
+        if any("pytest" in line or "python3" in line for line in seen):
+            return
+    raise AssertionError(f"in {SPY_ATTEMPTS} tries the spy never saw the evaluation's processes: {spied[:500]}")
 
 
 def test_agent_cannot_end_or_write_the_session_it_runs_in(task, tmp_path):

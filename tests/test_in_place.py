@@ -88,6 +88,7 @@ def test_fresh_sandbox_would_miss_the_server(task, tmp_path):
 
 
 SPY_ATTEMPTS = 3  # a spy that never got a core while the evaluation ran proves nothing: try again
+EVALUATION_MARKS = ("nsenter", "run-tests", "python3", "pytest")  # its processes, as the spy logs them
 SPY = r'''
 import glob, json, os, time
 log = open("/app/spy.log", "a", buffering=1)
@@ -130,8 +131,8 @@ def test_processes_the_agent_left_cannot_reach_the_evaluation(task, tmp_path):
     every process not its own: the evaluation goes on untouched and the unsolved task scores 0.
 
     The check means something only if the spy ran while the evaluation did (it saw one of its
-    processes: the runner, `python3 -I -S -c ...`, or pytest). At load 10 the spy may not get a
-    core in time: then the whole thing is tried again, a bounded number of times."""
+    processes: the session join, the test script, the runner, pytest). At load 10 the spy may
+    not get a core in time: then the whole thing is tried again, a bounded number of times."""
     for attempt in range(SPY_ATTEMPTS):
         sandbox = _sandbox(task, tmp_path / f"spy-{attempt}")
         sandbox.write_file("spy.py", SPY)
@@ -144,7 +145,7 @@ def test_processes_the_agent_left_cannot_reach_the_evaluation(task, tmp_path):
         assert "read /tests" not in spied and "read /gyre-plugin" not in spied, spied[:500]
         assert "wrote " not in spied, spied[:500]
         seen = [line for line in spied.splitlines() if line.startswith("other ")]
-        if any("pytest" in line or "python3" in line for line in seen):
+        if any(mark in line for line in seen for mark in EVALUATION_MARKS):
             return
     raise AssertionError(f"in {SPY_ATTEMPTS} tries the spy never saw the evaluation's processes: {spied[:500]}")
 

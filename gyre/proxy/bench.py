@@ -22,6 +22,8 @@ import multiprocessing as mp
 import os
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
@@ -156,8 +158,9 @@ def _quantile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q * 100) - 1]
 
 
-def run(duration_s: float = DEFAULT_DURATION_S, concurrency: int = DEFAULT_CONCURRENCY) -> dict:
-    """Serve, measure, stop. Returns the numbers (milliseconds, requests per second)."""
+@contextmanager
+def null_proxy() -> Iterator[tuple[int, list[str]]]:
+    """The proxy in front of a `NullEngine` in a child process: (port, one key per execution)."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_serve, args=(child,), daemon=True)
@@ -165,7 +168,17 @@ def run(duration_s: float = DEFAULT_DURATION_S, concurrency: int = DEFAULT_CONCU
     try:
         if not parent.poll(120):
             raise TimeoutError("proxy benchmark server did not start within 120 s")
-        port, keys = parent.recv()
+        yield parent.recv()
+    finally:
+        parent.send("stop")
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.terminate()
+
+
+def run(duration_s: float = DEFAULT_DURATION_S, concurrency: int = DEFAULT_CONCURRENCY) -> dict:
+    """Serve, measure, stop. Returns the numbers (milliseconds, requests per second)."""
+    with null_proxy() as (port, keys):
         direct_ms = _direct_s(_tokenizer(), 10000) * 1e3
         load_before = os.getloadavg()[0]
         result: dict = {"direct_engine_ms": round(direct_ms, 4)}
@@ -195,8 +208,3 @@ def run(duration_s: float = DEFAULT_DURATION_S, concurrency: int = DEFAULT_CONCU
             and result["requests_per_s"] >= TARGETS["requests_per_s"]
         )
         return result
-    finally:
-        parent.send("stop")
-        proc.join(timeout=10)
-        if proc.is_alive():
-            proc.terminate()

@@ -18,7 +18,6 @@ sessions run at once (32: the issue's setting); p50 and p99 over every call.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import os
 import statistics
 import time
@@ -72,7 +71,7 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
         result_chars: tuple[int, int] = RESULT_CHARS) -> dict:
     """`concurrency` echoing sessions growing to about `target_tokens`, all at once, through the
     null proxy; the per-call overhead's p50 / p99 (milliseconds)."""
-    from gyre.proxy.bench import NUM_EXECUTIONS, _serve
+    from gyre.proxy.bench import NUM_EXECUTIONS, null_proxy
 
     if concurrency > NUM_EXECUTIONS:
         raise ValueError(f"at most {NUM_EXECUTIONS} sessions (the benchmark server's keys)")
@@ -82,14 +81,7 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
         chars += sum(len(r) for r in longest.steps[turns - 1].results)
         turns += 1
     plan = agent_sessions(concurrency, turns, seed, api="openai", result_chars=result_chars)
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve, args=(child,), daemon=True)
-    proc.start()
-    try:
-        if not parent.poll(120):
-            raise TimeoutError("the proxy benchmark server did not start within 120 s")
-        port, keys = parent.recv()
+    with null_proxy() as (port, keys):
         load_before = os.getloadavg()[0]
 
         async def all_sessions() -> list[list[tuple[int, float]]]:
@@ -100,9 +92,6 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
         started = time.perf_counter()
         per_session = asyncio.run(all_sessions())
         wall_s = time.perf_counter() - started
-    finally:
-        parent.send("stop")
-        proc.join(timeout=10)
     ms = [s * 1e3 for calls in per_session for _, s in calls]
     last = [calls[-1] for calls in per_session]
     return {

@@ -51,6 +51,7 @@ from gyre.live_faults import ActorBack, ActorDown, CellFaults
 from gyre.live_records import flush_switches, save_records
 from gyre.live_switches import SwitchLog
 from gyre.live_training import TrainingPlane
+from gyre.cluster.remote_replica import SatelliteDied
 from gyre.progress import ProgressEvent, emit
 from gyre.records import ExecutionStatus, Score, StepRecord
 
@@ -140,7 +141,8 @@ class LiveCells:
         self._pending: set[Future] = set()
         self.results: dict[int, ExecutionResult] = {}
         self.scores: dict[int, Score] = {}
-        self.training = TrainingPlane(coord, self.shape, steps, cfg.num_cells)
+        self.faults = CellFaults(self)
+        self.training = TrainingPlane(coord, self.shape, steps, cfg.num_cells, ray=self.ray, faults=self.faults)
         self.log = CommandLog()
         self.command_seconds: defaultdict[str, list[float]] = defaultdict(list)
         """Wall seconds of every command carried out, by kind (`execute`, `switch`, `micro_step`,
@@ -148,7 +150,6 @@ class LiveCells:
         self._publishing = threading.Lock()  # a cell rejoining rollout never misses a publication
         self.timeline = self._new_timeline()  # started again by `run`, so it begins with the scheduler
         self.switches = SwitchLog(self.timeline.start_s, self.clock)
-        self.faults = CellFaults(self)
         if self.ray is not None:
             self.ray.watch(self.faults.on_down, self.faults.on_back)
         self.feeds: list[queue.Queue[str | None]] = [queue.Queue() for _ in self.cells]
@@ -310,7 +311,12 @@ class LiveCells:
                 self._unroute(cell.engine)
             if command.pull_snapshot:
                 with timer.phase("pull"):
-                    self.training.pull(cell.cell_id)
+                    try:
+                        self.training.pull(cell.cell_id)
+                    except SatelliteDied:
+                        if not self.faults.confirmed_down(cell.cell_id):
+                            raise
+                        return ev.SwitchDone(command.cell_id, command.role)  # ignored: the cell failed
         else:
             try:
                 self._route_current(cell.engine, timer.phase)
@@ -343,16 +349,26 @@ class LiveCells:
             with phase("route"):
                 self.coord.router.register(engine)
 
-    def _pull(self, cell_id: int, version: int) -> ev.Event:
-        self.training.pull(cell_id)
+    def _pull(self, cell_id: int, version: int) -> ev.Event | None:
+        try:
+            self.training.pull(cell_id)
+        except SatelliteDied:
+            if not self.faults.confirmed_down(cell_id):
+                raise
+            return None  # the cell failed: the scheduler hears CellFailed instead
         return ev.SnapshotPulled(cell_id, version)
 
-    def _micro_step(self, command: ev.ClaimMicroStep) -> ev.Event:
+    def _micro_step(self, command: ev.ClaimMicroStep) -> ev.Event | None:
         g = self.shape.group_size
         group_id = command.execution_ids[0] // g
         group = [(self.results[e], self.scores[e]) for e in range(group_id * g, (group_id + 1) * g)]
         results = [self.results[e] for e in command.execution_ids]
-        self.training.micro_step(command.cell_id, command.step_index, results, group)
+        try:
+            self.training.micro_step(command.cell_id, command.micro_step_id, command.step_index, results, group)
+        except SatelliteDied:
+            if not self.faults.confirmed_down(command.cell_id):
+                raise
+            return None  # the scheduler hears CellFailed and hands the micro-step to another cell
         return ev.MicroStepDone(command.cell_id, command.micro_step_id)
 
     def _optimizer_step(self, command: ev.ApplyOptimizerStep) -> ev.Event:

@@ -23,6 +23,9 @@ def start_ray(coord):
     if config.rollout.engine != "torch":
         raise SchedulingConfigError("scheduler.runtime: ray runs the torch engine in each cell's actor; with "
                                     "rollout.engine: sglang the servers are already separate (runtime: threads)")
+    if config.train.engine != "torch":
+        raise SchedulingConfigError("scheduler.runtime: ray trains torch replicas in the cells' actors; "
+                                    f"train.engine: {config.train.engine} runs under runtime: threads")
     ray = RayCells.start(config.scheduler.ray_address, num_cpus=config.scheduler.num_cells,
                          weight_transport=config.scheduler.weight_transport)
     try:
@@ -47,7 +50,8 @@ def cell_engine(coord, ray, i: int) -> RolloutEngine:
     rollout = coord.config.rollout
     engine = ray.add(i, coord.model_dir, f"cell-{i}", seed=coord.config.seed + i,
                      max_batch_size=rollout.max_batch_size, prefix_cache_bytes=rollout.prefix_cache_bytes,
-                     torch_threads=coord.config.scheduler.ray_actor_threads)
+                     torch_threads=coord.config.scheduler.ray_actor_threads,
+                     config=coord.config.model_dump(mode="json"))
     if snapshot is not None:
         engine.load_weights(snapshot, coord.policy_version)
     return engine
@@ -59,4 +63,6 @@ def describe(cell_id: int, engine: RolloutEngine) -> str:
     serves = (f"its engine {engine.engine_id} at {where} (a process of its own)" if where
               else f"its engine {engine.engine_id} in this process")
     role = "core: owns the optimizer" if cell_id == 0 else "satellite: pulls the core's weights to train"
+    if where and cell_id:
+        role += " in the same process, reducing its gradients onto the core over torch.distributed"
     return f"cell {cell_id}: {serves}; {role}"

@@ -7,10 +7,11 @@ about a second, from its own thread:
 - the engine leaves the proxy's router at once, so new calls go elsewhere; calls it was
   serving fail over to other engines and continue exactly where they were (the proxy keeps
   the tokens already streamed), so no execution is lost;
-- in the loop thread, a cell that was serving rollout (or switching to it) is reported to the
-  scheduler as `CellFailed`: its slots are gone until it is back. A cell in the train role
-  trains on its replica in this process, which did not die: the scheduler hears nothing and
-  the cell's new engine is used when it next switches to rollout;
+- in the loop thread the cell is reported to the scheduler as `CellFailed`, in any role: a
+  rollout cell's slots are gone until it is back; a training cell's replica lived in the same
+  process, so its claimed micro-step goes back to the queue, and the micro-steps it finished
+  whose gradients had not reached the core are recomputed by the core at the optimizer step
+  (`gyre.live_training`); a pull or micro-step it was doing ends without an event;
 - when Ray has restarted the process, a failed cell's new engine loads the newest published
   weights, is routed again, and the scheduler hears `CellRejoined`.
 
@@ -45,7 +46,7 @@ class ActorBack:
 class FaultRecord:
     cell_id: int
     at_s: float
-    what: str  # "down" | "failed" (reported to the scheduler) | "rejoined" | "replaced" (a train cell's engine)
+    what: str  # "failed" (reported to the scheduler) | "rejoined" | "replaced" (back while not failed)
 
 
 class CellFaults:
@@ -77,6 +78,12 @@ class CellFaults:
         with self._changed:
             return self._changed.wait_for(lambda: cell_id in self.down, timeout=NOTICE_S)
 
+    def wait_down(self, cells: set[int]) -> set[int]:
+        """Which of `cells` the watcher has seen die, waiting up to NOTICE_S for the first."""
+        with self._changed:
+            self._changed.wait_for(lambda: bool(self.down & cells), timeout=NOTICE_S)
+            return self.down & cells
+
     def cell_of(self, engine) -> int | None:
         return next((c.cell_id for c in self.cells.cells if c.engine is engine), None)
 
@@ -88,14 +95,13 @@ class CellFaults:
         state = driver.scheduler.state
         now = driver.clock() - driver.timeline.start_s
         if isinstance(event, ActorDown):
-            cell = state.cells[event.cell_id]
-            if cell.role in (Role.rollout, Role.to_rollout):
-                self._record(event.cell_id, now, "failed", "its process died while serving rollout: CellFailed, "
-                             "its calls moved to other engines")
-                return ev.CellFailed(event.cell_id)
-            self._record(event.cell_id, now, "down", "its rollout process died while it trained (its replica "
-                         "here goes on); waiting for Ray to restart it")
-            return None
+            role = state.cells[event.cell_id].role
+            if role is Role.failed:
+                return None
+            what = ("serving rollout: its calls moved to other engines" if role in (Role.rollout, Role.to_rollout)
+                    else "training: its claimed micro-step goes back to the queue")
+            self._record(event.cell_id, now, "failed", f"its process died while {what}; CellFailed")
+            return ev.CellFailed(event.cell_id)
         live = driver.cells[event.cell_id]
         old, live.engine = live.engine, event.engine
         old.close()

@@ -1,13 +1,21 @@
 """The training side of real cells: streamed micro-steps, the optimizer step, the step's record.
 
 `gyre.live_cells` carries out the scheduler's commands; the ones that train land here.
-Cell 0's replica is the run's trainer (the core: weights of record and optimizer state);
-a satellite gets a full replica the first time it trains and copies the core's weights
-on each pull. A micro-step's forward-backward accumulates gradients on the replica that
-claimed it; the optimizer step reduces the satellites' gradients onto the core (the
-in-process form of their all-reduce), clips and steps, checkpoints when due and records
-the step like the step-synchronous loop does. A non-finite loss or gradient norm skips the
-step (no update, gradients cleared, `skipped_reason` recorded), as that loop does too.
+Cell 0's replica is the run's trainer (the core: weights of record and optimizer state).
+A satellite gets a full replica the first time it trains and takes the core's weights on
+each pull: in this process under `scheduler.runtime: threads`, in the cell's own Ray actor
+under `ray` (`gyre.cluster.remote_replica`; the weights through Ray's object store). A
+micro-step's forward-backward accumulates gradients on the replica that claimed it; the
+optimizer step reduces the satellites' gradients onto the core (an in-process sum, or
+torch.distributed among exactly the satellites holding gradients for the step), clips and
+steps, checkpoints when due and records the step like the step-synchronous loop does. A
+non-finite loss or gradient norm skips the step (no update, gradients cleared,
+`skipped_reason` recorded), as that loop does too.
+
+Every micro-step is applied once. The books keep each finished micro-step's rows and
+which cell holds its gradients; when a satellite's process died with gradients the core
+never received (the reduction names the micro-steps that arrived), the core recomputes
+exactly those before it steps (`recomputed` lists them).
 
 Every micro-step's rows are weighted as part of the whole step (`process_batch(
 num_executions=...)`): the loss averages over the step's nominal executions, so an
@@ -18,15 +26,39 @@ being renormalised away as in the step-synchronous loop.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field, replace
 
 from gyre.algo.gspo import diagnostics, is_summed
 from gyre.algo.advantages import group_advantages
 from gyre.cells.topology import BatchShape
+from gyre.cluster import grad_reduce
+from gyre.cluster.remote_replica import RemoteReplica, SatelliteDied, WeightsByObjectStore, reduce_onto_core
 from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
 from gyre.engines.factory import train_engine
+from gyre.engines.base import TrainStats
 from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
 from gyre.records import Score, StepRecord, utc_now
+
+
+@dataclass
+class MicroDone:
+    """A finished micro-step: whose replica holds its gradients, its rows' inputs, its stats."""
+
+    cell_id: int
+    step: int
+    results: list[ExecutionResult]
+    stats: TrainStats
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """One step's gradient reduction across processes: who took part, bytes sent, wall seconds."""
+
+    step: int
+    cells: list[int]
+    nbytes: int
+    seconds: float
 
 
 @dataclass
@@ -34,26 +66,49 @@ class StepBooks:
     """What one optimizer step has accumulated across its micro-steps."""
 
     started_at: object = field(default_factory=utc_now)
-    loss: float = 0.0
-    abs_diff_sum: float = 0.0
-    tokens: int = 0
-    sums: dict[str, float] = field(default_factory=dict)
-    """The loss's summed stats (`gspo.is_summed`) over every micro-step, for `gspo.diagnostics`."""
-    satellites: set[int] = field(default_factory=set)
+    done: dict[int, MicroDone] = field(default_factory=dict)
+    """Micro-step id -> what it trained (only micro-steps with trainable rows)."""
     skipped: str | None = None
     """Why the step is skipped (a non-finite loss or gradient norm): no update, weights unchanged."""
 
+    def totals(self) -> tuple[float, float, int, dict[str, float]]:
+        """Loss, summed |log-prob difference|, tokens and the loss's summed stats over the step."""
+        loss = abs_diff = 0.0
+        tokens = 0
+        sums: dict[str, float] = {}
+        for done in self.done.values():
+            s = done.stats
+            loss += s.loss
+            abs_diff += s.logprob_abs_diff * s.tokens_trained
+            tokens += s.tokens_trained
+            for key, value in s.extra.items():
+                if is_summed(key):
+                    sums[key] = sums.get(key, 0.0) + value
+        return loss, abs_diff, tokens, sums
+
 
 class TrainingPlane:
-    def __init__(self, coord: Coordinator, shape: BatchShape, steps: int, num_cells: int) -> None:
+    def __init__(self, coord: Coordinator, shape: BatchShape, steps: int, num_cells: int,
+                 ray=None, faults=None) -> None:
+        """`ray` (`RayCells`, under `scheduler.runtime: ray`): satellites train in their actors;
+        `faults` (`CellFaults`) names the satellites whose processes died."""
         self.coord = coord
         self.shape = shape
         self.steps = steps
         self.replicas: dict[int, TorchTrainEngine] = {0: coord.trainer}
+        self.ray = ray
+        self.faults = faults
+        self.remote: dict[int, RemoteReplica] = {}
         self.advantages: dict[str, float] = {}
         self.books: dict[int, StepBooks] = {}
         self.records: list[StepRecord] = []
+        self.recomputed: list[tuple[int, int, int]] = []
+        """(step, micro-step id, cell that lost it): micro-steps the core recomputed."""
+        self.reductions: list[Reduction] = []
+        self._weights = WeightsByObjectStore()
+        self._store: grad_reduce.GradStore | None = None
         self._locks = {cell_id: threading.Lock() for cell_id in range(num_cells)}
+        self._books = threading.Lock()
         self._core_weights = threading.Lock()  # a satellite never copies the core mid-update
 
     def replica(self, cell_id: int) -> TorchTrainEngine:
@@ -62,54 +117,83 @@ class TrainingPlane:
             self.replicas[cell_id] = train_engine(cfg, self.coord.model_dir, seed=cfg.seed + cell_id)
         return self.replicas[cell_id]
 
-    def pull(self, cell_id: int) -> None:
-        """A satellite takes the core's current weights."""
-        replica = self.replica(cell_id)
-        with self._core_weights:
-            replica.copy_weights_from(self.coord.trainer)
+    def _remote(self, cell_id: int) -> RemoteReplica | None:
+        if self.ray is None or cell_id == 0:
+            return None
+        if cell_id not in self.remote:
+            self.remote[cell_id] = RemoteReplica(cell_id, self.ray.actor(cell_id))
+        return self.remote[cell_id]
 
-    def micro_step(
-        self, cell_id: int, step: int, results: list[ExecutionResult], group: list[tuple[ExecutionResult, Score]]
-    ) -> None:
-        """Forward-backward on `results` (one micro-step of `step`; `group` is their whole,
+    def pull(self, cell_id: int) -> None:
+        """A satellite takes the core's current weights (raises `SatelliteDied` if its process died)."""
+        core = self.coord.trainer
+        remote = self._remote(cell_id)
+        with self._core_weights:
+            if remote is None:
+                self.replica(cell_id).copy_weights_from(core)
+                return
+            version = core.steps_taken
+            ref = self._weights.ref(version, core.model.state_dict)
+        remote.load(ref, version)
+
+    def micro_step(self, cell_id: int, micro_id: int, step: int, results: list[ExecutionResult],
+                   group: list[tuple[ExecutionResult, Score]]) -> None:
+        """Forward-backward on `results` (micro-step `micro_id` of `step`; `group` is their whole,
         scored group, for the group-relative advantages) on the cell's replica."""
-        coord = self.coord
-        if results[0].execution.execution_id not in self.advantages:
-            scores = {r.execution.execution_id: s.score for r, s in group}
-            self.advantages.update(group_advantages(scores, normalize_std=coord.config.algo.normalize_std))
-        trainer = self.replica(cell_id)
+        with self._books:
+            if results[0].execution.execution_id not in self.advantages:
+                scores = {r.execution.execution_id: s.score for r, s in group}
+                self.advantages.update(group_advantages(scores, normalize_std=self.coord.config.algo.normalize_std))
+            books = self.books.setdefault(step, StepBooks())
+        batch = self._batch(step, results)
+        if not batch.sequences or books.skipped is not None:
+            return
+        remote = self._remote(cell_id)
+        if remote is not None:
+            stats = remote.micro_step(micro_id, step, batch.sequences)
+        else:
+            with self._locks[cell_id]:
+                try:
+                    stats = self.replica(cell_id).forward_backward(batch.sequences, self.coord.algorithm.loss,
+                                                                   accumulate=True)
+                except NonFiniteError as exc:  # deliberate: the step is skipped, as the step-synchronous loop does
+                    stats = str(exc)
+        with self._books:
+            if isinstance(stats, str):
+                books.skipped = stats
+            else:
+                books.done[micro_id] = MicroDone(cell_id, step, results, stats)
+
+    def _batch(self, step: int, results: list[ExecutionResult]):
         ids = [r.execution.execution_id for r in results]
         advantages = {eid: self.advantages[eid] for eid in ids if self.advantages.get(eid) is not None}
-        batch = coord.trajectories(step, results, advantages, trainer.pair_cost, self.shape.executions_per_step)
-        books = self.books.setdefault(step, StepBooks())
-        with self._locks[cell_id]:
-            if batch.sequences and books.skipped is None:
-                try:
-                    stats = trainer.forward_backward(batch.sequences, coord.algorithm.loss, accumulate=True)
-                except NonFiniteError as exc:  # deliberate: the step is skipped, as the step-synchronous loop does
-                    books.skipped = str(exc)
-                    return
-                books.loss += stats.loss
-                books.abs_diff_sum += stats.logprob_abs_diff * stats.tokens_trained
-                books.tokens += stats.tokens_trained
-                for key, value in stats.extra.items():
-                    if is_summed(key):
-                        books.sums[key] = books.sums.get(key, 0.0) + value
-                if cell_id != 0:
-                    books.satellites.add(cell_id)
+        pair_cost = self.coord.trainer.pair_cost
+        return self.coord.trajectories(step, results, advantages, pair_cost, self.shape.executions_per_step)
 
     def optimizer_step(self, step: int, results: list[ExecutionResult], scores: list[Score]) -> StepRecord:
         """Reduce, clip, step and record `step` (`results`: its executions, in batch order)."""
         core = self.coord.trainer
-        books = self.books.pop(step, StepBooks())
-        for cell_id in sorted(books.satellites):
-            with self._locks[cell_id]:
-                core.add_gradients_from(self.replicas[cell_id])
+        with self._books:
+            books = self.books.pop(step, StepBooks())
+        holders = sorted({d.cell_id for d in books.done.values()} - {0})
+        remote = {cid: self.remote[cid] for cid in holders if cid in self.remote}
+        for cell_id in holders:
+            if cell_id not in remote:
+                with self._locks[cell_id]:
+                    core.add_gradients_from(self.replicas[cell_id])
+        if remote and books.skipped is None:
+            self._reduce_remote(step, books, remote)
+        for replica in remote.values():  # applied, recomputed or skipped: the satellites forget them
+            try:
+                replica.clear()
+            except SatelliteDied:
+                pass  # deliberate: its gradients are gone with it anyway
         grad_norm = None
+        tokens = books.totals()[2]
         with self._core_weights:
             if books.skipped is not None:
                 core.optimizer.zero_grad(set_to_none=True)
-            elif books.tokens:
+            elif tokens:
                 try:
                     grad_norm = core.apply_gradients()
                 except NonFiniteError as exc:  # deliberate: skipped, weights unchanged (gradients cleared)
@@ -121,6 +205,41 @@ class TrainingPlane:
                 self.coord.checkpoint(step)
         return record
 
+    def _reduce_remote(self, step: int, books: StepBooks, remote: dict[int, RemoteReplica]) -> None:
+        """The remote satellites' gradients onto the core; what died with a process, recomputed."""
+        import ray
+
+        expected = {cid: [m for m, d in books.done.items() if d.cell_id == cid] for cid in remote}
+        down = self.faults.down if self.faults is not None else set()
+        members = {cid: r for cid, r in remote.items() if cid not in down}
+        if self._store is None:
+            host = "127.0.0.1" if self.ray.local is not None else ray.util.get_node_ip_address()
+            self._store = grad_reduce.GradStore(host)
+        params = list(self.coord.trainer.model.parameters())
+        started = time.monotonic()
+        arrived = reduce_onto_core(self._store, params, step, members, expected, self._dead)
+        nbytes = sum(p.numel() for p in params) * 4 * len(arrived)
+        self.reductions.append(Reduction(step, sorted(arrived), nbytes, time.monotonic() - started))
+        for cid, micro_ids in expected.items():
+            for micro_id in micro_ids:
+                if micro_id not in arrived.get(cid, []):
+                    self._recompute(step, books, micro_id)
+
+    def _dead(self, cells: set[int]) -> set[int]:
+        return self.faults.wait_down(cells) if self.faults is not None else set()
+
+    def _recompute(self, step: int, books: StepBooks, micro_id: int) -> None:
+        """A micro-step whose gradients died with a satellite, computed again on the core."""
+        done = books.done[micro_id]
+        batch = self._batch(step, done.results)
+        try:
+            stats = self.coord.trainer.forward_backward(batch.sequences, self.coord.algorithm.loss, accumulate=True)
+        except NonFiniteError as exc:  # deliberate: skipped, as any micro-step's would be
+            books.skipped = str(exc)
+            return
+        books.done[micro_id] = MicroDone(0, step, done.results, stats)
+        self.recomputed.append((step, micro_id, done.cell_id))
+
     def _record(
         self, step: int, books: StepBooks, grad_norm: float | None, results: list[ExecutionResult], scores: list[Score]
     ) -> StepRecord:
@@ -128,16 +247,17 @@ class TrainingPlane:
         # staleness room need not be the block of queries it was dispatched from
         results = [replace(r, execution=r.execution.model_copy(update={"step": step})) for r in results]
         fields, staleness = self.coord.batch_fields(results, scores, step)
+        loss, abs_diff_sum, tokens, sums = books.totals()
         record = StepRecord(
             step=step,
             policy_version=step + 1,  # published even when nothing trained: versions count steps
             **fields,
-            logprob_abs_diff=books.abs_diff_sum / books.tokens if books.tokens else None,
-            loss=books.loss if grad_norm is not None else None,
+            logprob_abs_diff=abs_diff_sum / tokens if tokens else None,
+            loss=loss if grad_norm is not None else None,
             grad_norm=grad_norm,
-            tokens_trained=books.tokens if grad_norm is not None else 0,
-            **(diagnostics(books.sums) if grad_norm is not None else {}),
-            skipped_reason=books.skipped or (None if books.tokens else "no trainable tokens"),
+            tokens_trained=tokens if grad_norm is not None else 0,
+            **(diagnostics(sums) if grad_norm is not None else {}),
+            skipped_reason=books.skipped or (None if tokens else "no trainable tokens"),
             started_at=books.started_at,
             finished_at=utc_now(),
         )

@@ -44,8 +44,12 @@ def test_elastic_cells_with_a_ray_actor_cell_train_and_switch_across_processes_w
         assert remote.base_url.startswith("http://127.0.0.1:")
         records = cells.run()
         switches = cells.log.of(ev.SwitchCell)
+        training = cells.training
         cells.close()
         assert [r.policy_version for r in records] == [1, 2]
+        # cell 1 trained in its own process: its gradients reached the core over torch.distributed
+        assert any(r.cells == [1] and r.nbytes > 0 for r in training.reductions), training.reductions
+        assert training.recomputed == [] and 1 not in training.replicas
         assert any(s.cell_id == 1 and s.role is Role.train for s in switches)
     finally:
         coord.close()

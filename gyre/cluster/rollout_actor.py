@@ -1,12 +1,15 @@
-"""Rollout cells as Ray actors: each its own process, its engine served over HTTP.
+"""Cells beyond the core as Ray actors: each its own process, rollout engine and training replica.
 
 Under `scheduler.runtime: ray` the run starts one actor per cell beyond the core, once, for
 the whole run. The actor builds the torch reference engine and serves it with SGLang's HTTP
 API (`gyre.engines.torch_server`) on the node's address; the driver reaches it through the
 same adapter it uses for a real SGLang server, so the proxy's router, drains, weight
-publications and the cells' role switches work across processes exactly as in one. Ray
-gives the process, its placement (one placement group per cell, so a cell can later hold
-several ranks) and a restart when the process dies (`max_restarts`).
+publications and the cells' role switches work across processes exactly as in one. In the
+train role the same process trains: its replica (`gyre.cluster.train_replica`) runs the
+micro-steps it is sent and reduces its gradients onto the core over torch.distributed
+(`gyre.cluster.grad_reduce`). Ray gives the process, its placement (one placement group per
+cell, so a cell can later hold several ranks) and a restart when the process dies
+(`max_restarts`).
 
 `RayCells` owns the run's Ray: a local head on loopback (`gyre.cluster.ray_local`), or an
 existing cluster at `scheduler.ray_address`; its `close` kills the actors and stops the head.
@@ -32,27 +35,46 @@ PING_TIMEOUT_S = 10.0  # an actor that does not answer within this is busy, not 
 
 
 class RolloutCellActor:
-    """The body of one rollout cell's actor (wrapped with `ray.remote` by `RayCells`)."""
+    """The body of one cell's actor (wrapped with `ray.remote` by `RayCells`): its rollout
+    engine behind an HTTP server, and its training replica (built when it first trains)."""
 
     def __init__(self, model_dir: str, engine_id: str, seed: int, max_batch_size: int, prefix_cache_bytes: int,
-                 torch_threads: int, weights: tuple[str, str | None] = ("disk", None)) -> None:
+                 torch_threads: int, weights: tuple[str, str | None] = ("disk", None),
+                 config: dict | None = None) -> None:
         import ray
         import torch
 
+        from gyre.cluster.train_replica import ReplicaHost
         from gyre.engines.torch_rollout import TorchRolloutEngine
         from gyre.engines.torch_server import TorchEngineServer
         from gyre.proxy.server import ServerThread
 
         torch.set_num_threads(torch_threads)
+        self.host = ray.util.get_node_ip_address()
         self.engine = TorchRolloutEngine(Path(model_dir), engine_id, max_batch_size=max_batch_size, seed=seed,
                                          prefix_cache_bytes=prefix_cache_bytes)
         self.server = TorchEngineServer(self.engine, Path(model_dir))
-        self.thread = ServerThread(self.server.app, host=ray.util.get_node_ip_address(), name=engine_id).start()
+        self.thread = ServerThread(self.server.app, host=self.host, name=engine_id).start()
         self.reader = ActorReader(*weights)  # attached again by a restart: the constructor reruns
+        self.replica = ReplicaHost(config, model_dir, seed) if config is not None else None
 
     def pull(self, version: int) -> dict:
         """Pull policy `version` (or newer) through the run's weight channel into the engine."""
         return self.reader.pull_into(self.engine, version)
+
+    # the train role: each call is the replica's (`gyre.cluster.train_replica.ReplicaHost`)
+
+    def train_load(self, state: dict, version: int) -> None:
+        self.replica.load(state, version)
+
+    def train_micro_step(self, micro_id: int, step: int, sequences: list):
+        return self.replica.micro_step(micro_id, step, sequences)
+
+    def train_reduce(self, host: str, port: int, prefix: str, rank: int, size: int) -> list[int]:
+        return self.replica.reduce(host, port, prefix, rank, size, self.host)
+
+    def train_clear(self) -> None:
+        self.replica.clear()
 
     def url(self) -> str:
         return f"http://{self.thread.host}:{self.thread.port}"
@@ -84,7 +106,8 @@ class RayCells:
     @classmethod
     def start(cls, address: str | None, num_cpus: int, weight_transport: str = "disk") -> "RayCells":
         channel = WeightsChannel(weight_transport)  # a bad name fails before Ray starts
-        loopback_environment()
+        if address is None:  # a cluster's driver speaks over the network, not loopback
+            loopback_environment()
         local = start_local_ray(num_cpus) if address is None else None
         import ray
 
@@ -92,8 +115,9 @@ class RayCells:
         return cls(local, channel=channel)
 
     def add(self, cell_id: int, model_dir: Path, engine_id: str, *, seed: int, max_batch_size: int,
-            prefix_cache_bytes: int, torch_threads: int) -> SGLangRolloutEngine:
-        """Start cell `cell_id`'s actor in its own placement group; its engine, once healthy."""
+            prefix_cache_bytes: int, torch_threads: int, config: dict | None = None) -> SGLangRolloutEngine:
+        """Start cell `cell_id`'s actor in its own placement group; its engine, once healthy.
+        `config` (the run's, as a dict): the actor can train (a replica of `model_dir`)."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -106,10 +130,14 @@ class RayCells:
             name=f"cell-{cell_id}-{os.getpid()}",
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group),
         ).remote(str(model_dir), engine_id, seed, max_batch_size, prefix_cache_bytes, torch_threads,
-                 (self.channel.kind, self.channel.where))  # fmt: skip
+                 (self.channel.kind, self.channel.where), config)  # fmt: skip
         engine, pid = _connect(actor, engine_id, Path(model_dir), self.channel)
         self.cells.append(RayCell(cell_id, actor, engine, pid, Path(model_dir)))
         return engine
+
+    def actor(self, cell_id: int):
+        """Cell `cell_id`'s actor handle (the same across Ray's restarts of its process)."""
+        return next(c.actor for c in self.cells if c.cell_id == cell_id)
 
     def watch(self, on_down: Callable[[int], None], on_back: Callable[[int, SGLangRolloutEngine], None]) -> None:
         """Notice a cell's process dying (`on_down(cell_id)`, within about a second) and coming

@@ -1,0 +1,110 @@
+"""The driver's handle on the training replicas in the cells' actors, and the step's reduction.
+
+`gyre.live_training` trains cell 0 (the core) in the driver and every other cell through a
+`RemoteReplica`: the core's weights go to the actor through Ray's object store (put once
+per version, fetched by each satellite that pulls it), each micro-step's packed rows go
+with the call, and the stats come back. At the optimizer step `reduce_onto_core` sums the
+satellites' gradients onto the core with torch.distributed in a group of exactly the
+satellites that hold gradients for the step (`gyre.cluster.grad_reduce`).
+
+A satellite whose process dies takes its gradients with it. The reduction then fails (or a
+restarted actor reports it holds nothing); the driver waits for the fault watcher to name
+the dead, tries again without them, and returns, per satellite, the micro-steps whose
+gradients did reach the core. The caller recomputes the rest on the core.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gyre.cluster import grad_reduce
+from gyre.engines.base import TrainStats
+
+MAX_REDUCE_ATTEMPTS = 3  # a reduction that fails is tried again without the members found dead
+ACTOR_CALL_TIMEOUT_S = 600.0  # one micro-step or weight load on a loaded box
+
+
+class SatelliteDied(RuntimeError):
+    """The satellite's process died during the call; its work is lost (the watcher reports it)."""
+
+
+@dataclass
+class RemoteReplica:
+    cell_id: int
+    actor: object
+
+    def load(self, ref, version: int) -> None:
+        self._get(self.actor.train_load.remote(ref, version))
+
+    def micro_step(self, micro_id: int, step: int, sequences: list) -> TrainStats | str:
+        return self._get(self.actor.train_micro_step.remote(micro_id, step, sequences))
+
+    def clear(self) -> None:
+        self._get(self.actor.train_clear.remote())
+
+    def _get(self, ref):
+        import ray
+        from ray.exceptions import RayActorError
+
+        try:
+            return ray.get(ref, timeout=ACTOR_CALL_TIMEOUT_S)
+        except RayActorError as exc:
+            raise SatelliteDied(f"cell {self.cell_id}'s process died: {exc}") from exc
+
+
+class WeightsByObjectStore:
+    """The core's weights in Ray's object store, one object per version (the newest kept)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._version: int | None = None
+        self._ref = None
+
+    def ref(self, version: int, state: Callable[[], dict]):
+        import ray
+
+        with self._lock:
+            if self._version != version:
+                self._ref, self._version = ray.put({k: v.detach().clone() for k, v in state().items()}), version
+            return self._ref
+
+
+def reduce_onto_core(
+    store: grad_reduce.GradStore,
+    core_params: list,
+    step: int,
+    members: dict[int, RemoteReplica],
+    expected: dict[int, list[int]],
+    dead: Callable[[set[int]], set[int]],
+) -> dict[int, list[int]]:
+    """Sum `members`' gradients for `step` onto `core_params`; per member, the micro-steps whose
+    gradients arrived (a subset of `expected[cell]`). `dead(cells)`: which of `cells` the fault
+    watcher has seen die (it may wait a little for the news)."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    alive = dict(members)
+    for _ in range(MAX_REDUCE_ATTEMPTS):
+        if not alive:
+            return {}
+        prefix = store.next_prefix(step)
+        size = len(alive) + 1
+        refs = {cid: r.actor.train_reduce.remote(store.host, store.port, prefix, rank, size)
+                for rank, (cid, r) in enumerate(sorted(alive.items()), start=1)}  # fmt: skip
+        try:
+            group = grad_reduce.join(store.store, prefix, 0, size, store.host, core_params[0].device)
+            sums = grad_reduce.receive_sum(group, core_params)
+            held = {cid: ray.get(ref, timeout=grad_reduce.REDUCE_TIMEOUT_S) for cid, ref in refs.items()}
+        except (RuntimeError, RayActorError, GetTimeoutError):  # deliberate: a member died; again without it
+            group = None  # closes the core's sockets: members still waiting on it fail too
+            ray.wait(list(refs.values()), num_returns=len(refs), timeout=grad_reduce.REDUCE_TIMEOUT_S)
+            gone = dead(set(alive))
+            if not gone:
+                raise
+            alive = {cid: r for cid, r in alive.items() if cid not in gone}
+            continue
+        grad_reduce.add_sum(sums)  # only now: a failed attempt left the core's gradients as they were
+        return {cid: [m for m in expected.get(cid, []) if m in set(ids)] for cid, ids in held.items()}
+    raise RuntimeError(f"the gradient reduction of step {step} failed {MAX_REDUCE_ATTEMPTS} times")

@@ -105,6 +105,8 @@ class TrainingPlane:
         self.recomputed: list[tuple[int, int, int]] = []
         """(step, micro-step id, cell that lost it): micro-steps the core recomputed."""
         self.reductions: list[Reduction] = []
+        self.applied: dict[int, dict[int, int]] = {}
+        """Per step, micro-step id -> the cell whose gradients for it the core applied (0: its own)."""
         self._weights = WeightsByObjectStore()
         self._store: grad_reduce.GradStore | None = None
         self._locks = {cell_id: threading.Lock() for cell_id in range(num_cells)}
@@ -190,6 +192,7 @@ class TrainingPlane:
                 pass  # deliberate: its gradients are gone with it anyway
         grad_norm = None
         tokens = books.totals()[2]
+        self.applied[step] = {micro_id: done.cell_id for micro_id, done in books.done.items()}
         with self._core_weights:
             if books.skipped is not None:
                 core.optimizer.zero_grad(set_to_none=True)

@@ -123,3 +123,70 @@ def test_kill_9_of_a_rollout_cells_process_mid_rollout_loses_nothing_and_the_cel
     assert [w for (w,) in recorded][:2] == ["failed", "rejoined"]
     states = {s for (s,) in con.execute("select distinct state from cell_segments where cell_id = 1").fetchall()}
     assert "failed" in states
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_training_cells_process_mid_step_applies_every_micro_step_once(tiny_model_dir, tmp_path):
+    """Cell 1 trains in its actor (colocate: every cell trains each step); its process is killed
+    once it holds gradients the core has not received. The step completes: the micro-step it was
+    running goes to another cell, the ones it finished are recomputed by the core, each
+    micro-step is applied exactly once. (Its coming back is the rollout-fault test's subject:
+    here the run may end before Ray has restarted it.)"""
+    import signal
+    import threading
+    import time
+
+    config = RunConfig.model_validate({
+        "name": "ray-train-fault", "steps": 3, "cache_dir": str(tmp_path / "cache"),
+        "model": {"path": str(tiny_model_dir)},
+        "benchmark": {"num_queries": 16},
+        "rollout": {"queries_per_step": 2, "group_size": 4, "max_new_tokens": 24},
+        "harness": {"max_turns": 2},
+        "scheduler": {"policy": "colocate", "num_cells": 2, "slots_per_cell": 8, "lookahead_groups": 0,
+                      "executions_per_micro_step": 1, "runtime": "ray"},
+    })  # fmt: skip
+    coord = Coordinator(config, tmp_path / "run")
+    killed = threading.Event()
+    stop = threading.Event()
+    try:
+        cells = LiveCells(coord, config.steps)
+        import ray
+
+        actor_pid = ray.get(cells.ray.cells[0].actor.pid.remote())
+        training = cells.training
+
+        def kill_while_holding_gradients():
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and not stop.is_set():
+                held = [d for books in list(training.books.values()) for d in list(books.done.values())]
+                if any(d.cell_id == 1 for d in held):  # finished a micro-step; the core has not its gradients
+                    os.kill(actor_pid, signal.SIGKILL)
+                    killed.set()
+                    return
+                time.sleep(0.005)
+
+        threading.Thread(target=kill_while_holding_gradients, daemon=True).start()
+        records = cells.run()
+        claims = cells.log.of(ev.ClaimMicroStep)
+        faults = [(r.cell_id, r.what) for r in cells.faults.records]
+        cells.close()
+    finally:
+        stop.set()
+        coord.close()
+    assert killed.is_set(), "cell 1 never held gradients: the test did not exercise a train-side fault"
+    assert [r.policy_version for r in records] == [1, 2, 3]
+    assert (1, "failed") in faults, faults
+    # every micro-step of every step applied once: 8 per step (2 groups x 4 executions, 1 per micro-step)
+    by_step: dict[int, set[int]] = {}
+    for claim in claims:
+        by_step.setdefault(claim.step_index, set()).add(claim.micro_step_id)
+    assert {s: sorted(ids) for s, ids in training.applied.items()} == {s: sorted(ids) for s, ids in by_step.items()}
+    assert all(len(ids) == 8 for ids in by_step.values())
+    # what cell 1 held when it died was recomputed by the core (or it died before finishing any)
+    lost = [(step, micro) for step, micro, cell in training.recomputed if cell == 1]
+    assert lost, training.recomputed
+    assert all(training.applied[step][micro] == 0 for step, micro in lost)
+    con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
+    assert con.execute("select count(*), count(score) from executions where purpose = 'train'").fetchone() == (24, 24)
+    trained = dict(con.execute("select step, tokens_trained from steps").fetchall())
+    assert all(trained[s] > 0 for s in range(3)), trained

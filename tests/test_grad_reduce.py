@@ -63,6 +63,7 @@ def _satellite(rank: int, port: int, config: dict, model_dir: str, rows, attempt
         for prefix, size in attempts:
             if prefix == die_in:
                 store = grad_reduce.client_store("127.0.0.1", port)
+                assert grad_reduce.answer(store, prefix, rank, ready=True)
                 grad_reduce.join(store, prefix, rank, size, "127.0.0.1", torch.device("cpu"))
                 os._exit(9)
             try:
@@ -97,6 +98,16 @@ def _join(procs) -> None:
                 p.kill()
 
 
+def _go(store: grad_reduce.GradStore, prefix: str, ranks: list[int]) -> None:
+    """The core's roll call: wait until every member answered ready, then say go."""
+    deadline = time.monotonic() + WAIT_S
+    while len(answers := store.answers(prefix, ranks)) < len(ranks):
+        assert time.monotonic() < deadline, f"the roll call got {answers} in {WAIT_S} s"
+        time.sleep(0.02)
+    assert set(answers.values()) == {"ready"}, answers
+    store.decide(prefix, go=True)
+
+
 def _grads(engine: TorchTrainEngine) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in engine.model.named_parameters() if p.grad is not None}
 
@@ -120,6 +131,7 @@ def test_two_satellites_in_their_own_processes_reduce_onto_the_core_like_one_rep
     core = TorchTrainEngine(tiny_model_dir, lr=LR)
     core.forward_backward(rows[0:2], GSPO().loss, accumulate=True)
     params = list(core.model.parameters())
+    _go(store, prefix, [1, 2])
     group = grad_reduce.join(store.store, prefix, 0, 3, "127.0.0.1", torch.device("cpu"))
     grad_reduce.add_sum(grad_reduce.receive_sum(group, params))
     _join(procs)
@@ -148,11 +160,13 @@ def test_a_member_dying_mid_reduction_leaves_the_core_untouched_and_the_survivor
     core.forward_backward(rows[0:2], GSPO().loss, accumulate=True)
     own = _grads(core)
     params = list(core.model.parameters())
+    _go(store, first, [1, 2])
     with pytest.raises(RuntimeError):
         group = grad_reduce.join(store.store, first, 0, 3, "127.0.0.1", torch.device("cpu"))
         grad_reduce.add_sum(grad_reduce.receive_sum(group, params))
     group = None
     assert all(torch.equal(g, own[n]) for n, g in _grads(core).items())  # nothing half-added
+    _go(store, second, [1])
     group = grad_reduce.join(store.store, second, 0, 2, "127.0.0.1", torch.device("cpu"))
     grad_reduce.add_sum(grad_reduce.receive_sum(group, params))
     _join(procs)
@@ -165,3 +179,13 @@ def test_a_member_dying_mid_reduction_leaves_the_core_untouched_and_the_survivor
     expected = _grads(reference)
     worst = max(float((g - expected[n]).abs().max()) for n, g in _grads(core).items())
     assert worst < 1e-6, worst
+
+
+def test_a_replica_holding_nothing_declines_the_roll_call_without_building_a_model(tiny_model_dir, tmp_path):
+    from gyre.cluster.train_replica import ReplicaHost
+
+    store = grad_reduce.GradStore()
+    prefix = store.next_prefix(4)
+    host = ReplicaHost(_config(tiny_model_dir, tmp_path), str(tiny_model_dir), seed=0)  # a restarted process
+    assert host.reduce("127.0.0.1", store.port, prefix, 1, 2, "127.0.0.1") == []
+    assert store.answers(prefix, [1]) == {1: "declined"} and host.engine is None

@@ -9,6 +9,13 @@ the driver serves for the whole run, under a prefix of their own per attempt
 (`PrefixStore`), so a group never mixes with an earlier or a failed one, and none needs
 the default process group. The backend is gloo for CPU tensors and NCCL for CUDA ones.
 
+An attempt opens with a roll call on the store: each member says `ready` (it holds
+gradients) or `declined` (it holds none: a process Ray restarted), and the core says `go`
+only when every member is ready; otherwise `abort`, and the attempt is made again without
+the decliners. So a restarted or dead member never leaves the others blocked in a group it
+will not join. A member dying during the collective itself makes the others fail within
+seconds (its sockets close).
+
 The core reduces into a zeroed buffer, never into its own gradients, and adds the sum
 to them only once every bucket has arrived: a reduction that fails because a member died
 leaves the core's gradients as they were, so it can be tried again without that member.
@@ -17,7 +24,6 @@ A satellite keeps its gradients until the driver tells it to clear them.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -33,14 +39,35 @@ class GradStore:
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self.host = host
-        self.port = _free_port(host)
-        self.store = dist.TCPStore(host, self.port, is_master=True, wait_for_workers=False,
+        self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=REDUCE_TIMEOUT_S))
+        self.port = self.store.port
         self._attempts = 0
 
     def next_prefix(self, step: int) -> str:
         self._attempts += 1
         return f"reduce-step{step}-attempt{self._attempts}"
+
+    def answers(self, prefix: str, ranks: list[int]) -> dict[int, str]:
+        """The roll call so far: rank -> "ready" | "declined", for the ranks that answered."""
+        out = {}
+        for rank in ranks:
+            key = f"{prefix}/roll/{rank}"
+            if self.store.check([key]):
+                out[rank] = self.store.get(key).decode()
+        return out
+
+    def decide(self, prefix: str, go: bool) -> None:
+        self.store.set(f"{prefix}/go", "go" if go else "abort")
+
+
+def answer(store: dist.Store, prefix: str, rank: int, ready: bool) -> bool:
+    """A member's answer to the roll call; True when the core says go (wait at most the timeout)."""
+    store.set(f"{prefix}/roll/{rank}", "ready" if ready else "declined")
+    if not ready:
+        return False
+    store.wait([f"{prefix}/go"], timedelta(seconds=REDUCE_TIMEOUT_S))
+    return store.get(f"{prefix}/go").decode() == "go"
 
 
 def join(store: dist.Store, prefix: str, rank: int, size: int, host: str, device: torch.device):
@@ -116,9 +143,3 @@ def _buckets(params: list[torch.nn.Parameter]) -> Iterator[list[torch.nn.Paramet
         size += nbytes
     if bucket:
         yield bucket
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

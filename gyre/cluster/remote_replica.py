@@ -16,6 +16,7 @@ gradients did reach the core. The caller recomputes the rest on the core.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from gyre.engines.base import TrainStats
 
 MAX_REDUCE_ATTEMPTS = 3  # a reduction that fails is tried again without the members found dead
 ACTOR_CALL_TIMEOUT_S = 600.0  # one micro-step or weight load on a loaded box
+ROLL_POLL_S = 0.02  # how often the core looks at the roll call
 
 
 class SatelliteDied(RuntimeError):
@@ -82,29 +84,75 @@ def reduce_onto_core(
     """Sum `members`' gradients for `step` onto `core_params`; per member, the micro-steps whose
     gradients arrived (a subset of `expected[cell]`). `dead(cells)`: which of `cells` the fault
     watcher has seen die (it may wait a little for the news)."""
-    import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
-
     alive = dict(members)
     for _ in range(MAX_REDUCE_ATTEMPTS):
         if not alive:
             return {}
         prefix = store.next_prefix(step)
-        size = len(alive) + 1
-        refs = {cid: r.actor.train_reduce.remote(store.host, store.port, prefix, rank, size)
-                for rank, (cid, r) in enumerate(sorted(alive.items()), start=1)}  # fmt: skip
-        try:
-            group = grad_reduce.join(store.store, prefix, 0, size, store.host, core_params[0].device)
-            sums = grad_reduce.receive_sum(group, core_params)
-            held = {cid: ray.get(ref, timeout=grad_reduce.REDUCE_TIMEOUT_S) for cid, ref in refs.items()}
-        except (RuntimeError, RayActorError, GetTimeoutError):  # deliberate: a member died; again without it
-            group = None  # closes the core's sockets: members still waiting on it fail too
-            ray.wait(list(refs.values()), num_returns=len(refs), timeout=grad_reduce.REDUCE_TIMEOUT_S)
-            gone = dead(set(alive))
-            if not gone:
-                raise
-            alive = {cid: r for cid, r in alive.items() if cid not in gone}
+        ranks = {cid: rank for rank, cid in enumerate(sorted(alive), start=1)}
+        refs = {cid: alive[cid].actor.train_reduce.remote(store.host, store.port, prefix, ranks[cid], len(ranks) + 1)
+                for cid in ranks}  # fmt: skip
+        out = _attempt(store, prefix, core_params, ranks, refs, dead)
+        if isinstance(out, set):  # these members declined or died: again without them
+            alive = {cid: r for cid, r in alive.items() if cid not in out}
             continue
-        grad_reduce.add_sum(sums)  # only now: a failed attempt left the core's gradients as they were
-        return {cid: [m for m in expected.get(cid, []) if m in set(ids)] for cid, ids in held.items()}
+        return {cid: [m for m in expected.get(cid, []) if m in set(ids)] for cid, ids in out.items()}
     raise RuntimeError(f"the gradient reduction of step {step} failed {MAX_REDUCE_ATTEMPTS} times")
+
+
+def _attempt(store, prefix: str, core_params: list, ranks: dict[int, int], refs: dict,
+             dead: Callable[[set[int]], set[int]]) -> dict[int, list[int]] | set[int]:
+    """One attempt: the roll call, then the collective. What each member sent, or the members
+    to leave out of the next attempt."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    deadline = time.monotonic() + grad_reduce.REDUCE_TIMEOUT_S
+    by_rank = {rank: cid for cid, rank in ranks.items()}
+    while True:
+        answers = store.answers(prefix, list(by_rank))
+        failed = _failed(refs)
+        if len(answers) == len(by_rank) or failed or time.monotonic() > deadline:
+            break
+        time.sleep(ROLL_POLL_S)
+    go = not failed and len(answers) == len(by_rank) and set(answers.values()) == {"ready"}
+    store.decide(prefix, go)
+    if not go:
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=grad_reduce.REDUCE_TIMEOUT_S)
+        out = {by_rank[r] for r, a in answers.items() if a == "declined"} | set(_failed(refs))
+        return out or dead(set(ranks)) or _stuck(set(ranks) - {by_rank[r] for r in answers})
+    group = None
+    try:
+        group = grad_reduce.join(store.store, prefix, 0, len(ranks) + 1, store.host, core_params[0].device)
+        sums = grad_reduce.receive_sum(group, core_params)
+        sent = {cid: ray.get(ref, timeout=grad_reduce.REDUCE_TIMEOUT_S) for cid, ref in refs.items()}
+    except (RuntimeError, RayActorError, GetTimeoutError):  # deliberate: a member died in the collective
+        group = None  # closes the core's sockets: members still in the collective fail too
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=grad_reduce.REDUCE_TIMEOUT_S)
+        gone = dead(set(ranks))
+        if not gone:
+            raise
+        return gone
+    grad_reduce.add_sum(sums)  # only now: a failed attempt left the core's gradients as they were
+    return sent
+
+
+def _failed(refs: dict) -> list[int]:
+    """Members whose reduce call has already ended in an error (their process died)."""
+    import ray
+
+    done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0)
+    failed = []
+    for cid, ref in refs.items():
+        if ref in done:
+            try:
+                ray.get(ref, timeout=0)
+            except Exception:  # deliberate: any error means this member cannot take part
+                failed.append(cid)
+    return failed
+
+
+def _stuck(cells: set[int]) -> set[int]:
+    if not cells:
+        raise RuntimeError("a gradient reduction was aborted with every member ready and none failed")
+    return cells  # never answered within the timeout: left out, their micro-steps recomputed

@@ -66,12 +66,16 @@ class ReplicaHost:
         self.held.append(micro_id)
         return stats
 
-    def reduce(self, host: str, port: int, prefix: str, rank: int, size: int, my_host: str) -> list[int]:
-        """Send the held gradients to rank 0 of the reduction `prefix`; the micro-steps they carry."""
+    def reduce(self, host: str, port: int, prefix: str, rank: int, size: int, my_host: str) -> list[int] | None:
+        """Take part in the reduction `prefix` as `rank`: the micro-steps whose gradients were sent
+        to rank 0; [] when it holds none (it declines: nothing to send), None when the core aborted
+        the attempt (the gradients stay held for the next one)."""
         held = list(self.held)
-        engine = self._replica()
         if self._store is None:
             self._store = grad_reduce.client_store(host, port)
+        if not grad_reduce.answer(self._store, prefix, rank, ready=bool(held)):
+            return [] if not held else None
+        engine = self._replica()
         group = grad_reduce.join(self._store, prefix, rank, size, my_host, engine.device)
         grad_reduce.send_gradients(group, list(engine.model.parameters()))
         return held

@@ -34,6 +34,8 @@ from gyre.config import RunConfig, load_config
 from gyre.harnesses.sleepy_durations import HOUR_S
 
 POLICIES = ("elastic", "async", "colocate")
+SWITCH_BOUND_FACTOR = 3.0  # the issue's check: each switch <= 3 x (snapshot bytes / memcpy bandwidth) + 0.5 s
+SWITCH_BOUND_SLACK_S = 0.5
 
 
 @dataclass
@@ -51,6 +53,8 @@ class PolicyRun:
     """Median wall seconds of the costs the simulator takes as inputs."""
     simulated_wall_s: float | None = None
     simulated_mean_staleness: float | None = None
+    snapshot_bytes: int = 0
+    """Bytes of the policy's weights (what a switch's pull or load moves)."""
     run_dir: str = ""
 
 
@@ -89,9 +93,24 @@ def run_policy(config: RunConfig, run_dir: Path) -> tuple[PolicyRun, dict[str, l
                         config.steps, switch_s=_switches(cells.switches.records), run_dir=str(run_dir))
         seconds = {kind: list(v) for kind, v in cells.command_seconds.items()}
         run.costs_s = _costs(cells.switches.records, seconds)
+        run.snapshot_bytes = sum(t.numel() * t.element_size() for t in coord.trainer.model.state_dict().values())
         return run, seconds
     finally:
         coord.close()
+
+
+def memcpy_bytes_per_s(nbytes: int, repeats: int = 5) -> float:
+    """Host memcpy bandwidth for a buffer of `nbytes`, best of `repeats`, measured now."""
+    import torch
+
+    src = torch.ones(max(nbytes, 1), dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - started)
+    return src.numel() / best
 
 
 def _switches(records) -> dict[str, dict[str, float]]:
@@ -105,6 +124,7 @@ def _switches(records) -> dict[str, dict[str, float]]:
             for name, seconds in r.phases:
                 phases.setdefault(name, []).append(seconds)
         out[f"to_{direction}"] = {"total": statistics.median(r.seconds for r in chosen), "count": len(chosen),
+                                  "max": max(r.seconds for r in chosen),
                                   **{name: statistics.median(v) for name, v in phases.items()}}
     return out
 
@@ -206,6 +226,12 @@ def run(config_path: Path, out: Path, steps: int = 4, num_cells: int = 4) -> dic
         "simulator_within_20pct": {p: abs(r.simulated_wall_s - r.wall_s) / r.wall_s <= 0.2 for p, (_, r) in runs.items()},
         "elastic_1.3x_faster": {p: runs[p][1].wall_s / elastic.wall_s >= 1.3 for p in ("async", "colocate")},
     }
+    bandwidth = memcpy_bytes_per_s(elastic.snapshot_bytes)
+    bound = SWITCH_BOUND_FACTOR * elastic.snapshot_bytes / bandwidth + SWITCH_BOUND_SLACK_S
+    result["switch_bound"] = {"snapshot_bytes": elastic.snapshot_bytes, "memcpy_bytes_per_s": bandwidth,
+                              "bound_s": bound}
+    result["checks"]["switches_within_bound"] = {
+        p: {d: v["max"] <= bound for d, v in r.switch_s.items()} for p, (_, r) in runs.items()}
     result["workload"] = {"name": base.harness.sleepy_workload, "scale_s_per_h": base.harness.sleepy_scale,
                           "num_cells": num_cells, "slots_per_cell": slots_per_cell(base, num_cells), "steps": steps,
                           "seed": base.seed}

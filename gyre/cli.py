@@ -288,6 +288,9 @@ def bench_cells(
     console.print(table)
     for name, ratio in result["ratios"].items():
         console.print(f"{name}: real {ratio['real']:.2f}x, simulated {ratio['simulated']:.2f}x")
+    bound = result["switch_bound"]
+    console.print(f"switch bound: 3 x {bound['snapshot_bytes'] / 1e6:.1f} MB / memcpy "
+                  f"{bound['memcpy_bytes_per_s'] / 1e9:.2f} GB/s + 0.5 s = {bound['bound_s']:.3f} s")
     console.print(f"checks: {result['checks']}")
 
 

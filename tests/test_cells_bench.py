@@ -58,4 +58,9 @@ def test_a_small_bench_runs_the_three_policies_and_predicts_each(tmp_path, tiny_
             assert direction in ("to_train", "to_rollout") and phases["total"] >= 0 and phases["count"] >= 1
     assert result["elastic"]["switch_s"]  # elastic moved cells (2 cells, one step's worth of slots each)
     assert set(result["ratios"]) == {"async/elastic", "colocate/elastic"}
-    assert set(result["checks"]) == {"staleness_matched_within_0.25", "simulator_within_20pct", "elastic_1.3x_faster"}
+    assert set(result["checks"]) == {"staleness_matched_within_0.25", "simulator_within_20pct", "elastic_1.3x_faster",
+                                     "switches_within_bound"}
+    bound = result["switch_bound"]
+    assert bound["snapshot_bytes"] == result["elastic"]["snapshot_bytes"] > 0 and bound["memcpy_bytes_per_s"] > 0
+    assert bound["bound_s"] == pytest.approx(3 * bound["snapshot_bytes"] / bound["memcpy_bytes_per_s"] + 0.5)
+    assert set(result["checks"]["switches_within_bound"]["elastic"]) == set(result["elastic"]["switch_s"])

@@ -341,12 +341,12 @@ class SchedulerConfig(Section):
     ray_address: str | None = None
     """`runtime: ray`: an existing Ray cluster to join (`host:port`); None: gyre starts a local Ray
     on 127.0.0.1 for the run and stops it at the end (nothing of it outlives gyre)."""
-    weight_transport: Literal["disk", "shm", "mooncake"] = "disk"
+    weight_transport: Literal["disk", "shm", "mooncake", "ray"] = "disk"
     """`runtime: ray`: how each published version reaches the cells' actors. `disk`: the snapshot
     file, loaded by path (one host, or a shared filesystem); `shm`: a checksummed snapshot in
     shared memory, pulled by each actor (one host); `mooncake`: the same over the Mooncake
-    Transfer Engine (TCP, or RDMA where it exists). Every pull's bytes and seconds land in
-    `weight_pulls` (`shm`, `mooncake`)."""
+    Transfer Engine (TCP, or RDMA where it exists); `ray`: through Ray's object store. Every
+    pull's bytes and seconds land in `weight_pulls` (all but `disk`)."""
     ray_actor_threads: int = Field(default=1, gt=0)
     """`runtime: ray`: torch threads of each cell's process (one process per cell shares the box's cores)."""
 

@@ -143,7 +143,7 @@ def test_kill_9_of_a_training_cells_process_mid_step_applies_every_micro_step_on
         "rollout": {"queries_per_step": 2, "group_size": 4, "max_new_tokens": 24},
         "harness": {"max_turns": 2},
         "scheduler": {"policy": "colocate", "num_cells": 2, "slots_per_cell": 8, "lookahead_groups": 0,
-                      "executions_per_micro_step": 1, "runtime": "ray"},
+                      "executions_per_micro_step": 1, "runtime": "ray", "weight_transport": "ray"},
     })  # fmt: skip
     coord = Coordinator(config, tmp_path / "run")
     killed = threading.Event()
@@ -190,3 +190,6 @@ def test_kill_9_of_a_training_cells_process_mid_step_applies_every_micro_step_on
     assert con.execute("select count(*), count(score) from executions where purpose = 'train'").fetchone() == (24, 24)
     trained = dict(con.execute("select step, tokens_trained from steps").fetchall())
     assert all(trained[s] > 0 for s in range(3)), trained
+    # rollout weights reached the actor through Ray's object store, checksummed
+    pulls = con.execute("select transport, count(*), min(nbytes) from weight_pulls group by 1").fetchall()
+    assert len(pulls) == 1 and pulls[0][0] == "ray" and pulls[0][1] >= 1 and pulls[0][2] > 0, pulls

@@ -10,6 +10,8 @@
   once and pulls the version it is told to. One host.
 - `mooncake`: the same over the Mooncake Transfer Engine (`gyre.weights.mooncake`, TCP here,
   RDMA where it exists), announced by a descriptor file. Across hosts.
+- `ray`: the same through Ray's object store (`gyre.weights.ray_store`): one object per
+  version, found through a named board actor. Across the hosts of the run's Ray.
 
 On the driver a cell's engine is an `ActorEngine`: the SGLang adapter for generation, whose
 `load_weights` asks the actor to pull instead of naming a file. Every pull comes back as a
@@ -29,7 +31,7 @@ import torch
 
 from gyre.engines.sglang_adapter import SGLangRolloutEngine
 
-TRANSPORTS = ("disk", "shm", "mooncake")
+TRANSPORTS = ("disk", "shm", "mooncake", "ray")
 PULL_TIMEOUT_S = 120.0  # an actor told to pull version v waits this long for it to be published
 
 
@@ -58,6 +60,11 @@ class WeightsChannel:
 
             self.where = f"gyre-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             self._publisher = ShmTransport.create(self.where, slot_bytes_for(snapshot))
+        elif self.kind == "ray":
+            from gyre.weights.ray_store import RayObjectTransport
+
+            self.where = f"gyre-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            self._publisher = RayObjectTransport.create(self.where)
         else:
             from gyre.weights.mooncake import MooncakeTransport
 
@@ -124,6 +131,10 @@ class ActorReader:
             from gyre.weights.mooncake import MooncakeTransport
 
             self.reader = MooncakeTransport.attach(Path(where))
+        elif kind == "ray":
+            from gyre.weights.ray_store import RayObjectTransport
+
+            self.reader = RayObjectTransport.attach(where)
 
     def pull_into(self, engine, version: int) -> dict:
         """Pull `version` (or newer), load it into `engine`; the pull's record as a dict."""

@@ -197,8 +197,8 @@ class RayCells:
             ray.kill(cell.actor, no_restart=True)
         for group in self._placement:
             ray.util.remove_placement_group(group)
+        self.channel.close()  # before Ray goes: the `ray` transport's board is an actor
         ray.shutdown()
-        self.channel.close()
         if self.local is not None:
             self.local.stop()
 

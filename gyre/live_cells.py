@@ -142,7 +142,8 @@ class LiveCells:
         self.results: dict[int, ExecutionResult] = {}
         self.scores: dict[int, Score] = {}
         self.faults = CellFaults(self)
-        self.training = TrainingPlane(coord, self.shape, steps, cfg.num_cells, ray=self.ray, faults=self.faults)
+        self.training = TrainingPlane(coord, self.shape, steps, cfg.num_cells, ray=self.ray, faults=self.faults,
+                                      start_version=start_version)
         self.log = CommandLog()
         self.command_seconds: defaultdict[str, list[float]] = defaultdict(list)
         """Wall seconds of every command carried out, by kind (`execute`, `switch`, `micro_step`,

@@ -89,9 +89,11 @@ class StepBooks:
 
 class TrainingPlane:
     def __init__(self, coord: Coordinator, shape: BatchShape, steps: int, num_cells: int,
-                 ray=None, faults=None) -> None:
+                 ray=None, faults=None, start_version: int = 0) -> None:
         """`ray` (`RayCells`, under `scheduler.runtime: ray`): satellites train in their actors;
-        `faults` (`CellFaults`) names the satellites whose processes died."""
+        `faults` (`CellFaults`) names the satellites whose processes died. `start_version`: the
+        core's version now (a resumed run's), which a satellite that starts in the train role
+        is credited with before it ever pulls."""
         self.coord = coord
         self.shape = shape
         self.steps = steps
@@ -108,6 +110,13 @@ class TrainingPlane:
         self.applied: dict[int, dict[int, int]] = {}
         """Per step, micro-step id -> the cell whose gradients for it the core applied (0: its own)."""
         self._weights = WeightsByObjectStore()
+        self.loaded: set[int] = set()  # satellites whose replica holds weights the core gave it
+        self._start_version = start_version
+        self._start = None  # the core's weights at `start_version`, for a satellite never pulled
+        if ray is not None:
+            self._start = self._weights.ref(start_version, coord.trainer.model.state_dict)
+        elif start_version:  # a new local replica is built from the base model: version 0
+            self._start = {k: v.detach().clone() for k, v in coord.trainer.model.state_dict().items()}
         self._store: grad_reduce.GradStore | None = None
         self._locks = {cell_id: threading.Lock() for cell_id in range(num_cells)}
         self._books = threading.Lock()
@@ -133,10 +142,23 @@ class TrainingPlane:
         with self._core_weights:
             if remote is None:
                 self.replica(cell_id).copy_weights_from(core)
+                self.loaded.add(cell_id)
                 return
             version = core.steps_taken
             ref = self._weights.ref(version, core.model.state_dict)
         remote.load(ref, version)
+        self.loaded.add(cell_id)
+
+    def _ensure_loaded(self, cell_id: int, remote: RemoteReplica | None) -> None:
+        """A satellite that began in the train role trains on the start version without a pull
+        (the scheduler credits it with that version): give it those weights first."""
+        if cell_id == 0 or cell_id in self.loaded:
+            return
+        if remote is not None:
+            remote.load(self._start, self._start_version)
+        elif self._start is not None:
+            self.replica(cell_id).model.load_state_dict(self._start)
+        self.loaded.add(cell_id)
 
     def micro_step(self, cell_id: int, micro_id: int, step: int, results: list[ExecutionResult],
                    group: list[tuple[ExecutionResult, Score]]) -> None:
@@ -151,6 +173,7 @@ class TrainingPlane:
         if not batch.sequences or books.skipped is not None:
             return
         remote = self._remote(cell_id)
+        self._ensure_loaded(cell_id, remote)
         if remote is not None:
             stats = remote.micro_step(micro_id, step, batch.sequences)
         else:

@@ -82,21 +82,23 @@ def test_kill_9_of_a_rollout_cells_process_mid_rollout_loses_nothing_and_the_cel
         "benchmark": {"num_queries": 16},
         "rollout": {"queries_per_step": 2, "group_size": 4, "max_new_tokens": 24},
         "harness": {"max_turns": 2},
-        "scheduler": {"policy": "async", "num_cells": 2, "slots_per_cell": 8, "lookahead_groups": 1,
+        "scheduler": {"policy": "async", "num_cells": 4, "slots_per_cell": 4, "lookahead_groups": 1,
                       "executions_per_micro_step": 2, "runtime": "ray"},
     })  # fmt: skip
+    # async with 4 cells: cells 0 and 1 train from the start (cell 1 in its actor, on the start
+    # version's weights without a pull), cells 2 and 3 serve rollout; cell 2 is killed
     coord = Coordinator(config, tmp_path / "run")
     killed = threading.Event()
     try:
         cells = LiveCells(coord, config.steps)
         import ray
 
-        actor_pid = ray.get(cells.ray.cells[0].actor.pid.remote())
+        actor_pid = ray.get(cells.ray.actor(2).pid.remote())
 
         def kill_mid_rollout():
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and not killed.is_set():
-                if coord.router.load().get("cell-1", 0) > 0:  # the actor's engine is serving calls now
+                if coord.router.load().get("cell-2", 0) > 0:  # the actor's engine is serving calls now
                     os.kill(actor_pid, signal.SIGKILL)
                     killed.set()
                     return
@@ -105,12 +107,14 @@ def test_kill_9_of_a_rollout_cells_process_mid_rollout_loses_nothing_and_the_cel
         threading.Thread(target=kill_mid_rollout, daemon=True).start()
         records = cells.run()
         faults = [(r.cell_id, r.what) for r in cells.faults.records]
+        training = cells.training
         cells.close()
     finally:
         killed.set()
         coord.close()
     assert [r.policy_version for r in records] == [1, 2, 3, 4]
-    assert (1, "failed") in faults and (1, "rejoined") in faults, faults
+    assert (2, "failed") in faults and (2, "rejoined") in faults, faults
+    assert any(r.cells == [1] for r in training.reductions), training.reductions  # cell 1 trained remotely
     con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
     # no execution lost: every train execution of the 4 steps finished and was scored
     rows = con.execute("select count(*), count(score) from executions where purpose = 'train'").fetchone()
@@ -119,9 +123,9 @@ def test_kill_9_of_a_rollout_cells_process_mid_rollout_loses_nothing_and_the_cel
     # streamed tokens ended, or from the start when it died before the first token): no call failed
     reasons = dict(con.execute("select coalesce(finish_reason, 'none'), count(*) from calls group by 1").fetchall())
     assert set(reasons) <= {"stop", "length"}, reasons
-    recorded = con.execute("select what from cell_faults where cell = 1 order by at_s").fetchall()
+    recorded = con.execute("select what from cell_faults where cell = 2 order by at_s").fetchall()
     assert [w for (w,) in recorded][:2] == ["failed", "rejoined"]
-    states = {s for (s,) in con.execute("select distinct state from cell_segments where cell_id = 1").fetchall()}
+    states = {s for (s,) in con.execute("select distinct state from cell_segments where cell_id = 2").fetchall()}
     assert "failed" in states
 
 

@@ -132,6 +132,11 @@ class PrefectServer:
     def stop(self) -> None:
         if self.process is None:
             return
+        # send the API logs still queued while the server can take them: left queued, Prefect's
+        # exit hook retries them against the stopped server for ~70 s before the process exits
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=LOG_DRAIN_S)
         proc, self.process = self.process, None
         proc.terminate()
         try:
@@ -141,6 +146,8 @@ class PrefectServer:
             proc.wait()
 
 
+LOG_DRAIN_S = 5.0
+"""How long stopping gyre's own Prefect server waits for queued API logs to be sent first."""
 API_PROBE_ATTEMPTS = 3
 """Health checks of a configured PREFECT_API_URL before a run starts, `API_PROBE_BACKOFF_S` apart."""
 API_PROBE_BACKOFF_S = 2.0

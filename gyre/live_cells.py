@@ -143,7 +143,7 @@ class LiveCells:
         self.scores: dict[int, Score] = {}
         self.faults = CellFaults(self)
         self.training = TrainingPlane(coord, self.shape, steps, cfg.num_cells, ray=self.ray, faults=self.faults,
-                                      start_version=start_version)
+                                      start_version=start_version, note=self.note)
         self.log = CommandLog()
         self.command_seconds: defaultdict[str, list[float]] = defaultdict(list)
         """Wall seconds of every command carried out, by kind (`execute`, `switch`, `micro_step`,

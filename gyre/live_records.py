@@ -1,8 +1,8 @@
 """What a run on real cells leaves in DuckDB and beside it: switches, faults, the cells' timeline.
 
 `role_switches` and `weight_pulls` are written in batches as the run goes (after every optimizer step, so a run
-that dies loses at most one step's switches); `cell_faults`, `cell_segments` and `cells.png`
-at its end.
+that dies loses at most one step's switches); `grad_reductions`, `cell_faults`, `cell_segments` and
+`cells.png` at its end.
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ def save_records(cells) -> None:
 
     flush_switches(cells)
     coord, timeline = cells.coord, cells.timeline
+    coord.store.append("grad_reductions", [
+        {"run_id": coord.run_id, "step": r.step, "cells": r.cells, "micro_steps": r.micro_steps,
+         "recomputed": r.recomputed, "nbytes": r.nbytes, "seconds": r.seconds} for r in cells.training.reductions
+    ])  # fmt: skip
     coord.store.append("cell_faults", [
         {"run_id": coord.run_id, "cell": r.cell_id, "at_s": r.at_s, "what": r.what} for r in cells.faults.records
     ])  # fmt: skip

@@ -59,6 +59,8 @@ class Reduction:
     cells: list[int]
     nbytes: int
     seconds: float
+    micro_steps: int = 0
+    recomputed: int = 0
 
 
 @dataclass
@@ -89,17 +91,18 @@ class StepBooks:
 
 class TrainingPlane:
     def __init__(self, coord: Coordinator, shape: BatchShape, steps: int, num_cells: int,
-                 ray=None, faults=None, start_version: int = 0) -> None:
+                 ray=None, faults=None, start_version: int = 0, note=None) -> None:
         """`ray` (`RayCells`, under `scheduler.runtime: ray`): satellites train in their actors;
         `faults` (`CellFaults`) names the satellites whose processes died. `start_version`: the
         core's version now (a resumed run's), which a satellite that starts in the train role
-        is credited with before it ever pulls."""
+        is credited with before it ever pulls. `note(cell_id, line)`: a line for a cell's log."""
         self.coord = coord
         self.shape = shape
         self.steps = steps
         self.replicas: dict[int, TorchTrainEngine] = {0: coord.trainer}
         self.ray = ray
         self.faults = faults
+        self.note = note or (lambda cell_id, line: None)
         self.remote: dict[int, RemoteReplica] = {}
         self.advantages: dict[str, float] = {}
         self.books: dict[int, StepBooks] = {}
@@ -245,11 +248,15 @@ class TrainingPlane:
         started = time.monotonic()
         arrived = reduce_onto_core(self._store, params, step, members, expected, self._dead)
         nbytes = sum(p.numel() for p in params) * 4 * len(arrived)
-        self.reductions.append(Reduction(step, sorted(arrived), nbytes, time.monotonic() - started))
-        for cid, micro_ids in expected.items():
-            for micro_id in micro_ids:
-                if micro_id not in arrived.get(cid, []):
-                    self._recompute(step, books, micro_id)
+        seconds = time.monotonic() - started
+        lost = [m for cid, micro_ids in expected.items() for m in micro_ids if m not in arrived.get(cid, [])]
+        for micro_id in lost:
+            self._recompute(step, books, micro_id)
+        got = sum(len(v) for v in arrived.values())
+        self.reductions.append(Reduction(step, sorted(arrived), nbytes, seconds, got, len(lost)))
+        self.note(0, f"step {step}: gradients of {got} micro-steps from cells {sorted(arrived)} reduced onto the "
+                     f"core over torch.distributed in {seconds:.3f} s"
+                     + (f"; {len(lost)} lost with a process, recomputed here" if lost else ""))
 
     def _dead(self, cells: set[int]) -> set[int]:
         return self.faults.wait_down(cells) if self.faults is not None else set()

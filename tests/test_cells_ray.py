@@ -56,6 +56,8 @@ def test_elastic_cells_with_a_ray_actor_cell_train_and_switch_across_processes_w
     con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
     served = dict(con.execute("select engine_id, count(*) from calls group by engine_id").fetchall())
     assert served.get("cell-1", 0) > 0, served  # the actor's engine served calls through the router
+    reduced = con.execute("select step, cells, micro_steps, recomputed, nbytes from grad_reductions").fetchall()
+    assert any(cells == [1] and n > 0 and r == 0 and b > 0 for _, cells, n, r, b in reduced), reduced
     # the actor cell switched roles: drained out of the router, and back with the newest weights
     phases = con.execute("select to_role, phases from role_switches where cell = 1").fetchall()
     assert {to for to, _ in phases} >= {"train"}

@@ -149,7 +149,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("phases", "STRUCT(name VARCHAR, seconds DOUBLE)[]"),
     ],
     # Under the cell scheduler with cells in their own processes: each death of a cell's process and
-    # its return (`gyre/live_faults.py`); what: down, failed (reported to the scheduler), rejoined, replaced.
+    # its return (`gyre/live_faults.py`); what: failed (reported to the scheduler), rejoined, replaced.
     "cell_faults": [
         ("run_id", "VARCHAR"),
         ("cell", "INTEGER"),
@@ -168,6 +168,18 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("wait_seconds", "DOUBLE"),
         ("attempts", "INTEGER"),
         ("started_at", "TIMESTAMPTZ"),
+    ],
+    # Under scheduler.runtime: ray: each step's reduction of the satellites' gradients onto the core
+    # over torch.distributed (`gyre/live_training.py`): the cells whose gradients arrived, the
+    # micro-steps they carried, those lost with a process and recomputed by the core.
+    "grad_reductions": [
+        ("run_id", "VARCHAR"),
+        ("step", "INTEGER"),
+        ("cells", "INTEGER[]"),
+        ("micro_steps", "INTEGER"),
+        ("recomputed", "INTEGER"),
+        ("nbytes", "BIGINT"),
+        ("seconds", "DOUBLE"),
     ],
     # Evaluations rerun after the fact (`gyre rerun-failed`): attempt 1 is the run's own,
     # kept in `executions`; every rerun adds attempt 2, 3, ... here. Steps' advantages keep

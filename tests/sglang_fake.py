@@ -45,6 +45,7 @@ log-prob) the fake samples at each step, so a test knows exactly what must come 
 from __future__ import annotations
 
 import asyncio
+import threading
 import hashlib
 import json
 import math
@@ -79,6 +80,9 @@ class FakeSGLang:
         self.weight_version = "default"
         self.unhealthy = False
         self.fail_generate_status: int | None = None  # inject a server error on /generate
+        self.cut_after: int | None = None  # a network partition: after this many tokens nothing more
+        # arrives on any stream and /abort_request never answers, until `heal()`
+        self._healed = threading.Event()
         self.calls: list[tuple[str, dict]] = []  # (path, JSON body) of every POST
         self.aborted: set[str] = set()
         self.paused = False
@@ -106,7 +110,12 @@ class FakeSGLang:
         self._thread = ServerThread(self.app, name="fake-sglang").start()
         return self
 
+    def heal(self) -> None:
+        """End the partition `cut_after` set up (streams and aborts go on)."""
+        self._healed.set()
+
     def stop(self) -> None:
+        self._healed.set()
         if self._thread is not None:
             self._thread.stop()
 
@@ -216,6 +225,8 @@ class FakeSGLang:
                 if job["max_new"] == 0:
                     finish = {"type": "length", "length": 0}
                     break
+                while self.cut_after is not None and len(ids) >= self.cut_after and not self._healed.is_set():
+                    await asyncio.sleep(0.01)  # the link is down: nothing reaches the client
                 await asyncio.sleep(self.token_delay_s)
                 if state["abort"]:
                     continue
@@ -257,6 +268,8 @@ class FakeSGLang:
         if isinstance(body, Response):
             return body
         self.calls.append(("/abort_request", body))
+        while self.cut_after is not None and not self._healed.is_set():  # never reaches the server
+            await asyncio.sleep(0.01)
         targets = list(self._running) if body.get("abort_all") else [body.get("rid") or ""]
         for rid in targets:
             if rid in self._running:

@@ -103,6 +103,32 @@ def test_a_stop_event_while_no_token_comes_is_sent_by_the_watcher(fake, sglang):
     assert fake.aborted == {fake.calls[1][1]["rid"]}
 
 
+def test_a_stopped_stream_on_an_unreachable_server_is_cut_with_its_tokens(fake, sglang, monkeypatch):
+    """A partition: the stream stalls after 3 tokens and the abort never arrives. The stop (a
+    drain) still ends the call, STOP_GRACE_S later, with the tokens that did arrive."""
+    monkeypatch.setattr(sglang_adapter, "STOP_GRACE_S", 0.5)
+    monkeypatch.setattr(sglang_adapter, "ABORT_TIMEOUT_S", 0.5)
+    fake.cut_after = 3
+    seen, stop = [], threading.Event()
+    pool = ThreadPoolExecutor(1)
+    try:
+        future = pool.submit(_ask, sglang, 40, stop=stop, on_token=lambda t, lp: seen.append(t))
+        deadline = time.monotonic() + 10
+        while len(seen) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        assert len(seen) == 3 and not future.done()  # stalled: nothing more comes
+        stopped = time.monotonic()
+        stop.set()
+        result = future.result(timeout=10)
+        took = time.monotonic() - stopped
+    finally:
+        fake.heal()  # a stream left stalled (the cut failed) goes on and ends
+        pool.shutdown(wait=False)
+    assert result.finish_reason == "abort" and result.output_ids == seen == _expected(fake, PROMPT, 3)[0]
+    assert 0.5 <= took < 5, took
+
+
 def test_weight_update_names_the_version_and_records_it_only_on_success(fake, sglang, tmp_path):
     snapshot = tmp_path / "step-7"
     snapshot.mkdir()

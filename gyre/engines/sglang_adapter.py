@@ -34,7 +34,9 @@ nothing is held mid-request); `drain()` refuses new requests and waits for queue
 running ones (a paused engine runs its queue); `resume()` undoes both. A set stop event
 sends `/abort_request` (at the next streamed token, or from the watcher thread within
 `ABORT_POLL_S` when no token comes) and returns the tokens `on_token` has seen with
-`finish_reason == "abort"`. A weight update names the version (`weight_version`), so each
+`finish_reason == "abort"`. When the server cannot be reached (a network partition: no
+chunk arrives and the abort goes unanswered), the watcher shuts the stream's socket
+`STOP_GRACE_S` after the stop, so a drain never waits on a dead link. A weight update names the version (`weight_version`), so each
 result carries the version the server reports; SGLang's update waits for requests in
 flight, so one request never spans two versions unless the server is paused mid-request
 by someone else.
@@ -59,12 +61,15 @@ import uuid
 from pathlib import Path
 
 import httpx
+from collections.abc import Iterator
 
 from gyre.engines.base import ContextLengthError, EngineDrainingError, GenerationRequest, GenerationResult
 
 CONNECT_RETRIES = 3  # a request that never reached the server is safe to send again
 RETRY_BACKOFF_S = 0.25  # first wait between connect retries; doubles each time
 ABORT_POLL_S = 0.02  # how often the watcher looks at in-flight requests' stop events
+ABORT_TIMEOUT_S = 5.0  # an /abort_request unanswered this long is given up (the server is unreachable)
+STOP_GRACE_S = 10.0  # a stopped stream with no chunk for this long is cut: its tokens so far are the result
 HEALTH_POLL_S = 0.5  # wait_healthy's poll interval
 CONNECT_TIMEOUT_S = 10.0
 TOP_K_ALL = -1  # SGLang's "whole vocabulary"; gyre's top_k == 0
@@ -101,6 +106,8 @@ class SGLangRolloutEngine:
         self._server_paused = False
         self._draining = False
         self._watched: dict[str, threading.Event] = {}  # rid -> stop event of streaming requests
+        self._streams: dict[str, httpx.Response] = {}  # rid -> its open stream (the watcher may cut it)
+        self._stopped_at: dict[str, float] = {}  # rid -> when the watcher first saw its stop event set
         self._abort_sent: set[str] = set()
         self._closed = threading.Event()
         self._watcher = threading.Thread(target=self._watch_stops, name=f"{engine_id}-aborts", daemon=True)
@@ -190,14 +197,18 @@ class SGLangRolloutEngine:
         finally:
             with self._cond:
                 self._watched.pop(rid, None)
+                self._streams.pop(rid, None)
+                self._stopped_at.pop(rid, None)
                 self._abort_sent.discard(rid)
 
     def _stream(self, payload: dict, request: GenerationRequest, truncating: bool) -> GenerationResult:
         rid, seen_ids, seen_lps = payload["rid"], [], []
         stopped = lambda: request.stop is not None and request.stop.is_set()  # noqa: E731
         response = self._open_stream(payload)
+        with self._cond:
+            self._streams[rid] = response
         try:
-            for line in response.iter_lines():
+            for line in _lines(response, stopped):
                 if not line.startswith("data:"):
                     continue
                 data = line[len("data:"):].strip()
@@ -219,6 +230,8 @@ class SGLangRolloutEngine:
                     return self._result(seen_ids, seen_lps, "abort", chunk["meta_info"])
                 if chunk["meta_info"].get("finish_reason") is not None:
                     return self._result(seen_ids, seen_lps, self._finish(chunk), chunk["meta_info"])
+            if stopped():  # cut by the watcher: the server never answered the stop
+                return self._result(seen_ids, seen_lps, "abort", None)
         finally:
             response.close()
         raise SGLangError(self.base_url, "/generate", response.status_code,
@@ -263,18 +276,27 @@ class SGLangRolloutEngine:
             if rid in self._abort_sent:
                 return
             self._abort_sent.add(rid)
-        self._call("POST", "/abort_request", json={"rid": rid})
+        self._call("POST", "/abort_request", json={"rid": rid}, timeout_s=ABORT_TIMEOUT_S)
 
     def _watch_stops(self) -> None:
-        """Abort streaming requests whose stop event is set while no token arrives."""
+        """Abort streaming requests whose stop event is set while no token arrives; cut the
+        stream of one still open `STOP_GRACE_S` after its stop (the server is unreachable)."""
         while not self._closed.wait(ABORT_POLL_S):
+            now = time.monotonic()
             with self._cond:
-                due = [rid for rid, stop in self._watched.items() if stop.is_set() and rid not in self._abort_sent]
+                stopped = [rid for rid, stop in self._watched.items() if stop.is_set()]
+                for rid in stopped:
+                    self._stopped_at.setdefault(rid, now)
+                overdue = [self._streams[rid] for rid in stopped
+                           if rid in self._streams and now - self._stopped_at[rid] > STOP_GRACE_S]
+                due = [rid for rid in stopped if rid not in self._abort_sent]
+            for response in overdue:
+                _cut(response)
             for rid in due:
                 try:
                     self.abort(rid)
                 except (SGLangError, httpx.HTTPError):
-                    pass  # the stream's own reader sees the stop event at its next chunk
+                    pass  # the stream's own reader sees the stop event at its next chunk, or is cut
 
     # -- control --------------------------------------------------------------------------
 
@@ -366,10 +388,12 @@ class SGLangRolloutEngine:
 
     # -- HTTP -----------------------------------------------------------------------------
 
-    def _call(self, method: str, endpoint: str, *, json: dict | None = None, ok: tuple[int, ...] = (200,)) -> httpx.Response:
+    def _call(self, method: str, endpoint: str, *, json: dict | None = None, ok: tuple[int, ...] = (200,),
+              timeout_s: float | None = None) -> httpx.Response:
+        extra = {"timeout": httpx.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S))} if timeout_s else {}
         for attempt in range(CONNECT_RETRIES + 1):
             try:
-                response = self._client.request(method, endpoint, json=json)
+                response = self._client.request(method, endpoint, json=json, **extra)
                 break
             except httpx.ConnectError as exc:
                 if attempt == CONNECT_RETRIES:
@@ -430,3 +454,25 @@ def _symlink(link: Path, target: Path) -> None:
             return
         link.unlink()
     link.symlink_to(target)
+
+
+def _lines(response: httpx.Response, stopped) -> Iterator[str]:
+    """The stream's lines; a stream cut after its stop (`_cut`) simply ends."""
+    try:
+        yield from response.iter_lines()
+    except (httpx.ReadError, httpx.RemoteProtocolError):
+        if not stopped():
+            raise
+
+
+def _cut(response: httpx.Response) -> None:
+    """Shut the stream's socket: its blocked reader wakes with an error (closing alone would not)."""
+    import socket
+
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed: the reader is not blocked on it

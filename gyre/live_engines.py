@@ -8,7 +8,6 @@ joining after version 0 loads the newest published snapshot first.
 
 from __future__ import annotations
 
-from gyre.cells.topology import SchedulingConfigError
 from gyre.config import RunConfig
 from gyre.engines.base import RolloutEngine
 from gyre.engines.factory import rollout_engine
@@ -20,12 +19,6 @@ def start_ray(coord):
     from gyre.cluster.rollout_actor import RayCells
 
     config: RunConfig = coord.config
-    if config.rollout.engine != "torch":
-        raise SchedulingConfigError("scheduler.runtime: ray runs the torch engine in each cell's actor; with "
-                                    "rollout.engine: sglang the servers are already separate (runtime: threads)")
-    if config.train.engine != "torch":
-        raise SchedulingConfigError("scheduler.runtime: ray trains torch replicas in the cells' actors; "
-                                    f"train.engine: {config.train.engine} runs under runtime: threads")
     ray = RayCells.start(config.scheduler.ray_address, num_cpus=config.scheduler.num_cells,
                          weight_transport=config.scheduler.weight_transport)
     try:

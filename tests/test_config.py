@@ -42,6 +42,9 @@ def test_every_field_is_documented():
         ("algo:\n  name: ppo\n", "field 'algo.name'"),
         ("- a\n- b\n", "top level must be a mapping"),
         ("a: [\n", "not valid YAML"),
+        ("scheduler:\n  policy: elastic\n  runtime: ray\ntrain:\n  engine: megatron\n", "train.engine: megatron runs"),
+        ("scheduler:\n  policy: elastic\n  runtime: ray\nrollout:\n  engine: sglang\n  sglang_urls: [http://127.0.0.1:1]\n",
+         "rollout.engine: sglang"),
     ],
 )
 def test_bad_config_names_file_and_field(tmp_path, text, needle):

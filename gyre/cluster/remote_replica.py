@@ -138,8 +138,10 @@ def _attempt(store, prefix: str, core_params: list, ranks: dict[int, int], refs:
 
 
 def _failed(refs: dict) -> list[int]:
-    """Members whose reduce call has already ended in an error (their process died)."""
+    """Members whose reduce call has already ended because their process died (any other error
+    in a member, a bug, is raised here)."""
     import ray
+    from ray.exceptions import RayActorError
 
     done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0)
     failed = []
@@ -147,7 +149,7 @@ def _failed(refs: dict) -> list[int]:
         if ref in done:
             try:
                 ray.get(ref, timeout=0)
-            except Exception:  # deliberate: any error means this member cannot take part
+            except RayActorError:  # deliberate: a dead member is left out, its micro-steps recomputed
                 failed.append(cid)
     return failed
 

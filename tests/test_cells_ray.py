@@ -175,11 +175,13 @@ def test_kill_9_of_a_training_cells_process_mid_step_applies_every_micro_step_on
         records = cells.run()
         claims = cells.log.of(ev.ClaimMicroStep)
         faults = [(r.cell_id, r.what) for r in cells.faults.records]
+        restarted_pid = ray.get(cells.ray.actor(1).pid.remote(), timeout=300)  # Ray brought the process back
         cells.close()
     finally:
         stop.set()
         coord.close()
     assert killed.is_set(), "cell 1 never held gradients: the test did not exercise a train-side fault"
+    assert restarted_pid != actor_pid
     assert [r.policy_version for r in records] == [1, 2, 3]
     assert (1, "failed") in faults, faults
     # every micro-step of every step applied once: 8 per step (2 groups x 4 executions, 1 per micro-step)

@@ -131,3 +131,20 @@ def test_a_resumed_scheduler_goes_on_from_its_start_version_with_the_same_number
     assert min(d.group_id for d in dispatched) == 2 * SHAPE.queries_per_step  # groups 4, 5: block 2
     assert min(d.execution_id for d in dispatched) == 2 * SHAPE.queries_per_step * SHAPE.group_size
     assert len({d.group_id for d in dispatched}) <= SHAPE.queries_per_step  # one step left
+
+
+def test_colocate_takes_a_cell_back_from_a_failure_into_the_burst_it_missed():
+    """A cell that failed while the pool trained comes back as rollout (`CellRejoined`); colocate
+    switches it to train with the others (it used to wait for a flip that never came)."""
+    s = make("colocate")
+    commands = s.start()
+    for d in of(commands, ev.DispatchExecution):
+        commands += s.handle(ev.ExecutionFinished(d.execution_id, 100))
+    flips = of(commands, ev.SwitchCell)
+    assert {(c.cell_id, c.role) for c in flips} == {(i, Role.train) for i in range(4)}
+    for switch in flips:
+        s.handle(ev.SwitchDone(switch.cell_id, switch.role))
+    assert of(s.handle(ev.CellFailed(3)), ev.SwitchCell) == []
+    assert s.state.cells[3].role is Role.failed
+    back = of(s.handle(ev.CellRejoined(3)), ev.SwitchCell)
+    assert [(c.cell_id, c.role, c.pull_snapshot) for c in back] == [(3, Role.train, True)]

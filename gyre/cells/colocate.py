@@ -49,6 +49,11 @@ class Colocate(Policy):
         live = state.live_cells()
         if state.done() or not live:
             return []
+        switching = any(c.role in (Role.to_train, Role.to_rollout) for c in live)
+        if not switching and any(c.role is Role.train for c in live):
+            back = [c for c in live if c.role is Role.rollout and c.busy is None]
+            if back:  # a cell back from a failure (`CellRejoined` makes it rollout) joins the burst
+                return [state.switch(c, Role.train) for c in back]
         if all(c.role is Role.rollout for c in live):
             drained = self.knobs.standalone or state.waterlevel == 0
             if drained and state.step_complete(state.trained_version):

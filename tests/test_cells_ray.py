@@ -19,17 +19,24 @@ from gyre.live_cells import LiveCells
 from gyre.cluster.ray_local import session_pids as _session
 
 
+def _config(model_dir: Path, tmp_path: Path, name: str, *, steps: int, max_new_tokens: int,
+            **scheduler) -> RunConfig:
+    """A small run of 2 queries x 4 on the tiny model, its cells beyond the core Ray actors."""
+    return RunConfig.model_validate({
+        "name": name, "steps": steps, "cache_dir": str(tmp_path / "cache"),
+        "model": {"path": str(model_dir)},
+        "benchmark": {"num_queries": 16},
+        "rollout": {"queries_per_step": 2, "group_size": 4, "max_new_tokens": max_new_tokens},
+        "harness": {"max_turns": 2},
+        "scheduler": {"runtime": "ray", **scheduler},
+    })  # fmt: skip
+
+
 @pytest.mark.slow
 def test_elastic_cells_with_a_ray_actor_cell_train_and_switch_across_processes_weights_by_shm(tiny_model_dir, tmp_path):
-    config = RunConfig.model_validate({
-        "name": "ray-cells", "steps": 2, "cache_dir": str(tmp_path / "cache"),
-        "model": {"path": str(tiny_model_dir)},
-        "benchmark": {"num_queries": 16},
-        "rollout": {"queries_per_step": 2, "group_size": 4, "max_new_tokens": 16},
-        "harness": {"max_turns": 2},
-        "scheduler": {"policy": "elastic", "num_cells": 2, "slots_per_cell": 8, "lookahead_groups": 1,
-                      "executions_per_micro_step": 2, "runtime": "ray", "weight_transport": "shm"},
-    })  # fmt: skip
+    config = _config(tiny_model_dir, tmp_path, "ray-cells", steps=2, max_new_tokens=16, policy="elastic",
+                     num_cells=2, slots_per_cell=8, lookahead_groups=1, executions_per_micro_step=2,
+                     weight_transport="shm")
     coord = Coordinator(config, tmp_path / "run")
     head = None
     try:
@@ -78,15 +85,8 @@ def test_kill_9_of_a_rollout_cells_process_mid_rollout_loses_nothing_and_the_cel
     import threading
     import time
 
-    config = RunConfig.model_validate({
-        "name": "ray-fault", "steps": 4, "cache_dir": str(tmp_path / "cache"),
-        "model": {"path": str(tiny_model_dir)},
-        "benchmark": {"num_queries": 16},
-        "rollout": {"queries_per_step": 2, "group_size": 4, "max_new_tokens": 24},
-        "harness": {"max_turns": 2},
-        "scheduler": {"policy": "async", "num_cells": 4, "slots_per_cell": 4, "lookahead_groups": 1,
-                      "executions_per_micro_step": 2, "runtime": "ray"},
-    })  # fmt: skip
+    config = _config(tiny_model_dir, tmp_path, "ray-fault", steps=4, max_new_tokens=24, policy="async",
+                     num_cells=4, slots_per_cell=4, lookahead_groups=1, executions_per_micro_step=2)
     # async with 4 cells: cells 0 and 1 train from the start (cell 1 in its actor, on the start
     # version's weights without a pull), cells 2 and 3 serve rollout; cell 2 is killed
     coord = Coordinator(config, tmp_path / "run")
@@ -142,15 +142,9 @@ def test_kill_9_of_a_training_cells_process_mid_step_applies_every_micro_step_on
     import threading
     import time
 
-    config = RunConfig.model_validate({
-        "name": "ray-train-fault", "steps": 3, "cache_dir": str(tmp_path / "cache"),
-        "model": {"path": str(tiny_model_dir)},
-        "benchmark": {"num_queries": 16},
-        "rollout": {"queries_per_step": 2, "group_size": 4, "max_new_tokens": 24},
-        "harness": {"max_turns": 2},
-        "scheduler": {"policy": "colocate", "num_cells": 2, "slots_per_cell": 8, "lookahead_groups": 0,
-                      "executions_per_micro_step": 1, "runtime": "ray", "weight_transport": "ray"},
-    })  # fmt: skip
+    config = _config(tiny_model_dir, tmp_path, "ray-train-fault", steps=3, max_new_tokens=24, policy="colocate",
+                     num_cells=2, slots_per_cell=8, lookahead_groups=0, executions_per_micro_step=1,
+                     weight_transport="ray")
     coord = Coordinator(config, tmp_path / "run")
     killed = threading.Event()
     stop = threading.Event()

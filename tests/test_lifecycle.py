@@ -22,6 +22,7 @@ import duckdb
 import pytest
 
 from gyre.lifecycle import descendants
+from tests.proc_state import alive
 
 GYRE = [sys.executable, "-m", "gyre.cli"]
 START_S = 600
@@ -51,14 +52,6 @@ def _start(config: Path, cwd: Path, *extra: str) -> subprocess.Popen:
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
-
-
 def _sql(run_dir: Path, query: str) -> dict:
     done = subprocess.run([*GYRE, "sql", str(run_dir), query, "--json"], env=_env(), capture_output=True,
                           text=True, timeout=300)
@@ -82,9 +75,9 @@ def _wait_mid_step(proc: subprocess.Popen, run_dir: Path, step: int) -> set[int]
 
 def _assert_gone(pids: set[int]) -> None:
     deadline = time.monotonic() + GONE_S
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.2)
-    left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in pids if _alive(p)}
+    left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in pids if alive(p)}
     assert not left, f"left behind: {left}"
 
 

@@ -23,6 +23,7 @@ import pytest
 
 from gyre.lifecycle import descendants
 from tests.netns_hosts import Hosts, unsupported_reason
+from tests.proc_state import alive
 
 VENV_BIN = Path(sys.executable).parent
 RAY_PORT = 6380  # inside the head namespace: nothing else listens there
@@ -98,14 +99,6 @@ def _config(tmp_path: Path, model_dir: Path, address: str) -> Path:
         f"  executions_per_micro_step: 2\n  runtime: ray\n  ray_address: \"{address}\"\n  weight_transport: disk\n"
     )
     return path
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 @pytest.mark.slow
@@ -207,7 +200,7 @@ def test_ray_cells_on_two_worker_hosts_survive_a_10s_link_cut_and_lose_nothing(h
 
     hosts.close()  # the fixture closes again: a no-op
     deadline = time.monotonic() + GONE_S
-    while time.monotonic() < deadline and any(_alive(p) for p in seen):
+    while time.monotonic() < deadline and any(alive(p) for p in seen):
         time.sleep(0.2)
-    assert not [p for p in seen if _alive(p)], "left behind"
+    assert not [p for p in seen if alive(p)], "left behind"
     print(f"closed; every process gone {time.monotonic() - t0:.1f} s after the start")

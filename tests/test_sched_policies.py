@@ -148,3 +148,32 @@ def test_colocate_takes_a_cell_back_from_a_failure_into_the_burst_it_missed():
     assert s.state.cells[3].role is Role.failed
     back = of(s.handle(ev.CellRejoined(3)), ev.SwitchCell)
     assert [(c.cell_id, c.role, c.pull_snapshot) for c in back] == [(3, Role.train, True)]
+
+
+def test_async_takes_a_training_cell_back_into_its_pool_after_a_failure():
+    """A training satellite that failed comes back as rollout (`CellRejoined`); async switches it
+    back to train so its pools keep their sizes (it used to stay in rollout: every train-cell fault
+    shrank the training pool for the rest of the run). A rollout cell that fails comes back to rollout."""
+    s = make("async")
+    s.start()
+    roles = [c.role for c in s.state.cells]
+    assert roles == [Role.train, Role.train, Role.rollout, Role.rollout]
+    assert of(s.handle(ev.CellFailed(1)), ev.SwitchCell) == []  # no rollout cell is taken to cover it
+    back = of(s.handle(ev.CellRejoined(1)), ev.SwitchCell)
+    assert [(c.cell_id, c.role, c.pull_snapshot) for c in back] == [(1, Role.train, True)]
+    s.handle(ev.SwitchDone(1, Role.train))
+    assert of(s.handle(ev.CellFailed(3)), ev.SwitchCell) == []
+    assert of(s.handle(ev.CellRejoined(3)), ev.SwitchCell) == []
+    assert [c.role for c in s.state.cells] == roles
+
+
+def test_async_keeps_its_pool_sizes_when_the_core_fails_and_comes_back():
+    """The core fails: the other training cell becomes the core; the old core, back, refills the pool."""
+    s = make("async")
+    s.start()
+    s.handle(ev.CellFailed(0))
+    assert s.state.core.cell_id == 1
+    back = of(s.handle(ev.CellRejoined(0)), ev.SwitchCell)
+    assert [(c.cell_id, c.role) for c in back] == [(0, Role.train)]
+    s.handle(ev.SwitchDone(0, Role.train))
+    assert [c.role for c in s.state.cells] == [Role.train, Role.train, Role.rollout, Role.rollout]

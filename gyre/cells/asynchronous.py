@@ -16,6 +16,13 @@ sessions beyond its slots share the engines (each runs slower). Without that a h
 could never reach the matched E[d] of the comparison (chosen for the paper-read half
 split; the tuned split runs with it too). Neither pool can lend capacity to
 the other: that rigidity is what Elastic removes.
+
+The pools keep their sizes through faults. A failed cell comes back as rollout
+(`CellRejoined`); a cell of the training pool's first `num_train_cells` ids that is back
+while that pool is short goes back to training (it used to stay in rollout for the rest of
+the run: the training pool shrank and the rollout pool grew with every train-cell fault).
+While a failed training cell is away its pool runs short; no rollout cell is taken to
+cover it (that would be lending capacity).
 """
 
 from __future__ import annotations
@@ -57,4 +64,13 @@ class Async(Policy):
         core = state.core
         if core.role is Role.rollout and core.busy is None:
             commands.append(state.switch(core, Role.train))  # the training pool lost its core
+        commands += self._refill_training_pool(state)
         return commands + self.dispatch(state) + self.train_work(state)
+
+    def _refill_training_pool(self, state: SchedulerState) -> list[ev.Command]:
+        """Switch cells of the training pool that came back from a failure (as rollout) back to
+        train, as many as the pool is short."""
+        num_train = self.num_train_cells(state.topology)
+        short = num_train - len(state.cells_in(Role.train, Role.to_train))
+        back = [c for c in state.cells[:num_train] if c.role is Role.rollout and c.busy is None and not c.is_core]
+        return [state.switch(c, Role.train) for c in back[:max(short, 0)]]

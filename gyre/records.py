@@ -15,7 +15,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -153,6 +153,18 @@ class Call(Record):
         ):
             raise ValueError(f"call {self.call_id}: segments do not tile the {len(self.output_ids)} output ids")
         return self
+
+    @classmethod
+    def assembled(cls, **fields: Any) -> "Call":
+        """A call the proxy assembled itself (ids it built and the engine returned, its own
+        segments and times): constructed without validating each of its 10^4-10^5 ids one by
+        one (1.7 ms of the GIL per 50k-token prompt, on every call), then checked as any call
+        is across fields. Its lists are copied (a shallow copy of 50k ints is ~0.1 ms), so the
+        record owns them. Input from outside (files, HTTP) goes through validation."""
+        if fields.get("policy_version", 0) < 0:
+            raise ValueError(f"call {fields.get('call_id')}: negative policy_version")
+        owned = {k: list(v) if isinstance(v, list) else v for k, v in fields.items()}
+        return cls.model_construct(**owned)._lengths_match()
 
 
 class Execution(Record):

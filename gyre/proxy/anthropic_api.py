@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 from starlette.responses import Response, StreamingResponse
 
 from gyre.proxy.completion import MAX_STOP_CHARS, MAX_STOP_STRINGS, CompletionCore, TurnRequest, TurnResult
@@ -134,6 +134,10 @@ class CountTokensRequest(_Open):
 
 
 StopSequence = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+
+
+MESSAGE = TypeAdapter(Message)
+"""One message, validated on its own (`message_cache.py`)."""
 
 
 class MessagesRequest(CountTokensRequest):

@@ -12,8 +12,9 @@ Endpoints: `POST /v1/chat/completions`, `POST /v1/messages` (query strings such 
 `?beta=true` are ignored), `POST /v1/messages/count_tokens`, `GET /v1/models[/{id}]`,
 `GET|HEAD /` (Claude Code probes it) and `GET /health`.
 
-Plain Starlette rather than FastAPI: validation is explicit (`model_validate_json` on the
-raw bytes) and the per-request overhead is what the proxy benchmark measures. For the same
+Plain Starlette rather than FastAPI: validation is explicit (`orjson` on the raw bytes, then
+pydantic, each execution's earlier messages reused from `message_cache.py`) and the
+per-request overhead is what the proxy benchmark measures. For the same
 reason the two model-call endpoints are dispatched straight from the ASGI entry point
 (`ProxyApp`): no middleware layers or route matching, headers read once from the scope,
 the body read straight from `receive`. Every other path goes through Starlette's router.
@@ -25,9 +26,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -38,6 +41,7 @@ from gyre.proxy import anthropic_api, openai_api
 from gyre.proxy.completion import CompletionCore, ProxyDefaults
 from gyre.proxy.errors import ProxyError, error_response
 from gyre.proxy.limits import PromptLimit
+from gyre.proxy.message_cache import MessageError
 from gyre.proxy.router import EngineRouter
 from gyre.proxy.sessions import ExecutionSession, SessionRegistry
 from gyre.proxy.toolcalls import QwenToolCallParser, ToolCallParser
@@ -104,6 +108,7 @@ def create_app(
         stop_token_ids=stop_token_ids, defaults=defaults, parser=parser or QwenToolCallParser(), limit=limit,
     )
     inline_reasoning = "reasoning_content" not in (tokenizer.chat_template or "")
+    template = partial(openai_api.template_message, inline_reasoning=inline_reasoning)
 
     def authenticate(headers: dict[str, str]) -> ExecutionSession:
         key = headers.get("x-api-key")
@@ -115,7 +120,7 @@ def create_app(
             raise ProxyError(401, "unknown or missing API key", "authentication")
         return session
 
-    async def read(request: Request, headers: dict[str, str], model: type[BaseModel]) -> BaseModel:
+    async def read_body(request: Request, headers: dict[str, str]) -> bytearray:
         declared = headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > max_body_bytes):
             raise ProxyError(413, f"request body exceeds {max_body_bytes} bytes", "too_large")
@@ -129,8 +134,27 @@ def create_app(
                 raise ProxyError(413, f"request body exceeds {max_body_bytes} bytes", "too_large")
             if not message.get("more_body", False):
                 break
+        return body
+
+    async def read_conversation(request: Request, headers: dict[str, str], session: ExecutionSession,
+                                kind: str, model: type[BaseModel], adapter: TypeAdapter,
+                                derive: Callable[[Any], Any] | None = None) -> tuple[BaseModel, list[Any]]:
+        """A model-call request whose `messages` are validated only where new to the execution
+        (`message_cache.py`); with the derived form of each message when `derive` is given."""
+        body = await read_body(request, headers)
         try:
-            return model.model_validate_json(body)
+            raw = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise ProxyError(400, f"invalid request: body: invalid JSON: {exc}") from exc
+        derived: list[Any] = []
+        if isinstance(raw, dict) and isinstance(raw.get("messages"), list):
+            try:
+                messages, derived = session.messages.messages(kind, raw["messages"], adapter, derive)
+            except MessageError as exc:
+                raise ProxyError(400, f"invalid request: {exc}") from exc
+            raw = {**raw, "messages": messages}
+        try:
+            return model.model_validate(raw), derived
         except ValidationError as exc:
             raise ProxyError(400, _validation_message(exc)) from exc
 
@@ -149,21 +173,24 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         headers = _headers(request)
         session = authenticate(headers)
-        body = await read(request, headers, openai_api.ChatCompletionRequest)
+        body, templated = await read_conversation(request, headers, session, "openai",
+                                                  openai_api.ChatCompletionRequest, openai_api.MESSAGE, template)
         return await openai_api.chat_completions(core, body, session, headers, model_name, inline_reasoning,
-                                                 request.receive)
+                                                 request.receive, templated)
 
     async def messages(request: Request) -> Response:
         headers = _headers(request)
         session = authenticate(headers)
-        body = await read(request, headers, anthropic_api.MessagesRequest)
+        body, _ = await read_conversation(request, headers, session, "anthropic",
+                                          anthropic_api.MessagesRequest, anthropic_api.MESSAGE)
         return await anthropic_api.messages(core, body, session, headers, model_name, inline_reasoning,
                                             request.receive)
 
     async def count_tokens(request: Request) -> Response:
         headers = _headers(request)
         session = authenticate(headers)
-        body = await read(request, headers, anthropic_api.CountTokensRequest)
+        body, _ = await read_conversation(request, headers, session, "anthropic",
+                                          anthropic_api.CountTokensRequest, anthropic_api.MESSAGE)
         return await anthropic_api.count_tokens(core, body, session, headers, inline_reasoning)
 
     created = int(time.time())

@@ -277,7 +277,7 @@ class Turn:
 
     def _record(self, out: Generated, finish: str, started) -> Call:
         req, segments = self.req, out.segments
-        call = Call(
+        call = Call.assembled(
             call_id=self.call_id,
             execution_id=req.session.execution_id,
             agent_id=req.agent_id,

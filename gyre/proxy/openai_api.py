@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from starlette.responses import Response, StreamingResponse
 
 from gyre.proxy.completion import MAX_STOP_CHARS, MAX_STOP_STRINGS, CompletionCore, TurnRequest, TurnResult
@@ -103,6 +103,10 @@ class ChatCompletionRequest(_Open):
     user: str | None = None
 
 
+MESSAGE = TypeAdapter(ChatMessage)
+"""One message, validated on its own (`message_cache.py`)."""
+
+
 def _arguments(raw: str | dict[str, Any]) -> dict[str, Any] | str:
     if isinstance(raw, dict):
         return raw
@@ -176,8 +180,9 @@ def _call_ids(parsed: ParsedOutput) -> list[str]:
 
 async def chat_completions(
     core: CompletionCore, body: ChatCompletionRequest, session: ExecutionSession, headers, model_name: str,
-    inline_reasoning: bool, receive=None,
+    inline_reasoning: bool, receive=None, templated: list[dict[str, Any]] | None = None,
 ) -> Response:
+    """`templated`: `template_message` of each message, when the caller has them already."""
     if body.n != 1:
         raise ProxyError(400, "only n=1 is supported", param="n")
     if body.tool_choice is not None and body.tool_choice not in ("auto", "none"):
@@ -187,7 +192,7 @@ async def chat_completions(
     plain = body.tool_choice == "none"
     req = TurnRequest(
         session=session,
-        messages=[template_message(m, inline_reasoning) for m in body.messages],
+        messages=templated or [template_message(m, inline_reasoning) for m in body.messages],
         tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools and not plain else None,
         temperature=body.temperature,
         top_p=body.top_p,

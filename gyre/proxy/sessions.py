@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gyre.proxy.message_cache import MessageCache
 from gyre.proxy.prompt import TitoCache
 from gyre.records import Call
 
@@ -29,6 +30,8 @@ class ExecutionSession:
     fallback_turns: int = 0
     """Assistant turns the harness sent back changed, so template tokens stood in for them."""
     closed: bool = False
+    messages: MessageCache = field(default_factory=MessageCache)
+    """The validated messages of its recent conversations (`message_cache.py`)."""
 
     @property
     def segments(self):

@@ -17,8 +17,12 @@ Each policy's `simulated_wall_s` is the simulator's prediction for that run: the
 workload durations (same seed, group size and scale), the same cells, slots, batch shape and
 lookahead, and that run's own measured costs as inputs (median switch time per direction
 without the pull, snapshot pull, micro-step, optimizer step, publication), converted to the
-simulator's clock (`HOUR_S / scale` simulated seconds per wall second). What the simulator
-does not model: a sleepy execution's own calls and sandbox (0.5-1 s each here) come on top
+simulator's clock (`HOUR_S / scale` simulated seconds per wall second), and its measured
+`engine_share` (its calls' seconds over its executions' seconds): only that share of an
+execution slows when the engines are oversubscribed (`gyre.sim.engine.execution_rate`); a
+sleepy execution mostly waits, so it barely does. `simulated_wall_s_engine_bound` is the
+prediction with every execution engine-bound instead (share 1.0, the paper reproduction's
+assumption). What the simulator does not model: a sleepy execution's own calls and sandbox (0.5-1 s each here) come on top
 of its drawn wait, and the box's two cores are shared by every cell.
 """
 
@@ -55,6 +59,10 @@ class PolicyRun:
     simulated_mean_staleness: float | None = None
     snapshot_bytes: int = 0
     """Bytes of the policy's weights (what a switch's pull or load moves)."""
+    engine_share: float = 1.0
+    """Its training executions' calls' seconds over their own seconds (a simulator input)."""
+    simulated_wall_s_engine_bound: float | None = None
+    """The prediction with `engine_share` 1.0: every execution slowed as the engines are shared."""
     run_dir: str = ""
 
 
@@ -88,15 +96,28 @@ def run_policy(config: RunConfig, run_dir: Path) -> tuple[PolicyRun, dict[str, l
             wall_s = time.monotonic() - started
         finally:
             cells.close()
+        coord.call_log.flush()
         state = cells.scheduler.state
         run = PolicyRun(config.scheduler.policy, config.scheduler.lookahead_groups, wall_s, state.mean_staleness,
                         config.steps, switch_s=_switches(cells.switches.records), run_dir=str(run_dir))
         seconds = {kind: list(v) for kind, v in cells.command_seconds.items()}
         run.costs_s = _costs(cells.switches.records, seconds)
         run.snapshot_bytes = sum(t.numel() * t.element_size() for t in coord.trainer.model.state_dict().values())
+        run.engine_share = engine_share(coord.store)
         return run, seconds
     finally:
         coord.close()
+
+
+def engine_share(store) -> float:
+    """Seconds its training executions spent in model calls over their own seconds."""
+    seconds = "sum(epoch(t.finished_at) - epoch(t.started_at))"
+    [(calls_s,)] = store.query(f"SELECT coalesce({seconds}, 0) FROM calls t JOIN executions e USING (execution_id) "
+                               "WHERE e.purpose = 'train'")
+    [(executions_s,)] = store.query(f"SELECT coalesce({seconds}, 0) FROM executions t WHERE purpose = 'train'")
+    if executions_s <= 0:
+        raise ValueError("the run recorded no training executions: no engine share to measure")
+    return min(1.0, calls_s / executions_s)
 
 
 def memcpy_bytes_per_s(nbytes: int, repeats: int = 5) -> float:
@@ -147,9 +168,9 @@ def _costs(records, seconds: dict[str, list[float]]) -> dict[str, float]:
     }
 
 
-def scaled_workload(config: RunConfig, costs: dict[str, float]):
+def scaled_workload(config: RunConfig, costs: dict[str, float], engine_share: float = 1.0):
     """The simulator's workload for `config`'s sleepy run: its durations, its cells and batch
-    shape, and `costs` (wall seconds) on the simulator's clock."""
+    shape, `costs` (wall seconds) on the simulator's clock, and the executions' `engine_share`."""
     from gyre.sim.workloads import RDMA_GB_PER_NODE_S, get_workload
 
     harness, rollout, cells = config.harness, config.rollout, config.scheduler
@@ -167,24 +188,25 @@ def scaled_workload(config: RunConfig, costs: dict[str, float]):
         publish_s=costs["publish"] * k,
         switch_to_train_s=costs["switch_to_train"] * k, switch_to_rollout_s=costs["switch_to_rollout"] * k,
         weights_gb=max(0.0, pull_sim_s - 2.0) * RDMA_GB_PER_NODE_S,  # pull_s = weights / bandwidth + 2 s
+        engine_share=engine_share,
     )  # fmt: skip
 
 
-def simulate(config: RunConfig, costs: dict[str, float]) -> tuple[float, float]:
+def simulate(config: RunConfig, costs: dict[str, float], engine_share: float = 1.0) -> tuple[float, float]:
     """(wall seconds, E[d]) the simulator predicts for `config` with `costs`."""
     from gyre.sim.tuning import run_once
 
-    workload = scaled_workload(config, costs)
+    workload = scaled_workload(config, costs, engine_share)
     cells = config.scheduler
     result = run_once(workload, cells.policy, config.steps, cells.lookahead_groups, seed=config.seed)
     return result.makespan_h * config.harness.sleepy_scale, result.mean_staleness
 
 
-def matched_lookahead(config: RunConfig, costs: dict[str, float], target: float) -> int:
+def matched_lookahead(config: RunConfig, costs: dict[str, float], engine_share: float, target: float) -> int:
     """The lookahead at which the simulator gives `config`'s policy E[d] nearest `target`."""
     from gyre.sim.tuning import max_lookahead, run_once
 
-    workload = scaled_workload(config, costs)
+    workload = scaled_workload(config, costs, engine_share)
     policy = config.scheduler.policy
     best, best_gap = 0, float("inf")
     for lookahead in range(max_lookahead(workload, None, None) + 1):
@@ -208,12 +230,14 @@ def run(config_path: Path, out: Path, steps: int = 4, num_cells: int = 4) -> dic
     runs = {"elastic": (elastic_config, elastic)}
     for policy in ("async", "colocate"):
         probe = policy_config(base, policy, 0, num_cells, steps)
-        lookahead = matched_lookahead(probe, elastic.costs_s, elastic.mean_staleness)
+        lookahead = matched_lookahead(probe, elastic.costs_s, elastic.engine_share, elastic.mean_staleness)
         config = policy_config(base, policy, lookahead, num_cells, steps)
         runs[policy] = (config, run_policy(config, out / policy)[0])
     result: dict = {}
     for policy, (config, measured) in runs.items():
-        measured.simulated_wall_s, measured.simulated_mean_staleness = simulate(config, measured.costs_s)
+        measured.simulated_wall_s, measured.simulated_mean_staleness = simulate(config, measured.costs_s,
+                                                                                measured.engine_share)
+        measured.simulated_wall_s_engine_bound = simulate(config, measured.costs_s)[0]
         result[policy] = asdict(measured)
     result["ratios"] = {
         f"{other}/elastic": {"real": runs[other][1].wall_s / elastic.wall_s,

@@ -9,6 +9,7 @@ import pytest
 
 from gyre.cells_bench import POLICIES, run, scaled_workload, simulate, slots_per_cell
 from gyre.config import load_config
+from gyre.sim.engine import execution_rate
 from gyre.sim.workloads import get_workload
 
 COSTS = {"switch_to_train": 0.01, "switch_to_rollout": 0.02, "pull": 0.5, "micro_step": 0.05,
@@ -43,6 +44,27 @@ def test_measured_costs_land_on_the_simulators_clock(tmp_path, tiny_model_dir):
     assert wall_s > 0 and staleness >= 0
     assert simulate(config, COSTS) == (wall_s, staleness)  # deterministic: same durations, same answer
     assert slots_per_cell(config, 4) == 2  # two steps of 4 executions over 4 cells
+    assert scaled_workload(config, COSTS, 0.05).engine_share == 0.05 and workload.engine_share == 1.0
+
+
+def test_only_the_engine_share_of_an_execution_slows_when_the_engines_are_shared():
+    assert execution_rate(0.5, 1.0) == 0.5  # engine-bound: the engines' rate itself
+    assert execution_rate(0.5, 0.0) == 1.0  # never calls the engines
+    assert execution_rate(0.5, 0.1) == pytest.approx(1 / (0.1 / 0.5 + 0.9))
+    assert execution_rate(1.0, 0.1) == 1.0 and execution_rate(0.0, 0.1) == 0.0  # full speed; no engine: stalled
+
+
+def test_a_mostly_waiting_workload_is_predicted_faster_under_async_not_under_elastic():
+    """Async oversubscribes its half pool: with 5 % of each execution in calls, the simulator
+    predicts a shorter run than with every execution engine-bound."""
+    from dataclasses import replace
+
+    from gyre.sim.tuning import run_once
+
+    base = get_workload("nl2repo-122b")
+    bound = run_once(base, "async", 4, 4, seed=0)
+    waiting = run_once(replace(base, engine_share=0.05), "async", 4, 4, seed=0)
+    assert waiting.makespan_h < bound.makespan_h
 
 
 @pytest.mark.slow
@@ -52,7 +74,8 @@ def test_a_small_bench_runs_the_three_policies_and_predicts_each(tmp_path, tiny_
     for policy in POLICIES:
         r = result[policy]
         assert r["policy"] == policy and r["steps"] == 2 and r["wall_s"] > 0
-        assert r["simulated_wall_s"] > 0 and r["mean_staleness"] >= 0
+        assert r["simulated_wall_s"] > 0 and r["mean_staleness"] >= 0 and r["simulated_wall_s_engine_bound"] > 0
+        assert 0 < r["engine_share"] < 1  # sleepy executions mostly wait
         assert set(r["costs_s"]) == set(COSTS)
         for direction, phases in r["switch_s"].items():
             assert direction in ("to_train", "to_rollout") and phases["total"] >= 0 and phases["count"] >= 1

@@ -7,8 +7,10 @@ scheduler is the production object from `gyre.cells.scheduler`, unmodified.
 Rollout model: an execution needs `duration` hours of *served* running. While the
 waterlevel fits in the slots of the cells in the rollout role, every execution runs at
 full speed; when it does not (Colocate with the pool in training, or after a failure),
-the engines share out: every execution runs at rate slots / waterlevel (0 when no cell
-serves rollout: the executions stall, none is killed). All executions share one rate, so
+the engines share out: every execution's model calls run at rate slots / waterlevel (0
+when no cell serves rollout: the executions stall, none is killed); with the workload's
+`engine_share` g of its time in calls, an execution runs at 1 / (g / that rate + 1 - g)
+(g = 1, the default: the engines' rate itself). All executions share one rate, so
 one cumulative "served time" clock and a heap of finishing points replace per-execution
 timers: an event loop step is O(log n).
 
@@ -41,6 +43,18 @@ CHUNK_GROUPS = 256
 def _mean_duration_h(model: DurationModel) -> float:
     hours, _ = model.sample(np.random.default_rng(12345), 4000, 16)
     return float(hours.mean())
+
+
+def execution_rate(engine_rate: float, engine_share: float) -> float:
+    """How fast an execution runs when its model calls (`engine_share` of its time) run at
+    `engine_rate` and the rest at full speed; 0 when the engines serve nothing and it calls them."""
+    if engine_share >= 1.0 or engine_rate >= 1.0:
+        return engine_rate
+    if engine_share <= 0.0:
+        return 1.0
+    if engine_rate <= 0.0:
+        return 0.0
+    return 1.0 / (engine_share / engine_rate + 1.0 - engine_share)
 
 
 @dataclass
@@ -211,7 +225,7 @@ class Simulation:
     def _set_rate(self) -> None:
         slots = sum(self.topology.slots_per_cell for r in self._roles if r is Role.rollout)
         waterlevel = self.scheduler.state.waterlevel
-        self._rate = 1.0 if waterlevel <= slots else slots / waterlevel
+        self._rate = execution_rate(1.0 if waterlevel <= slots else slots / waterlevel, self.workload.engine_share)
         self._slots = slots
 
     def _advance(self, time_s: float) -> None:

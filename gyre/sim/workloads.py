@@ -96,6 +96,12 @@ class Workload:
     switch_to_rollout_s: float = 3.46
     publish_s: float = 10.0
     micro_step_overhead_s: float = 5.0
+    engine_share: float = 1.0
+    """Share of an execution's running time spent in model calls, the part that slows when the
+    engines are oversubscribed (the rest, tools and waits, runs at full speed). 1.0 (every
+    workload here): an execution is engine-bound, the assumption of the paper reproduction.
+    `gyre bench cells` sets it to the share its sleepy runs measured (calls' seconds over
+    executions' seconds)."""
 
     @property
     def slots_per_node(self) -> float:

@@ -277,12 +277,14 @@ def bench_cells(
         return
     table = Table(title=f"gyre bench cells: {result['workload']['name']} at {result['workload']['scale_s_per_h']} s/h, "
                         f"{num_cells} cells, {steps} steps ({out})")
-    for col in ("policy", "lookahead", "E[d]", "wall s", "simulated s", "sim / real", "to train s", "to rollout s"):
+    for col in ("policy", "lookahead", "E[d]", "wall s", "simulated s", "sim / real", "engine share",
+                "sim engine-bound s", "to train s", "to rollout s"):
         table.add_column(col, justify="right")
     for policy in POLICIES:
         r = result[policy]
         table.add_row(policy, str(r["lookahead_groups"]), f"{r['mean_staleness']:.2f}", f"{r['wall_s']:.1f}",
                       f"{r['simulated_wall_s']:.1f}", f"{r['simulated_wall_s'] / r['wall_s']:.2f}",
+                      f"{r['engine_share']:.3f}", f"{r['simulated_wall_s_engine_bound']:.1f}",
                       f"{r['switch_s'].get('to_train', {}).get('total', 0.0):.3f}",
                       f"{r['switch_s'].get('to_rollout', {}).get('total', 0.0):.3f}")
     console.print(table)

@@ -120,18 +120,20 @@ def engine_share(store) -> float:
     return min(1.0, calls_s / executions_s)
 
 
-def memcpy_bytes_per_s(nbytes: int, repeats: int = 5) -> float:
-    """Host memcpy bandwidth for a buffer of `nbytes`, best of `repeats`, measured now."""
-    import torch
+def memcpy_bytes_per_s(nbytes: int, repeats: int = 20) -> float:
+    """Host memcpy bandwidth for a buffer of `nbytes`, best of `repeats`, measured now. One
+    thread (numpy's copy is a plain memcpy): torch's `copy_` splits a buffer over its OpenMP
+    threads, and on a loaded box it waited for a descheduled one (0.07 GB/s measured that way)."""
+    import numpy as np
 
-    src = torch.ones(max(nbytes, 1), dtype=torch.uint8)
-    dst = torch.empty_like(src)
+    src = np.ones(max(nbytes, 1), dtype=np.uint8)
+    dst = np.empty_like(src)
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()
-        dst.copy_(src)
+        np.copyto(dst, src)
         best = min(best, time.perf_counter() - started)
-    return src.numel() / best
+    return src.size / best
 
 
 def _switches(records) -> dict[str, dict[str, float]]:

@@ -143,6 +143,9 @@ def test_echoing_the_proxys_answers_keeps_every_turn_on_the_fast_path(tiny_token
     closed = registry.close("echo")
     assert len(calls) == 5 and [b for b, _ in calls] == sorted(b for b, _ in calls)  # the context grows
     assert len(closed.calls) == 5 and closed.fallback_turns == 0
+    # every message validated once (`message_cache.py`): the null engine calls no tool, so each
+    # call adds its answer and one user message to the conversation
+    assert closed.messages.validated == len(session.openai_messages(1)) + 2 * 4
     prompts = [c.prompt_ids for c in closed.calls]
     for before, after, call in zip(prompts, prompts[1:], closed.calls):
         assert after[: len(before) + len(call.output_ids)] == before + call.output_ids  # token-in/token-out
@@ -157,3 +160,5 @@ def test_cli_bench_proxy_echo_reports_the_overhead():
     figures = json.loads(result.output)
     assert figures["sessions"] == 2 and figures["calls"] == 2 * figures["turns"] and figures["turns"] >= 2
     assert 0 < figures["p50_overhead_ms"] <= figures["p99_overhead_ms"]
+    assert 0 < figures["sequential_p50_ms"] <= figures["sequential_p99_ms"]
+    assert 0 < figures["tokenize_new_p50_ms"] <= figures["tokenize_new_p99_ms"]

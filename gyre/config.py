@@ -278,9 +278,10 @@ class SchedulerConfig(Section):
     """Executions per streamed micro-step (must divide rollout.group_size)."""
     runtime: Literal["threads", "ray"] = "threads"
     """Where cells 1.. live. `threads`: slices of this process (each its own engine and replica).
-    `ray`: the rollout side of each such cell is a Ray actor, its own process, serving its engine
-    over HTTP (SGLang's API) to the proxy's router; training replicas stay in this process for now
-    (the Ray cells issue moves them). Cell 0, the core, is always this process."""
+    `ray`: each such cell is `ranks_per_cell` Ray actors (processes) in one placement group, each
+    serving its engine over HTTP (SGLang's API) to the proxy's router and, in the train role,
+    training its replica; gradients reach the core over torch.distributed. Cell 0, the core,
+    is always this process."""
     ray_address: str | None = None
     """`runtime: ray`: an existing Ray cluster to join (`host:port`); None: gyre starts a local Ray
     on 127.0.0.1 for the run and stops it at the end (nothing of it outlives gyre)."""
@@ -292,6 +293,20 @@ class SchedulerConfig(Section):
     pull's bytes and seconds land in `weight_pulls` (all but `disk`)."""
     ray_actor_threads: int = Field(default=1, gt=0)
     """`runtime: ray`: torch threads of each cell's process (one process per cell shares the box's cores)."""
+    ranks_per_cell: int = Field(default=1, ge=1)
+    """`runtime: ray`: data-parallel ranks of each cell beyond the core, each a Ray actor (its own
+    process, engine server and training replica) with a bundle of one CPU in the cell's placement
+    group (STRICT_PACK: a cell's ranks share a host). In rollout the cell is one engine to the
+    router, its calls spread over the ranks; in train its micro-steps go to the ranks and every
+    rank holding gradients joins the step's reduction. Ranks are DP replicas: no TP/PP inside a
+    cell. 1 (the default): one actor per cell. Values above 1 need `runtime: ray`."""
+
+    @model_validator(mode="after")
+    def _ranks_need_ray(self) -> "SchedulerConfig":
+        if self.ranks_per_cell > 1 and self.runtime != "ray":
+            raise ValueError(f"scheduler.ranks_per_cell: {self.ranks_per_cell} needs scheduler.runtime: ray (a "
+                             f"rank is a Ray actor); runtime: {self.runtime} runs one engine per cell")
+        return self
 
 
 class RunConfig(Section):

@@ -2,13 +2,13 @@
 
 Under `scheduler.runtime: threads` a cell's engine is built here by the engine factory (the
 torch engine, or an SGLang server's adapter); under `ray` the run's Ray is started (or
-joined) and each cell's engine is an actor of its own, reached over HTTP. Either way a cell
-joining after version 0 loads the newest published snapshot first.
+joined) and each cell is `scheduler.ranks_per_cell` actors, each rank's engine reached over
+HTTP (several ranks: one engine to the router, `gyre.cluster.cell_ranks.CellEngine`). Either
+way a cell joining after version 0 loads the newest published snapshot first.
 """
 
 from __future__ import annotations
 
-from gyre.config import RunConfig
 from gyre.engines.base import RolloutEngine
 from gyre.engines.factory import rollout_engine
 
@@ -18,9 +18,10 @@ def start_ray(coord):
     weight channel open on the current policy (actors attach to it when they start)."""
     from gyre.cluster.rollout_actor import RayCells
 
-    config: RunConfig = coord.config
-    ray = RayCells.start(config.scheduler.ray_address, num_cpus=config.scheduler.num_cells,
-                         weight_transport=config.scheduler.weight_transport)
+    sched = coord.config.scheduler
+    # a local Ray gets a CPU for every rank of the cells beyond the core, and one to spare
+    ray = RayCells.start(sched.ray_address, num_cpus=(sched.num_cells - 1) * sched.ranks_per_cell + 1,
+                         weight_transport=sched.weight_transport)
     try:
         ray.channel.open(policy_state(coord.trainer), coord.policy_version)
     except BaseException:
@@ -44,7 +45,7 @@ def cell_engine(coord, ray, i: int) -> RolloutEngine:
     engine = ray.add(i, coord.model_dir, f"cell-{i}", seed=coord.config.seed + i,
                      max_batch_size=rollout.max_batch_size, prefix_cache_bytes=rollout.prefix_cache_bytes,
                      torch_threads=coord.config.scheduler.ray_actor_threads,
-                     config=coord.config.model_dump(mode="json"))
+                     config=coord.config.model_dump(mode="json"), ranks=coord.config.scheduler.ranks_per_cell)
     if snapshot is not None:
         engine.load_weights(snapshot, coord.policy_version)
     return engine
@@ -53,9 +54,13 @@ def cell_engine(coord, ray, i: int) -> RolloutEngine:
 def describe(cell_id: int, engine: RolloutEngine) -> str:
     """What cell `cell_id` is: where its rollout engine lives and what trains on it."""
     where = getattr(engine, "base_url", None)
-    serves = (f"its engine {engine.engine_id} at {where} (a process of its own)" if where
+    urls = getattr(engine, "urls", None)
+    serves = (f"its engine {engine.engine_id} over {len(urls)} ranks at {', '.join(urls)} (a process each)" if urls
+              else f"its engine {engine.engine_id} at {where} (a process of its own)" if where
               else f"its engine {engine.engine_id} in this process")
     role = "core: owns the optimizer" if cell_id == 0 else "satellite: pulls the core's weights to train"
     if where and cell_id:
-        role += " in the same process, reducing its gradients onto the core over torch.distributed"
+        role += (" in the same processes, each rank a replica, reducing their gradients onto the core over "
+                 "torch.distributed" if urls else
+                 " in the same process, reducing its gradients onto the core over torch.distributed")
     return f"cell {cell_id}: {serves}; {role}"

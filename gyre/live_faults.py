@@ -1,8 +1,9 @@
 """A cell's process dying mid-run, and coming back: what the live driver does about it.
 
-Under `scheduler.runtime: ray` a cell's rollout engine is its own process (a Ray actor). When
-that process dies (kill -9, OOM) the Ray watcher (`RayCells.watch`) tells this module within
-about a second, from its own thread:
+Under `scheduler.runtime: ray` a cell is one process per rank (a Ray actor each,
+`scheduler.ranks_per_cell`; one by default). When any of them dies (kill -9, OOM) the whole
+cell is down: the Ray watcher (`RayCells.watch`) tells this module within about a second,
+from its own thread:
 
 - the engine leaves the proxy's router at once, so new calls go elsewhere; calls it was
   serving fail over to other engines and continue exactly where they were (the proxy keeps
@@ -12,8 +13,12 @@ about a second, from its own thread:
   process, so its claimed micro-step goes back to the queue, and the micro-steps it finished
   whose gradients had not reached the core are recomputed by the core at the optimizer step
   (`gyre.live_training`); a pull or micro-step it was doing ends without an event;
-- when Ray has restarted the process, a failed cell's new engine loads the newest published
-  weights, is routed again, and the scheduler hears `CellRejoined`.
+- when Ray has restarted every dead rank and all of the cell's ranks answer healthy, the
+  failed cell's new engine loads the newest published weights (into every rank whose version
+  is behind: a cell reports its lowest), is routed again, and the scheduler hears `CellRejoined`.
+  Gradients a training cell held when it failed are not used, not even those of its ranks that
+  survived: the core recomputes those micro-steps, and the survivors clear their gradients when
+  the cell is back (`TrainingPlane.forget`).
 
 Work that touched the dead engine while the news travelled (a publication loading weights
 into it, a switch routing it) waits up to `NOTICE_S` for the watcher and then goes on
@@ -55,6 +60,8 @@ class CellFaults:
     def __init__(self, cells) -> None:
         self.cells = cells  # the LiveCells driver
         self.down: set[int] = set()
+        self.failures: dict[int, int] = {}
+        """Per cell, how often it went down: training work begun before the latest is stale."""
         self.records: list[FaultRecord] = []
         self._changed = threading.Condition()
 
@@ -63,15 +70,23 @@ class CellFaults:
     def on_down(self, cell_id: int) -> None:
         engine = self.cells.cells[cell_id].engine
         self.cells.coord.router.deregister(engine.engine_id)
-        with self._changed:
+        with self._changed:  # counted and queued at once: see `lock`
             self.down.add(cell_id)
+            self.failures[cell_id] = self.failures.get(cell_id, 0) + 1
             self._changed.notify_all()
-        self.cells.events.put(ActorDown(cell_id))
+            self.cells.events.put(ActorDown(cell_id))
 
     def on_back(self, cell_id: int, engine) -> None:
         self.cells.events.put(ActorBack(cell_id, engine))
 
     # -- any thread ------------------------------------------------------------------------
+
+    @property
+    def lock(self) -> threading.Condition:
+        """Held while a cell's failure is counted and its ActorDown queued: work that checks
+        `failures` and records its result under it is either counted before the failure (its
+        event may still reach the scheduler first) or sees it."""
+        return self._changed
 
     def confirmed_down(self, cell_id: int) -> bool:
         """True once the watcher has seen cell `cell_id`'s process die (waits up to NOTICE_S)."""
@@ -105,6 +120,7 @@ class CellFaults:
         live = driver.cells[event.cell_id]
         old, live.engine = live.engine, event.engine
         old.close()
+        driver.training.forget(event.cell_id)  # ranks that survived drop the gradients of before the fault
         with self._changed:
             self.down.discard(event.cell_id)
         if state.cells[event.cell_id].role is Role.failed:

@@ -3,19 +3,23 @@
 `gyre.live_cells` carries out the scheduler's commands; the ones that train land here.
 Cell 0's replica is the run's trainer (the core: weights of record and optimizer state).
 A satellite gets a full replica the first time it trains and takes the core's weights on
-each pull: in this process under `scheduler.runtime: threads`, in the cell's own Ray actor
-under `ray` (`gyre.cluster.remote_replica`; the weights through Ray's object store). A
-micro-step's forward-backward accumulates gradients on the replica that claimed it; the
-optimizer step reduces the satellites' gradients onto the core (an in-process sum, or
-torch.distributed among exactly the satellites holding gradients for the step), clips and
+each pull: in this process under `scheduler.runtime: threads`, in each of the cell's rank
+actors under `ray` (`gyre.cluster.remote_replica`, `cell_ranks`; the weights through Ray's
+object store). A micro-step's forward-backward accumulates gradients on the replica (under
+`ray`: the rank) that ran it; the optimizer step reduces the satellites' gradients onto the
+core (an in-process sum, or torch.distributed among exactly the ranks holding gradients for
+the step, each a member of its own), clips and
 steps, checkpoints when due and records the step like the step-synchronous loop does. A
 non-finite loss or gradient norm skips the step (no update, gradients cleared,
 `skipped_reason` recorded), as that loop does too.
 
 Every micro-step is applied once. The books keep each finished micro-step's rows and
-which cell holds its gradients; when a satellite's process died with gradients the core
+which cell (and rank) holds its gradients; when a satellite's process died with gradients the core
 never received (the reduction names the micro-steps that arrived), the core recomputes
-exactly those before it steps (`recomputed` lists them).
+exactly those before it steps (`recomputed` lists them). A cell of several ranks fails as a
+whole when one rank dies: what any of its ranks held then is recomputed too (its `generation`
+changed), a micro-step a surviving rank finishes after the failure is dropped (the scheduler
+gave it to another cell), and the survivors clear their gradients when the cell is back.
 
 Every micro-step's rows are weighted as part of the whole step (`process_batch(
 num_executions=...)`): the loss averages over the step's nominal executions, so an
@@ -27,12 +31,14 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 from gyre.algo.gspo import diagnostics, is_summed
 from gyre.algo.advantages import group_advantages
 from gyre.cells.topology import BatchShape
 from gyre.cluster import grad_reduce
+from gyre.cluster.cell_ranks import CellReplicas
 from gyre.cluster.remote_replica import RemoteReplica, SatelliteDied, WeightsByObjectStore, reduce_onto_core
 from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
 from gyre.engines.factory import train_engine
@@ -49,6 +55,8 @@ class MicroDone:
     step: int
     results: list[ExecutionResult]
     stats: TrainStats
+    rank: int = 0  # the cell's rank holding the gradients (`scheduler.ranks_per_cell`)
+    generation: int = 0  # the cell's failures before it ran: once it fails again, the gradients are stale
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,8 @@ class Reduction:
     seconds: float
     micro_steps: int = 0
     recomputed: int = 0
+    members: list[tuple[int, int]] = field(default_factory=list)
+    """(cell, rank) of every member whose gradients arrived: one per rank holding any."""
 
 
 @dataclass
@@ -103,7 +113,7 @@ class TrainingPlane:
         self.ray = ray
         self.faults = faults
         self.note = note or (lambda cell_id, line: None)
-        self.remote: dict[int, RemoteReplica] = {}
+        self.remote: dict[int, CellReplicas] = {}
         self.advantages: dict[str, float] = {}
         self.books: dict[int, StepBooks] = {}
         self.records: list[StepRecord] = []
@@ -131,11 +141,12 @@ class TrainingPlane:
             self.replicas[cell_id] = train_engine(cfg, self.coord.model_dir, seed=cfg.seed + cell_id)
         return self.replicas[cell_id]
 
-    def _remote(self, cell_id: int) -> RemoteReplica | None:
+    def _remote(self, cell_id: int) -> CellReplicas | None:
         if self.ray is None or cell_id == 0:
             return None
         if cell_id not in self.remote:
-            self.remote[cell_id] = RemoteReplica(cell_id, self.ray.actor(cell_id))
+            ranks = [RemoteReplica(cell_id, actor, rank) for rank, actor in enumerate(self.ray.actors(cell_id))]
+            self.remote[cell_id] = CellReplicas(cell_id, ranks)
         return self.remote[cell_id]
 
     def pull(self, cell_id: int) -> None:
@@ -152,7 +163,7 @@ class TrainingPlane:
         remote.load(ref, version)
         self.loaded.add(cell_id)
 
-    def _ensure_loaded(self, cell_id: int, remote: RemoteReplica | None) -> None:
+    def _ensure_loaded(self, cell_id: int, remote: CellReplicas | None) -> None:
         """A satellite that began in the train role trains on the start version without a pull
         (the scheduler credits it with that version): give it those weights first."""
         if cell_id == 0 or cell_id in self.loaded:
@@ -176,9 +187,12 @@ class TrainingPlane:
         if not batch.sequences or books.skipped is not None:
             return
         remote = self._remote(cell_id)
+        rank, generation = 0, self._generation(cell_id)
+        if remote is not None and self.faults is not None and cell_id in self.faults.down:
+            raise SatelliteDied(f"cell {cell_id} failed before micro-step {micro_id} began")  # claimed before that
         self._ensure_loaded(cell_id, remote)
         if remote is not None:
-            stats = remote.micro_step(micro_id, step, batch.sequences)
+            stats, rank = remote.micro_step(micro_id, step, batch.sequences)
         else:
             with self._locks[cell_id]:
                 try:
@@ -186,11 +200,15 @@ class TrainingPlane:
                                                                    accumulate=True)
                 except NonFiniteError as exc:  # deliberate: the step is skipped, as the step-synchronous loop does
                     stats = str(exc)
-        with self._books:
-            if isinstance(stats, str):
+        with self._books, (self.faults.lock if self.faults is not None else nullcontext()):
+            if generation != self._generation(cell_id):
+                # a rank of the cell died meanwhile (this one survived): the scheduler gave the micro-step
+                # to another cell, and this rank's gradients are forgotten when the cell comes back
+                self.note(cell_id, f"micro-step {micro_id} finished on rank {rank} after the cell failed: dropped")
+            elif isinstance(stats, str):
                 books.skipped = stats
             else:
-                books.done[micro_id] = MicroDone(cell_id, step, results, stats)
+                books.done[micro_id] = MicroDone(cell_id, step, results, stats, rank, generation)
 
     def _batch(self, step: int, results: list[ExecutionResult]):
         ids = [r.execution.execution_id for r in results]
@@ -234,13 +252,22 @@ class TrainingPlane:
                 self.coord.checkpoint(step)
         return record
 
-    def _reduce_remote(self, step: int, books: StepBooks, remote: dict[int, RemoteReplica]) -> None:
-        """The remote satellites' gradients onto the core; what died with a process, recomputed."""
+    def _reduce_remote(self, step: int, books: StepBooks, remote: dict[int, CellReplicas]) -> None:
+        """The remote satellites' gradients onto the core, each rank holding any a member of its
+        own; what died with a process (a rank of a cell that failed: the whole cell's), recomputed."""
         import ray
 
-        expected = {cid: [m for m, d in books.done.items() if d.cell_id == cid] for cid in remote}
         down = self.faults.down if self.faults is not None else set()
-        members = {cid: r for cid, r in remote.items() if cid not in down}
+        expected: dict[tuple[int, int], list[int]] = {}
+        stale = []  # held by a cell that failed since (the ranks that survived forgot them, or will)
+        for micro_id, done in books.done.items():
+            if done.cell_id not in remote:
+                continue
+            if done.cell_id in down or done.generation != self._generation(done.cell_id):
+                stale.append(micro_id)
+            else:
+                expected.setdefault((done.cell_id, done.rank), []).append(micro_id)
+        members = {(cid, rank): remote[cid].ranks[rank] for cid, rank in expected}
         if self._store is None:
             host = "127.0.0.1" if self.ray.local is not None else ray.util.get_node_ip_address()
             self._store = grad_reduce.GradStore(host)
@@ -249,17 +276,36 @@ class TrainingPlane:
         arrived = reduce_onto_core(self._store, params, step, members, expected, self._dead)
         nbytes = sum(p.numel() for p in params) * 4 * len(arrived)
         seconds = time.monotonic() - started
-        lost = [m for cid, micro_ids in expected.items() for m in micro_ids if m not in arrived.get(cid, [])]
+        lost = stale + [m for key, micro_ids in expected.items() for m in micro_ids if m not in arrived.get(key, [])]
         for micro_id in lost:
             self._recompute(step, books, micro_id)
         got = sum(len(v) for v in arrived.values())
-        self.reductions.append(Reduction(step, sorted(arrived), nbytes, seconds, got, len(lost)))
-        self.note(0, f"step {step}: gradients of {got} micro-steps from cells {sorted(arrived)} reduced onto the "
-                     f"core over torch.distributed in {seconds:.3f} s"
+        cells = sorted({cid for cid, _ in arrived})
+        self.reductions.append(Reduction(step, cells, nbytes, seconds, got, len(lost), sorted(arrived)))
+        self.note(0, f"step {step}: gradients of {got} micro-steps from cells {cells} ({len(arrived)} ranks) "
+                     f"reduced onto the core over torch.distributed in {seconds:.3f} s"
                      + (f"; {len(lost)} lost with a process, recomputed here" if lost else ""))
 
-    def _dead(self, cells: set[int]) -> set[int]:
-        return self.faults.wait_down(cells) if self.faults is not None else set()
+    def _generation(self, cell_id: int) -> int:
+        return self.faults.failures.get(cell_id, 0) if self.faults is not None else 0
+
+    def forget(self, cell_id: int) -> None:
+        """A cell back from a failure: the ranks that survived drop the gradients they held (what
+        they carried is recomputed by the core, or was given to another cell)."""
+        remote = self.remote.get(cell_id)
+        if remote is None:
+            return
+        try:
+            remote.clear()
+        except SatelliteDied:
+            pass  # deliberate: a rank died again; the watcher reports it, and it holds nothing
+
+    def _dead(self, members: set[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Which of `members` ((cell, rank)) belong to cells the fault watcher has seen die."""
+        if self.faults is None:
+            return set()
+        down = self.faults.wait_down({cid for cid, _ in members})
+        return {m for m in members if m[0] in down}
 
     def _recompute(self, step: int, books: StepBooks, micro_id: int) -> None:
         """A micro-step whose gradients died with a satellite, computed again on the core."""

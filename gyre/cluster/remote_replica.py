@@ -1,11 +1,12 @@
 """The driver's handle on the training replicas in the cells' actors, and the step's reduction.
 
 `gyre.live_training` trains cell 0 (the core) in the driver and every other cell through a
-`RemoteReplica`: the core's weights go to the actor through Ray's object store (put once
+`RemoteReplica` per rank: the core's weights go to the actor through Ray's object store (put once
 per version, fetched by each satellite that pulls it), each micro-step's packed rows go
 with the call, and the stats come back. At the optimizer step `reduce_onto_core` sums the
 satellites' gradients onto the core with torch.distributed in a group of exactly the
-satellites that hold gradients for the step (`gyre.cluster.grad_reduce`).
+satellites' ranks that hold gradients for the step (`gyre.cluster.grad_reduce`), each rank a
+member of its own (`gyre.cluster.cell_ranks`).
 
 A satellite whose process dies takes its gradients with it. The reduction then fails (or a
 restarted actor reports it holds nothing); the driver waits for the fault watcher to name
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from gyre.cluster import grad_reduce
@@ -36,6 +37,7 @@ class SatelliteDied(RuntimeError):
 class RemoteReplica:
     cell_id: int
     actor: object
+    rank: int = 0  # the rank in its cell (`scheduler.ranks_per_cell`)
 
     def load(self, ref, version: int) -> None:
         self._get(self.actor.train_load.remote(ref, version))
@@ -53,7 +55,7 @@ class RemoteReplica:
         try:
             return ray.get(ref, timeout=ACTOR_CALL_TIMEOUT_S)
         except RayActorError as exc:
-            raise SatelliteDied(f"cell {self.cell_id}'s process died: {exc}") from exc
+            raise SatelliteDied(f"cell {self.cell_id}'s process (rank {self.rank}) died: {exc}") from exc
 
 
 class WeightsByObjectStore:
@@ -77,13 +79,14 @@ def reduce_onto_core(
     store: grad_reduce.GradStore,
     core_params: list,
     step: int,
-    members: dict[int, RemoteReplica],
-    expected: dict[int, list[int]],
-    dead: Callable[[set[int]], set[int]],
-) -> dict[int, list[int]]:
+    members: dict[Hashable, RemoteReplica],
+    expected: dict[Hashable, list[int]],
+    dead: Callable[[set], set],
+) -> dict[Hashable, list[int]]:
     """Sum `members`' gradients for `step` onto `core_params`; per member, the micro-steps whose
-    gradients arrived (a subset of `expected[cell]`). `dead(cells)`: which of `cells` the fault
-    watcher has seen die (it may wait a little for the news)."""
+    gradients arrived (a subset of `expected[member]`). A member is keyed by anything sortable
+    (the live run: (cell, rank)); each gets its own rank in the group, in key order.
+    `dead(members)`: which of them the fault watcher has seen die (it may wait a little)."""
     alive = dict(members)
     for _ in range(MAX_REDUCE_ATTEMPTS):
         if not alive:
@@ -100,8 +103,8 @@ def reduce_onto_core(
     raise RuntimeError(f"the gradient reduction of step {step} failed {MAX_REDUCE_ATTEMPTS} times")
 
 
-def _attempt(store, prefix: str, core_params: list, ranks: dict[int, int], refs: dict,
-             dead: Callable[[set[int]], set[int]]) -> dict[int, list[int]] | set[int]:
+def _attempt(store, prefix: str, core_params: list, ranks: dict[Hashable, int], refs: dict,
+             dead: Callable[[set], set]) -> dict[Hashable, list[int]] | set:
     """One attempt: the roll call, then the collective. What each member sent, or the members
     to leave out of the next attempt."""
     import ray
@@ -137,7 +140,7 @@ def _attempt(store, prefix: str, core_params: list, ranks: dict[int, int], refs:
     return sent
 
 
-def _failed(refs: dict) -> list[int]:
+def _failed(refs: dict) -> list:
     """Members whose reduce call has already ended because their process died (any other error
     in a member, a bug, is raised here)."""
     import ray
@@ -154,7 +157,7 @@ def _failed(refs: dict) -> list[int]:
     return failed
 
 
-def _stuck(cells: set[int]) -> set[int]:
+def _stuck(cells: set) -> set:
     if not cells:
         raise RuntimeError("a gradient reduction was aborted with every member ready and none failed")
     return cells  # never answered within the timeout: left out, their micro-steps recomputed

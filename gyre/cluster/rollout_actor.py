@@ -1,15 +1,19 @@
-"""Cells beyond the core as Ray actors: each its own process, rollout engine and training replica.
+"""Cells beyond the core as Ray actors: each rank its own process, rollout engine and training replica.
 
-Under `scheduler.runtime: ray` the run starts one actor per cell beyond the core, once, for
-the whole run. The actor builds the torch reference engine and serves it with SGLang's HTTP
-API (`gyre.engines.torch_server`) on the node's address; the driver reaches it through the
-same adapter it uses for a real SGLang server, so the proxy's router, drains, weight
+Under `scheduler.runtime: ray` the run starts, once for the whole run, the actors of every
+cell beyond the core: `scheduler.ranks_per_cell` of them per cell (one by default), each
+with a bundle of its own in the cell's one placement group (STRICT_PACK: a cell's ranks
+share a host). Each actor builds the torch reference engine and serves it with SGLang's
+HTTP API (`gyre.engines.torch_server`) on the node's address; the driver reaches it through
+the same adapter it uses for a real SGLang server, and a cell of several ranks through a
+`CellEngine` over theirs (`gyre.cluster.cell_ranks`), so the proxy's router, drains, weight
 publications and the cells' role switches work across processes exactly as in one. In the
-train role the same process trains: its replica (`gyre.cluster.train_replica`) runs the
-micro-steps it is sent and reduces its gradients onto the core over torch.distributed
-(`gyre.cluster.grad_reduce`). Ray gives the process, its placement (one placement group per
-cell, so a cell can later hold several ranks) and a restart when the process dies
-(`max_restarts`).
+train role the same processes train: each rank's replica (`gyre.cluster.train_replica`)
+runs the micro-steps it is sent and reduces its gradients onto the core over
+torch.distributed (`gyre.cluster.grad_reduce`). A rank is a data-parallel replica: no
+tensor or pipeline split runs inside a cell. Ray gives the processes, their placement and a
+restart when one dies (`max_restarts`); any rank dying fails its whole cell until every
+rank is back.
 
 `RayCells` owns the run's Ray: a local head on loopback (`gyre.cluster.ray_local`), or an
 existing cluster at `scheduler.ray_address`; its `close` kills the actors and stops the head.
@@ -26,16 +30,18 @@ from pathlib import Path
 
 from gyre.cluster.ray_local import LocalRay, loopback_environment, start_local_ray
 from gyre.cluster.actor_weights import ActorEngine, ActorReader, WeightsChannel
+from gyre.cluster.cell_ranks import CellEngine, rank_engine_id
 from gyre.engines.sglang_adapter import SGLangRolloutEngine
 
 ACTOR_START_TIMEOUT_S = 300.0  # building the engine in a fresh process on a loaded 2-core box
 MAX_RESTARTS = 3  # Ray restarts a cell's process this often; after that the cell stays failed
 WATCH_INTERVAL_S = 0.5  # how often the watcher asks each actor for its pid: a death is noticed within ~1 s
 PING_TIMEOUT_S = 10.0  # an actor that does not answer within this is busy, not dead (a loaded box)
+RANK_SEED_STRIDE = 100_003  # rank r of a cell is seeded with the cell's seed + r * this: its ranks sample differently
 
 
 class RolloutCellActor:
-    """The body of one cell's actor (wrapped with `ray.remote` by `RayCells`): its rollout
+    """The body of one rank's actor (wrapped with `ray.remote` by `RayCells`): its rollout
     engine behind an HTTP server, and its training replica (built when it first trains)."""
 
     def __init__(self, model_dir: str, engine_id: str, seed: int, max_batch_size: int, prefix_cache_bytes: int,
@@ -74,7 +80,8 @@ class RolloutCellActor:
         return self.replica.reduce(host, port, prefix, rank, size, self.host)
 
     def train_clear(self) -> None:
-        self.replica.clear()
+        if self.replica is not None:
+            self.replica.clear()
 
     def url(self) -> str:
         return f"http://{self.thread.host}:{self.thread.port}"
@@ -84,17 +91,30 @@ class RolloutCellActor:
 
 
 @dataclass
+class RayRank:
+    """One rank of a cell: its actor (the handle survives Ray's restarts), its engine and its pid."""
+
+    actor: object
+    engine: ActorEngine
+    pid: int
+
+
+@dataclass
 class RayCell:
     cell_id: int
-    actor: object
-    engine: SGLangRolloutEngine
-    pid: int
+    ranks: list[RayRank]
+    engine: SGLangRolloutEngine | CellEngine  # one rank: its engine; more: a `CellEngine` over theirs
     model_dir: Path
+
+    @property
+    def actor(self):
+        """Rank 0's actor."""
+        return self.ranks[0].actor
 
 
 @dataclass
 class RayCells:
-    """The run's Ray and its rollout-cell actors."""
+    """The run's Ray and its cells' rank actors."""
 
     local: LocalRay | None
     cells: list[RayCell] = field(default_factory=list)
@@ -115,76 +135,87 @@ class RayCells:
         return cls(local, channel=channel)
 
     def add(self, cell_id: int, model_dir: Path, engine_id: str, *, seed: int, max_batch_size: int,
-            prefix_cache_bytes: int, torch_threads: int, config: dict | None = None) -> SGLangRolloutEngine:
-        """Start cell `cell_id`'s actor in its own placement group; its engine, once healthy.
-        `config` (the run's, as a dict): the actor can train (a replica of `model_dir`)."""
+            prefix_cache_bytes: int, torch_threads: int, config: dict | None = None,
+            ranks: int = 1) -> SGLangRolloutEngine | CellEngine:
+        """Start cell `cell_id`'s `ranks` actors in one placement group (a bundle of one CPU each,
+        STRICT_PACK: on one host); its engine once every rank is healthy. `config` (the run's, as
+        a dict): the actors can train (each a replica of `model_dir`)."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        group = placement_group([{"CPU": 1}], strategy="STRICT_PACK", name=f"gyre-cell-{cell_id}")
+        group = placement_group([{"CPU": 1}] * ranks, strategy="STRICT_PACK", name=f"gyre-cell-{cell_id}")
         ray.get(group.ready(), timeout=ACTOR_START_TIMEOUT_S)
         self._placement.append(group)
         actor_class = ray.remote(num_cpus=1, max_restarts=MAX_RESTARTS, max_task_retries=0)(RolloutCellActor)
-        actor = actor_class.options(
-            name=f"cell-{cell_id}-{os.getpid()}",
-            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group),
-        ).remote(str(model_dir), engine_id, seed, max_batch_size, prefix_cache_bytes, torch_threads,
-                 (self.channel.kind, self.channel.where), config)  # fmt: skip
-        engine, pid = _connect(actor, engine_id, Path(model_dir), self.channel)
-        self.cells.append(RayCell(cell_id, actor, engine, pid, Path(model_dir)))
-        return engine
+        actors = [actor_class.options(
+            name=f"{rank_engine_id(f'cell-{cell_id}', rank, ranks)}-{os.getpid()}",  # cell-1-<pid>, cell-1.rank0-<pid>
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group,
+                                                                 placement_group_bundle_index=rank),
+        ).remote(str(model_dir), rank_engine_id(engine_id, rank, ranks), seed + RANK_SEED_STRIDE * rank,
+                 max_batch_size, prefix_cache_bytes, torch_threads, (self.channel.kind, self.channel.where), config)
+            for rank in range(ranks)]  # fmt: skip  (all start at once, then each is waited for)
+        cell = RayCell(cell_id, [], None, Path(model_dir))
+        cell.ranks = [RayRank(actor, *_connect(actor, rank_engine_id(engine_id, rank, ranks), cell.model_dir,
+                                               self.channel)) for rank, actor in enumerate(actors)]  # fmt: skip
+        cell.engine = _cell_engine(engine_id, cell.ranks)
+        self.cells.append(cell)
+        return cell.engine
 
     def actor(self, cell_id: int):
-        """Cell `cell_id`'s actor handle (the same across Ray's restarts of its process)."""
-        return next(c.actor for c in self.cells if c.cell_id == cell_id)
+        """Cell `cell_id`'s rank 0 actor handle (the same across Ray's restarts of its process)."""
+        return self.actors(cell_id)[0]
 
-    def watch(self, on_down: Callable[[int], None], on_back: Callable[[int, SGLangRolloutEngine], None]) -> None:
-        """Notice a cell's process dying (`on_down(cell_id)`, within about a second) and coming
-        back after Ray restarted it (`on_back(cell_id, engine)`: a new adapter on the new
-        process's address, base weights loaded, not yet routed). One thread; callbacks run on it."""
+    def actors(self, cell_id: int) -> list:
+        """Cell `cell_id`'s actor handles, by rank."""
+        return [r.actor for r in next(c for c in self.cells if c.cell_id == cell_id).ranks]
+
+    def placement(self, cell_id: int):
+        """Cell `cell_id`'s placement group."""
+        return self._placement[next(i for i, c in enumerate(self.cells) if c.cell_id == cell_id)]
+
+    def watch(self, on_down: Callable[[int], None], on_back: Callable[[int, object], None]) -> None:
+        """Notice any rank's process of a cell dying (`on_down(cell_id)`, within about a second)
+        and the cell coming back once Ray restarted every dead rank (`on_back(cell_id, engine)`:
+        a new engine on the ranks' addresses, every rank healthy, the restarted ones on base
+        weights, not yet routed). One thread; callbacks run on it."""
         self._watcher = threading.Thread(target=self._watch, args=(on_down, on_back), name="ray-cells-watch",
                                          daemon=True)
         self._watcher.start()
 
-    def _watch(self, on_down: Callable[[int], None], on_back: Callable[[int, SGLangRolloutEngine], None]) -> None:
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
-
+    def _watch(self, on_down: Callable[[int], None], on_back: Callable[[int, object], None]) -> None:
         while not self._closing.wait(WATCH_INTERVAL_S):
             for cell in list(self.cells):
-                try:
-                    if ray.get(cell.actor.pid.remote(), timeout=PING_TIMEOUT_S) == cell.pid:
-                        continue
-                except GetTimeoutError:
-                    continue  # busy, not dead
-                except RayActorError:
-                    pass  # died (restarting, or out of restarts)
-                if self._closing.is_set():
-                    return
+                if _alive(cell) or self._closing.is_set():
+                    continue
                 on_down(cell.cell_id)
-                back = self._restarted(cell)
-                if back is None:
+                if not self._restarted(cell):
                     return
-                cell.engine, cell.pid = back
                 on_back(cell.cell_id, cell.engine)
 
-    def _restarted(self, cell: RayCell) -> tuple[SGLangRolloutEngine, int] | None:
-        """The cell's engine once Ray has restarted its process; None when closing or out of restarts."""
+    def _restarted(self, cell: RayCell) -> bool:
+        """Wait until Ray has restarted every dead rank of `cell`, then connect to all its ranks
+        again (`cell.ranks`, `cell.engine`); False when closing or a rank is out of restarts."""
         import ray
         from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 
         deadline = time.monotonic() + ACTOR_START_TIMEOUT_S
-        while not self._closing.is_set() and time.monotonic() < deadline:
+        waiting = list(cell.ranks)
+        while waiting:
+            if self._closing.is_set() or time.monotonic() > deadline:
+                return False
             try:
-                ray.get(cell.actor.pid.remote(), timeout=PING_TIMEOUT_S)
+                ray.get(waiting[0].actor.pid.remote(), timeout=PING_TIMEOUT_S)
             except ActorDiedError:
-                return None  # no restarts left: the cell stays failed
+                return False  # no restarts left: the cell stays failed
             except (RayActorError, GetTimeoutError):
                 time.sleep(WATCH_INTERVAL_S)
                 continue
-            return _connect(cell.actor, cell.engine.engine_id, cell.model_dir, self.channel)
-        return None
+            waiting.pop(0)
+        cell.ranks = [RayRank(r.actor, *_connect(r.actor, r.engine.engine_id, cell.model_dir, self.channel))
+                      for r in cell.ranks]  # fmt: skip
+        cell.engine = _cell_engine(cell.engine.engine_id, cell.ranks)
+        return True
 
     def close(self) -> None:
         import ray
@@ -194,13 +225,37 @@ class RayCells:
             self._watcher.join(timeout=PING_TIMEOUT_S + 1)
         for cell in self.cells:
             cell.engine.close()
-            ray.kill(cell.actor, no_restart=True)
+            for rank in cell.ranks:
+                ray.kill(rank.actor, no_restart=True)
         for group in self._placement:
             ray.util.remove_placement_group(group)
         self.channel.close()  # before Ray goes: the `ray` transport's board is an actor
         ray.shutdown()
         if self.local is not None:
             self.local.stop()
+
+
+def _cell_engine(engine_id: str, ranks: list[RayRank]) -> SGLangRolloutEngine | CellEngine:
+    """The driver's engine for a cell: its one rank's, or one spreading calls over its ranks."""
+    return ranks[0].engine if len(ranks) == 1 else CellEngine(engine_id, [r.engine for r in ranks])
+
+
+def _alive(cell: RayCell) -> bool:
+    """False once any rank's process died (its call fails, or Ray restarted it: a new pid); a
+    rank that does not answer within PING_TIMEOUT_S is busy, not dead."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    asks = [(rank, rank.actor.pid.remote()) for rank in cell.ranks]  # asked at once: one wait for all
+    alive = True
+    for rank, ref in asks:
+        try:
+            alive &= ray.get(ref, timeout=PING_TIMEOUT_S) == rank.pid
+        except GetTimeoutError:
+            continue  # busy, not dead
+        except RayActorError:
+            alive = False  # died (restarting, or out of restarts)
+    return alive
 
 
 def _connect(actor, engine_id: str, model_dir: Path, channel: WeightsChannel) -> tuple[ActorEngine, int]:

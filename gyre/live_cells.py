@@ -32,7 +32,6 @@ from collections import defaultdict
 import threading
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -46,8 +45,9 @@ from gyre.cells.topology import BatchShape, SchedulingConfigError, Topology
 from gyre.coordinator import Coordinator, ExecutionResult
 from gyre.engines.base import RolloutEngine
 from gyre.engines.factory import rollout_engine
-from gyre.live_engines import cell_engine, describe, policy_state, start_ray
-from gyre.live_faults import ActorBack, ActorDown, CellFaults
+from gyre.live_engines import cell_engine, describe, start_ray
+from gyre.live_faults import ActorBack, ActorDown, CellFaults, EngineRefused
+from gyre.live_publish import publish, refused, route_current
 from gyre.live_records import flush_switches, save_records
 from gyre.live_switches import SwitchLog
 from gyre.live_training import TrainingPlane
@@ -168,7 +168,7 @@ class LiveCells:
             while not self.scheduler.state.done():
                 self._carry_out(commands)
                 event = self._next_event()
-                if isinstance(event, (ActorDown, ActorBack)):  # a cell's process died or came back
+                if isinstance(event, (ActorDown, ActorBack, EngineRefused)):  # a cell's process died, came back
                     event = self.faults.handle(event)
                     if event is None:
                         commands = []
@@ -181,7 +181,7 @@ class LiveCells:
             for command in commands:
                 if isinstance(command, ev.PublishWeights):
                     self.log.entries.append((self.clock(), command))
-                    self._publish(command.version)
+                    publish(self, command.version)
             for future in list(self._pending):  # pulls and switches the last update set off
                 future.result()
         except BaseException:
@@ -200,7 +200,7 @@ class LiveCells:
             self._eval_engine = rollout_engine(
                 self.coord.config, self.coord.model_dir, len(self.cells), "eval", seed=self.coord.config.seed + len(self.cells),
             )  # fmt: skip
-        self._route_current(self._eval_engine)
+        route_current(self, self._eval_engine)
         started = self.clock()
         try:
             hook(version)
@@ -225,7 +225,7 @@ class LiveCells:
             if cell_id != 0:
                 getattr(replica, "close", lambda: None)()
         self._close_engines()
-        self._route_current(self.coord.rollout)
+        route_current(self, self.coord.rollout)
 
     def _close_engines(self) -> None:
         engines = [cell.engine for cell in self.cells[1:]]
@@ -323,11 +323,11 @@ class LiveCells:
                         return ev.SwitchDone(command.cell_id, command.role)  # ignored: the cell failed
         else:
             try:
-                self._route_current(cell.engine, timer.phase)
-            except Exception:
-                if self.ray is None or not self.faults.confirmed_down(cell.cell_id):
-                    raise
-                return ev.SwitchDone(command.cell_id, command.role)  # the cell failed meanwhile: ignored
+                route_current(self, cell.engine, timer.phase)
+            except Exception as exc:
+                if self.ray is not None and self.faults.confirmed_down(cell.cell_id):
+                    return ev.SwitchDone(command.cell_id, command.role)  # the cell failed meanwhile: ignored
+                return refused(self, cell.cell_id, cell.engine, exc)  # the cell leaves the run (the core's: raised)
         record = self.switches.add(timer)
         phases = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in record.phases)
         self.note(cell.cell_id, f"{record.from_role} -> {record.to_role} in {record.seconds:.3f} s ({phases})")
@@ -339,19 +339,6 @@ class LiveCells:
 
     def describe(self, cell_id: int) -> str:
         return describe(cell_id, self.cells[cell_id].engine)
-
-    def _route_current(self, engine: RolloutEngine,
-                       phase: Callable[[str], AbstractContextManager] = lambda name: nullcontext()) -> None:
-        """Load the newest published weights into `engine` and route calls to it again; under
-        the publication lock, so a publication in progress cannot miss the engine. `phase`
-        times the `load` and `route` phases of a switch."""
-        with self._publishing:
-            published = self.coord.policy_version
-            with phase("load"):
-                if engine.policy_version != published:
-                    engine.load_weights(self.coord.transport.latest(), published)
-            with phase("route"):
-                self.coord.router.register(engine)
 
     def _pull(self, cell_id: int, version: int) -> ev.Event | None:
         try:
@@ -375,6 +362,9 @@ class LiveCells:
             return None  # the scheduler hears CellFailed and hands the micro-step to another cell
         return ev.MicroStepDone(command.cell_id, command.micro_step_id)
 
+    def _publish(self, version: int) -> ev.Event:
+        return publish(self, version)
+
     def _optimizer_step(self, command: ev.ApplyOptimizerStep) -> ev.Event:
         state = self.scheduler.state
         g = self.shape.group_size
@@ -384,19 +374,3 @@ class LiveCells:
         emit(ProgressEvent("cells", command.step_index, {"roles": [c.role.value for c in state.cells]}))
         return ev.OptimizerStepDone(command.cell_id, command.step_index + 1)
 
-    def _publish(self, version: int) -> ev.Event:
-        """The new snapshot into every routed engine; one whose process died meanwhile is
-        skipped (it loads the newest weights when it is back)."""
-        with self._publishing:
-            path = self.coord.transport.publish(self.coord.trainer, [], version)
-            if self.ray is not None:  # the cells' actors pull it from the run's weight channel
-                self.ray.channel.publish(policy_state(self.coord.trainer), version)
-            for engine in self.coord.router.engines():
-                try:
-                    engine.load_weights(path, version)
-                except Exception:
-                    cell = self.faults.cell_of(engine)
-                    if self.ray is None or cell is None or not self.faults.confirmed_down(cell):
-                        raise
-            self.coord.policy_version = version
-        return ev.WeightsPublished(version)

@@ -20,6 +20,9 @@ from its own thread:
   survived: the core recomputes those micro-steps, and the survivors clear their gradients when
   the cell is back (`TrainingPlane.forget`).
 
+An engine that refuses weights without its process dying (`gyre.live_publish`) comes here as
+`EngineRefused`: recorded, and `CellFailed` for good (no process died for Ray to restart).
+
 Work that touched the dead engine while the news travelled (a publication loading weights
 into it, a switch routing it) waits up to `NOTICE_S` for the watcher and then goes on
 without it; anything else still raises, as before.
@@ -45,6 +48,14 @@ class ActorDown:
 class ActorBack:
     cell_id: int
     engine: object
+
+
+@dataclass(frozen=True)
+class EngineRefused:
+    """A cell's engine refused the newest weights (`gyre.live_publish`); `error` says why."""
+
+    cell_id: int
+    error: str
 
 
 @dataclass
@@ -105,10 +116,16 @@ class CellFaults:
     # -- the loop thread -------------------------------------------------------------------
 
     def handle(self, event) -> ev.Event | None:
-        """The scheduler event `event` (an ActorDown / ActorBack) means, if any."""
+        """The scheduler event `event` (an ActorDown / ActorBack / EngineRefused) means, if any."""
         driver = self.cells
         state = driver.scheduler.state
         now = driver.clock() - driver.timeline.start_s
+        if isinstance(event, EngineRefused):
+            if state.cells[event.cell_id].role is Role.failed:
+                return None
+            self._record(event.cell_id, now, "failed", f"its engine refused the newest weights ({event.error}): "
+                         "CellFailed; it serves and trains nothing more in this run")
+            return ev.CellFailed(event.cell_id)
         if isinstance(event, ActorDown):
             role = state.cells[event.cell_id].role
             if role is Role.failed:
@@ -124,7 +141,9 @@ class CellFaults:
         with self._changed:
             self.down.discard(event.cell_id)
         if state.cells[event.cell_id].role is Role.failed:
-            driver._route_current(live.engine)
+            from gyre.live_publish import route_current  # it imports this module
+
+            route_current(driver, live.engine)
             self._record(event.cell_id, now, "rejoined", f"restarted by Ray at {live.engine.base_url}, newest "
                          "weights loaded: CellRejoined")
             return ev.CellRejoined(event.cell_id)

@@ -106,3 +106,31 @@ def test_proxy_serve_routes_to_an_sglang_engine_from_config(tiny_model_dir, tmp_
             engine.close()
     with pytest.raises(ValueError, match="type sglang needs `url`"):
         ProxyServeConfig.model_validate({"engines": [{"id": "sg", "type": "sglang"}]})
+
+
+@pytest.mark.parametrize("policy", ["colocate", "elastic"])  # at a switch back to rollout; at a publication
+def test_a_cell_whose_server_refuses_the_new_weights_leaves_the_run_and_the_run_goes_on(
+        tiny_model_dir, tmp_path, servers, policy):
+    """Cell 1's server cannot load version 1 (it answers 400 and rolls back, as SGLang does on a
+    snapshot whose shapes do not match): the cell is failed with that error recorded, its calls go
+    elsewhere, and the run finishes its steps on cell 0."""
+    servers[1].refuse_versions_from = 1
+    config = _config(tiny_model_dir, tmp_path, [s.base_url for s in servers], policy=policy, num_cells=2,
+                     executions_per_micro_step=2)
+    coord = Coordinator(config, tmp_path / "run")
+    try:
+        cells = LiveCells(coord, config.steps)
+        records = cells.run()
+        cells.close()
+        assert [r.policy_version for r in records] == [1, 2]
+        assert cells.scheduler.state.cells[1].role is ev.Role.failed
+        assert [(f.cell_id, f.what) for f in cells.faults.records] == [(1, "failed")]
+        assert "cell-1" not in coord.router.load()
+    finally:
+        coord.close()
+    assert servers[0].weight_version == "2"
+    refused = [b["weight_version"] for p, b in servers[1].calls if p == "/update_weights_from_disk"]
+    assert refused[0] == "0" and "1" in refused and servers[1].weight_version == "0"
+    con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
+    faults = con.execute("select cell, what from cell_faults").fetchall()
+    assert faults == [(1, "failed")]

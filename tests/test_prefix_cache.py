@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from gyre.engines.base import GenerationRequest, SamplingParams
-from gyre.engines.prefix_cache import PrefixCache, left_padded_batch
+from gyre.engines.kv_buffer import left_padded, row_cache, row_kv
+from gyre.engines.prefix_cache import PrefixCache
 from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
 from gyre.engines.torch_rollout import TorchRolloutEngine
 
@@ -102,14 +103,49 @@ def test_clear_forgets_everything():
         PrefixCache(0)
 
 
-def test_left_padded_batch_right_aligns_rows():
-    rows = [_kv([1, 2, 3]), _kv([4])]
-    batch, lengths = left_padded_batch(rows)
+def test_left_padded_rows_are_right_aligned_in_one_growing_buffer():
+    rows = [row_cache(LAYERS, 3, [_kv([1, 2]), _kv([3])]), row_cache(LAYERS, 1, [_kv([4])])]  # runs copied in
+    assert rows[0].get_seq_length() == 3 and torch.equal(rows[0].layers[1].keys[0], _kv([1, 2, 3])[1][0])
+    batch, lengths = left_padded(rows, capacity=4)
     assert lengths == [3, 1]
-    keys, values = batch[1]
+    keys, values = batch.layers[1].keys, batch.layers[1].values
     assert keys.shape == (2, HEADS, 3, DIM)
     assert torch.equal(keys[0], _kv([1, 2, 3])[1][0]) and torch.equal(values[1, :, 2:], _kv([4])[1][1])
     assert not keys[1, :, :2].any()
+    storage = keys.untyped_storage().data_ptr()
+    new = torch.ones(2, HEADS, 1, DIM)
+    batch.layers[1].update(new, -new)  # a decode step writes in place: no copy of what is there
+    assert batch.get_seq_length(1) == 4 and batch.layers[1].keys.untyped_storage().data_ptr() == storage
+    batch.layers[1].update(new, -new)  # past the capacity: the buffer grows, the contents stay
+    assert batch.layers[1].keys.shape[2] == 5 and torch.equal(batch.layers[1].keys[0, :, :3], _kv([1, 2, 3])[1][0])
+    assert torch.equal(row_kv(batch, 1, slice(2, 5))[1][1][:, 1:], -torch.ones(HEADS, 2, DIM))
+    assert left_padded(rows[:1], capacity=9)[0] is rows[0]  # one row: its own buffer, no copy
+
+
+def test_a_match_hands_back_views_of_the_cached_runs():
+    cache = PrefixCache(max_bytes=10**6)
+    cache.insert([1, 2, 3, 4], _kv([1, 2, 3, 4]))
+    cache.insert([1, 2, 5], _kv([1, 2, 5]))  # split: runs [1, 2] and [3, 4]
+    found = cache.match([1, 2, 3, 9])
+    assert [run[0][0].shape[1] for run in found.runs] == [2, 1]
+    node_keys = cache._root.children[1].kv[0][0]
+    assert found.runs[0][0][0].untyped_storage().data_ptr() == node_keys.untyped_storage().data_ptr()
+
+
+def test_causal_attention_over_a_longer_kv_matches_the_masked_reference():
+    from gyre.engines.causal_attention import causal_attention
+
+    torch.manual_seed(0)
+    for heads, kv_heads, q_len, kv_len in [(4, 2, 7, 40), (4, 4, 30, 100), (2, 1, 1, 50), (4, 2, 9, 9)]:
+        q = torch.randn(1, heads, q_len, 16)
+        k, v = torch.randn(1, kv_heads, kv_len, 16), torch.randn(1, kv_heads, kv_len, 16)
+        sees = torch.arange(kv_len)[None, :] <= (kv_len - q_len + torch.arange(q_len))[:, None]
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=sees, enable_gqa=heads != kv_heads)
+        with torch.no_grad():
+            got = causal_attention(q, k, v)
+        assert got.shape == want.shape and (got - want).abs().max() <= 1e-6
+    with pytest.raises(ValueError, match="must be the last"):
+        causal_attention(torch.randn(1, 2, 5, 16), torch.randn(1, 2, 4, 16), torch.randn(1, 2, 4, 16))
 
 
 def _chat(tokenizer, text: str) -> list[int]:
@@ -242,3 +278,53 @@ def test_a_group_of_identical_prompts_in_one_batch_prefills_once(tiny_model_dir,
             assert max(abs(a - b) for a, b in zip(results[0].logprobs, other.logprobs)) <= 1e-6
     finally:
         engine.close()
+
+
+def _chunked_and_padded(model_dir, own_attention: bool = True) -> tuple[list[list[int]], list]:
+    """Two prompts prefilled in 16-token chunks (PREFILL_CHUNK_TOKENS patched by the caller), the
+    first on top of a cached prefix, then decoded as one left-padded batch."""
+    rng = random.Random(5)
+    shared = [rng.randrange(20, 500) for _ in range(70)]
+    prompts = [shared + [rng.randrange(20, 500) for _ in range(45)], [rng.randrange(20, 500) for _ in range(23)]]
+    params = SamplingParams(0.0, 5, stop_token_ids=[])
+    engine = TorchRolloutEngine(model_dir, seed=4)
+    assert engine.model.config._attn_implementation == "gyre_paths"
+    if not own_attention:  # what a model with sliding-window layers runs: transformers' attention and masks
+        engine._own_attention = False
+        engine.model.config._attn_implementation = "sdpa"
+    try:
+        engine.generate(GenerationRequest(shared, params))  # caches the shared prefix
+        results = _one_batch(engine, [GenerationRequest(p, params) for p in prompts])
+        assert engine.prefix_cache.hit_tokens >= len(shared)
+    finally:
+        engine.close()
+    return prompts, results
+
+
+def test_chunked_prefill_over_cached_kv_and_padded_decode_match_a_plain_forward(tiny_model_dir, monkeypatch):
+    """The engine's own attention (prefix without a mask, new block causal) and its in-place KV
+    buffers against transformers' model with its own attention on the whole sequence at once."""
+    import gyre.engines.torch_rollout as torch_rollout
+    from gyre.engines.hf import load_causal_lm
+
+    monkeypatch.setattr(torch_rollout, "PREFILL_CHUNK_TOKENS", 16)
+    prompts, results = _chunked_and_padded(tiny_model_dir)
+    reference = load_causal_lm(tiny_model_dir)  # transformers' default attention, no cache
+    for prompt, result in zip(prompts, results):
+        with torch.no_grad():
+            logits = reference(input_ids=torch.tensor([prompt + result.output_ids])).logits[0].float()
+        logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+        want = logp.gather(-1, torch.tensor(result.output_ids)[:, None])[:, 0]
+        assert result.output_ids == logp.argmax(-1).tolist()  # greedy
+        assert max(abs(a - b) for a, b in zip(result.logprobs, want.tolist())) <= 1e-5
+
+
+def test_the_models_own_attention_on_the_kv_buffers_gives_the_same_results(tiny_model_dir, monkeypatch):
+    import gyre.engines.torch_rollout as torch_rollout
+
+    monkeypatch.setattr(torch_rollout, "PREFILL_CHUNK_TOKENS", 16)
+    _, own = _chunked_and_padded(tiny_model_dir)
+    _, theirs = _chunked_and_padded(tiny_model_dir, own_attention=False)
+    for a, b in zip(own, theirs):
+        assert a.output_ids == b.output_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-6

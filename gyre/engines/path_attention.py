@@ -15,8 +15,11 @@ more expensive than per-trajectory rows and saves every shared token's other wor
 
 It is registered with transformers' `AttentionInterface` as "gyre_paths"; the paths travel
 as the `gyre_paths` keyword of the model call, which HF passes down to every attention
-layer. With no paths (plain right-padded rows) it is plain causal SDPA: right padding
-never needs a mask under causal attention; a 4D mask passed by the caller is honoured.
+layer. With no paths (plain right-padded rows) it is plain causal attention: right padding
+never needs a mask under causal attention; a 4D mask passed by the caller is honoured. Rows
+may have fewer queries than keys (a prefill on top of cached KV, a decode step): the queries
+are then the last positions (`causal_attention.py`), which is how the torch rollout engine
+runs its model with this attention too.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from gyre.engines.causal_attention import causal_attention
 
 NAME = "gyre_paths"
 
@@ -74,10 +79,11 @@ def path_attention_forward(module, query, key, value, attention_mask, scaling=No
     """query [B, H, T, D], key/value [B, Hkv, T, D] -> ([B, T, H, D], None)."""
     gqa = query.shape[1] != key.shape[1]
     if gyre_paths is None:  # plain rows (causal), or an explicit 4D mask given by the caller
-        mask = attention_mask if attention_mask is not None and attention_mask.dim() == 4 else None
-        out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, is_causal=mask is None, scale=scaling, enable_gqa=gqa
-        )
+        if attention_mask is not None and attention_mask.dim() == 4:
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
+                                                 enable_gqa=gqa)
+        else:  # the queries are the last positions (a prefill over cached KV has fewer queries than keys)
+            out = causal_attention(query, key, value, scaling)
         return out.transpose(1, 2).contiguous(), None
     rows = []
     width = query.shape[2]

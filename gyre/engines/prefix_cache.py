@@ -13,8 +13,8 @@ splits an edge where a new sequence diverges. Memory is bounded by a byte budget
 least recently used leaves go first (a parent is used whenever a child is, so it outlives them).
 The KV depends on the weights, so a weight update must `clear()` it.
 
-Also here: `left_padded_batch`, which lays per-request KV of different lengths side by side as
-one left-padded batch for the engine's decode loop.
+A lookup hands back the runs on its path as views (`PrefixMatch.runs`): the engine copies them
+once, straight into the buffer its prefill and decode steps grow in (`kv_buffer.py`).
 """
 
 from __future__ import annotations
@@ -44,10 +44,19 @@ class _Node:
 
 @dataclass
 class PrefixMatch:
-    """The longest cached prefix of a prompt: its length and its KV (None when nothing matched)."""
+    """The longest cached prefix of a prompt: its length and, per tree node on its path, the
+    node's KV run (views into the cache, no copy; `kv` concatenates them)."""
 
     length: int
-    kv: KV | None
+    runs: list[KV] = field(default_factory=list)
+
+    @property
+    def kv(self) -> KV | None:
+        """The prefix's KV as one tensor per layer (a copy); None when nothing matched."""
+        if not self.length:
+            return None
+        return [(torch.cat([run[layer][0] for run in self.runs], dim=1),
+                 torch.cat([run[layer][1] for run in self.runs], dim=1)) for layer in range(len(self.runs[0]))]
 
 
 class PrefixCache:
@@ -96,17 +105,7 @@ class PrefixCache:
             node = child
         self.hit_tokens += pos
         self.miss_tokens += len(tokens) - pos
-        if pos == 0:
-            return PrefixMatch(0, None)
-        num_layers = len(path[0][0].kv)
-        kv = [
-            (
-                torch.cat([seg.kv[layer][0][:, :n] for seg, n in path], dim=1),
-                torch.cat([seg.kv[layer][1][:, :n] for seg, n in path], dim=1),
-            )
-            for layer in range(num_layers)
-        ]
-        return PrefixMatch(pos, kv)
+        return PrefixMatch(pos, [[(k[:, :n], v[:, :n]) for k, v in seg.kv] for seg, n in path])
 
     def insert(self, tokens: list[int] | tuple[int, ...], kv: KV) -> None:
         """Cache `kv` (per layer `[heads, len(tokens), head_dim]`) as the KV of `tokens`. Runs
@@ -191,20 +190,3 @@ def _common_length(run: tuple[int, ...], tokens: tuple[int, ...], start: int, st
         i += 1
     return i
 
-
-def left_padded_batch(rows: list[KV]) -> tuple[KV, list[int]]:
-    """Per-request KV of different lengths as one batch, each row right-aligned (left padding
-    with zeros, which the decode loop's attention mask hides). Returns per layer (keys, values)
-    `[rows, heads, width, head_dim]` and each row's length."""
-    lengths = [row[0][0].shape[1] for row in rows]
-    width = max(lengths)
-    batch: KV = []
-    for layer in range(len(rows[0])):
-        k0, v0 = rows[0][layer]
-        keys = k0.new_zeros((len(rows), k0.shape[0], width, k0.shape[2]))
-        values = v0.new_zeros((len(rows), v0.shape[0], width, v0.shape[2]))
-        for r, row in enumerate(rows):
-            keys[r, :, width - lengths[r] :] = row[layer][0]
-            values[r, :, width - lengths[r] :] = row[layer][1]
-        batch.append((keys, values))
-    return batch, lengths

@@ -22,6 +22,14 @@ batch for the decode loop, and each request's prompt and sampled tokens go into 
 A weight update empties it. Results are the same with and without the cache up to float
 rounding (the prefix's KV was computed in a different-shaped forward pass).
 
+The KV lives in buffers that grow in place (`kv_buffer.py`: no copy of the whole context per
+decode step; a cached prefix is copied once into the row's buffer), and the model runs with
+gyre's own attention (`path_attention.py`, "gyre_paths"): a prefill chunk over earlier KV
+attends to the prefix without a mask and to its own block causally (`causal_attention.py`),
+where transformers would build a dense `[chunk, context]` mask per chunk; the decode loop
+passes a 4D padding mask only when the batch's rows differ in length. A model with
+non-global attention layers (sliding windows) keeps its own attention and masks.
+
 Engine-level control, for a scheduler that flips a cell between rollout and training:
 `pause()` lets the running batch finish and holds queued requests; `drain()` also refuses
 new ones (the proxy sends them elsewhere) and waits until the queued and running ones are
@@ -39,11 +47,13 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import Cache
 
 from gyre.engines.base import ContextLengthError, EngineDrainingError, GenerationRequest, GenerationResult
 from gyre.engines.hf import load_causal_lm
-from gyre.engines.prefix_cache import KV, PrefixCache, left_padded_batch
+from gyre.engines.kv_buffer import left_padded, row_cache, row_kv
+from gyre.engines.path_attention import register as register_gyre_attention
+from gyre.engines.prefix_cache import PrefixCache
 
 PREFILL_CHUNK_TOKENS = 4096
 """Prompt tokens per prefill forward pass: bounds the attention's working memory on long prompts."""
@@ -69,6 +79,13 @@ class TorchRolloutEngine:
         self.model = load_causal_lm(model_dir).to(self.device)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
         self.pad_id = int(self.model.config.pad_token_id or 0)
+        self._num_layers = int(self.model.config.num_hidden_layers)
+        layer_types = getattr(self.model.config, "layer_types", None)
+        self._own_attention = (all(kind == "full_attention" for kind in layer_types) if layer_types is not None
+                               else not getattr(self.model.config, "sliding_window", None))
+        """gyre's attention (no dense masks; see the module docstring); False: the model's own."""
+        if self._own_attention:
+            self.model.config._attn_implementation = register_gyre_attention()
         # transformers renamed `past_key_values` to `cache` in 5.x; accept either.
         forward_args = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
@@ -232,16 +249,17 @@ class TorchRolloutEngine:
         if all(done):
             return [self._result(outputs[r], logprobs[r], finish[r]) for r in range(num_rows)]
 
-        prefilled = [self._prefill(req.prompt_ids) for req in requests]
-        batch_kv, _ = left_padded_batch([kv for kv, _ in prefilled])
+        room = max(max(budgets), 0)  # decode positions the batch buffer needs
+        prefilled = [self._prefill(req.prompt_ids, n + room if num_rows == 1 else n) for req, n in zip(requests, lengths)]
         width = max(lengths)
-        attention_BL = torch.zeros((num_rows, width), dtype=torch.long, device=self.device)
+        past, _ = left_padded([cache for cache, _ in prefilled], width + room)
+        attention_BL = torch.zeros((num_rows, width + room), dtype=torch.long, device=self.device)
         for row, n in enumerate(lengths):
             attention_BL[row, width - n :] = 1
-        past = DynamicCache(batch_kv)
+        padded = min(lengths) < width
         next_pos_B = torch.tensor(lengths, dtype=torch.long, device=self.device)
         logits_BV = torch.stack([logits_V for _, logits_V in prefilled])
-        del prefilled, batch_kv
+        del prefilled
         fed = 0  # decode steps whose tokens went through the model (their KV is in `past`)
         while not all(done):
             scaled_BV = logits_BV / torch.where(greedy_B, 1.0, temps_B1[:, 0]).unsqueeze(-1)
@@ -271,10 +289,9 @@ class TorchRolloutEngine:
                     done[row] = True
             if all(done):
                 break
-            attention_BL = torch.cat([attention_BL, torch.ones_like(attention_BL[:, :1])], dim=1)
             out = self.model(
                 input_ids=tokens_B.unsqueeze(-1),
-                attention_mask=attention_BL,
+                attention_mask=self._decode_mask(attention_BL[:, : width + fed + 1], padded),
                 position_ids=next_pos_B.unsqueeze(-1),
                 use_cache=True,
                 **{self._cache_arg: past},
@@ -286,17 +303,17 @@ class TorchRolloutEngine:
         if self.prefix_cache is not None:  # the next call of an execution extends prompt + answer
             for row, req in enumerate(requests):
                 n = min(len(outputs[row]), fed)
-                span = slice(width - lengths[row], width + n)
-                kv = [(layer.keys[row, :, span], layer.values[row, :, span]) for layer in past.layers]
+                kv = row_kv(past, row, slice(width - lengths[row], width + n))
                 self.prefix_cache.insert(list(req.prompt_ids) + outputs[row][:n], kv)
         return [self._result(outputs[row], logprobs[row], finish[row]) for row in range(num_rows)]
 
-    def _prefill(self, prompt_ids: list[int]) -> tuple[KV, torch.Tensor]:
-        """One prompt's KV (per layer `[heads, len, head_dim]`) and its last position's logits,
-        computed on top of the longest cached prefix (at least the last token is computed)."""
+    def _prefill(self, prompt_ids: list[int], capacity: int) -> tuple[Cache, torch.Tensor]:
+        """One prompt's KV (a one-row cache with room for `capacity` positions) and its last
+        position's logits, computed on top of the longest cached prefix (at least the last token
+        is computed)."""
         hit = self.prefix_cache.match(prompt_ids, len(prompt_ids) - 1) if self.prefix_cache is not None else None
         start = hit.length if hit is not None else 0
-        cache = DynamicCache([(k.unsqueeze(0), v.unsqueeze(0)) for k, v in hit.kv] if start else None)
+        cache = row_cache(self._num_layers, capacity, hit.runs if start else [])
         ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
         # The last token always goes alone: whether the rest came from the cache or not, its
         # forward pass has the same shapes, so a repeated prompt gives bit-identical log-probs.
@@ -305,17 +322,22 @@ class TorchRolloutEngine:
         for begin, end in zip(edges, edges[1:]):
             out = self.model(
                 input_ids=ids[None, begin:end],
-                attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
+                attention_mask=None if self._own_attention else torch.ones((1, end), dtype=torch.long, device=self.device),
                 position_ids=torch.arange(begin, end, device=self.device)[None],
                 use_cache=True,
                 **{self._cache_arg: cache},
                 **self._last_logits,
             )
-            cache = out[self._cache_arg]
-        kv = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
         if self.prefix_cache is not None:
-            self.prefix_cache.insert(prompt_ids, kv)
-        return kv, out.logits[0, -1, :].float()
+            self.prefix_cache.insert(prompt_ids, row_kv(cache, 0, slice(0, len(prompt_ids))))
+        return cache, out.logits[0, -1, :].float()
+
+    def _decode_mask(self, attention_BL: torch.Tensor, padded: bool) -> torch.Tensor | None:
+        """The decode step's attention mask over the positions so far: gyre's attention needs one
+        only for left padding (a `[rows, 1, 1, positions]` boolean mask); the model's own takes the 2D mask."""
+        if not self._own_attention:
+            return attention_BL
+        return attention_BL[:, None, None, :].bool() if padded else None
 
     def _result(self, output_ids: list[int], logprobs: list[float], finish_reason: str) -> GenerationResult:
         return GenerationResult(output_ids, logprobs, finish_reason, self._version, self.engine_id)

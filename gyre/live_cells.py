@@ -115,7 +115,7 @@ class LiveCells:
         self.coord = coord
         self.steps = steps
         self.shape = BatchShape(rollout.queries_per_step, rollout.group_size, cfg.executions_per_micro_step, steps)
-        topology = Topology(cfg.num_cells, 1, cfg.slots_per_cell)
+        topology = Topology(cfg.num_cells, 1, cfg.slots_per_cell, train_slots_per_cell=cfg.ranks_per_cell)
         self.clock: Callable[[], float] = time.monotonic
         self.scheduler = Scheduler(
             make_policy(cfg.policy, lookahead_groups=cfg.lookahead_groups),
@@ -134,7 +134,7 @@ class LiveCells:
         self.events: queue.Queue[ev.Event | BaseException] = queue.Queue()
         # every execution the staleness room allows in flight, plus each cell's train work
         in_flight = (rollout.queries_per_step + cfg.lookahead_groups) * rollout.group_size
-        self.pool = ThreadPoolExecutor(max_workers=in_flight + 2 * cfg.num_cells + 2)
+        self.pool = ThreadPoolExecutor(max_workers=in_flight + (1 + cfg.ranks_per_cell) * cfg.num_cells + 2)
         self.launch: Launcher = launch or self._thread
         self.on_published = on_published
         self._eval_engine: RolloutEngine | None = None

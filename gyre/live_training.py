@@ -132,6 +132,7 @@ class TrainingPlane:
             self._start = {k: v.detach().clone() for k, v in coord.trainer.model.state_dict().items()}
         self._store: grad_reduce.GradStore | None = None
         self._locks = {cell_id: threading.Lock() for cell_id in range(num_cells)}
+        self._loading = {cell_id: threading.Lock() for cell_id in range(num_cells)}
         self._books = threading.Lock()
         self._core_weights = threading.Lock()  # a satellite never copies the core mid-update
 
@@ -168,11 +169,14 @@ class TrainingPlane:
         (the scheduler credits it with that version): give it those weights first."""
         if cell_id == 0 or cell_id in self.loaded:
             return
-        if remote is not None:
-            remote.load(self._start, self._start_version)
-        elif self._start is not None:
-            self.replica(cell_id).model.load_state_dict(self._start)
-        self.loaded.add(cell_id)
+        with self._loading[cell_id]:  # a cell of several ranks runs micro-steps at once: load once
+            if cell_id in self.loaded:
+                return
+            if remote is not None:
+                remote.load(self._start, self._start_version)
+            elif self._start is not None:
+                self.replica(cell_id).model.load_state_dict(self._start)
+            self.loaded.add(cell_id)
 
     def micro_step(self, cell_id: int, micro_id: int, step: int, results: list[ExecutionResult],
                    group: list[tuple[ExecutionResult, Score]]) -> None:

@@ -131,6 +131,7 @@ def test_a_cell_of_two_ranks_serves_trains_reduces_from_both_and_rejoins_after_a
     # a step's gradients came from both ranks, each a member of the reduction of its own
     both = [r for r in training.reductions if r.members == [(1, 0), (1, 1)]]
     assert both and all(r.cells == [1] and r.nbytes > 0 and r.micro_steps >= 2 for r in both), training.reductions
+    assert training.remote[1].peak_in_flight == 2  # the cell held two micro-steps at once, one per rank
     # every micro-step of every step applied exactly once: 8 per step, what the dead rank held recomputed
     by_step: dict[int, set[int]] = {}
     for claim in claims:

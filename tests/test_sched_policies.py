@@ -177,3 +177,29 @@ def test_async_keeps_its_pool_sizes_when_the_core_fails_and_comes_back():
     assert [(c.cell_id, c.role) for c in back] == [(0, Role.train)]
     s.handle(ev.SwitchDone(0, Role.train))
     assert [c.role for c in s.state.cells] == [Role.train, Role.train, Role.rollout, Role.rollout]
+
+
+def test_a_cell_of_two_replicas_holds_two_micro_steps_at_once_and_the_core_one():
+    """`Topology.train_slots_per_cell` (a live cell's ranks): a satellite claims up to that many
+    micro-steps at once, the core one; a failure releases every claim the cell held."""
+    topology = Topology(num_nodes=4, cell_nodes=1, slots_per_node=4, train_slots_per_cell=2)
+    s = Scheduler(make_policy("colocate"), topology, SHAPE, clock=lambda: 0.0, check_invariants=True)
+    commands = s.start()
+    for d in of(commands, ev.DispatchExecution):
+        commands += s.handle(ev.ExecutionFinished(d.execution_id, 100))
+    claims = []
+    for switch in of(commands, ev.SwitchCell):
+        claims += of(s.handle(ev.SwitchDone(switch.cell_id, switch.role)), ev.ClaimMicroStep)
+    held = {c.cell_id: len(c.claims) for c in s.state.cells}
+    assert held[0] <= 1 and max(held.values()) == 2 and sum(held.values()) == len(claims) == 4
+    two = next(cid for cid, n in held.items() if n == 2)
+    assert of(s.handle(ev.CellFailed(two)), ev.ClaimMicroStep)  # both released and claimed again elsewhere
+    assert sum(len(c.claims) for c in s.state.cells) == 4
+    first = next(c for c in claims if c.cell_id != two)
+    s.handle(ev.MicroStepDone(first.cell_id, first.micro_step_id))
+    assert first.micro_step_id not in s.state.cells[first.cell_id].claims
+
+
+def test_a_topology_with_no_train_slot_is_refused():
+    with pytest.raises(SchedulingConfigError, match="train_slots_per_cell"):
+        Scheduler(make_policy("elastic"), Topology(4, 1, 4, train_slots_per_cell=0), SHAPE, clock=lambda: 0.0)

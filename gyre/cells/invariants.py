@@ -31,8 +31,11 @@ def check(state: SchedulerState, policy: Policy) -> None:
     if claims > len(state.micro_steps) + state.num_releases:
         raise InvariantViolation(f"{claims} claims for {len(state.micro_steps)} micro-steps")
     for micro in state.micro_steps.values():
-        if micro.claimed_by is not None and state.cells[micro.claimed_by].micro_step_id != micro.micro_step_id:
+        if micro.claimed_by is not None and micro.micro_step_id not in state.cells[micro.claimed_by].claims:
             raise InvariantViolation(f"micro-step {micro.micro_step_id} claimed by an idle cell")
+    for cell in state.cells:
+        if len(cell.claims) > cell.train_capacity or (cell.claims and cell.busy != "micro"):
+            raise InvariantViolation(f"cell {cell.cell_id} holds {cell.claims} ({cell.busy}; capacity {cell.train_capacity})")
     core = state.core
     if core.role is not Role.train and state.current_step_started():
         raise InvariantViolation(f"core cell {core.cell_id} is {core.role.value} mid-step {state.trained_version}")

@@ -121,14 +121,13 @@ class Policy:
             if not step.partitioned and not state.cells_in(Role.to_train) and train_cells:
                 state.partition_statically(train_cells)
         for cell in train_cells:
-            if cell.busy is not None or self.burst_over(state, cell):
+            if cell.busy not in (None, "micro") or self.burst_over(state, cell):
                 continue  # busy, or its burst is over: it claims nothing more before leaving
-            if cell.weights_version != state.trained_version:
+            if cell.busy is None and cell.weights_version != state.trained_version:
                 if not state.optimizer_in_flight and (not cell.is_core or cell.weights_version is None):
                     commands.append(state.pull(cell))
                 continue
-            micro_id = state.claimable(cell, early)
-            if micro_id is not None:
+            while (micro_id := state.claimable(cell, early)) is not None:  # up to its train capacity
                 commands.append(state.claim(cell, micro_id))
         core = state.core
         if (

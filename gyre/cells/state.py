@@ -38,9 +38,16 @@ class CellState:
     role: Role
     is_core: bool = False
     weights_version: int | None = None
-    busy: str | None = None  # "micro" | "optimizer" | "pull"
-    micro_step_id: int | None = None
+    busy: str | None = None  # "micro" (while `claims` holds any) | "optimizer" | "pull"
+    claims: list[int] = field(default_factory=list)
+    """Micro-steps it holds claimed: at most `train_capacity` (its replicas)."""
     updates_in_burst: int = 0
+    train_slots: int = 1
+
+    @property
+    def train_capacity(self) -> int:
+        """Micro-steps it may hold at once: the core one (one trainer), a satellite its replicas."""
+        return 1 if self.is_core else self.train_slots
 
 
 @dataclass
@@ -105,7 +112,8 @@ class SchedulerState:
         trained before (their groups and steps count as consumed: ids, blocks and versions go on
         from there, so a resumed run's executions and steps carry the same numbers a run without
         the interruption would)."""
-        cells = [CellState(i, topology.slots_per_cell, role) for i, role in enumerate(roles)]
+        cells = [CellState(i, topology.slots_per_cell, role, train_slots=topology.train_slots_per_cell)
+                 for i, role in enumerate(roles)]
         cells[core_cell].is_core = True
         for cell in cells:
             if cell.role is Role.train:
@@ -159,7 +167,9 @@ class SchedulerState:
 
     def claimable(self, cell: CellState, early: bool) -> int | None:
         """The next micro-step `cell` may claim now (before its batch is complete if `early`)."""
-        if cell.role is not Role.train or cell.busy is not None or cell.weights_version != self.trained_version:
+        if cell.role is not Role.train or cell.busy not in (None, "micro") or cell.weights_version != self.trained_version:
+            return None
+        if len(cell.claims) >= cell.train_capacity:
             return None
         if self.optimizer_in_flight or (not early and not self.step_complete(self.trained_version)):
             return None
@@ -215,7 +225,8 @@ class SchedulerState:
         self.unclaimed[micro.step_index].remove(micro_id)
         micro.claimed_by = cell.cell_id
         micro.num_claims += 1
-        cell.busy, cell.micro_step_id = "micro", micro_id
+        cell.busy = "micro"
+        cell.claims.append(micro_id)
         return ev.ClaimMicroStep(cell.cell_id, micro_id, micro.step_index, micro.execution_ids, micro.num_tokens)
 
     def pull(self, cell: CellState) -> ev.PullSnapshot:
@@ -230,11 +241,13 @@ class SchedulerState:
         return ev.ApplyOptimizerStep(core.cell_id, self.trained_version, num_satellites)
 
     def partition_statically(self, cells: list[CellState]) -> None:
-        """Non-streaming: pin the complete step's micro-steps round-robin to `cells`."""
+        """Non-streaming: pin the complete step's micro-steps round-robin to `cells`, each cell
+        once per replica it has (`train_capacity`)."""
         step = self.steps[self.trained_version]
         step.partitioned = True
+        seats = [c.cell_id for c in cells for _ in range(c.train_capacity)]
         for rank, micro_id in enumerate(step.micro_step_ids):
-            self.micro_steps[micro_id].assigned_cell = cells[rank % len(cells)].cell_id
+            self.micro_steps[micro_id].assigned_cell = seats[rank % len(seats)]
 
     # ------------------------------------------------------------------ events
 
@@ -256,7 +269,9 @@ class SchedulerState:
                     return []  # abandoned by a failure
                 micro.done, micro.claimed_by = True, None
                 self.steps[micro.step_index].num_done += 1
-                cell.busy, cell.micro_step_id = None, None
+                cell.claims.remove(mid)
+                if not cell.claims:
+                    cell.busy = None
             case ev.SwitchDone(cell_id=cid, role=role):
                 cell = self.cells[cid]
                 if cell.role is Role.failed:
@@ -289,7 +304,7 @@ class SchedulerState:
             case ev.CellRejoined(cell_id=cid):
                 cell = self.cells[cid]
                 if cell.role is Role.failed:  # back as a rollout cell; policies may switch it as any other
-                    cell.role, cell.busy, cell.micro_step_id, cell.weights_version = Role.rollout, None, None, None
+                    cell.role, cell.busy, cell.claims, cell.weights_version = Role.rollout, None, [], None
         return []
 
     def _finish_execution(self, execution_id: int, num_tokens: int) -> None:
@@ -338,9 +353,9 @@ class SchedulerState:
     def _fail(self, cell_id: int) -> None:
         cell = self.cells[cell_id]
         was_core = cell.is_core
-        if cell.busy == "micro" and cell.micro_step_id is not None:
-            self._release(cell.micro_step_id)
-        cell.role, cell.busy, cell.micro_step_id, cell.is_core = Role.failed, None, None, False
+        for micro_id in cell.claims:
+            self._release(micro_id)
+        cell.role, cell.busy, cell.claims, cell.is_core = Role.failed, None, [], False
         for micro in self.micro_steps.values():
             if micro.assigned_cell == cell_id:
                 micro.assigned_cell = None
@@ -361,7 +376,7 @@ class SchedulerState:
                 continue
             if micro.claimed_by is not None:
                 holder = self.cells[micro.claimed_by]
-                holder.busy, holder.micro_step_id = None, None
+                holder.busy, holder.claims = None, []
             if micro.done or micro.claimed_by is not None:
                 micro.done, micro.claimed_by, micro.assigned_cell = False, None, None
                 self.unclaimed[micro.step_index].append(micro_id)

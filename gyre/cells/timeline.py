@@ -33,6 +33,7 @@ class Timeline:
     def __post_init__(self) -> None:
         self._state = ["rollout" if role is Role.rollout else "train-idle" for role in self.initial]
         self._since = [0.0] * self.num_cells
+        self._busy = [0] * self.num_cells  # claims, pulls and optimizer steps in flight per cell
 
     def command(self, command: ev.Command, now_s: float) -> None:
         match command:
@@ -40,16 +41,20 @@ class Timeline:
                 self._enter(cid, "switching", now_s)
             case ev.ClaimMicroStep(cell_id=cid) | ev.PullSnapshot(cell_id=cid) | ev.ApplyOptimizerStep(cell_id=cid):
                 if self._state[cid] != "failed":
-                    self._enter(cid, "train-busy", now_s)
+                    self._busy[cid] += 1
+                    if self._state[cid] != "train-busy":
+                        self._enter(cid, "train-busy", now_s)
 
     def event(self, event: ev.Event, now_s: float, waterlevel: int) -> None:
         match event:
             case ev.SwitchDone(cell_id=cid, role=role) if self._state[cid] != "failed":
                 self._enter(cid, "rollout" if role is Role.rollout else "train-idle", now_s)
             case ev.MicroStepDone(cell_id=cid) | ev.SnapshotPulled(cell_id=cid) | ev.OptimizerStepDone(cell_id=cid):
-                if self._state[cid] == "train-busy":
+                self._busy[cid] = max(0, self._busy[cid] - 1)
+                if self._state[cid] == "train-busy" and not self._busy[cid]:  # a cell of several replicas
                     self._enter(cid, "train-idle", now_s)
             case ev.CellFailed(cell_id=cid):
+                self._busy[cid] = 0
                 self._enter(cid, "failed", now_s)
             case ev.CellRejoined(cell_id=cid):
                 self._enter(cid, "rollout", now_s)

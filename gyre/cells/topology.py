@@ -27,6 +27,9 @@ class Topology:
     slots_per_node: float
     min_train_nodes: int = 1
     """Smallest cell that can hold a full training replica (weights + optimizer state)."""
+    train_slots_per_cell: int = 1
+    """Micro-steps a satellite cell may hold claimed at once: its data-parallel replicas (a live
+    cell's `scheduler.ranks_per_cell`). The core always holds one at a time (one trainer)."""
 
     @property
     def num_cells(self) -> int:
@@ -37,6 +40,8 @@ class Topology:
         return int(self.slots_per_node * self.cell_nodes)
 
     def validate(self, group_size: int) -> None:
+        if self.train_slots_per_cell < 1:
+            raise SchedulingConfigError(f"train_slots_per_cell ({self.train_slots_per_cell}) must be >= 1")
         if self.num_nodes <= 0 or self.cell_nodes <= 0:
             raise SchedulingConfigError(f"num_nodes ({self.num_nodes}) and cell_nodes ({self.cell_nodes}) must be > 0")
         if self.num_nodes % self.cell_nodes:

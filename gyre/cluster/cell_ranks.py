@@ -23,9 +23,8 @@ engine and one replica per cell, as with one rank:
   keyed (cell, rank) (`gyre.live_training`). A rank dying fails the whole cell: what any of
   its ranks held is recomputed by the core.
 
-The scheduler claims one micro-step at a time per cell, so a cell's ranks take its
-micro-steps in turn rather than at once; a cell that ran n at a time would need the
-scheduler to claim up to n per cell.
+The scheduler lets a cell of n ranks hold up to n micro-steps claimed at once
+(`Topology.train_slots_per_cell`; the core holds one), so its ranks train side by side.
 """
 
 from __future__ import annotations
@@ -63,12 +62,14 @@ class _LeastBusy:
         self._lock = threading.Lock()
         self.in_flight = [0] * n
         self.used = [0] * n
+        self.peak = 0  # the most uses in flight at once, over all indices
 
     def take(self) -> int:
         with self._lock:
             i = min(range(len(self.used)), key=lambda k: (self.in_flight[k], self.used[k], k))
             self.in_flight[i] += 1
             self.used[i] += 1
+            self.peak = max(self.peak, sum(self.in_flight))
             return i
 
     def give_back(self, i: int) -> None:
@@ -143,6 +144,11 @@ class CellReplicas:
     def load(self, ref, version: int) -> None:
         """The core's weights of `version` into every rank (raises `SatelliteDied` if one died)."""
         _each(self.ranks, lambda r: r.load(ref, version))
+
+    @property
+    def peak_in_flight(self) -> int:
+        """The most micro-steps its ranks ran at once (the scheduler claims up to one per rank)."""
+        return self._pick.peak
 
     def micro_step(self, micro_id: int, step: int, sequences: list) -> tuple[TrainStats | str, int]:
         """Forward-backward on the least busy rank: its stats (or why the loss was not finite)

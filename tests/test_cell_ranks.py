@@ -22,6 +22,7 @@ from gyre.coordinator import Coordinator
 from gyre.engines.base import EngineDrainingError, GenerationRequest, RolloutEngine, SamplingParams
 from gyre.engines.torch_rollout import TorchRolloutEngine
 from gyre.live_cells import LiveCells
+from tests.test_cells_ray import _config as ray_config
 
 KILL_WAIT_S = 300.0  # the run reaches a reduction of both ranks, then a rank holding gradients (loaded box)
 
@@ -66,16 +67,9 @@ def test_a_cell_engine_spreads_calls_over_its_ranks_and_controls_them_all(tiny_m
 def _config(model_dir, tmp_path) -> RunConfig:
     """Colocate on 2 cells (cell 1 trains every step): 2 queries x 4, one execution per micro-step;
     5 steps, so a rank killed as late as step 3 is back before the end (a restart takes ~4 s)."""
-    return RunConfig.model_validate({
-        "name": "cell-ranks", "steps": 5, "cache_dir": str(tmp_path / "cache"),
-        "model": {"path": str(model_dir)},
-        "benchmark": {"num_queries": 16},
-        "rollout": {"queries_per_step": 2, "group_size": 4, "max_new_tokens": 24},
-        "harness": {"max_turns": 2},
-        "scheduler": {"runtime": "ray", "ranks_per_cell": 2, "policy": "colocate", "num_cells": 2,
-                      "slots_per_cell": 8, "lookahead_groups": 0, "executions_per_micro_step": 1,
-                      "weight_transport": "shm"},
-    })  # fmt: skip
+    return ray_config(model_dir, tmp_path, "cell-ranks", steps=5, max_new_tokens=24, ranks_per_cell=2,
+                      policy="colocate", num_cells=2, slots_per_cell=8, lookahead_groups=0,
+                      executions_per_micro_step=1, weight_transport="shm")
 
 
 @pytest.mark.slow

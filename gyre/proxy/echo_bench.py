@@ -91,7 +91,7 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
         result_chars: tuple[int, int] = RESULT_CHARS) -> dict:
     """`concurrency` echoing sessions growing to about `target_tokens`, all at once, through the
     null proxy; the per-call overhead's p50 / p99 (milliseconds)."""
-    from gyre.proxy.bench import NUM_EXECUTIONS, null_proxy
+    from gyre.proxy.bench import NUM_EXECUTIONS, _quantile, null_proxy
 
     if concurrency + SEQUENTIAL_SESSIONS > NUM_EXECUTIONS:
         raise ValueError(f"at most {NUM_EXECUTIONS - SEQUENTIAL_SESSIONS} sessions (the benchmark server's keys)")
@@ -128,21 +128,17 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
     tokenize_ms = _tokenize_ms(new_texts)
     return {
         "p50_overhead_ms": round(statistics.median(ms), 3),
-        "p99_overhead_ms": round(_p99(ms), 3),
+        "p99_overhead_ms": round(_quantile(ms, 0.99), 3),
         "sequential_p50_ms": round(statistics.median(sequential_ms), 3),
-        "sequential_p99_ms": round(_p99(sequential_ms), 3),
+        "sequential_p99_ms": round(_quantile(sequential_ms, 0.99), 3),
         "tokenize_new_p50_ms": round(statistics.median(tokenize_ms), 3),
-        "tokenize_new_p99_ms": round(_p99(tokenize_ms), 3),
+        "tokenize_new_p99_ms": round(_quantile(tokenize_ms, 0.99), 3),
         "calls": len(ms), "sessions": concurrency, "turns": turns, "wall_s": round(wall_s, 2),
         "last_call_body_kb": round(statistics.median(b for b, _ in last) / 1024, 1),
         "last_call_ms_p50": round(statistics.median(s * 1e3 for _, s in last), 3),
         "targets": {"p50_overhead_ms": 2.0, "p99_overhead_ms": 20.0},
         "load_avg_1m_before": round(load_before, 2), "load_avg_1m_after": round(os.getloadavg()[0], 2),
     }
-
-
-def _p99(values: list[float]) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
 def _tokenize_ms(texts: list[str]) -> list[float]:

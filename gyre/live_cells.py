@@ -46,7 +46,7 @@ from gyre.coordinator import Coordinator, ExecutionResult
 from gyre.engines.base import RolloutEngine
 from gyre.engines.factory import rollout_engine
 from gyre.live_engines import cell_engine, describe, start_ray
-from gyre.live_faults import ActorBack, ActorDown, CellFaults, EngineRefused
+from gyre.live_faults import FAULT_EVENTS, CellFaults
 from gyre.live_publish import publish, refused, route_current
 from gyre.live_records import flush_switches, save_records
 from gyre.live_switches import SwitchLog
@@ -168,7 +168,7 @@ class LiveCells:
             while not self.scheduler.state.done():
                 self._carry_out(commands)
                 event = self._next_event()
-                if isinstance(event, (ActorDown, ActorBack, EngineRefused)):  # a cell's process died, came back
+                if isinstance(event, FAULT_EVENTS):  # a cell's process died or came back, its engine refused
                     event = self.faults.handle(event)
                     if event is None:
                         commands = []

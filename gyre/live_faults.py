@@ -21,7 +21,10 @@ from its own thread:
   the cell is back (`TrainingPlane.forget`).
 
 An engine that refuses weights without its process dying (`gyre.live_publish`) comes here as
-`EngineRefused`: recorded, and `CellFailed` for good (no process died for Ray to restart).
+`EngineRefused`: recorded, and `CellFailed` (no process died for Ray to restart). The next
+`REFUSED_RETRIES` publications offer it their snapshot (a server that was unhealthy for a while,
+a snapshot it could not read): the first it loads brings it back (`EngineRecovered`, then
+`CellRejoined`, recorded); after that many refusals it serves and trains nothing more in the run.
 
 Work that touched the dead engine while the news travelled (a publication loading weights
 into it, a switch routing it) waits up to `NOTICE_S` for the watcher and then goes on
@@ -37,6 +40,7 @@ from gyre.cells import events as ev
 from gyre.cells.events import Role
 
 NOTICE_S = 15.0  # a call to a dead engine failed: how long to wait for the watcher to confirm it
+REFUSED_RETRIES = 3  # publications offered to a cell whose engine refused weights, before it is out for good
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,16 @@ class EngineRefused:
     error: str
 
 
+@dataclass(frozen=True)
+class EngineRecovered:
+    """A cell failed by `EngineRefused` loaded a later publication (`gyre.live_publish`)."""
+
+    cell_id: int
+
+
+FAULT_EVENTS = (ActorDown, ActorBack, EngineRefused, EngineRecovered)  # what `CellFaults.handle` takes
+
+
 @dataclass
 class FaultRecord:
     cell_id: int
@@ -74,6 +88,8 @@ class CellFaults:
         self.failures: dict[int, int] = {}
         """Per cell, how often it went down: training work begun before the latest is stale."""
         self.records: list[FaultRecord] = []
+        self.refused: dict[int, int] = {}
+        """Cells failed by `EngineRefused`: the publications still to offer each (under `lock`)."""
         self._changed = threading.Condition()
 
     # -- the watcher's thread --------------------------------------------------------------
@@ -110,22 +126,48 @@ class CellFaults:
             self._changed.wait_for(lambda: bool(self.down & cells), timeout=NOTICE_S)
             return self.down & cells
 
+    def take_retries(self) -> list[int]:
+        """The cells failed by `EngineRefused` to offer this publication to; each offer is counted."""
+        with self._changed:
+            cells = [c for c, left in self.refused.items() if left > 0]
+            for c in cells:
+                self.refused[c] -= 1
+            return cells
+
     def cell_of(self, engine) -> int | None:
         return next((c.cell_id for c in self.cells.cells if c.engine is engine), None)
 
     # -- the loop thread -------------------------------------------------------------------
 
     def handle(self, event) -> ev.Event | None:
-        """The scheduler event `event` (an ActorDown / ActorBack / EngineRefused) means, if any."""
+        """The scheduler event `event` (an ActorDown / ActorBack / EngineRefused / EngineRecovered)
+        means, if any."""
         driver = self.cells
         state = driver.scheduler.state
         now = driver.clock() - driver.timeline.start_s
         if isinstance(event, EngineRefused):
+            with self._changed:
+                left = self.refused.get(event.cell_id)
+                if left is None:
+                    self.refused[event.cell_id] = left = REFUSED_RETRIES
             if state.cells[event.cell_id].role is Role.failed:
+                then = (f"{left} more publications are offered to it" if left else
+                        "no publication is offered to it any more: it serves and trains nothing more in this run")
+                self.cells.note(event.cell_id, f"its engine refused again ({event.error}); {then}")
                 return None
             self._record(event.cell_id, now, "failed", f"its engine refused the newest weights ({event.error}): "
-                         "CellFailed; it serves and trains nothing more in this run")
+                         f"CellFailed; the next {left} publications are offered to it")
             return ev.CellFailed(event.cell_id)
+        if isinstance(event, EngineRecovered):
+            with self._changed:
+                self.refused.pop(event.cell_id, None)
+            if state.cells[event.cell_id].role is not Role.failed:
+                return None
+            from gyre.live_publish import route_current  # it imports this module
+
+            route_current(driver, driver.cells[event.cell_id].engine)
+            self._record(event.cell_id, now, "rejoined", "its engine loaded a later publication: CellRejoined")
+            return ev.CellRejoined(event.cell_id)
         if isinstance(event, ActorDown):
             role = state.cells[event.cell_id].role
             if role is Role.failed:
@@ -140,6 +182,7 @@ class CellFaults:
         driver.training.forget(event.cell_id)  # ranks that survived drop the gradients of before the fault
         with self._changed:
             self.down.discard(event.cell_id)
+            self.refused.pop(event.cell_id, None)  # a new process: it loads the newest weights below
         if state.cells[event.cell_id].role is Role.failed:
             from gyre.live_publish import route_current  # it imports this module
 

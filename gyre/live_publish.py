@@ -11,8 +11,10 @@ names the tensor). That is the cell's trouble, not the run's: when the engine of
 than the core refuses (and its process did not die, which `gyre.live_faults` handles), it
 leaves the router, so its calls stop and continue elsewhere, and an `EngineRefused` tells the
 loop, which records it (`cell_faults`, the cell's Prefect log) and reports `CellFailed`: the
-scheduler stops giving the cell work. Nothing brings it back in this run (no process died for
-Ray to restart). The core's own engine refusing stops the run with the error: every other
+scheduler stops giving the cell work. No process died for Ray to restart, so the next
+`gyre.live_faults.REFUSED_RETRIES` publications offer the cell's engine their snapshot after the routed engines
+have it; the first it loads brings the cell back (`EngineRecovered`: routed again, then
+`CellRejoined`). The core's own engine refusing stops the run with the error: every other
 engine is loaded from the same snapshot, so the run could not go on anyway.
 """
 
@@ -25,7 +27,7 @@ from contextlib import AbstractContextManager, nullcontext
 from gyre.cells import events as ev
 from gyre.engines.base import RolloutEngine
 from gyre.live_engines import policy_state
-from gyre.live_faults import EngineRefused
+from gyre.live_faults import EngineRecovered, EngineRefused
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,16 @@ def publish(driver, version: int) -> ev.Event:
                 if cell is None:
                     raise  # not a cell's engine (an evaluation's): the run stops with the error
                 driver.events.put(refused(driver, cell, engine, exc))
+        for cell in driver.faults.take_retries():
+            engine = driver.cells[cell].engine
+            try:
+                engine.load_weights(path, version)
+            except Exception as exc:
+                driver.events.put(refused(driver, cell, engine, exc))
+                continue
+            log.info("cell %d: its engine %s loaded version %d after refusing earlier weights", cell,
+                     engine.engine_id, version)
+            driver.events.put(EngineRecovered(cell))
         driver.coord.policy_version = version
     return ev.WeightsPublished(version)
 

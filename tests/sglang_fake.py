@@ -81,6 +81,7 @@ class FakeSGLang:
         self.unhealthy = False
         self.fail_generate_status: int | None = None  # inject a server error on /generate
         self.refuse_versions_from: int | None = None  # /update_weights_from_disk of this version or later fails
+        self.refuse_versions_to: int | None = None  # ... up to this one, exclusive (None: every later one)
         # as SGLang's does on a snapshot it cannot load (400, "Rolled back to the old weights.")
         self.cut_after: int | None = None  # a network partition: after this many tokens nothing more
         # arrives on any stream and /abort_request never answers, until `heal()`
@@ -327,7 +328,8 @@ class FakeSGLang:
             message = f"Failed to get weights iterator: {path} is not a directory or file. Rolled back to the old weights."
             return JSONResponse({"success": False, "message": message, "num_paused_requests": 0}, status_code=400)
         version = body.get("weight_version")
-        if self.refuse_versions_from is not None and version is not None and int(version) >= self.refuse_versions_from:
+        if (self.refuse_versions_from is not None and version is not None and int(version) >= self.refuse_versions_from
+                and (self.refuse_versions_to is None or int(version) < self.refuse_versions_to)):
             message = (f"Failed to update weights: size mismatch for model.embed_tokens.weight (version {version}). "
                        "Rolled back to the old weights.")
             return JSONResponse({"success": False, "message": message, "num_paused_requests": 0}, status_code=400)

@@ -134,3 +134,31 @@ def test_a_cell_whose_server_refuses_the_new_weights_leaves_the_run_and_the_run_
     con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
     faults = con.execute("select cell, what from cell_faults").fetchall()
     assert faults == [(1, "failed")]
+
+
+@pytest.mark.parametrize("policy", ["colocate", "elastic"])
+def test_a_cell_whose_server_refused_one_version_comes_back_at_the_next_publication(
+        tiny_model_dir, tmp_path, servers, policy):
+    """Cell 1's server refuses version 1 only (a snapshot it could not read, a server briefly
+    unhealthy): the cell fails, version 2's publication is offered to it, it loads it, rejoins
+    the run and serves calls again."""
+    servers[1].refuse_versions_from, servers[1].refuse_versions_to = 1, 2
+    config = _config(tiny_model_dir, tmp_path, [s.base_url for s in servers], policy=policy, num_cells=2,
+                     executions_per_micro_step=2).model_copy(update={"steps": 3})
+    coord = Coordinator(config, tmp_path / "run")
+    try:
+        cells = LiveCells(coord, config.steps)
+        records = cells.run()
+        cells.close()
+        assert [r.policy_version for r in records] == [1, 2, 3]
+        assert cells.scheduler.state.cells[1].role is not ev.Role.failed
+        assert [(f.cell_id, f.what) for f in cells.faults.records] == [(1, "failed"), (1, "rejoined")]
+        assert cells.faults.refused == {}
+    finally:
+        coord.close()
+    calls = [(p, b.get("weight_version")) for p, b in servers[1].calls]
+    back = calls.index(("/update_weights_from_disk", "2"))
+    assert ("/update_weights_from_disk", "1") in calls[:back]
+    assert ("/generate", None) in calls[back:]  # it served calls again after loading version 2
+    con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
+    assert con.execute("select cell, what from cell_faults order by at_s").fetchall() == [(1, "failed"), (1, "rejoined")]

@@ -46,6 +46,7 @@ from gyre.proxy.sessions import SessionRegistry
 from gyre.proxy.toolcalls import parser_for
 from gyre.records import Call, EvalRecord, EvalStatus, Execution, ExecutionStatus, Query, Score, StepRecord, utc_now
 from gyre.resolve import preflight
+from gyre.run_dir import set_aside_interrupted
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.factory import create_sandbox
 from gyre.sandboxes.isolation import Isolation
@@ -343,13 +344,7 @@ class Coordinator:
             raise FileNotFoundError(f"{self.run_dir}/checkpoints: no complete checkpoint to resume from")
         steps_done = load_checkpoint(self.trainer, path, rollout=self._sampling_rng())
         self.publish_weights(self.trainer.steps_taken)
-        # Workspaces of steps the crash interrupted are set aside (kept), so those steps rerun.
-        aside = self.run_dir / f"abandoned-{utc_now():%Y%m%d-%H%M%S}"
-        for kind in ("workspaces", "evals"):
-            for old in (self.run_dir / kind).glob("[se]*"):
-                if int(old.name[1:5]) >= steps_done:
-                    (aside / kind).mkdir(parents=True, exist_ok=True)
-                    old.rename(aside / kind / old.name)
+        set_aside_interrupted(self.run_dir, steps_done)  # kept, so those steps rerun from their start
         return steps_done
 
     def record_step(self, outcome: StepOutcome, results: list[ExecutionResult], scores: list[Score]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -9,6 +10,14 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 import pytest
 
 from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
+
+
+def pytest_unconfigure(config):
+    """Prefect's test server (`prefect_test_harness`) also stops from an `atexit` hook, which logs
+    "Stopping temporary server" to a console bound to pytest's captured output, closed by then:
+    Python printed a "--- Logging error ---" traceback after the summary. Nothing Prefect logs
+    after the session is a test's."""
+    logging.getLogger("prefect").disabled = True
 
 
 @pytest.fixture(scope="session")

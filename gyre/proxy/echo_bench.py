@@ -11,7 +11,8 @@ so contexts grow by thousands of tokens a call to `target_tokens`.
 
 The proxy runs the real app in a child process in front of the `NullEngine` (it answers at
 once, as in `gyre.proxy.bench`), so a call's round trip is the proxy's overhead: HTTP, the
-body's JSON, templating and tokenising the new turns, recording, the answer. `concurrency`
+body's JSON, templating and tokenising the new turns, recording, the answer (the client encodes
+each body before its clock starts: that is the harness's work). `concurrency`
 sessions run at once (32: the issue's setting); p50 and p99 over every call.
 
 In the same run, to say where the time goes: one session at a time (`sequential_*`: a call's
@@ -26,6 +27,7 @@ think time: each session sends its next call as soon as the last is answered).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import time
@@ -75,8 +77,10 @@ async def replay(client: httpx.AsyncClient, key: str, session: AgentSession, max
             new_texts.append("".join(message_text(m) for m in messages[sent:]))
             sent = len(messages)
         body = {"model": "null", "messages": messages, "tools": session.tools, "max_tokens": max_tokens}
+        content = json.dumps(body).encode()  # the client's own work, before the clock starts
         started = time.perf_counter()
-        response = await client.post("/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"})
+        response = await client.post("/v1/chat/completions", content=content,
+                                     headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
         seconds = time.perf_counter() - started
         if response.status_code != 200:
             raise RuntimeError(f"{session.session_id} call {k}: proxy answered {response.status_code}: "

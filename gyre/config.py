@@ -188,8 +188,13 @@ class MegatronConfig(Section):
     tp: int = Field(default=1, ge=1)
     """Tensor-parallel size: each weight matrix split over this many ranks (one process per rank;
     world = tp x pp x data-parallel). Must divide the attention heads, key/value heads and MLP width."""
-    pp: int = Field(default=1, ge=1, le=1)
-    """Pipeline-parallel size; only 1 is supported yet."""
+    pp: int = Field(default=1, ge=1)
+    """Pipeline-parallel size: the decoder layers split into this many consecutive stages, one
+    per rank (the embedding on the first, the final norm and LM head on the last; a tied head is
+    kept as a copy on the last stage, its gradients summed with the embedding's). Megatron's
+    1F1B schedule runs the micro-batches through the stages. world = tp x pp x data-parallel;
+    num_hidden_layers must divide by pp. The engine refuses, naming the numbers, a model whose
+    layers do not divide or a world that is not a multiple of tp x pp."""
 
 
 class TrainConfig(Section):

@@ -298,8 +298,8 @@ def test_engine_refuses_unsupported_model_dir_and_tp(tiny_model_dir, tmp_path):
 
     with pytest.raises(conv.UnsupportedModelError, match="num_attention_heads 4 is not divisible by tensor parallel size 3"):
         _engine(tiny_model_dir, parallel=MegatronParallel(tp=3))
-    with pytest.raises(NotImplementedError, match="pp=2"):
-        _engine(tiny_model_dir, parallel=MegatronParallel(pp=2))
+    with pytest.raises(conv.UnsupportedModelError, match="num_hidden_layers 2 is not divisible by pipeline parallel size 3"):
+        _engine(tiny_model_dir, parallel=MegatronParallel(pp=3))  # pp > 1 itself: tests/test_megatron_pp.py
 
 
 def test_snapshot_with_wrong_shape_names_the_tensor(tiny_model_dir, tmp_path):

@@ -19,7 +19,10 @@ GQA, optional q/k norm, optional qkv bias, tied or untied LM head):
 - norms are replicated.
 
 `to_megatron` slices one TP rank's shard out of the full HF state dict; `to_hf` joins all
-ranks' shards back into HF names. The round trip is bit-exact (only slicing and
+ranks' shards back into HF names. Pipeline parallelism: `to_stage` keeps one stage's part of
+a TP shard (its layers renamed to the stage's local indices, the embedding on the first
+stage, the final norm and head on the last; a tied head is a copy of the embedding there),
+`from_stages` joins the stages back. The round trip is bit-exact (only slicing and
 concatenation). Errors name the config attribute or tensor they are about.
 """
 
@@ -130,12 +133,16 @@ def load_hf_dir(model_dir: Path) -> dict[str, torch.Tensor]:
     return {k: v.float() for k, v in tensors.items()}
 
 
-def check_parallel(spec: DecoderSpec, tp: int) -> None:
-    """Tensor parallelism must split heads, key/value groups and the MLP evenly."""
+def check_parallel(spec: DecoderSpec, tp: int, pp: int = 1) -> None:
+    """Tensor parallelism must split heads, key/value groups and the MLP evenly; pipeline
+    parallelism the layers (each stage holds num_hidden_layers / pp consecutive layers)."""
     for name, value in (("num_attention_heads", spec.num_heads), ("num_key_value_heads", spec.num_kv_heads),
                         ("intermediate_size", spec.ffn_hidden_size)):
         if value % tp:
             raise UnsupportedModelError(f"HF config: {name} {value} is not divisible by tensor parallel size {tp}")
+    if spec.num_layers % pp:
+        raise UnsupportedModelError(
+            f"HF config: num_hidden_layers {spec.num_layers} is not divisible by pipeline parallel size {pp}")
 
 
 def hf_names(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
@@ -277,3 +284,51 @@ def to_hf(spec: DecoderSpec, shards: list[dict[str, torch.Tensor]]) -> dict[str,
         out[p + "mlp.down_proj.weight"] = cols(m + "mlp.linear_fc2.weight")
     check_hf_state(spec, out)
     return {k: v.contiguous() for k, v in out.items()}
+
+
+def stage_layers(spec: DecoderSpec, pp_rank: int, pp: int) -> range:
+    """The (global) decoder layers pipeline stage `pp_rank` holds: an equal consecutive run."""
+    per = spec.num_layers // pp
+    return range(pp_rank * per, (pp_rank + 1) * per)
+
+
+def _layer_index(name: str) -> int:
+    return int(name.split(".")[2])
+
+
+def to_stage(spec: DecoderSpec, state: dict[str, torch.Tensor], pp_rank: int, pp: int) -> dict[str, torch.Tensor]:
+    """One pipeline stage's part of a TP shard with all layers (`to_megatron`'s output), named
+    as that stage's GPTModel names it: `decoder.layers.{i - first}`. With a tied head and
+    pp > 1 the last stage holds its own copy of the embedding as `output_layer.weight`."""
+    if pp == 1:
+        return state
+    layers = stage_layers(spec, pp_rank, pp)
+    first, last = pp_rank == 0, pp_rank == pp - 1
+    out = {}
+    for name, t in state.items():
+        if name.startswith("decoder.layers."):
+            i = _layer_index(name)
+            if i in layers:
+                out[name.replace(f"decoder.layers.{i}.", f"decoder.layers.{i - layers.start}.", 1)] = t
+        elif (first if name.startswith("embedding.") else last):  # the final norm, an untied head
+            out[name] = t
+    if last and spec.tied_embeddings:
+        out["output_layer.weight"] = state["embedding.word_embeddings.weight"]
+    return out
+
+
+def from_stages(spec: DecoderSpec, stages: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Every pipeline stage's state of one TP rank, in stage order, joined into `to_megatron`'s
+    all-layer names (a tied head's last-stage copy dropped: the embedding is the tensor)."""
+    if len(stages) == 1:
+        return stages[0]
+    out = {}
+    for pp_rank, state in enumerate(stages):
+        start = stage_layers(spec, pp_rank, len(stages)).start
+        for name, t in state.items():
+            if name.startswith("decoder.layers."):
+                i = _layer_index(name)
+                out[name.replace(f"decoder.layers.{i}.", f"decoder.layers.{i + start}.", 1)] = t
+            elif not (name == "output_layer.weight" and spec.tied_embeddings):
+                out[name] = t
+    return out

@@ -3,9 +3,11 @@
 What `MegatronTrainEngine` (engines/megatron_train.py) needs from Megatron before it can train:
 the parallel layout (`MegatronParallel`, `_init_parallel`: tp x pp x dp over the current
 `torch.distributed` world, a one-process gloo group when there is none), megatron-core 0.16's
-CUDA assumptions handled on a CPU box (`_patch_for_cpu`, `_quiet`; the engine module's
-docstring lists them), `GPTModel` built from the converter's decoder spec, and the vocabulary
-gather done without CUDA (`_GatherVocab`). Megatron is imported only here and in the engine.
+CUDA assumptions handled on a CPU box (`_patch_for_cpu`, `_no_embedding_sync`, `_quiet`; the
+engine module's docstring lists them), `GPTModel` built from the converter's decoder spec
+(this rank's pipeline stage only), and the vocabulary gather done without CUDA
+(`_GatherVocab`). Megatron is imported only here, in the engine and in its pipeline module
+(engines/megatron_pipeline.py).
 """
 
 from __future__ import annotations
@@ -69,8 +71,6 @@ def _init_parallel(parallel: MegatronParallel) -> None:
 
     if parallel.tp < 1 or parallel.pp < 1:
         raise ValueError(f"megatron tp and pp must be >= 1, got tp={parallel.tp} pp={parallel.pp}")
-    if parallel.pp > 1:
-        raise NotImplementedError(f"megatron pp={parallel.pp}: pipeline parallelism is not supported by this engine yet (use pp: 1)")
     if not dist.is_initialized():
         if int(os.environ.get("WORLD_SIZE", "1")) != 1:
             raise RuntimeError("WORLD_SIZE > 1 but torch.distributed is not initialised: call init_process_group first")
@@ -78,8 +78,9 @@ def _init_parallel(parallel: MegatronParallel) -> None:
         _owned_group = True
     world = dist.get_world_size()
     if world % (parallel.tp * parallel.pp):
-        raise ValueError(f"world size {world} is not a multiple of tp * pp = {parallel.tp * parallel.pp}: "
-                         "run one process per rank (e.g. torchrun) with torch.distributed initialised")
+        raise ValueError(f"world size {world} is not a multiple of tp * pp = {parallel.tp} * {parallel.pp}: "
+                         "run one process per rank (e.g. torchrun) with torch.distributed initialised "
+                         "(world = tp x pp x data-parallel)")
     if ps.model_parallel_is_initialized():
         have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
         if have != (parallel.tp, parallel.pp):
@@ -93,11 +94,37 @@ def _init_parallel(parallel: MegatronParallel) -> None:
     initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
 
 
+@contextlib.contextmanager
+def _no_embedding_sync():
+    """With pp > 1 and a tied head, GPTModel's constructor copies the first stage's embedding
+    to the last stage's head with `weight.data.cuda()` and an all-reduce
+    (`LanguageModule.setup_embeddings_and_output_layer`); without CUDA that raises. The engine
+    loads both copies from the HF weights right after the build, so the copy is skipped: its
+    `_is_in_embd_group` answers False during the build (under a lock: replicas build in threads)."""
+    if torch.cuda.is_available():
+        yield
+        return
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    with _BUILD_LOCK:
+        original = LanguageModule.__dict__["_is_in_embd_group"]
+        LanguageModule._is_in_embd_group = lambda self: False
+        try:
+            yield
+        finally:
+            LanguageModule._is_in_embd_group = original
+
+
+_BUILD_LOCK = threading.Lock()
+
+
 def _build_model(spec: conv.DecoderSpec, tp: int, pp: int):
-    """Megatron's GPTModel with local (torch-only) layer specs, shaped like the HF model."""
+    """Megatron's GPTModel with local (torch-only) layer specs, shaped like the HF model; with
+    pp > 1 this rank's stage only (its layers; the embedding first, the final norm and head last)."""
     import torch.nn.functional as F
 
     with _quiet():
+        from megatron.core import parallel_state as ps
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.transformer import TransformerConfig
@@ -112,13 +139,21 @@ def _build_model(spec: conv.DecoderSpec, tp: int, pp: int):
             apply_rope_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
             use_cpu_initialization=True, perform_initialization=False, params_dtype=torch.float32,
             tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=False,
+            # pipeline schedule (engines/megatron_pipeline.py): activations sent in fp32 and each
+            # micro-batch's loss taken as it is (a sum; not divided by micro-batches or tokens)
+            pipeline_dtype=torch.float32, calculate_per_token_loss=True,
         )
-        return GPTModel(
-            config, get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm"),
-            vocab_size=spec.padded_vocab(tp), max_sequence_length=spec.max_position_embeddings,
-            share_embeddings_and_output_weights=spec.tied_embeddings, position_embedding_type="rope",
-            rotary_base=spec.rope_theta, parallel_output=True,
-        )
+        # micro-batches differ in shape (Megatron's own p2p then sends shapes first); set after
+        # construction: __post_init__ refuses it for its MoE token dispatcher, which we never build
+        config.variable_seq_lengths = pp > 1
+        with _no_embedding_sync() if pp > 1 and spec.tied_embeddings else contextlib.nullcontext():
+            return GPTModel(
+                config, get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm"),
+                vocab_size=spec.padded_vocab(tp), max_sequence_length=spec.max_position_embeddings,
+                share_embeddings_and_output_weights=spec.tied_embeddings, position_embedding_type="rope",
+                rotary_base=spec.rope_theta, parallel_output=True,
+                pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+            )
 
 
 class _GatherVocab(torch.autograd.Function):

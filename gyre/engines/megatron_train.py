@@ -12,11 +12,13 @@ processor's packed rows with the algorithm's loss (plain and tree-packed rows, t
 Parallelism: `MegatronParallel(tp, pp)`; data parallelism is what the world leaves (world =
 tp * pp * dp). Every rank calls every method with the same arguments; a data-parallel
 replica takes every dp-th row; a call's fresh gradients are summed over data-parallel ranks
-(the loss is a sum) and, for the q/k norms (applied to each rank's own heads), over the
-tensor-parallel group, as Megatron's `finalize_model_grads` does. Megatron's DDP wrapper and
-optimizer assume CUDA and are not used: plain AdamW on each rank's shard is the same update.
-Pipeline parallelism (pp > 1) is refused with a clear error (Megatron's p2p schedules are
-not driven yet).
+(the loss is a sum), for the q/k norms (applied to each rank's own heads) over the
+tensor-parallel group and, for a tied embedding with pp > 1, over its two copies (first and
+last stage), as Megatron's `finalize_model_grads` does. Pipeline parallelism (pp > 1): each
+rank builds and holds its stage's layers only and `forward_backward` runs Megatron's own
+1F1B schedule (engines/megatron_pipeline.py); the grad-norm clip is global over all stages
+and shards; stats are the same on every rank. Megatron's DDP wrapper and optimizer assume
+CUDA and are not used: plain AdamW on each rank's shard is the same update.
 
 CPU (gloo): megatron-core 0.16 assumes CUDA where this engine reaches it; all handled here,
 only when CUDA is absent, never outside this module: (1) `GlobalMemoryBuffer.get_tensor`
@@ -27,7 +29,9 @@ patched once (`_patch_for_cpu`) to allocate a fresh CPU tensor (thread-safe); (2
 0, no stream is drawn). Without patches: the default causal mask and `RotaryEmbedding.forward`
 also go to "cuda", so the engine passes its own mask and rotary angles (which is also what
 tree rows need: depth positions, ancestor-only masks); Megatron's vocabulary gather
-allocates on CUDA, so the logits are gathered by `_GatherVocab`.
+allocates on CUDA, so the logits are gathered by `_GatherVocab`. Pipeline parallelism adds
+three (the tied head's copy at build, the p2p buffers, the schedule's token count), listed
+in engines/megatron_pipeline.py and megatron_setup.py, patched only there.
 
 Megatron's parallel state is global to a process: engines in one process share it and must
 agree on tp and pp. With no process group, the engine starts a one-process gloo group.
@@ -36,6 +40,7 @@ agree on tp and pp. With no process group, the engine starts a one-process gloo 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -51,6 +56,7 @@ from gyre.engines import megatron_convert as conv
 from gyre.engines.base import LossFn, TrainSequence, TrainStats
 from gyre.engines.hf import check_model_dir
 from gyre.engines.torch_train import NonFiniteError, _check, _collate, micro_batches, token_logprobs
+from gyre.engines import megatron_pipeline as pipe
 from gyre.engines import megatron_setup as setup
 from gyre.engines.megatron_setup import (  # noqa: F401 - MegatronParallel is part of this module's API
     _SHARED_BUFFER, MegatronParallel, _build_model, _GatherVocab, _init_parallel,
@@ -77,7 +83,7 @@ class MegatronTrainEngine:
         model_dir = check_model_dir(Path(model_dir))
         hf_config = json.loads((model_dir / "config.json").read_text())
         self.spec = conv.spec_from_hf_config(hf_config)
-        conv.check_parallel(self.spec, parallel.tp)
+        conv.check_parallel(self.spec, parallel.tp, parallel.pp)
         torch.manual_seed(seed)
         _init_parallel(parallel)
         from megatron.core import parallel_state as ps
@@ -88,6 +94,7 @@ class MegatronTrainEngine:
         self.tp_rank, self.tp_group = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_group()
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.dp_group = ps.get_data_parallel_group()
+        self.pp_rank, self.mp_group = ps.get_pipeline_model_parallel_rank(), ps.get_model_parallel_group()
         self.device = torch.device(device)
         try:
             self.model = _build_model(self.spec, parallel.tp, parallel.pp).to(self.device)
@@ -108,7 +115,8 @@ class MegatronTrainEngine:
     def load_hf_state(self, hf: dict[str, torch.Tensor]) -> None:
         """Set this rank's shard from full HF tensors; all shapes are checked before any copy
         (errors name the tensor), so a refused state leaves the weights as they were."""
-        shard = conv.to_megatron(self.spec, hf, self.tp_rank, self.parallel.tp)
+        shard = conv.to_stage(self.spec, conv.to_megatron(self.spec, hf, self.tp_rank, self.parallel.tp),
+                              self.pp_rank, self.parallel.pp)
         params = dict(self.model.named_parameters())
         for name in sorted(set(params) | set(shard)):
             have, want = shard.get(name), params.get(name)
@@ -131,32 +139,37 @@ class MegatronTrainEngine:
             raise conv.WeightShapeError(f"snapshot {path}: {exc}") from None
 
     def _gather_hf(self, which: str) -> dict[str, torch.Tensor]:
-        """Full HF-named tensors (weights or gradients) gathered over the tensor-parallel group."""
+        """Full HF-named tensors (weights or gradients) gathered over the model-parallel group
+        (every tensor-parallel shard of every pipeline stage); every rank gets the whole model."""
         local = {}
         for name, p in self.model.named_parameters():
             t = p.detach() if which == "weights" else (p.grad if p.grad is not None else torch.zeros_like(p))
             local[name] = t.detach().cpu().clone()
-        if self.parallel.tp == 1:
+        tp, pp = self.parallel.tp, self.parallel.pp
+        if tp * pp == 1:
             return conv.to_hf(self.spec, [local])
-        shards: list = [None] * self.parallel.tp
-        dist.all_gather_object(shards, local, group=self.tp_group)
-        return conv.to_hf(self.spec, shards)
+        parts: list = [None] * (tp * pp)
+        dist.all_gather_object(parts, (self.pp_rank, self.tp_rank, local), group=self.mp_group)
+        by_rank = {(p, t): state for p, t, state in parts}
+        return conv.to_hf(self.spec, [conv.from_stages(self.spec, [by_rank[p, t] for p in range(pp)]) for t in range(tp)])
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full model's weights in HF names on every rank; a collective over the TP x PP group."""
         return self._gather_hf("weights")
 
     def hf_gradients(self) -> dict[str, torch.Tensor]:
-        """The held gradients in HF names (zeros where none); a collective over the TP group."""
+        """The held gradients in HF names (zeros where none), full on every rank; a collective
+        over the TP x PP group."""
         return self._gather_hf("grads")
 
     def save_snapshot(self, path: Path) -> Path:
-        """Write the weights in HF names as safetensors (write, then rename); tensor-parallel
-        rank 0 of data-parallel rank 0 writes, every rank returns once it is there."""
+        """Write the weights in HF names as safetensors (write, then rename); the rank with
+        tensor-, pipeline- and data-parallel rank 0 writes, every rank returns once it is there."""
         from safetensors.torch import save_file
 
         path = Path(path)
         state = self.hf_state_dict()
-        if self.tp_rank == 0 and self.dp_rank == 0:
+        if self.tp_rank == 0 and self.pp_rank == 0 and self.dp_rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
             os.close(fd)
@@ -195,7 +208,9 @@ class MegatronTrainEngine:
         return 4 * s.num_layers * s.num_heads * s.head_dim / (2 * params)
 
     def _forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
-        """HF-style call for `token_logprobs`: logits [B, T, vocab], gathered over TP."""
+        """HF-style call for `token_logprobs`: logits [B, T, vocab], gathered over TP. A pipeline
+        stage before the last returns its hidden states [T, B, H]; a stage after the first
+        starts from the input Megatron's schedule set (`set_input_tensor`), not `input_ids`."""
         rows, width = input_ids.shape
         if attention_mask is not None and attention_mask.dim() == 4:
             masked = attention_mask < 0  # tree rows: additive float mask from _collate
@@ -205,15 +220,17 @@ class MegatronTrainEngine:
         if position_ids is None:
             position_ids = torch.arange(width, device=input_ids.device).expand(rows, width)
         m = self.model
-        hidden = m.embedding(input_ids=input_ids, position_ids=position_ids)  # [T, B, H]
+        hidden = m.embedding(input_ids=input_ids, position_ids=position_ids) if m.pre_process else None  # [T, B, H]
         # RotaryEmbedding.forward moves its frequencies to CUDA; its CUDA-free half is enough:
         # angles per position, [cos | sin] halves (not interleaved), indexed by each token's position
         # (its `inv_freq` is made on the CPU with `use_cpu_initialization` and is no buffer, so
         # `.to("cuda")` leaves it there: the angles are moved to the activations' device)
-        freqs = m.rotary_pos_emb.get_freqs_non_repeated(int(position_ids.max()) + 1).to(hidden.device)  # [S, D/2]
+        freqs = m.rotary_pos_emb.get_freqs_non_repeated(int(position_ids.max()) + 1).to(self.device)  # [S, D/2]
         rotary = torch.cat((freqs, freqs), dim=-1)[position_ids.transpose(0, 1)].unsqueeze(2)  # [T, B, 1, D]
         with _SHARED_BUFFER if setup._engines_alive > 1 and not setup._patched else contextlib.nullcontext():
             hidden = m.decoder(hidden_states=hidden, attention_mask=masked, rotary_pos_emb=rotary)
+        if not m.post_process:
+            return hidden
         weight = m.shared_embedding_or_output_weight() if self.spec.tied_embeddings else None
         logits, _ = m.output_layer(hidden, weight=weight, runtime_gather_output=False)  # [T, B, V / tp]
         if self.parallel.tp > 1:
@@ -221,7 +238,9 @@ class MegatronTrainEngine:
         return SimpleNamespace(logits=logits[..., : self.spec.vocab_size].transpose(0, 1))
 
     def _reduce_fresh_grads(self) -> None:
-        """This call's gradients: q/k norms summed over TP ranks, everything over DP ranks."""
+        """This call's gradients: a tied embedding's two pipeline copies summed, q/k norms
+        summed over TP ranks, everything over DP ranks."""
+        pipe.reduce_embedding_grads(self)
         if self.parallel.tp > 1 and self.spec.qk_norm:
             for name, p in self.model.named_parameters():
                 if p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name):
@@ -231,6 +250,19 @@ class MegatronTrainEngine:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 dist.all_reduce(p.grad, group=self.dp_group)
+
+    @staticmethod
+    def _micro_loss(loss_fn: LossFn, cols: dict, logp_BT: torch.Tensor, sums: list) -> torch.Tensor:
+        """One micro-batch's loss; adds its loss, |logp - behaviour|, tokens and stats to `sums`."""
+        loss, stats = loss_fn(logp_BT, cols["behaviour"], cols["mask"], cols["weight"], cols["advantage"], cols["segment"])
+        mask = cols["mask"]
+        sums[0] += float(loss.detach())
+        sums[1] += float((logp_BT.detach() - cols["behaviour"]).abs()[mask].sum())
+        sums[2] += int(mask.sum())
+        rows = mask.shape[0]
+        for key, value in stats.items():
+            sums[3][key] = sums[3].get(key, 0.0) + (value if is_summed(key) else value * rows)
+        return loss
 
     def forward_backward(self, sequences: list[TrainSequence], loss_fn: LossFn, accumulate: bool = False) -> TrainStats:
         """As `TorchTrainEngine.forward_backward`: gradients of the loss, no clip, no step.
@@ -245,23 +277,20 @@ class MegatronTrainEngine:
         for p in params:
             p.grad = None
         mine = sequences[self.dp_rank :: self.dp_size]
-        total_loss, abs_diff_sum, num_trained = 0.0, 0.0, 0
-        extra_sums: dict[str, float] = {}
-        for batch in micro_batches(mine, self.micro_batch_tokens) if mine else []:
-            cols = _collate(batch, self.pad_id, "mask")
-            cols = {k: v.to(self.device) for k, v in cols.items()}
-            logp_BT = token_logprobs(
-                self._forward, cols["input_ids"], cols["attention"], self.temperature,
-                cols.get("position_ids"), cols.get("prev"),
-            )
-            loss, stats = loss_fn(logp_BT, cols["behaviour"], cols["mask"], cols["weight"], cols["advantage"], cols["segment"])
-            loss.backward()
-            total_loss += float(loss.detach())
-            mask = cols["mask"]
-            abs_diff_sum += float((logp_BT.detach() - cols["behaviour"]).abs()[mask].sum())
-            num_trained += int(mask.sum())
-            for key, value in stats.items():
-                extra_sums[key] = extra_sums.get(key, 0.0) + (value if is_summed(key) else value * len(batch))
+        batches = micro_batches(mine, self.micro_batch_tokens) if mine else []
+        micro_loss = functools.partial(self._micro_loss, loss_fn)
+        if self.parallel.pp > 1:
+            sums = pipe.forward_backward(self, batches, micro_loss)
+        else:
+            sums = [0.0, 0.0, 0, {}]
+            for batch in batches:
+                cols = {k: v.to(self.device) for k, v in _collate(batch, self.pad_id, "mask").items()}
+                logp_BT = token_logprobs(
+                    self._forward, cols["input_ids"], cols["attention"], self.temperature,
+                    cols.get("position_ids"), cols.get("prev"),
+                )
+                micro_loss(cols, logp_BT, sums).backward()
+        total_loss, abs_diff_sum, num_trained, extra_sums = sums
         self._reduce_fresh_grads()
         if self.dp_size > 1:  # as objects: a replica with no rows has no stat keys
             gathered: list = [None] * self.dp_size
@@ -282,16 +311,17 @@ class MegatronTrainEngine:
 
     def grad_norm(self) -> float:
         """Global L2 norm of the held gradients: sharded tensors counted once per shard,
-        replicated ones (the norms) once (a collective over the TP group). By name: with
-        `perform_initialization=False` Megatron never sets its `tensor_model_parallel` flag."""
+        replicated ones (the norms) once, a tied embedding's last-stage copy not at all (a
+        collective over the TP x PP group). By name: with `perform_initialization=False`
+        Megatron never sets its `tensor_model_parallel` flag."""
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for name, p in self.model.named_parameters():
-            if p.grad is None:
+            if p.grad is None or pipe.is_tied_copy(self, name):
                 continue
             if not conv.is_replicated(name) or self.tp_rank == 0:
                 sq += p.grad.detach().double().pow(2).sum()
-        if self.parallel.tp > 1:
-            dist.all_reduce(sq, group=self.tp_group)
+        if self.parallel.tp * self.parallel.pp > 1:
+            dist.all_reduce(sq, group=self.mp_group)
         return float(sq.sqrt())
 
     def apply_gradients(self) -> float:

@@ -299,18 +299,34 @@ class SchedulerConfig(Section):
     ray_actor_threads: int = Field(default=1, gt=0)
     """`runtime: ray`: torch threads of each cell's process (one process per cell shares the box's cores)."""
     ranks_per_cell: int = Field(default=1, ge=1)
-    """`runtime: ray`: data-parallel ranks of each cell beyond the core, each a Ray actor (its own
-    process, engine server and training replica) with a bundle of one CPU in the cell's placement
-    group (STRICT_PACK: a cell's ranks share a host). In rollout the cell is one engine to the
-    router, its calls spread over the ranks; in train its micro-steps go to the ranks and every
-    rank holding gradients joins the step's reduction. Ranks are DP replicas: no TP/PP inside a
-    cell. 1 (the default): one actor per cell. Values above 1 need `runtime: ray`."""
+    """`runtime: ray`: ranks of each cell beyond the core, each a Ray actor (its own process,
+    engine server and training replica) with a bundle of one CPU in the cell's placement group
+    (STRICT_PACK: a cell's ranks share a host). In rollout the cell is one engine to the router,
+    its calls spread over the ranks; in train its micro-steps go to the ranks and every rank
+    holding gradients joins the step's reduction: ranks are data-parallel replicas, unless
+    `cell_tensor_parallel` splits the train engine over them. 1 (the default): one actor per
+    cell. Values above 1 need `runtime: ray`."""
+    cell_tensor_parallel: int = Field(default=1, ge=1)
+    """`runtime: ray`: tensor-parallel size of the train engine inside each cell beyond the core.
+    1 (the default): every rank trains a whole replica (above). T > 1: the cell's ranks form one
+    Megatron world (tp = T, dp = ranks_per_cell / T; `gyre/cluster/tp_cell.py`), every micro-step
+    goes to all of them, so the cell holds one micro-step at a time, and its rank 0 alone sends
+    the cell's gradients to the core. Rollout is unchanged: each rank serves its own engine. Needs
+    `runtime: ray`, `train.engine: megatron` with `train.megatron` tp and pp 1 (the core is one
+    process) and `ranks_per_cell` a multiple of T."""
 
     @model_validator(mode="after")
     def _ranks_need_ray(self) -> "SchedulerConfig":
         if self.ranks_per_cell > 1 and self.runtime != "ray":
             raise ValueError(f"scheduler.ranks_per_cell: {self.ranks_per_cell} needs scheduler.runtime: ray (a "
                              f"rank is a Ray actor); runtime: {self.runtime} runs one engine per cell")
+        tp = self.cell_tensor_parallel
+        if tp > 1 and self.runtime != "ray":
+            raise ValueError(f"scheduler.cell_tensor_parallel: {tp} needs scheduler.runtime: ray (a tensor-parallel "
+                             f"rank is a Ray actor); runtime: {self.runtime} runs one engine per cell")
+        if self.ranks_per_cell % tp:
+            raise ValueError(f"scheduler.cell_tensor_parallel: {tp} must divide scheduler.ranks_per_cell: "
+                             f"{self.ranks_per_cell} (a cell's ranks are tp x dp)")
         return self
 
 
@@ -351,14 +367,24 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _ray_cells_run_torch_engines(self) -> "RunConfig":
-        """`scheduler.runtime: ray` builds the torch engines inside each cell's actor."""
+        """`scheduler.runtime: ray` builds the torch engines inside each cell's actor (the Megatron
+        train engine in tensor-parallel cells)."""
         if self.scheduler.runtime == "ray":
             if self.rollout.engine != "torch":
                 raise ValueError("scheduler.runtime: ray runs the torch rollout engine in each cell's actor; with "
                                  "rollout.engine: sglang the servers are already separate (runtime: threads)")
-            if self.train.engine != "torch":
+            tp = self.scheduler.cell_tensor_parallel
+            if tp > 1 and self.train.engine != "megatron":
+                raise ValueError(f"scheduler.cell_tensor_parallel: {tp} splits the train engine with Megatron: it "
+                                 f"needs train.engine: megatron (got {self.train.engine})")
+            if tp > 1 and (self.train.megatron.tp, self.train.megatron.pp) != (1, 1):
+                raise ValueError(f"scheduler.cell_tensor_parallel: {tp} needs train.megatron.tp: 1 and pp: 1: the core "
+                                 f"trains in the driver, one process (got tp: {self.train.megatron.tp}, "
+                                 f"pp: {self.train.megatron.pp})")
+            if tp == 1 and self.train.engine != "torch":
                 raise ValueError("scheduler.runtime: ray trains torch replicas in the cells' actors; "
-                                 f"train.engine: {self.train.engine} runs under runtime: threads")
+                                 f"train.engine: {self.train.engine} runs under runtime: threads, or in "
+                                 "tensor-parallel cells (scheduler.cell_tensor_parallel > 1)")
         return self
 
 

@@ -18,7 +18,9 @@ from its own thread:
   is behind: a cell reports its lowest), is routed again, and the scheduler hears `CellRejoined`.
   Gradients a training cell held when it failed are not used, not even those of its ranks that
   survived: the core recomputes those micro-steps, and the survivors clear their gradients when
-  the cell is back (`TrainingPlane.forget`).
+  the cell is back (`TrainingPlane.forget`). A tensor-parallel cell has no survivors: the
+  watcher kills its other ranks too, Ray restarts them all, and its world is formed anew when
+  it next trains (`gyre.cluster.tp_cell`).
 
 An engine that refuses weights without its process dying (`gyre.live_publish`) comes here as
 `EngineRefused`: recorded, and `CellFailed` (no process died for Ray to restart). The next

@@ -20,6 +20,9 @@ exactly those before it steps (`recomputed` lists them). A cell of several ranks
 whole when one rank dies: what any of its ranks held then is recomputed too (its `generation`
 changed), a micro-step a surviving rank finishes after the failure is dropped (the scheduler
 gave it to another cell), and the survivors clear their gradients when the cell is back.
+A tensor-parallel cell (`scheduler.cell_tensor_parallel`, `gyre.cluster.tp_cell`) trains each
+micro-step on all its ranks, gathers its gradients into the core's layout before the
+reduction and is one member, (cell, 0); when it comes back its world is formed anew.
 
 Every micro-step's rows are weighted as part of the whole step (`process_batch(
 num_executions=...)`): the loss averages over the step's nominal executions, so an
@@ -37,13 +40,14 @@ from dataclasses import dataclass, field, replace
 from gyre.algo.gspo import diagnostics, is_summed
 from gyre.algo.advantages import group_advantages
 from gyre.cells.topology import BatchShape
-from gyre.cluster import grad_reduce
+from gyre.cluster import grad_reduce, tp_cell
 from gyre.cluster.cell_ranks import CellReplicas
 from gyre.cluster.remote_replica import RemoteReplica, SatelliteDied, WeightsByObjectStore, reduce_onto_core
 from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
 from gyre.engines.factory import train_engine
 from gyre.engines.base import TrainStats
 from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine
+from gyre.live_engines import policy_state
 from gyre.records import Score, StepRecord, utc_now
 
 
@@ -127,10 +131,11 @@ class TrainingPlane:
         self._start_version = start_version
         self._start = None  # the core's weights at `start_version`, for a satellite never pulled
         if ray is not None:
-            self._start = self._weights.ref(start_version, coord.trainer.model.state_dict)
+            self._start = self._weights.ref(start_version, lambda: policy_state(coord.trainer))
         elif start_version:  # a new local replica is built from the base model: version 0
             self._start = {k: v.detach().clone() for k, v in coord.trainer.model.state_dict().items()}
         self._store: grad_reduce.GradStore | None = None
+        self._store_lock = threading.Lock()
         self._locks = {cell_id: threading.Lock() for cell_id in range(num_cells)}
         self._loading = {cell_id: threading.Lock() for cell_id in range(num_cells)}
         self._books = threading.Lock()
@@ -142,13 +147,25 @@ class TrainingPlane:
             self.replicas[cell_id] = train_engine(cfg, self.coord.model_dir, seed=cfg.seed + cell_id)
         return self.replicas[cell_id]
 
-    def _remote(self, cell_id: int) -> CellReplicas | None:
+    def _remote(self, cell_id: int) -> CellReplicas | tp_cell.TensorParallelReplicas | None:
         if self.ray is None or cell_id == 0:
             return None
         if cell_id not in self.remote:
             ranks = [RemoteReplica(cell_id, actor, rank) for rank, actor in enumerate(self.ray.actors(cell_id))]
-            self.remote[cell_id] = CellReplicas(cell_id, ranks)
+            tensor_parallel = self.coord.config.scheduler.cell_tensor_parallel > 1
+            self.remote[cell_id] = (tp_cell.TensorParallelReplicas(cell_id, ranks, self._grad_store) if tensor_parallel
+                                    else CellReplicas(cell_id, ranks))
         return self.remote[cell_id]
+
+    def _grad_store(self) -> grad_reduce.GradStore:
+        """The run's rendezvous for reductions (and tensor-parallel cells' worlds), served here."""
+        import ray
+
+        with self._store_lock:
+            if self._store is None:
+                host = "127.0.0.1" if self.ray.local is not None else ray.util.get_node_ip_address()
+                self._store = grad_reduce.GradStore(host)
+            return self._store
 
     def pull(self, cell_id: int) -> None:
         """A satellite takes the core's current weights (raises `SatelliteDied` if its process died)."""
@@ -160,7 +177,7 @@ class TrainingPlane:
                 self.loaded.add(cell_id)
                 return
             version = core.steps_taken
-            ref = self._weights.ref(version, core.model.state_dict)
+            ref = self._weights.ref(version, lambda: policy_state(core))  # HF names (a torch core's own)
         remote.load(ref, version)
         self.loaded.add(cell_id)
 
@@ -258,9 +275,8 @@ class TrainingPlane:
 
     def _reduce_remote(self, step: int, books: StepBooks, remote: dict[int, CellReplicas]) -> None:
         """The remote satellites' gradients onto the core, each rank holding any a member of its
-        own; what died with a process (a rank of a cell that failed: the whole cell's), recomputed."""
-        import ray
-
+        own (a tensor-parallel cell: its rank 0); what died with a process (a rank of a cell that
+        failed: the whole cell's), recomputed."""
         down = self.faults.down if self.faults is not None else set()
         expected: dict[tuple[int, int], list[int]] = {}
         stale = []  # held by a cell that failed since (the ranks that survived forgot them, or will)
@@ -271,13 +287,12 @@ class TrainingPlane:
                 stale.append(micro_id)
             else:
                 expected.setdefault((done.cell_id, done.rank), []).append(micro_id)
-        members = {(cid, rank): remote[cid].ranks[rank] for cid, rank in expected}
-        if self._store is None:
-            host = "127.0.0.1" if self.ray.local is not None else ray.util.get_node_ip_address()
-            self._store = grad_reduce.GradStore(host)
-        params = list(self.coord.trainer.model.parameters())
         started = time.monotonic()
-        arrived = reduce_onto_core(self._store, params, step, members, expected, self._dead)
+        for cell_id in tp_cell.prepare_gradients(remote, {cid for cid, _ in expected}, self.coord.trainer):
+            stale += expected.pop((cell_id, 0))  # a rank of the tensor-parallel cell died: all of it is lost
+        members = {(cid, rank): remote[cid].ranks[rank] for cid, rank in expected}
+        params = list(self.coord.trainer.model.parameters())
+        arrived = reduce_onto_core(self._grad_store(), params, step, members, expected, self._dead)
         nbytes = sum(p.numel() for p in params) * 4 * len(arrived)
         seconds = time.monotonic() - started
         lost = stale + [m for key, micro_ids in expected.items() for m in micro_ids if m not in arrived.get(key, [])]
@@ -299,6 +314,8 @@ class TrainingPlane:
         remote = self.remote.get(cell_id)
         if remote is None:
             return
+        if isinstance(remote, tp_cell.TensorParallelReplicas):
+            remote.reset()  # all its ranks are new processes: a new world when it next trains
         try:
             remote.clear()
         except SatelliteDied:

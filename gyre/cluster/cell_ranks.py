@@ -4,7 +4,9 @@ With `scheduler.ranks_per_cell: n` (and `scheduler.runtime: ray`) each cell beyo
 is a group of n Ray actors in one placement group (`gyre.cluster.rollout_actor.RayCells`):
 one actor per rank, a bundle each, packed on one host. A rank is a data-parallel replica
 of the whole model: it serves its own engine over HTTP and, in the train role, trains its
-own replica. Nothing is split inside a cell (no tensor or pipeline parallelism).
+own replica. (With `scheduler.cell_tensor_parallel` > 1 the ranks split the train engine
+instead: `gyre.cluster.tp_cell.TensorParallelReplicas` replaces `CellReplicas` below; the
+rollout side, `CellEngine`, is the same.)
 
 The scheduler, the proxy's router and the drain, reroute and fault code keep seeing one
 engine and one replica per cell, as with one rank:

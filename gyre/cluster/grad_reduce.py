@@ -91,8 +91,14 @@ def client_store(host: str, port: int) -> dist.Store:
 
 def send_gradients(group, params: list[torch.nn.Parameter]) -> None:
     """A satellite's part: its gradients (zeros where it has none), summed onto rank 0."""
-    for bucket in _buckets(params):
-        flat = torch.cat([_grad(p).reshape(-1) for p in bucket])
+    send_tensors(group, [_grad(p) for p in params])
+
+
+def send_tensors(group, grads: list[torch.Tensor]) -> None:
+    """A satellite's part when its gradients are not its parameters' own (a tensor-parallel cell
+    sends full tensors in the core's layout): one tensor per core parameter, in order and shape."""
+    for bucket in _buckets(grads):
+        flat = torch.cat([g.to(torch.float32).reshape(-1) for g in bucket])
         _reduce(group, flat)
 
 
@@ -130,7 +136,7 @@ def _grad(p: torch.nn.Parameter) -> torch.Tensor:
     return (p.grad if p.grad is not None else torch.zeros_like(p)).to(torch.float32)
 
 
-def _buckets(params: list[torch.nn.Parameter]) -> Iterator[list[torch.nn.Parameter]]:
+def _buckets(params: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
     """The parameters in order, grouped so each group's fp32 gradients fit BUCKET_BYTES (one
     larger parameter gets a group of its own). Every rank sees the same model: the same buckets."""
     bucket, size = [], 0

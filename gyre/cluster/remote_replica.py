@@ -48,6 +48,14 @@ class RemoteReplica:
     def clear(self) -> None:
         self._get(self.actor.train_clear.remote())
 
+    # a rank of a tensor-parallel cell (`gyre.cluster.tp_cell`)
+
+    def join_world(self, host: str, port: int, prefix: str, size: int) -> None:
+        self._get(self.actor.train_world.remote(host, port, prefix, self.rank, size))
+
+    def prepare(self, kind: str, names: list[str]) -> list[int]:
+        return self._get(self.actor.train_prepare.remote(kind, names))
+
     def _get(self, ref):
         import ray
         from ray.exceptions import RayActorError

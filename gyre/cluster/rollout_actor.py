@@ -10,10 +10,13 @@ the same adapter it uses for a real SGLang server, and a cell of several ranks t
 publications and the cells' role switches work across processes exactly as in one. In the
 train role the same processes train: each rank's replica (`gyre.cluster.train_replica`)
 runs the micro-steps it is sent and reduces its gradients onto the core over
-torch.distributed (`gyre.cluster.grad_reduce`). A rank is a data-parallel replica: no
-tensor or pipeline split runs inside a cell. Ray gives the processes, their placement and a
-restart when one dies (`max_restarts`); any rank dying fails its whole cell until every
-rank is back.
+torch.distributed (`gyre.cluster.grad_reduce`). A rank is a data-parallel replica, or,
+with `scheduler.cell_tensor_parallel` > 1, a rank of the cell's Megatron world
+(`gyre.cluster.tp_cell`: training only; every rank still serves its own rollout engine). Ray
+gives the processes, their placement and a restart when one dies (`max_restarts`); any rank
+dying fails its whole cell until every rank is back. A tensor-parallel cell cannot take back
+one restarted rank, so when one dies the watcher kills the others too (Ray restarts them) and
+the cell comes back once every rank answers from a new process (`restart_whole`).
 
 `RayCells` owns the run's Ray: a local head on loopback (`gyre.cluster.ray_local`), or an
 existing cluster at `scheduler.ray_address`; its `close` kills the actors and stops the head.
@@ -50,7 +53,7 @@ class RolloutCellActor:
         import ray
         import torch
 
-        from gyre.cluster.train_replica import ReplicaHost
+        from gyre.cluster.tp_cell import replica_host
         from gyre.engines.torch_rollout import TorchRolloutEngine
         from gyre.engines.torch_server import TorchEngineServer
         from gyre.proxy.server import ServerThread
@@ -62,7 +65,7 @@ class RolloutCellActor:
         self.server = TorchEngineServer(self.engine, Path(model_dir))
         self.thread = ServerThread(self.server.app, host=self.host, name=engine_id).start()
         self.reader = ActorReader(*weights)  # attached again by a restart: the constructor reruns
-        self.replica = ReplicaHost(config, model_dir, seed) if config is not None else None
+        self.replica = replica_host(config, model_dir, seed)  # a whole replica, or a tensor-parallel rank
 
     def pull(self, version: int) -> dict:
         """Pull policy `version` (or newer) through the run's weight channel into the engine."""
@@ -78,6 +81,12 @@ class RolloutCellActor:
 
     def train_reduce(self, host: str, port: int, prefix: str, rank: int, size: int) -> list[int]:
         return self.replica.reduce(host, port, prefix, rank, size, self.host)
+
+    def train_world(self, host: str, port: int, prefix: str, rank: int, size: int) -> None:
+        self.replica.join_world(host, port, prefix, rank, size)
+
+    def train_prepare(self, kind: str, names: list[str]) -> list[int]:
+        return self.replica.prepare(kind, names)
 
     def train_clear(self) -> None:
         if self.replica is not None:
@@ -105,6 +114,7 @@ class RayCell:
     ranks: list[RayRank]
     engine: SGLangRolloutEngine | CellEngine  # one rank: its engine; more: a `CellEngine` over theirs
     model_dir: Path
+    restart_whole: bool = False  # one rank dying restarts them all (a tensor-parallel cell's world)
 
     @property
     def actor(self):
@@ -136,10 +146,12 @@ class RayCells:
 
     def add(self, cell_id: int, model_dir: Path, engine_id: str, *, seed: int, max_batch_size: int,
             prefix_cache_bytes: int, torch_threads: int, config: dict | None = None,
-            ranks: int = 1) -> SGLangRolloutEngine | CellEngine:
+            ranks: int = 1, restart_whole: bool = False) -> SGLangRolloutEngine | CellEngine:
         """Start cell `cell_id`'s `ranks` actors in one placement group (a bundle of one CPU each,
         STRICT_PACK: on one host); its engine once every rank is healthy. `config` (the run's, as
-        a dict): the actors can train (each a replica of `model_dir`)."""
+        a dict): the actors can train (each a replica of `model_dir`, or a tensor-parallel rank).
+        `restart_whole`: when one rank dies the watcher kills the others so Ray restarts them all
+        (a tensor-parallel world cannot take back one restarted member)."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -155,7 +167,7 @@ class RayCells:
         ).remote(str(model_dir), rank_engine_id(engine_id, rank, ranks), seed + RANK_SEED_STRIDE * rank,
                  max_batch_size, prefix_cache_bytes, torch_threads, (self.channel.kind, self.channel.where), config)
             for rank in range(ranks)]  # fmt: skip  (all start at once, then each is waited for)
-        cell = RayCell(cell_id, [], None, Path(model_dir))
+        cell = RayCell(cell_id, [], None, Path(model_dir), restart_whole)
         cell.ranks = [RayRank(actor, *_connect(actor, rank_engine_id(engine_id, rank, ranks), cell.model_dir,
                                                self.channel)) for rank, actor in enumerate(actors)]  # fmt: skip
         cell.engine = _cell_engine(engine_id, cell.ranks)
@@ -189,13 +201,16 @@ class RayCells:
                 if _alive(cell) or self._closing.is_set():
                     continue
                 on_down(cell.cell_id)
+                if cell.restart_whole:
+                    _kill_survivors(cell)
                 if not self._restarted(cell):
                     return
                 on_back(cell.cell_id, cell.engine)
 
     def _restarted(self, cell: RayCell) -> bool:
-        """Wait until Ray has restarted every dead rank of `cell`, then connect to all its ranks
-        again (`cell.ranks`, `cell.engine`); False when closing or a rank is out of restarts."""
+        """Wait until Ray has restarted every dead rank of `cell` (with `restart_whole`: every
+        rank answers from a new process), then connect to all its ranks again (`cell.ranks`,
+        `cell.engine`); False when closing or a rank is out of restarts."""
         import ray
         from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
 
@@ -205,11 +220,14 @@ class RayCells:
             if self._closing.is_set() or time.monotonic() > deadline:
                 return False
             try:
-                ray.get(waiting[0].actor.pid.remote(), timeout=PING_TIMEOUT_S)
+                pid = ray.get(waiting[0].actor.pid.remote(), timeout=PING_TIMEOUT_S)
             except ActorDiedError:
                 return False  # no restarts left: the cell stays failed
             except (RayActorError, GetTimeoutError):
                 time.sleep(WATCH_INTERVAL_S)
+                continue
+            if cell.restart_whole and pid == waiting[0].pid:
+                time.sleep(WATCH_INTERVAL_S)  # killed, not gone yet
                 continue
             waiting.pop(0)
         cell.ranks = [RayRank(r.actor, *_connect(r.actor, r.engine.engine_id, cell.model_dir, self.channel))
@@ -256,6 +274,43 @@ def _alive(cell: RayCell) -> bool:
         except RayActorError:
             alive = False  # died (restarting, or out of restarts)
     return alive
+
+
+def _kill_survivors(cell: RayCell) -> None:
+    """Kill (Ray restarts them) the ranks of `cell` still in the process they had: those answering
+    with their old pid, and those too busy to answer (stuck in a collective with the dead)."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    asks = [(rank, rank.actor.pid.remote()) for rank in cell.ranks]
+    for rank, ref in asks:
+        try:
+            if ray.get(ref, timeout=PING_TIMEOUT_S) != rank.pid:
+                continue  # already a new process
+        except RayActorError:
+            continue  # the dead one (restarting, or out of restarts)
+        except GetTimeoutError:
+            pass  # deliberate: busy in a collective with the dead one, killed too
+        ray.kill(rank.actor, no_restart=False)
+        _wait_gone(rank)
+
+
+def _wait_gone(rank: RayRank) -> None:
+    """Until the killed rank's old process is seen gone (a call fails, or a new pid answers): a
+    call sent earlier would fail as if the actor were out of restarts (`RayCells._restarted`)."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    deadline = time.monotonic() + ACTOR_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            if ray.get(rank.actor.pid.remote(), timeout=PING_TIMEOUT_S) != rank.pid:
+                return
+        except RayActorError:
+            return
+        except GetTimeoutError:
+            continue
+        time.sleep(WATCH_INTERVAL_S / 5)
 
 
 def _connect(actor, engine_id: str, model_dir: Path, channel: WeightsChannel) -> tuple[ActorEngine, int]:

@@ -73,12 +73,19 @@ class ReplicaHost:
         held = list(self.held)
         if self._store is None:
             self._store = grad_reduce.client_store(host, port)
-        if not grad_reduce.answer(self._store, prefix, rank, ready=bool(held)):
+        if not grad_reduce.answer(self._store, prefix, rank, ready=self._ready()):
             return [] if not held else None
-        engine = self._replica()
-        group = grad_reduce.join(self._store, prefix, rank, size, my_host, engine.device)
-        grad_reduce.send_gradients(group, list(engine.model.parameters()))
+        group = grad_reduce.join(self._store, prefix, rank, size, my_host, self._replica().device)
+        self._send(group)
         return held
+
+    def _ready(self) -> bool:
+        """Whether it has gradients to send (a tensor-parallel rank: also gathered for the core)."""
+        return bool(self.held)
+
+    def _send(self, group) -> None:
+        """Its part of the reduction: its parameters' gradients, in the core's order and shapes."""
+        grad_reduce.send_gradients(group, list(self._replica().model.parameters()))
 
     def clear(self) -> None:
         """Forget the gradients (the core applied them, or the step was skipped)."""

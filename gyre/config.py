@@ -5,7 +5,8 @@ results (`<run_dir>/config.yaml`). Every field carries a docstring (shown by
 `RunConfig.model_json_schema()`); unknown keys and wrong types are errors that name the
 file and the field. Backends are chosen by a `type` field, so adding SGLang or
 Megatron-core adds a variant, not a flag. The strict section base and the YAML loader are in
-`gyre.config_base`, the model section in `gyre.config_model`; both are re-exported here.
+`gyre.config_base`, the model section in `gyre.config_model`, the cell scheduler's in
+`gyre.config_scheduler`; all are re-exported here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gyre.config_base import ConfigError, Section, load_yaml_model
 from gyre.config_model import ModelConfig, TinyModelSettings, WarmstartSettings
+from gyre.config_scheduler import SchedulerConfig
 
 __all__ = [  # the sections in config_model and the base in config_base are re-exported here
     "Section", "ConfigError", "load_yaml_model", "TinyModelSettings", "WarmstartSettings", "ModelConfig",
@@ -266,70 +268,6 @@ class MetricsConfig(Section):
     """wandb project name."""
 
 
-class SchedulerConfig(Section):
-    policy: Literal["colocate", "colocate-standalone", "colocate-streaming", "async", "async-streaming",
-                    "elastic", "elastic-single-step"] | None = None
-    """Drive the run with the cell scheduler (`gyre/cells/`) under this policy: the same
-    scheduler the simulator runs. null: the step-synchronous loop (dispatch a step's groups,
-    wait for all, train, publish), with an evaluation round every `evaluation.every_steps`."""
-    num_cells: int = Field(default=2, gt=0)
-    """Cells the box is cut into; each serves rollout with its own engine or trains with a
-    full replica (cell 0 is the core: the trainer that owns the optimizer)."""
-    slots_per_cell: int = Field(default=16, gt=0)
-    """Live executions one rollout cell hosts (at least one group)."""
-    lookahead_groups: int = Field(default=0, ge=0)
-    """Groups allowed in flight beyond one step's batch: the staleness room (0: d = 0)."""
-    executions_per_micro_step: int = Field(default=4, gt=0)
-    """Executions per streamed micro-step (must divide rollout.group_size)."""
-    runtime: Literal["threads", "ray"] = "threads"
-    """Where cells 1.. live. `threads`: slices of this process (each its own engine and replica).
-    `ray`: each such cell is `ranks_per_cell` Ray actors (processes) in one placement group, each
-    serving its engine over HTTP (SGLang's API) to the proxy's router and, in the train role,
-    training its replica; gradients reach the core over torch.distributed. Cell 0, the core,
-    is always this process."""
-    ray_address: str | None = None
-    """`runtime: ray`: an existing Ray cluster to join (`host:port`); None: gyre starts a local Ray
-    on 127.0.0.1 for the run and stops it at the end (nothing of it outlives gyre)."""
-    weight_transport: Literal["disk", "shm", "mooncake", "ray"] = "disk"
-    """`runtime: ray`: how each published version reaches the cells' actors. `disk`: the snapshot
-    file, loaded by path (one host, or a shared filesystem); `shm`: a checksummed snapshot in
-    shared memory, pulled by each actor (one host); `mooncake`: the same over the Mooncake
-    Transfer Engine (TCP, or RDMA where it exists); `ray`: through Ray's object store. Every
-    pull's bytes and seconds land in `weight_pulls` (all but `disk`)."""
-    ray_actor_threads: int = Field(default=1, gt=0)
-    """`runtime: ray`: torch threads of each cell's process (one process per cell shares the box's cores)."""
-    ranks_per_cell: int = Field(default=1, ge=1)
-    """`runtime: ray`: ranks of each cell beyond the core, each a Ray actor (its own process,
-    engine server and training replica) with a bundle of one CPU in the cell's placement group
-    (STRICT_PACK: a cell's ranks share a host). In rollout the cell is one engine to the router,
-    its calls spread over the ranks; in train its micro-steps go to the ranks and every rank
-    holding gradients joins the step's reduction: ranks are data-parallel replicas, unless
-    `cell_tensor_parallel` splits the train engine over them. 1 (the default): one actor per
-    cell. Values above 1 need `runtime: ray`."""
-    cell_tensor_parallel: int = Field(default=1, ge=1)
-    """`runtime: ray`: tensor-parallel size of the train engine inside each cell beyond the core.
-    1 (the default): every rank trains a whole replica (above). T > 1: the cell's ranks form one
-    Megatron world (tp = T, dp = ranks_per_cell / T; `gyre/cluster/tp_cell.py`), every micro-step
-    goes to all of them, so the cell holds one micro-step at a time, and its rank 0 alone sends
-    the cell's gradients to the core. Rollout is unchanged: each rank serves its own engine. Needs
-    `runtime: ray`, `train.engine: megatron` with `train.megatron` tp and pp 1 (the core is one
-    process) and `ranks_per_cell` a multiple of T."""
-
-    @model_validator(mode="after")
-    def _ranks_need_ray(self) -> "SchedulerConfig":
-        if self.ranks_per_cell > 1 and self.runtime != "ray":
-            raise ValueError(f"scheduler.ranks_per_cell: {self.ranks_per_cell} needs scheduler.runtime: ray (a "
-                             f"rank is a Ray actor); runtime: {self.runtime} runs one engine per cell")
-        tp = self.cell_tensor_parallel
-        if tp > 1 and self.runtime != "ray":
-            raise ValueError(f"scheduler.cell_tensor_parallel: {tp} needs scheduler.runtime: ray (a tensor-parallel "
-                             f"rank is a Ray actor); runtime: {self.runtime} runs one engine per cell")
-        if self.ranks_per_cell % tp:
-            raise ValueError(f"scheduler.cell_tensor_parallel: {tp} must divide scheduler.ranks_per_cell: "
-                             f"{self.ranks_per_cell} (a cell's ranks are tp x dp)")
-        return self
-
-
 class RunConfig(Section):
     name: str = "gyre"
     """Run name, shown in the Prefect UI and recorded in DuckDB."""
@@ -373,18 +311,19 @@ class RunConfig(Section):
             if self.rollout.engine != "torch":
                 raise ValueError("scheduler.runtime: ray runs the torch rollout engine in each cell's actor; with "
                                  "rollout.engine: sglang the servers are already separate (runtime: threads)")
-            tp = self.scheduler.cell_tensor_parallel
-            if tp > 1 and self.train.engine != "megatron":
-                raise ValueError(f"scheduler.cell_tensor_parallel: {tp} splits the train engine with Megatron: it "
-                                 f"needs train.engine: megatron (got {self.train.engine})")
-            if tp > 1 and (self.train.megatron.tp, self.train.megatron.pp) != (1, 1):
-                raise ValueError(f"scheduler.cell_tensor_parallel: {tp} needs train.megatron.tp: 1 and pp: 1: the core "
-                                 f"trains in the driver, one process (got tp: {self.train.megatron.tp}, "
-                                 f"pp: {self.train.megatron.pp})")
-            if tp == 1 and self.train.engine != "torch":
+            sched = self.scheduler
+            split = (f"scheduler.cell_tensor_parallel: {sched.cell_tensor_parallel}, cell_pipeline_parallel: "
+                     f"{sched.cell_pipeline_parallel}")
+            if sched.cell_model_parallel > 1 and self.train.engine != "megatron":
+                raise ValueError(f"{split} split the train engine with Megatron: it needs train.engine: megatron "
+                                 f"(got {self.train.engine})")
+            if sched.cell_model_parallel > 1 and (self.train.megatron.tp, self.train.megatron.pp) != (1, 1):
+                raise ValueError(f"{split} needs train.megatron.tp: 1 and pp: 1: the core trains in the driver, one "
+                                 f"process (got tp: {self.train.megatron.tp}, pp: {self.train.megatron.pp})")
+            if sched.cell_model_parallel == 1 and self.train.engine != "torch":
                 raise ValueError("scheduler.runtime: ray trains torch replicas in the cells' actors; "
                                  f"train.engine: {self.train.engine} runs under runtime: threads, or in "
-                                 "tensor-parallel cells (scheduler.cell_tensor_parallel > 1)")
+                                 "model-parallel cells (scheduler.cell_tensor_parallel or cell_pipeline_parallel > 1)")
         return self
 
 

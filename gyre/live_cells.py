@@ -115,8 +115,8 @@ class LiveCells:
         self.coord = coord
         self.steps = steps
         self.shape = BatchShape(rollout.queries_per_step, rollout.group_size, cfg.executions_per_micro_step, steps)
-        # a cell's data-parallel ranks take a micro-step each; a tensor-parallel cell takes each on all its ranks
-        train_slots = cfg.ranks_per_cell if cfg.cell_tensor_parallel == 1 else 1
+        # a cell's data-parallel ranks take a micro-step each; a model-parallel cell takes each on all its ranks
+        train_slots = cfg.ranks_per_cell if cfg.cell_model_parallel == 1 else 1
         topology = Topology(cfg.num_cells, 1, cfg.slots_per_cell, train_slots_per_cell=train_slots)
         self.clock: Callable[[], float] = time.monotonic
         self.scheduler = Scheduler(
@@ -340,7 +340,8 @@ class LiveCells:
         self.feeds[cell_id].put(line)
 
     def describe(self, cell_id: int) -> str:
-        return describe(cell_id, self.cells[cell_id].engine, self.coord.config.scheduler.cell_tensor_parallel)
+        sched = self.coord.config.scheduler
+        return describe(cell_id, self.cells[cell_id].engine, sched.cell_tensor_parallel, sched.cell_pipeline_parallel)
 
     def _pull(self, cell_id: int, version: int) -> ev.Event | None:
         try:

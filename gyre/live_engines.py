@@ -19,10 +19,10 @@ def start_ray(coord):
     from gyre.cluster.rollout_actor import RayCells
 
     sched = coord.config.scheduler
-    if sched.cell_tensor_parallel > 1:  # a model the cells cannot split is refused before Ray starts
+    if sched.cell_model_parallel > 1:  # a model the cells cannot split is refused before Ray starts
         from gyre.cluster.tp_cell import check_cell_model
 
-        check_cell_model(coord.model_dir, sched.cell_tensor_parallel)
+        check_cell_model(coord.model_dir, sched.cell_tensor_parallel, sched.cell_pipeline_parallel)
     # a local Ray gets a CPU for every rank of the cells beyond the core, and one to spare
     ray = RayCells.start(sched.ray_address, num_cpus=(sched.num_cells - 1) * sched.ranks_per_cell + 1,
                          weight_transport=sched.weight_transport)
@@ -56,24 +56,24 @@ def cell_engine(coord, ray, i: int) -> RolloutEngine:
                      max_batch_size=rollout.max_batch_size, prefix_cache_bytes=rollout.prefix_cache_bytes,
                      torch_threads=coord.config.scheduler.ray_actor_threads,
                      config=coord.config.model_dump(mode="json"), ranks=coord.config.scheduler.ranks_per_cell,
-                     restart_whole=coord.config.scheduler.cell_tensor_parallel > 1)
+                     restart_whole=coord.config.scheduler.cell_model_parallel > 1)
     if snapshot is not None:
         engine.load_weights(snapshot, coord.policy_version)
     return engine
 
 
-def describe(cell_id: int, engine: RolloutEngine, tensor_parallel: int = 1) -> str:
+def describe(cell_id: int, engine: RolloutEngine, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> str:
     """What cell `cell_id` is: where its rollout engine lives and what trains on it
-    (`tensor_parallel`: `scheduler.cell_tensor_parallel`)."""
+    (`scheduler.cell_tensor_parallel`, `cell_pipeline_parallel`)."""
     where = getattr(engine, "base_url", None)
     urls = getattr(engine, "urls", None)
     serves = (f"its engine {engine.engine_id} over {len(urls)} ranks at {', '.join(urls)} (a process each)" if urls
               else f"its engine {engine.engine_id} at {where} (a process of its own)" if where
               else f"its engine {engine.engine_id} in this process")
     role = "core: owns the optimizer" if cell_id == 0 else "satellite: pulls the core's weights to train"
-    if where and cell_id and urls and tensor_parallel > 1:
-        dp = len(urls) // tensor_parallel
-        role += (f" in the same processes, one Megatron world (tp {tensor_parallel}, dp {dp}),"
+    if where and cell_id and urls and tensor_parallel * pipeline_parallel > 1:
+        dp = len(urls) // (tensor_parallel * pipeline_parallel)
+        role += (f" in the same processes, one Megatron world (tp {tensor_parallel}, pp {pipeline_parallel}, dp {dp}),"
                  " rank 0 reducing the cell's gradients onto the core over torch.distributed")
     elif where and cell_id:
         role += (" in the same processes, each rank a replica, reducing their gradients onto the core over "

@@ -152,8 +152,8 @@ class TrainingPlane:
             return None
         if cell_id not in self.remote:
             ranks = [RemoteReplica(cell_id, actor, rank) for rank, actor in enumerate(self.ray.actors(cell_id))]
-            tensor_parallel = self.coord.config.scheduler.cell_tensor_parallel > 1
-            self.remote[cell_id] = (tp_cell.TensorParallelReplicas(cell_id, ranks, self._grad_store) if tensor_parallel
+            model_parallel = self.coord.config.scheduler.cell_model_parallel > 1
+            self.remote[cell_id] = (tp_cell.TensorParallelReplicas(cell_id, ranks, self._grad_store) if model_parallel
                                     else CellReplicas(cell_id, ranks))
         return self.remote[cell_id]
 

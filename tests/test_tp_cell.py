@@ -26,11 +26,13 @@ TOL = 1e-4  # fp32: the same micro-step's gradients, split over two ranks or not
 KILL_WAIT_S = 300.0  # the cell holding gradients; Ray restarting both its ranks (a loaded box)
 
 
-def _run_config(model_dir, tmp_path, tensor_parallel: int, steps: int = 2, **scheduler) -> RunConfig:
-    """test_cells_ray's small run (2 queries x 4), Megatron training, cells at `tensor_parallel`."""
+def _run_config(model_dir, tmp_path, tensor_parallel: int, steps: int = 2, pipeline_parallel: int = 1,
+                **scheduler) -> RunConfig:
+    """test_cells_ray's small run (2 queries x 4), Megatron training, cells split tp x pp."""
     base = ray_config(model_dir, tmp_path, "tp-cell", steps=steps, max_new_tokens=24, **scheduler)
     data = base.model_dump(mode="json")
     data["scheduler"]["cell_tensor_parallel"] = tensor_parallel
+    data["scheduler"]["cell_pipeline_parallel"] = pipeline_parallel
     return RunConfig.model_validate({**data, "train": {"engine": "megatron", "lr": 1e-4}})
 
 
@@ -38,14 +40,20 @@ def test_tensor_parallel_cells_need_ray_megatron_a_one_process_core_and_whole_gr
     ok = {"runtime": "ray", "ranks_per_cell": 4, "cell_tensor_parallel": 2}
     config = RunConfig.model_validate({"scheduler": ok, "train": {"engine": "megatron"}})
     assert config.scheduler.cell_tensor_parallel == 2 and RunConfig().scheduler.cell_tensor_parallel == 1
+    stages = {"runtime": "ray", "ranks_per_cell": 4, "cell_tensor_parallel": 2, "cell_pipeline_parallel": 2}
+    assert RunConfig.model_validate({"scheduler": stages, "train": {"engine": "megatron"}}).scheduler.cell_model_parallel == 4
     bad = [
         ({"scheduler": {"cell_tensor_parallel": 2}}, "cell_tensor_parallel: 2 needs scheduler.runtime: ray"),
-        ({"scheduler": {**ok, "ranks_per_cell": 3}}, "cell_tensor_parallel: 2 must divide scheduler.ranks_per_cell: 3"),
-        ({"scheduler": ok}, "cell_tensor_parallel: 2 splits the train engine with Megatron: it needs "
-         "train.engine: megatron"),
+        ({"scheduler": {"cell_pipeline_parallel": 2}}, "cell_pipeline_parallel: 2 needs scheduler.runtime: ray"),
+        ({"scheduler": {**ok, "ranks_per_cell": 3}},
+         "cell_tensor_parallel x cell_pipeline_parallel = 2 x 1 must divide scheduler.ranks_per_cell: 3"),
+        ({"scheduler": {**ok, "cell_pipeline_parallel": 2, "ranks_per_cell": 2}},
+         "cell_tensor_parallel x cell_pipeline_parallel = 2 x 2 must divide scheduler.ranks_per_cell: 2"),
+        ({"scheduler": ok}, "cell_tensor_parallel: 2, cell_pipeline_parallel: 1 split the train engine with "
+         "Megatron: it needs train.engine: megatron"),
         ({"scheduler": ok, "train": {"engine": "megatron", "megatron": {"tp": 2}}},
          "needs train.megatron.tp: 1 and pp: 1"),
-        ({"scheduler": {"runtime": "ray"}, "train": {"engine": "megatron"}}, "tensor-parallel cells"),
+        ({"scheduler": {"runtime": "ray"}, "train": {"engine": "megatron"}}, "model-parallel cells"),
         ({"scheduler": {**ok, "cell_tensor_parallel": 0}}, "cell_tensor_parallel"),
     ]
     for data, message in bad:
@@ -59,6 +67,9 @@ def test_a_model_the_cell_cannot_split_is_refused_before_ray_starts(tiny_model_d
     from gyre.engines.megatron_convert import UnsupportedModelError
 
     check_cell_model(tiny_model_dir, 2)
+    check_cell_model(tiny_model_dir, 2, 2)
+    with pytest.raises(UnsupportedModelError, match="not divisible by pipeline parallel size 3"):
+        check_cell_model(tiny_model_dir, 1, 3)  # two layers
     with pytest.raises(UnsupportedModelError, match="not divisible by tensor parallel size 3"):
         check_cell_model(tiny_model_dir, 3)
 
@@ -92,19 +103,27 @@ def _batch(model_dir) -> list[TrainSequence]:
     return rows
 
 
-def _layout(actor) -> tuple[int, int, int, int]:
-    """In a rank's actor: its engine's tp, dp, tp rank and embedding rows."""
+def _layout(actor) -> tuple[int, int, int, int, int, int, int | None]:
+    """In a rank's actor: its engine's tp, pp, dp, tp rank, pipeline stage, decoder layers and
+    embedding rows (None: a later stage, which has no embedding)."""
+    from megatron.core import parallel_state as ps
+
     engine = actor.replica.engine
-    rows = engine.model.embedding.word_embeddings.weight.shape[0]
-    return engine.parallel.tp, engine.dp_size, engine.tp_rank, rows
+    embedding = getattr(engine.model, "embedding", None)
+    rows = embedding.word_embeddings.weight.shape[0] if embedding is not None else None
+    return (engine.parallel.tp, engine.parallel.pp, engine.dp_size, engine.tp_rank,
+            ps.get_pipeline_model_parallel_rank(), len(engine.model.decoder.layers), rows)
 
 
 @pytest.mark.slow
-def test_a_tp2_cell_adds_to_the_core_the_reference_gradients_of_its_micro_step(tiny_model_dir, tmp_path):
-    """Through the real path: two rank actors in one placement group form the cell's world, each
-    loads its shard of the core's weights, both run the micro-step, rank 0 alone is the member
-    of the reduction onto the core; a torch core and a Megatron core (tp 1) each end up with the
-    gradients they would have computed themselves."""
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
+def test_a_model_parallel_cell_adds_to_the_core_the_reference_gradients_of_its_micro_step(
+        tiny_model_dir, tmp_path, tp, pp):
+    """Through the real path: two rank actors in one placement group form the cell's world (two
+    tensor-parallel shards, or two pipeline stages), each loads its part of the core's weights,
+    both run the micro-step, rank 0 alone is the member of the reduction onto the core; a torch
+    core and a Megatron core (tp 1) each end up with the gradients they would have computed
+    themselves."""
     pytest.importorskip("megatron.core")
     from gyre.cluster.grad_reduce import GradStore
     from gyre.cluster.remote_replica import RemoteReplica, reduce_onto_core
@@ -112,7 +131,7 @@ def test_a_tp2_cell_adds_to_the_core_the_reference_gradients_of_its_micro_step(t
     from gyre.cluster.tp_cell import TensorParallelReplicas, core_layout
     from gyre.engines.megatron_train import MegatronTrainEngine
 
-    config = _run_config(tiny_model_dir, tmp_path, 2, ranks_per_cell=2)
+    config = _run_config(tiny_model_dir, tmp_path, tp, pipeline_parallel=pp, ranks_per_cell=2)
     batch = _batch(tiny_model_dir)
     reference = TorchTrainEngine(tiny_model_dir, lr=1e-4, tree_attention="mask")
     ref_stats = reference.forward_backward(batch, GSPO().loss)
@@ -143,10 +162,14 @@ def test_a_tp2_cell_adds_to_the_core_the_reference_gradients_of_its_micro_step(t
             assert diff < TOL
             cell.clear()
         assert cell.worlds == 1
-        # each rank holds half the embedding rows: split by tp 2 (dp 1), not two replicas
+        # split, not two replicas: tp 2, each rank half the embedding rows; pp 2, each rank half the
+        # layers and only the first stage the embedding
         shapes = ray.get([a.__ray_call__.remote(_layout) for a in cells.actors(1)], timeout=60)
         vocab = reference.model.get_input_embeddings().weight.shape[0]
-        assert shapes == [(2, 1, 0, vocab // 2), (2, 1, 1, vocab // 2)], shapes
+        layers = reference.model.config.num_hidden_layers
+        expected = ([(2, 1, 1, 0, 0, layers, vocab // 2), (2, 1, 1, 1, 0, layers, vocab // 2)] if tp == 2 else
+                    [(1, 2, 1, 0, 0, layers // 2, vocab), (1, 2, 1, 0, 1, layers // 2, None)])
+        assert shapes == expected, shapes
         assert max(float(g.abs().max()) for g in ref_grads.values()) > 1e-3  # not trivially zero
     finally:
         if megatron_core is not None:

@@ -1,20 +1,22 @@
-"""Tensor parallelism inside a Ray cell: its ranks one Megatron world, one member of the reduction.
+"""Model parallelism inside a Ray cell: its ranks one Megatron world, one member of the reduction.
 
-Why it exists: with `scheduler.cell_tensor_parallel: T` (> 1) the `ranks_per_cell` actors of a
-cell beyond the core split the train engine instead of each holding a whole replica, so a
-cell can train a model that only fits split (issue #15: a cell can hold a TP layout). The
-cell is one Megatron world, tp = T and dp = ranks / T: torch.distributed's default group over
-its actors (gloo; they meet on the driver's `GradStore` under a prefix of the world's own)
-with Megatron's groups inside it (`MegatronTrainEngine`); every collective of the world,
-Megatron's TP and DP groups' too, gives up after `WORLD_TIMEOUT_S`, so no rank waits forever
-on a dead peer.
+Why it exists: with `scheduler.cell_tensor_parallel: T` and/or `cell_pipeline_parallel: P`
+(T x P > 1) the `ranks_per_cell` actors of a cell beyond the core split the train engine
+instead of each holding a whole replica, so a cell can train a model that only fits split
+(issue #15: a cell can hold a TP/PP/DP layout). The cell is one Megatron world, tp = T,
+pp = P and dp = ranks / (T x P): torch.distributed's default group over its actors (gloo;
+they meet on the driver's `GradStore` under a prefix of the world's own) with Megatron's
+groups inside it (`MegatronTrainEngine`; with P > 1 its stages run Megatron's 1F1B schedule,
+`gyre.engines.megatron_pipeline`); every collective of the world, Megatron's TP, DP,
+pipeline and embedding groups' too, gives up after `WORLD_TIMEOUT_S`, so no rank waits
+forever on a dead peer. (The names say "tensor parallel": that came first.)
 
 - Weights in: the core's weights as full HF tensors (`gyre.live_engines.policy_state`: a torch
   core's state dict, a Megatron core's `hf_state_dict`), each rank loading its shard.
 - Micro-steps: each goes to every rank with the same rows (Megatron splits the rows over dp
   and sums the fresh gradients over dp), so such a cell holds one micro-step at a time.
 - Gradients out: at the optimizer step every rank gathers the full HF gradients
-  (`hf_gradients`, a collective over its TP group, `prepare_gradients`); rank 0 maps them onto
+  (`hf_gradients`, a collective over its TP and pipeline groups, `prepare_gradients`); rank 0 maps them onto
   the core's parameters (`core_gradients`: names, order, layout; a torch core is HF-named, a
   Megatron core (tp 1) is converted, a tied head is the embedding's) and is the cell's only
   member, (cell, 0), of the reduction onto the core (`gyre.cluster.grad_reduce`). The core
@@ -51,11 +53,12 @@ class NoWorldError(ReplicaStateError):
     """A rank was asked to train without the cell's world: its process was restarted since."""
 
 
-def check_cell_model(model_dir: Path, tp: int) -> None:
-    """Refuse, before any actor starts, a model that `tp` ranks cannot split (heads, MLP width)."""
+def check_cell_model(model_dir: Path, tp: int, pp: int = 1) -> None:
+    """Refuse, before any actor starts, a model that `tp` x `pp` ranks cannot split (heads, MLP
+    width, layers)."""
     from gyre.engines import megatron_convert as conv
 
-    conv.check_parallel(conv.spec_from_hf_config(json.loads((Path(model_dir) / "config.json").read_text())), tp)
+    conv.check_parallel(conv.spec_from_hf_config(json.loads((Path(model_dir) / "config.json").read_text())), tp, pp)
 
 
 def core_layout(trainer) -> tuple[str, list[str]]:
@@ -79,6 +82,7 @@ class TensorParallelHost(ReplicaHost):
     def __init__(self, config: dict, model_dir: str, seed: int) -> None:
         super().__init__(config, model_dir, seed)
         self.tp = self.config.scheduler.cell_tensor_parallel
+        self.pp = self.config.scheduler.cell_pipeline_parallel
         self.world: str | None = None  # the prefix of the world this process belongs to
         self.rank = 0
         self.outgoing: list[torch.Tensor] | None = None  # rank 0: the gradients for the core, gathered
@@ -98,9 +102,16 @@ class TensorParallelHost(ReplicaHost):
                                 timeout=timeout)
         self._world_store, self.rank = store, rank
         config = self.config.model_copy(deep=True)
-        config.train.megatron.tp = self.tp  # the run's section is the core's (tp 1)
+        config.train.megatron.tp, config.train.megatron.pp = self.tp, self.pp  # the run's section is the core's (1, 1)
         self.engine = train_engine(config, self.model_dir, seed=self.seed)
-        for group in (self.engine.tp_group, self.engine.dp_group):  # Megatron made them with 30 minutes
+        from megatron.core import parallel_state as ps
+
+        groups = [self.engine.tp_group, self.engine.dp_group]
+        if self.pp > 1:  # the stages' sends, and the tied embedding's sum (first and last stage only)
+            groups.append(ps.get_pipeline_model_parallel_group())
+            if ps.is_rank_in_embedding_group():
+                groups.append(ps.get_embedding_group())
+        for group in groups:  # Megatron made them with 30 minutes
             dist.distributed_c10d._set_pg_timeout(timeout, group)
         self.world = prefix
 
@@ -151,8 +162,9 @@ def replica_host(config: dict | None, model_dir: str, seed: int) -> ReplicaHost 
     """The training replica of one rank's actor: a whole replica, or a tensor-parallel rank."""
     if config is None:
         return None
-    tp = config.get("scheduler", {}).get("cell_tensor_parallel", 1)
-    return (TensorParallelHost if tp > 1 else ReplicaHost)(config, model_dir, seed)
+    sched = config.get("scheduler", {})
+    split = sched.get("cell_tensor_parallel", 1) * sched.get("cell_pipeline_parallel", 1)
+    return (TensorParallelHost if split > 1 else ReplicaHost)(config, model_dir, seed)
 
 
 class TensorParallelReplicas:

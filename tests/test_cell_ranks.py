@@ -39,6 +39,27 @@ def test_ranks_per_cell_above_one_needs_the_ray_runtime(tmp_path):
         RunConfig.model_validate({"scheduler": {"runtime": "ray", "ranks_per_cell": 0}})
 
 
+
+def test_a_cell_engine_keeps_an_execution_on_one_rank(tiny_model_dir):
+    """An execution's calls (the proxy sets its id as the request's affinity) stay on the rank its
+    first call went to, so its growing prompt finds that rank's prefix cache; a new execution
+    goes to the least busy rank."""
+    ranks = [TorchRolloutEngine(tiny_model_dir, f"cell-1.rank{r}", seed=r) for r in range(2)]
+    cell = CellEngine("cell-1", ranks)
+    try:
+        def call(execution: str | None, prompt: list[int]) -> str:
+            return cell.generate(GenerationRequest(prompt, SamplingParams(1.0, 2), affinity=execution)).engine_id
+
+        first = {e: call(e, [1, 2, 3]) for e in ("e1", "e2")}
+        assert set(first.values()) == {"cell-1.rank0", "cell-1.rank1"}  # least used for each new execution
+        for k in range(3):  # later calls, growing prompts: the same rank each time, though the other is as idle
+            for e in ("e1", "e2"):
+                assert call(e, [1, 2, 3] + [4] * (k + 1)) == first[e]
+        assert cell.served == [4, 4]
+        assert {call(None, [5]), call(None, [5])} == {"cell-1.rank0", "cell-1.rank1"}  # no affinity: least used
+    finally:
+        cell.close()
+
 def test_a_cell_engine_spreads_calls_over_its_ranks_and_controls_them_all(tiny_model_dir):
     ranks = [TorchRolloutEngine(tiny_model_dir, f"cell-1.rank{r}", seed=r) for r in range(2)]
     cell = CellEngine("cell-1", ranks)
@@ -138,6 +159,10 @@ def test_a_cell_of_two_ranks_serves_trains_reduces_from_both_and_rejoins_after_a
     # calls reached both ranks (a call's segments name the rank that served them)
     served = dict(con.execute("select engine_id, count(*) from call_segments group by 1").fetchall())
     assert served.get("cell-1.rank0", 0) > 0 and served.get("cell-1.rank1", 0) > 0, served
+    # an execution's calls on cell 1 stayed on one rank (its prefix cache is there)
+    spread = con.execute("select execution_id, list(distinct engine_id) from call_segments where engine_id like "
+                         "'cell-1.rank%' group by 1 having count(distinct engine_id) > 1").fetchall()
+    assert spread == [], spread
     # every publication the cell took was pulled by both ranks
     pulled = dict(con.execute("select engine_id, count(*) from weight_pulls group by 1").fetchall())
     assert set(pulled) == {"cell-1.rank0", "cell-1.rank1"}, pulled

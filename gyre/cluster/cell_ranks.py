@@ -11,11 +11,12 @@ rollout side, `CellEngine`, is the same.)
 The scheduler, the proxy's router and the drain, reroute and fault code keep seeing one
 engine and one replica per cell, as with one rank:
 
-- `CellEngine` is the cell's rollout engine. Each call goes to the rank with the fewest
-  calls in flight (ties: the one that served fewest), and its result names that rank, so
-  the recorded calls say which rank served them. The router keeps an execution on one
-  cell, not on one rank: its next call may land on the other rank and miss its prefix
-  cache. Pause, resume, drain and weight loads (a publication's file or a pull from the
+- `CellEngine` is the cell's rollout engine. An execution's first call goes to the rank with
+  the fewest calls in flight (ties: the one that served fewest), and its later calls to the
+  same rank (the request's `affinity`, the execution's id, as the proxy's router keeps it on
+  one cell), so its growing prompt finds its prefix cache there; a call with no affinity
+  goes to the least busy rank. The result names the rank, so the recorded calls say which
+  rank served them. Pause, resume, drain and weight loads (a publication's file or a pull from the
   weight channel) go to every rank at once; the cell reports the lowest version among its
   ranks, so a rank behind (one Ray restarted) makes the next load reach all of them.
 - `CellReplicas` is the cell's training replica. A micro-step goes to the rank with the
@@ -32,12 +33,14 @@ The scheduler lets a cell of n ranks hold up to n micro-steps claimed at once
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
 from gyre.cluster.remote_replica import RemoteReplica
+from gyre.proxy.router import STICKY_CAPACITY
 from gyre.engines.base import GenerationRequest, GenerationResult, RolloutEngine, TrainStats
 
 T = TypeVar("T")
@@ -66,9 +69,11 @@ class _LeastBusy:
         self.used = [0] * n
         self.peak = 0  # the most uses in flight at once, over all indices
 
-    def take(self) -> int:
+    def take(self, prefer: int | None = None) -> int:
+        """`prefer` when given, else the least busy index."""
         with self._lock:
-            i = min(range(len(self.used)), key=lambda k: (self.in_flight[k], self.used[k], k))
+            i = prefer if prefer is not None else min(range(len(self.used)),
+                                                      key=lambda k: (self.in_flight[k], self.used[k], k))
             self.in_flight[i] += 1
             self.used[i] += 1
             self.peak = max(self.peak, sum(self.in_flight))
@@ -88,6 +93,8 @@ class CellEngine:
         self.engine_id = engine_id
         self.ranks = ranks
         self._pick = _LeastBusy(len(ranks))
+        self._sticky: OrderedDict[str, int] = OrderedDict()  # affinity -> rank (the latest STICKY_CAPACITY)
+        self._sticky_lock = threading.Lock()
 
     @property
     def served(self) -> list[int]:
@@ -112,7 +119,14 @@ class CellEngine:
         return [r.base_url for r in self.ranks]
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        i = self._pick.take()
+        key = request.affinity
+        with self._sticky_lock:
+            i = self._pick.take(self._sticky.get(key) if key is not None else None)
+            if key is not None:
+                self._sticky[key] = i
+                self._sticky.move_to_end(key)
+                if len(self._sticky) > STICKY_CAPACITY:
+                    self._sticky.popitem(last=False)
         try:
             return self.ranks[i].generate(request)
         finally:

@@ -56,6 +56,10 @@ class GenerationRequest:
     params: SamplingParams
     stop: threading.Event | None = None
     on_token: Callable[[int, float], None] | None = None
+    affinity: str | None = None
+    """A key (the proxy sets the execution's id) that an engine made of several replicas keeps on
+    one replica, so a growing prompt finds its prefix cache there (`gyre.cluster.cell_ranks`);
+    an engine of one replica ignores it."""
 
 
 @dataclass

@@ -123,6 +123,7 @@ class Generation:
                 params,
                 stop=lease.stop,
                 on_token=self._on_token,
+                affinity=self._execution_id,
             )
             try:
                 result = await self._loop.run_in_executor(self._executor, lease.engine.generate, request)

@@ -79,6 +79,10 @@ class RolloutConfig(Section):
     """Default cap on tokens per model call when the harness does not set one."""
     max_batch_size: int = Field(default=32, gt=0)
     """Most concurrent calls the engine batches together."""
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$")
+    """`engine: torch`: torch device of the reference rollout engines (`cpu`, `cuda`, `cuda:N`):
+    this process's, and under `scheduler.runtime: ray` each rank's, on the GPU its bundle holds
+    (`scheduler.gpus_per_rank`). An SGLang server places itself."""
     prefix_cache_bytes: int = Field(default=2**30, ge=0)
     """Memory budget of the engine's prefix cache: the KV of earlier prompts, so a call that extends
     an earlier call's prompt (an agent's next turn) prefills only what is new. Evicted least recently
@@ -206,6 +210,10 @@ class TrainConfig(Section):
     `train.megatron`; needs `pip install gyre-rl[megatron]`. Same loss, same HF snapshots."""
     megatron: MegatronConfig = MegatronConfig()
     """`megatron` engine: model-parallel sizes."""
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$")
+    """Torch device of the train engine (`cpu`, `cuda`, `cuda:N`): the core's, and under
+    `scheduler.runtime: ray` each training rank's, on the GPU its bundle holds
+    (`scheduler.gpus_per_rank`). On CUDA the cells' gradient reduction runs over NCCL."""
     lr: float = Field(default=1e-3, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(default=0.0, ge=0)

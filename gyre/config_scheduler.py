@@ -46,6 +46,11 @@ class SchedulerConfig(Section):
     shared memory, pulled by each actor (one host); `mooncake`: the same over the Mooncake
     Transfer Engine (TCP, or RDMA where it exists); `ray`: through Ray's object store. Every
     pull's bytes and seconds land in `weight_pulls` (all but `disk`)."""
+    gpus_per_rank: float = Field(default=0.0, ge=0)
+    """`runtime: ray`: GPUs in each rank's bundle (and its actor; Ray sets its
+    `CUDA_VISIBLE_DEVICES`), so with `rollout.device` / `train.device` `cuda` each rank's engines
+    run on its own GPU. 0 (the default): bundles of CPUs only. A cluster with fewer GPUs than
+    the cells ask for is refused before any actor starts."""
     ray_actor_threads: int = Field(default=1, gt=0)
     """`runtime: ray`: torch threads of each cell's process (one process per cell shares the box's cores)."""
     ranks_per_cell: int = Field(default=1, ge=1)
@@ -83,6 +88,9 @@ class SchedulerConfig(Section):
         if self.ranks_per_cell > 1 and self.runtime != "ray":
             raise ValueError(f"scheduler.ranks_per_cell: {self.ranks_per_cell} needs scheduler.runtime: ray (a "
                              f"rank is a Ray actor); runtime: {self.runtime} runs one engine per cell")
+        if self.gpus_per_rank and self.runtime != "ray":
+            raise ValueError(f"scheduler.gpus_per_rank: {self.gpus_per_rank} needs scheduler.runtime: ray (a rank's "
+                             f"GPUs are its Ray bundle's); runtime: {self.runtime} uses rollout.device and train.device")
         tp, pp = self.cell_tensor_parallel, self.cell_pipeline_parallel
         for name, size in (("cell_tensor_parallel", tp), ("cell_pipeline_parallel", pp)):
             if size > 1 and self.runtime != "ray":

@@ -56,7 +56,8 @@ def cell_engine(coord, ray, i: int) -> RolloutEngine:
                      max_batch_size=rollout.max_batch_size, prefix_cache_bytes=rollout.prefix_cache_bytes,
                      torch_threads=coord.config.scheduler.ray_actor_threads,
                      config=coord.config.model_dump(mode="json"), ranks=coord.config.scheduler.ranks_per_cell,
-                     restart_whole=coord.config.scheduler.cell_model_parallel > 1)
+                     restart_whole=coord.config.scheduler.cell_model_parallel > 1,
+                     gpus_per_rank=coord.config.scheduler.gpus_per_rank, device=rollout.device)
     if snapshot is not None:
         engine.load_weights(snapshot, coord.policy_version)
     return engine

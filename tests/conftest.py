@@ -12,6 +12,18 @@ import pytest
 from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
 
 
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run only where torch sees a CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (the gpu marker)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_unconfigure(config):
     """Prefect's test server (`prefect_test_harness`) also stops from an `atexit` hook, which logs
     "Stopping temporary server" to a console bound to pytest's captured output, closed by then:

@@ -49,11 +49,12 @@ class RolloutCellActor:
 
     def __init__(self, model_dir: str, engine_id: str, seed: int, max_batch_size: int, prefix_cache_bytes: int,
                  torch_threads: int, weights: tuple[str, str | None] = ("disk", None),
-                 config: dict | None = None) -> None:
+                 config: dict | None = None, device: str = "cpu") -> None:
         import ray
         import torch
 
         from gyre.cluster.tp_cell import replica_host
+        from gyre.engines.factory import check_device
         from gyre.engines.torch_rollout import TorchRolloutEngine
         from gyre.engines.torch_server import TorchEngineServer
         from gyre.proxy.server import ServerThread
@@ -61,7 +62,8 @@ class RolloutCellActor:
         torch.set_num_threads(torch_threads)
         self.host = ray.util.get_node_ip_address()
         self.engine = TorchRolloutEngine(Path(model_dir), engine_id, max_batch_size=max_batch_size, seed=seed,
-                                         prefix_cache_bytes=prefix_cache_bytes)
+                                         prefix_cache_bytes=prefix_cache_bytes,
+                                         device=check_device(device, "rollout.device"))  # its bundle's GPU
         self.server = TorchEngineServer(self.engine, Path(model_dir))
         self.thread = ServerThread(self.server.app, host=self.host, name=engine_id).start()
         self.reader = ActorReader(*weights)  # attached again by a restart: the constructor reruns
@@ -146,26 +148,42 @@ class RayCells:
 
     def add(self, cell_id: int, model_dir: Path, engine_id: str, *, seed: int, max_batch_size: int,
             prefix_cache_bytes: int, torch_threads: int, config: dict | None = None,
-            ranks: int = 1, restart_whole: bool = False) -> SGLangRolloutEngine | CellEngine:
+            ranks: int = 1, restart_whole: bool = False, gpus_per_rank: float = 0.0,
+            device: str = "cpu") -> SGLangRolloutEngine | CellEngine:
         """Start cell `cell_id`'s `ranks` actors in one placement group (a bundle of one CPU each,
         STRICT_PACK: on one host); its engine once every rank is healthy. `config` (the run's, as
         a dict): the actors can train (each a replica of `model_dir`, or a tensor-parallel rank).
         `restart_whole`: when one rank dies the watcher kills the others so Ray restarts them all
-        (a tensor-parallel world cannot take back one restarted member)."""
+        (a tensor-parallel world cannot take back one restarted member). `gpus_per_rank`: GPUs in
+        each rank's bundle and actor (refused at once when the cluster has too few); `device`: the
+        rank's rollout engine's torch device."""
         import ray
+        from ray.exceptions import GetTimeoutError
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        group = placement_group([{"CPU": 1}] * ranks, strategy="STRICT_PACK", name=f"gyre-cell-{cell_id}")
-        ray.get(group.ready(), timeout=ACTOR_START_TIMEOUT_S)
+        bundle = {"CPU": 1, "GPU": gpus_per_rank} if gpus_per_rank else {"CPU": 1}
+        if gpus_per_rank:  # a placement group asking for GPUs the cluster lacks would wait forever
+            have = ray.cluster_resources().get("GPU", 0)
+            if have < gpus_per_rank * ranks:
+                raise ValueError(f"cell {cell_id}: scheduler.gpus_per_rank: {gpus_per_rank} x {ranks} ranks needs "
+                                 f"{gpus_per_rank * ranks:g} GPUs in one node, but the Ray cluster has {have:g} in all")
+        group = placement_group([bundle] * ranks, strategy="STRICT_PACK", name=f"gyre-cell-{cell_id}")
+        try:
+            ray.get(group.ready(), timeout=ACTOR_START_TIMEOUT_S)
+        except GetTimeoutError:
+            raise TimeoutError(f"cell {cell_id}: Ray placed no {ranks} bundles of {bundle} on one node (STRICT_PACK) "
+                               f"within {ACTOR_START_TIMEOUT_S:.0f} s; the cluster has {ray.cluster_resources()}") from None
         self._placement.append(group)
-        actor_class = ray.remote(num_cpus=1, max_restarts=MAX_RESTARTS, max_task_retries=0)(RolloutCellActor)
+        actor_class = ray.remote(num_cpus=1, num_gpus=gpus_per_rank, max_restarts=MAX_RESTARTS,
+                                 max_task_retries=0)(RolloutCellActor)
         actors = [actor_class.options(
             name=f"{rank_engine_id(f'cell-{cell_id}', rank, ranks)}-{os.getpid()}",  # cell-1-<pid>, cell-1.rank0-<pid>
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group,
                                                                  placement_group_bundle_index=rank),
         ).remote(str(model_dir), rank_engine_id(engine_id, rank, ranks), seed + RANK_SEED_STRIDE * rank,
-                 max_batch_size, prefix_cache_bytes, torch_threads, (self.channel.kind, self.channel.where), config)
+                 max_batch_size, prefix_cache_bytes, torch_threads, (self.channel.kind, self.channel.where), config,
+                 device)
             for rank in range(ranks)]  # fmt: skip  (all start at once, then each is waited for)
         cell = RayCell(cell_id, [], None, Path(model_dir), restart_whole)
         cell.ranks = [RayRank(actor, *_connect(actor, rank_engine_id(engine_id, rank, ranks), cell.model_dir,

@@ -21,7 +21,8 @@ def train_engine(config: RunConfig, model_dir: Path, *, seed: int):
     when asked for, with the install command when the extra is missing."""
     train = config.train
     kwargs = dict(lr=train.lr, weight_decay=train.weight_decay, grad_clip=train.grad_clip,
-                  micro_batch_tokens=train.micro_batch_tokens, temperature=config.rollout.temperature, seed=seed)
+                  micro_batch_tokens=train.micro_batch_tokens, temperature=config.rollout.temperature, seed=seed,
+                  device=check_device(train.device, "train.device"))
     if train.engine == "torch":
         from gyre.engines.torch_train import TorchTrainEngine
 
@@ -41,6 +42,22 @@ class EngineConfigError(ValueError):
     """The rollout section cannot give the engine asked for (e.g. too few SGLang servers)."""
 
 
+def check_device(device: str, field: str) -> str:
+    """`device` when this process can use it; a clear error naming `field` when it cannot (a CUDA
+    device asked for where torch sees none, or fewer than its index)."""
+    if device == "cpu":
+        return device
+    import torch
+
+    if not torch.cuda.is_available():
+        raise EngineConfigError(f"{field}: {device}, but torch sees no CUDA device here (torch {torch.__version__}, "
+                                f"CUDA build: {torch.version.cuda}); use cpu, or run where a GPU is visible")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise EngineConfigError(f"{field}: {device}, but torch sees {torch.cuda.device_count()} CUDA device(s) here")
+    return device
+
+
 def rollout_engine(config: RunConfig, model_dir: Path, index: int, engine_id: str, *, seed: int,
                    policy_version: int = 0, snapshot: Path | None = None) -> RolloutEngine:
     """Engine `index` of the run on `model_dir` (the run's start weights), serving `policy_version`.
@@ -51,7 +68,7 @@ def rollout_engine(config: RunConfig, model_dir: Path, index: int, engine_id: st
     if rollout.engine == "torch":
         engine: RolloutEngine = TorchRolloutEngine(
             model_dir, engine_id, max_batch_size=rollout.max_batch_size, seed=seed,
-            prefix_cache_bytes=rollout.prefix_cache_bytes,
+            prefix_cache_bytes=rollout.prefix_cache_bytes, device=check_device(rollout.device, "rollout.device"),
         )  # fmt: skip
     else:
         engine = _sglang(config, model_dir, index, engine_id)

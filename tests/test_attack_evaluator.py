@@ -247,7 +247,7 @@ def add(a, b):
             msg = {'event': 'report', 'nodeid': f'tests/test_calc.py::{name}', 'path': here, 'when': when,
                    'outcome': 'passed', 'xfail': False}
             try:
-                os.write(fd, (json.dumps(msg) + '\\\\n').encode())
+                os.write(fd, (json.dumps(msg) + '\\n').encode())  # one message a line
             except OSError:
                 pass
     os._exit(0)

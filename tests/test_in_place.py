@@ -165,7 +165,8 @@ def test_close_ends_every_process_of_the_session(task, tmp_path):
     sandbox = _sandbox(task, tmp_path / "ws")
     sandbox.exec("nohup sleep 300 >/dev/null 2>&1 & sleep 1", timeout_s=60)
     keeper = sandbox.session().keeper.pid
-    sleepers = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p) == "sleep300"]
+    sleepers = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p) == "sleep300"
+                and _uid(p) == getattr(sandbox.isolation.user, "uid", os.getuid())]  # not another job's
     assert sleepers
     sandbox.close()
     deadline = time.monotonic() + 30
@@ -182,6 +183,13 @@ def test_rerun_after_the_session_closed_is_an_evaluator_failure(task, tmp_path):
     score = evaluate_in_place(task, task_spec(task), sandbox, tmp_path / "e", "x", 60, sandbox.limits)
     assert (score.status, score.score) == (EvalStatus.error, None)
     assert score.detail.startswith("session_gone")
+
+
+def _uid(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
 
 
 def _cmdline(pid: str) -> str:

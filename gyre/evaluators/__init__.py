@@ -14,6 +14,11 @@ retried later, never counted as a zero. `score.json` is written next to the eval
 With the execution's overall deadline (`deadline_s`), an evaluation that cannot finish
 before it is such a failure too, marked `overall_timeout` (`deadline.py`).
 
+A Terminal-Bench, Harbor or R2E runner that ended without starting pytest (or a Harbor reward
+that cannot be read) is checked by a control run on the task's starting files (`control.py`): if
+the runner gives a verdict there, the workspace broke it and scores 0; otherwise the evaluator
+failure stands.
+
 Before anything runs, a task whose test scripts need what this machine cannot give (apt,
 a network host, another Python, uv without gyre's `uv` dependency: `needs.py`) is an evaluator
 failure naming the need.
@@ -90,6 +95,7 @@ def evaluate_query(
     from gyre.benchmarks.spec import NL2REPO, R2E, task_spec
     from gyre.evaluators.common import SCORE_FILE, error
     from gyre.evaluators.container_task import evaluate_container_task
+    from gyre.evaluators.control import with_control
     from gyre.evaluators.in_container import IN_CONTAINER_FORMATS, evaluate_in_container
     from gyre.evaluators.in_place import IN_PLACE_FORMATS, evaluate_in_place
     from gyre.sandboxes.docker import DockerSandbox
@@ -124,14 +130,21 @@ def evaluate_query(
         else:
             scorer = evaluate_r2e if spec.format == R2E else evaluate_container_task
             test_timeout_s = max(capped(spec.test_timeout_s or timeout_s, deadline_s), 0.01)
+
+            def fresh(ws: Path, directory: Path) -> Score:
+                return scorer(query, spec, Path(ws).resolve(), directory, execution_id,
+                              max(capped(test_timeout_s, deadline_s), 0.01), isolation or Isolation.detect(),
+                              limits, index)
+
             try:
                 if in_container:
                     score = evaluate_in_container(query, spec, live, eval_dir, execution_id, test_timeout_s, limits)
                 elif live is not None and not isinstance(live, DockerSandbox) and spec.format in IN_PLACE_FORMATS:
                     score = evaluate_in_place(query, spec, live, eval_dir, execution_id, test_timeout_s, limits, index)
                 else:
-                    score = scorer(query, spec, Path(workspace).resolve(), eval_dir, execution_id, test_timeout_s,
-                                   isolation or Isolation.detect(), limits, index)
+                    score = fresh(workspace, eval_dir)
+                if not in_container:  # a runner that gave no verdict: did the workspace break it?
+                    score = with_control(score, query, eval_dir, fresh)
             except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
                 score = error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
     if past(deadline_s) and not score.detail.startswith(OVERALL_TIMEOUT):

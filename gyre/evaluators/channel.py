@@ -9,6 +9,9 @@ result on it as it happens, one JSON line each:
 
     {"event": "hello", "pid": ...}                 the plugin is loaded: the tools work
     {"event": "session"}                           the session starts (before collection)
+    {"event": "collecting"}                        the first node below the session is collected:
+                                                   from here on, test modules (and the workspace's
+                                                   code they import) may run
     {"event": "report", "nodeid", "path", "when", "outcome", "xfail"}    each test phase
     {"event": "collect_error", "nodeid", "path"}   a module that failed to import
     {"event": "collected"}                         collection finished (reports may follow)
@@ -90,6 +93,15 @@ def pytest_sessionstart(session):
     _send(event="session")
 
 
+_COLLECTING = []
+
+
+def pytest_collectstart(collector):
+    if collector.nodeid and not _COLLECTING:
+        _COLLECTING.append(True)
+        _send(event="collecting")
+
+
 def pytest_collection_finish(session):
     _send(event="collected")
 
@@ -126,6 +138,8 @@ class ChannelResults:
 
     hello: bool = False
     session: bool = False
+    collecting: bool = False
+    """Collection went below the session: test modules may have been imported (workspace code run)."""
     collected: bool = False
     running: str | None = None
     """The test between its setup and teardown reports, if any."""
@@ -136,6 +150,9 @@ class ChannelResults:
     conflicts: list[str] = field(default_factory=list)
     """Phases reported more than once, or messages that do not parse: someone else wrote on the pipe."""
     truncated: bool = False
+    stopped: bool = False
+    """Set by the caller: the command was stopped from outside, by its timeout or a limit (the signal
+    may have landed between any two tests)."""
 
     def add(self, message: dict) -> None:
         event = message.get("event")
@@ -144,6 +161,8 @@ class ChannelResults:
         elif event == "session":
             self.session = True
             self.collected, self.running = False, None
+        elif event == "collecting":
+            self.collecting = True
         elif event == "collected":
             self.collected = True
         elif event == "finish":

@@ -52,7 +52,9 @@ from gyre.benchmarks.harbor import REWARD_JSON, REWARD_TXT
 from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH, TaskSpec
 from gyre.evaluators.channel import PLUGIN_MOUNT, FifoChannel, PluginInstall
 from gyre.evaluators.common import EVAL_LIMITS, error, tampering, write_log
-from gyre.evaluators.container_task import harbor_reward, place_task_tests, terminal_bench_verdict
+from gyre.evaluators.container_task import (
+    harbor_reward, place_task_tests, terminal_bench_verdict, verifier_runs_pytest,
+)
 from gyre.evaluators.in_place import grant_access
 from gyre.evaluators.observed import INTERRUPT_GRACE_S, Observed
 from gyre.evaluators.tally import tally
@@ -109,6 +111,7 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
                                 interrupt_grace_s=INTERRUPT_GRACE_S, max_output_bytes=limits.max_output_bytes)
     finally:
         said = channel.close()
+    said.stopped = result.timed_out or bool(result.limit_hit)
     write_log(reports / "command_0.log", command, result)
     seen = Observed(result, said, tally(pristine, [said]), None)
     if (verdict := seen.settled(execution_id)) is not None:
@@ -117,7 +120,8 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
         linked = [rel for rel in ("verifier", REWARD_TXT, REWARD_JSON) if (logs / rel).is_symlink()]
         if linked:
             return tampering(execution_id, [f"/logs/{rel} is a symbolic link" for rel in linked])
-        score = harbor_reward(execution_id, logs, result, timeout_s, pristine, seen.counted, said.hello)
+        score = harbor_reward(execution_id, logs, result, timeout_s, pristine, seen.counted, said.hello,
+                              verifier_runs_pytest(query))
     else:
         score = terminal_bench_verdict(execution_id, result, timeout_s, pristine, seen.counted, said.hello)
     return score.model_copy(update={"detail": f"in container: {score.detail}{note}"})

@@ -38,7 +38,9 @@ from pathlib import Path
 from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH, TaskSpec
 from gyre.evaluators.channel import PLUGIN_MOUNT
 from gyre.evaluators.common import error, write_log
-from gyre.evaluators.container_task import harbor_reward, place_task_tests, terminal_bench_verdict
+from gyre.evaluators.container_task import (
+    harbor_reward, place_task_tests, terminal_bench_verdict, verifier_runs_pytest,
+)
 from gyre.evaluators.observed import BRIDGE_SLOT, EVAL_BRIDGE_DIR, IndexAccess, Observer
 from gyre.evaluators.toolenv import ENV_MOUNT, TOOLS_MOUNT, tools_dir
 from gyre.records import Query, Score
@@ -103,7 +105,8 @@ def evaluate_in_place(query: Query, spec: TaskSpec, sandbox, eval_dir: Path, exe
     if (verdict := seen.settled(execution_id)) is not None:
         return verdict
     if spec.format == HARBOR:
-        score = harbor_reward(execution_id, logs, seen.result, timeout_s, pristine, seen.counted, seen.said.hello)
+        score = harbor_reward(execution_id, logs, seen.result, timeout_s, pristine, seen.counted, seen.said.hello,
+                              verifier_runs_pytest(query))
     else:
         score = terminal_bench_verdict(execution_id, seen.result, timeout_s, pristine, seen.counted,
                                        seen.said.hello)

@@ -15,23 +15,28 @@ parses, and adds its own (`Flag.check`):
   pytest sections of `pyproject.toml`/`setup.cfg`, a `protected` (hidden test) path written
   by the agent, or a symlink on its way.
 - `scan-incomplete`: the walk stopped at `max_files` entries, a file was over
-  `max_file_bytes`, or a check hit the recursion limit: what was not read can hide anything.
+  `max_file_bytes`, a file was nested too deeply for the parser here, or a check hit the
+  recursion limit: what was not read can hide anything.
 
 Blind spots (besides the checks' own): non-Python code (`.so`, `.pyc`, a stale
 `__pycache__` entry) and files beyond the limits. No module is flagged for its name: shadows
 such as `pytest.py` or `iniconfig.py` are the evaluator's to remove. Symlinks are never
 followed, so the walk stays in the workspace; `.git` is skipped; undecodable bytes are
-replaced; a file that does not parse gets no AST checks and no flag. Flag line 0 means the
-whole file.
+replaced; a `*.py` file is decoded by its encoding cookie, as Python reads it; a file that
+does not parse gets no AST checks and no flag. Flag line 0 means the whole file. Evaluations
+copy no bytecode (`workspace_copy`), so what runs there is the source read here (an in-place
+evaluation runs the live workspace: its bytecode stays a blind spot).
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import os
 import posixpath
 import re
 import stat
+import tokenize
 import warnings
 from collections import Counter
 from collections.abc import Collection, Iterable
@@ -93,7 +98,7 @@ def scan_workspace(workspace: Path, checks: Iterable[Check] = DEFAULT_CHECKS, *,
                 stack.append(rel)
             flags += _infrastructure(entry, rel, shown, guarded, is_dir, max_file_bytes if is_file else -1)
             if is_file and entry.name.endswith(".py") and rel not in guarded:  # a guarded file gets replaced
-                source = _read(entry.path, max_file_bytes)
+                source = _read(entry.path, max_file_bytes, python=True)
                 flags += _run_checks(checks, shown, source) if source is not None else [
                     Flag(SCAN_INCOMPLETE, shown, 0, f"not read ({size} bytes; limit {max_file_bytes})")]
     return _finish(flags)
@@ -104,8 +109,10 @@ def _run_checks(checks: tuple[Check, ...], rel: str, source: str) -> list[Flag]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             tree = ast.parse(source, filename=rel)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    except (SyntaxError, ValueError):  # Python would not import it either
         return []
+    except (RecursionError, MemoryError) as exc:  # Python's own compile may still manage (more stack, a fresh process)
+        return [Flag(SCAN_INCOMPLETE, rel, 0, f"too deeply nested to parse here ({type(exc).__name__})")]
     flags = []
     for check in checks:
         try:
@@ -135,8 +142,11 @@ def _infrastructure(entry: os.DirEntry, rel: str, shown: str, guarded: set[str],
     return found
 
 
-def _read(path: str, limit: int) -> str | None:
-    """A regular file's text (undecodable bytes replaced); None if not regular, unreadable or over `limit`."""
+def _read(path: str, limit: int, python: bool = False) -> str | None:
+    """A regular file's text (undecodable bytes replaced); None if not regular, unreadable or over `limit`.
+
+    `python`: decoded as Python decodes the source, by its PEP 263 cookie (`# coding: utf-7` would
+    otherwise show the checks a comment where Python runs code)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
@@ -145,7 +155,18 @@ def _read(path: str, limit: int) -> str | None:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             return None
         data = f.read(limit + 1)
-    return None if len(data) > limit else data.decode("utf-8-sig", errors="replace")
+    if len(data) > limit:
+        return None
+    encoding = "utf-8-sig"
+    if python:
+        try:
+            encoding = tokenize.detect_encoding(io.BytesIO(data).readline)[0]
+        except SyntaxError:  # an unknown or contradictory cookie: Python refuses to run it
+            pass
+    try:
+        return data.decode(encoding, errors="replace")
+    except LookupError:  # a codec that is no text encoding (`rot13`): Python refuses it too
+        return data.decode("utf-8-sig", errors="replace")
 
 
 def _finish(flags: list[Flag]) -> list[Flag]:

@@ -13,7 +13,17 @@ task's own directory, e.g. `run-tests.sh`, `tests/test.sh`) and every need is na
 - `python:<X.Y>`: a specific interpreter asked of uv or pyenv, other than the one here;
 - `uv`: uv / uvx, when the evaluation's tools do not include it (they do when gyre's `uv`
   dependency is installed: `available_here`);
-- `package-index`: pip or uv installing named packages from an index.
+- `package-index`: pip or uv installing named packages from an index;
+- `program:<name>`: a program a test command starts (its first word, after `NAME=value`
+  assignments, in each part between `&&`, `||`, `;`, `|`) that the evaluation's PATH lacks
+  (`xvfb-run`). Read here, before anything runs: at run time a setup command's "command not
+  found" cannot be told from a workspace script exiting 127 (`python install.py`), so it is
+  the workspace's result there (only programs missing here are listed);
+- `tool-clash:<distribution>`: an NL2RepoBench project named like one of the evaluation's
+  own test tools (pytest, pip, setuptools and what they require: packaging, pygments, ...,
+  `toolenv.tool_distributions`). Its hidden tests would import the tools' copy whenever the
+  workspace lacks the project (an empty workspace scored 1.0 on `packaging`), and a workspace
+  can always reach that copy (`/gyre-tools` is bound into every evaluation): never met here.
 
 `unmet(needs, available)` keeps the needs this evaluation cannot meet (`available_here` is
 what an evaluation on this machine offers: the evaluator, the run's preflight and
@@ -29,16 +39,27 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
-from gyre.evaluators.toolenv import tools_have_uv
+from packaging.utils import canonicalize_name
+
+from gyre.evaluators.toolenv import tool_distributions, tools_have_uv
 from gyre.records import Query
 
 APT = "apt"
 UV = "uv"
 PACKAGE_INDEX = "package-index"
+TOOL_CLASH = "tool-clash"
+PROGRAM = "program"
+SHELL_WORDS = frozenset({
+    "set", "cd", "export", "echo", "true", "false", "source", ".", "test", "[", "exit", "unset", "alias", "read",
+    "printf", "ulimit", "umask", "eval", "exec", "shift", "type", "wait", "command", "builtin", "hash", "pwd",
+    "if", "then", "else", "fi", "for", "do", "done", "while", "case", "esac", "{", "}", "(", ")", "!", "time"})
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*")
 _URL = re.compile(r"https?://([A-Za-z0-9.-]+)")
 _APT = re.compile(r"(^|[\s;&|(])(apt-get|apt|dpkg|aptitude)\s+(-\S+\s+)*(install|update|upgrade|-i)\b")
 _FETCH = re.compile(r"(^|[\s;&|(])(curl|wget)\b[^\n;|&]*")
@@ -77,7 +98,54 @@ def task_needs(query: Query) -> list[str]:
             for candidate in _script_candidates(root, Path(query.hidden_tests_dir), word):
                 if candidate.is_file() and candidate.stat().st_size <= _MAX_SCRIPT_BYTES:
                     texts.append(candidate.read_text(encoding="utf-8", errors="replace"))
-    return sorted(set().union(*(script_needs(t) for t in texts)))
+    clash = _tool_clash(query)
+    programs = {f"{PROGRAM}:{name}" for name in command_programs(query.test_commands) if not program_available(name)}
+    return sorted(set().union(*(script_needs(t) for t in texts), programs,
+                              {f"{TOOL_CLASH}:{clash}"} if clash else set()))
+
+
+def command_programs(commands: list[str]) -> set[str]:
+    """The programs `commands` start by name (see `program:` in the module docstring)."""
+    found = set()
+    for command in commands:
+        for part in re.split(r"&&|\|\||;|\||\n", command):
+            words = _words(part)
+            while words and _ASSIGNMENT.fullmatch(words[0]):
+                words.pop(0)
+            if words and "/" not in words[0] and "$" not in words[0] and words[0] not in SHELL_WORDS:
+                found.add(words[0])
+    return found
+
+
+def program_available(name: str) -> bool:
+    """Whether an evaluation command finds `name`: the environment's own programs, or the system's PATH."""
+    from gyre.evaluators.toolenv import SYSTEM_PATH, UV_BINARIES, _WRAPPERS, _python_names
+
+    own = {*_WRAPPERS, *_python_names(), "python3", *(UV_BINARIES if tools_have_uv() else ())}
+    return name in own or shutil.which(name, path=SYSTEM_PATH) is not None
+
+
+def _tool_clash(query: Query) -> str | None:
+    """The tool distribution an NL2RepoBench project is named like (its name or a module it provides), if any."""
+    from gyre.benchmarks.spec import NL2REPO, detect_format
+
+    try:
+        if detect_format(Path(query.root)) != NL2REPO:
+            return None
+    except Exception:  # not a task directory this reading knows: no clash to report
+        return None
+    return _tool_names().get(canonicalize_name(query.query_id))
+
+
+@lru_cache(maxsize=1)
+def _tool_names() -> dict[str, str]:
+    """Canonical names of the tool distributions and of the top-level modules they hold -> the distribution."""
+    names: dict[str, str] = {}
+    for dist in tool_distributions():
+        modules = {f.parts[0].removesuffix(".py") for f in dist.files or () if f.parts}
+        for name in (dist.metadata["Name"], *(m for m in modules if m.isidentifier())):
+            names.setdefault(canonicalize_name(name), canonicalize_name(dist.metadata["Name"]))
+    return names
 
 
 def script_needs(text: str) -> set[str]:
@@ -111,7 +179,10 @@ def unmet(needs: list[str], available: Available) -> list[str]:
             missing.append(need)
         elif kind == "python" and value != available.python:
             missing.append(need)
-        elif need == APT or (need == UV and not available.uv) or (need == PACKAGE_INDEX and not available.package_index):
+        elif kind == PROGRAM and not program_available(value):
+            missing.append(need)
+        elif kind == TOOL_CLASH or need == APT or (need == UV and not available.uv) or (
+                need == PACKAGE_INDEX and not available.package_index):
             missing.append(need)
     return missing
 

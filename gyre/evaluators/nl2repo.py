@@ -23,12 +23,13 @@ name and autoloading off; results come back over a pipe the evaluator owns
 pristine files' own test ids count, each once across commands (`gyre.evaluators.tally`).
 
 Rules: one rule decides what is dropped (shared/DESIGN.md, "Reward integrity").
-- Once pytest has started a test session with the plugin (before collection: with no
-  agent conftest and the workspace off `sys.path` at start-up, no workspace code can
-  run earlier; with a pristine conftest that imports the project, loading the plugin
-  is the line), everything is the workspace's result: failing or erroring tests, a module that
-  fails to import, a process that exits, crashes, is killed or hangs (the timeout's
-  SIGINT, then SIGKILL): unreported pristine tests are failed. A valid score, maybe 0.
+- Once pytest has started collecting below its session with the plugin (with no agent
+  conftest and the workspace off `sys.path` at start-up, no workspace code can run
+  earlier; with a pristine conftest that may import the project, loading the plugin is the
+  line), everything is the workspace's result, its exit code and its lines on the pipe
+  included: failing or erroring tests, a module that fails to import, a process that
+  exits, crashes, is killed or hangs (the timeout's SIGINT, then SIGKILL): unreported
+  pristine tests are failed. A valid score, maybe 0.
 - Tampering: a canary that must fail reported passed, a must-pass canary dropped, a
   result reported twice or a message that is not the plugin's: status `tampering`,
   score 0, the evidence kept.
@@ -75,7 +76,12 @@ EVALUATOR_FAILURE_EXIT_CODES = {
     127: "command not found",
 }
 """Exit codes that mean the evaluator failed when no test session started; once one has, only
-pytest's own usage error (reported by the plugin, so no `os._exit(4)` can fake it) does."""
+pytest's own usage error reported by the plugin before collection went below the session does.
+Either counts only while no workspace code can have run in the command: before a pristine
+conftest is loaded (it may import the project: an ImportError there exits 4) and before the
+first test module is collected; from then on an exit code or a `finish` line on the pipe may be
+the workspace's (`os._exit(4)`, a forged line) and is its result. A setup command (one before the
+last that never loads the plugin: `python install.py` runs the workspace's script) never makes one."""
 SCORE_FILE = "score.json"
 
 
@@ -159,6 +165,7 @@ def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execu
 
     runs: list[ChannelResults] = []
     notes: list[str] = []
+    pristine_conftest = any(PurePosixPath(rel).name == "conftest.py" for rel in query.test_files)
     setup_ran = False  # a command before this one ran the workspace's own build (no plugin in it)
     ran_before = False  # ... before the last command
     for i, command in enumerate(query.test_commands):
@@ -173,7 +180,13 @@ def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execu
         runs.append(said)
         _write_log(reports / f"command_{i}.log", command, result)
         pytest_said = said.exitstatus if said.finished else None
-        if not result.timed_out and not setup_ran and (pytest_said == USAGE_ERROR or (
+        # from here on its code may have run in this command, and anything it says or exits with is its own;
+        # a command before the last that never loaded the plugin is a setup command (`python install.py`
+        # runs the workspace's script): its exit code is the workspace's too
+        workspace_ran = said.hello and (pristine_conftest or said.collecting)
+        setup_command = not said.hello and i < len(query.test_commands) - 1
+        if not result.timed_out and not setup_ran and not workspace_ran and not setup_command and (
+                pytest_said == USAGE_ERROR or (
                 not said.session and result.exit_code in EVALUATOR_FAILURE_EXIT_CODES)):
             code = pytest_said if pytest_said == USAGE_ERROR else result.exit_code
             return error(execution_id, f"command {i} {command!r} exited {code} "
@@ -190,7 +203,6 @@ def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execu
         "passed": sorted("::".join((path, *tid)) for path, tid in counted.passed),
         "ignored": counted.ignored, "tampering": counted.tampering, "collect_errors": counted.collect_errors,
     }, indent=1) + "\n", encoding="utf-8")
-    pristine_conftest = any(PurePosixPath(rel).name == "conftest.py" for rel in query.test_files)
     if index_failure is not None and not counted.tampering:
         return error(execution_id, index_failure)
     if not counted.loaded and not ran_before:
@@ -198,7 +210,8 @@ def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execu
     if not counted.started and not pristine_conftest and not ran_before:  # no workspace code ran before it
         return error(execution_id, f"pytest did not start a test session (exit {result.exit_code}): {tail(result)}")
     if not counted.started:
-        notes.append("pytest never started a session after the workspace's own setup commands ran: its result")
+        notes.append("pytest never started a session after the workspace's code ran (its setup commands, or "
+                     "the pristine conftest importing it): its result")
     num_passed = len(counted.passed)
     detail = [f"{num_passed}/{query.test_case_count} hidden test cases passed", *notes]
     if counted.ignored:

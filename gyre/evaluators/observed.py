@@ -6,8 +6,9 @@ appended (`canaries.add_canaries`), then run the task's command in the sandbox w
 gyre's pytest plugin loaded and a result pipe open (`channel`). This module is that shared
 part, so the formats differ only in where files go and how the tally becomes a score:
 
-- `place_pristine(dest, sources, inside, rng, num_fail)` writes the files under `dest`
-  (symlinks and files in the way removed, never followed) and returns the `PristineFile`s
+- `place_pristine(dest, sources, inside, rng, num_fail, xfail)` writes the files under `dest`
+  (symlinks and files in the way removed, never followed; so is what Python would import
+  instead of a pristine module: `pytest_guard.clear_shadows`) and returns the `PristineFile`s
   as the sandbox sees them (`inside` is `dest`'s path inside);
 - `Observer` holds the evaluation's plugin install; `run(...)` runs one command and
   returns its `ExecResult` with what the plugin said.
@@ -33,8 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from gyre.evaluators.canaries import PristineFile, add_canaries, defined_tests, is_test_module
+from gyre.evaluators.cases import case_counts, dynamic_conftest
 from gyre.evaluators.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall, ResultChannel
 from gyre.evaluators.common import error, tampering
+from gyre.evaluators.pytest_guard import clear_shadows
 from gyre.evaluators.tally import Tally, tally
 from gyre.evaluators.toolenv import EvalEnv, base_interpreter_dirs, make_env
 from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_INSIDE_DIR
@@ -57,15 +60,20 @@ INTERRUPT_GRACE_S = 5.0
 
 
 def place_pristine(dest: Path, sources: Mapping[str, bytes], inside: str, rng: random.Random,
-                   num_fail: int = 2) -> list[PristineFile]:
+                   num_fail: int = 2, xfail: bool = False) -> list[PristineFile]:
     """Write `sources` (relative path -> bytes) under `dest`, canaries in test modules; see the module docstring."""
     placed: list[PristineFile] = []
+    clear_shadows(dest, sources)
+    capped = not any(PurePosixPath(rel).name == "conftest.py" and dynamic_conftest(data.decode("utf-8", "replace"))
+                     for rel, data in sources.items())
     for rel, data in sources.items():
         target = clear_path(dest, rel)
         if is_test_module(rel):
-            source, canaries = add_canaries(data.decode("utf-8", errors="replace"), rng, num_fail=num_fail)
+            text = data.decode("utf-8", errors="replace")
+            source, canaries = add_canaries(text, rng, num_fail=num_fail, xfail=xfail)
             tests = defined_tests(source) - {(name,) for name in canaries.names}
-            placed.append(PristineFile(str(PurePosixPath(inside) / rel), tests, canaries))
+            placed.append(PristineFile(str(PurePosixPath(inside) / rel), tests, canaries,
+                                       case_counts(text) if capped else {}))
             target.write_text(source, encoding="utf-8")
         else:
             target.write_bytes(data)
@@ -182,6 +190,7 @@ class Observer:
                 )
         finally:
             results = channel.close()
+        results.stopped = result.timed_out or bool(result.limit_hit)
         return result, results
 
     def run_single(self, command: str, pristine: list[PristineFile], **run_kwargs) -> Observed:

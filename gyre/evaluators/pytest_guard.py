@@ -18,8 +18,12 @@ configuration file of our own:
   pytest or anything it imports, `shadowing_names()`: derived from the installed pytest's
   own requirements and theirs (iniconfig, pluggy, packaging, pygments, ...), never a
   hand-kept list;
-- `__init__.py` in a hidden test directory whose pristine files do not bring one (it
-  would run agent code as the tests' package).
+- `__init__.py` in a hidden test directory, or a directory above one, whose pristine files
+  do not bring one (it would run agent code as the tests' package);
+- what Python would import instead of a pristine module (`clear_shadows`, called as the
+  pristine files are placed, every format): a package directory, extension module or `.pyc`
+  of the same name beside it (`tests/helpers/__init__.py` wins over `tests/helpers.py`), and a
+  module named like a directory on its way (`tests.py` wins over a namespace `tests/`).
 
 Hidden test files are copied in afterwards, so a `conftest.py` that belongs to the
 benchmark survives. What this cannot stop: code under test runs inside the pytest
@@ -31,10 +35,11 @@ from __future__ import annotations
 
 import ast
 import configparser
+import importlib.machinery
 import os
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path, PurePosixPath
@@ -104,7 +109,7 @@ def neutralise_pytest_config(repo: Path, hidden_test_files: list[str] = (), proj
     """
     actions: list[str] = []
     hidden = {PurePosixPath(rel) for rel in hidden_test_files}
-    test_dirs = sorted({PurePosixPath("."), *(rel.parent for rel in hidden)})
+    test_dirs = sorted({PurePosixPath("."), *(parent for rel in hidden for parent in rel.parents)})
     for rel_dir in test_dirs:
         directory = repo / rel_dir
         if not directory.is_dir() or directory.is_symlink():
@@ -138,6 +143,32 @@ def neutralise_pytest_config(repo: Path, hidden_test_files: list[str] = (), proj
                 path.unlink()
                 actions.append(f"removed {rel} (not a valid setup.cfg)")
     return actions
+
+
+def clear_shadows(dest: Path, rels: Iterable[str]) -> list[str]:
+    """Remove from `dest` what Python would import instead of the pristine files `rels` about to be
+    placed there (see the module docstring); returns what was removed, one line each."""
+    pristine = {PurePosixPath(rel) for rel in rels}
+    on_the_way = {parent for rel in pristine for parent in rel.parents if parent != PurePosixPath(".")}
+    suffixes = tuple(importlib.machinery.all_suffixes())
+    removed = []
+    for rel in sorted(pristine | on_the_way):
+        if rel in pristine and rel.suffix != ".py":
+            continue
+        stem = rel.name[:-3] if rel in pristine else rel.name
+        parent = dest / rel.parent
+        linked = any((dest / up).is_symlink() for up in (rel.parent, *rel.parent.parents))
+        if not stem.isidentifier() or linked or not parent.is_dir():
+            continue  # a linked or missing directory on the way is replaced whole when the file is placed
+        for entry in sorted(parent.iterdir()):
+            candidate = rel.parent / entry.name
+            module = any(entry.name == stem + suffix for suffix in suffixes)
+            package = rel in pristine and entry.name == stem and (entry.is_symlink() or any(
+                (entry / f"__init__{suffix}").exists() for suffix in suffixes))  # a data directory stays
+            if candidate not in pristine and candidate not in on_the_way and (module or package):
+                clear_path(dest, candidate.as_posix())
+                removed.append(f"removed {candidate.as_posix()} (would be imported instead of {rel.as_posix()})")
+    return removed
 
 
 def imported_modules(sources: list[str]) -> set[str]:

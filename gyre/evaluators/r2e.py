@@ -18,7 +18,8 @@ the instance is solved (1.0) iff the number of parsed hidden tests equals the ex
 map's and every expected test ends with its expected status; otherwise 0. An expected key
 also matches the `::` form or the whole node id (rows written by other tools). Once pytest
 started, a timeout or a dead process is the workspace's 0; a script that ended without
-starting pytest is an evaluator failure.
+starting pytest is an evaluator failure, unless it starts pytest on the base commit's files
+(`control`: then the workspace broke it, a 0).
 """
 
 
@@ -32,7 +33,8 @@ from pathlib import Path
 from gyre.benchmarks.spec import TaskSpec
 from gyre.evaluators.canaries import PristineFile, test_id
 from gyre.evaluators.channel import TestResult
-from gyre.evaluators.common import error, ok, tail, write_log
+from gyre.evaluators.common import ok, tail, write_log
+from gyre.evaluators.control import no_verdict
 from gyre.evaluators.observed import IndexAccess, Observer, place_pristine, read_sources
 from gyre.evaluators.pytest_guard import PLANTED_FILE_NAMES, ROOT_CONFIG_NAMES, neutralise_pytest_config
 from gyre.evaluators.workspace_copy import copy_workspace
@@ -90,7 +92,8 @@ def evaluate_r2e(
     if not said.hello:
         if result.timed_out:
             return ok(execution_id, 0.0, f"tests timed out after {timeout_s:g}s before pytest started", total=total)
-        return error(execution_id, f"{command!r} exited {result.exit_code} without starting pytest: {tail(result)}")
+        return no_verdict(execution_id,
+                          f"{command!r} exited {result.exit_code} without starting pytest: {tail(result)}")
     files = {f.inside for f in pristine}
     statuses = {r.nodeid: _status(r) for r in said.results.values()
                 if r.path in files and not _is_canary(r.nodeid, pristine)}

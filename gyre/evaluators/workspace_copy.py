@@ -9,6 +9,12 @@ turns it into a valid score of 0 (the agent's doing, inside limits it was given;
 an evaluator failure, or an agent could turn a failing run into a dropped sample by
 filling its disk). FIFOs, sockets and devices are skipped (copying a FIFO would block);
 symlinks are copied as symlinks, never followed.
+
+Bytecode is not copied either (`__pycache__/`, `*.pyc`, `*.pyo`): Python runs a planted
+hash-based pyc without comparing it with its source (PEP 552, "unchecked"), and a timestamp
+pyc whose header matches its source's mtime and size (copies keep mtimes), so bytecode could
+replace a pristine helper module beside the hidden tests, or run code the monitor never read
+behind an innocent `.py`. No evaluation needs it: commands run with PYTHONDONTWRITEBYTECODE.
 """
 
 from __future__ import annotations
@@ -42,7 +48,12 @@ def copy_workspace(workspace: Path, dest: Path, limits: SandboxLimits) -> str | 
     return None
 
 
+BYTECODE_DIR = "__pycache__"
+BYTECODE_SUFFIXES = (".pyc", ".pyo")
+
+
 def _special_files(directory: str, names: list[str]) -> list[str]:
-    """Names copytree must skip: FIFOs, sockets and devices."""
+    """Names copytree must skip: FIFOs, sockets and devices; bytecode (see the module docstring)."""
     kept_kinds = (stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK)
-    return [name for name in names if not any(kind(os.lstat(Path(directory, name)).st_mode) for kind in kept_kinds)]
+    return [name for name in names if name == BYTECODE_DIR or name.endswith(BYTECODE_SUFFIXES)
+            or not any(kind(os.lstat(Path(directory, name)).st_mode) for kind in kept_kinds)]

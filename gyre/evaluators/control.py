@@ -1,0 +1,63 @@
+"""Who broke the test runner? A control run on the task's own starting files decides.
+
+Terminal-Bench, Harbor and R2E-Gym tests are started by a script of the task's (`run-tests.sh`,
+`test.sh`), run in the workspace. When it ends by itself without starting pytest, or Harbor's
+verifier leaves a reward file that cannot be read, the formats call it an evaluator failure (a
+broken image, a missing tool, a buggy verifier: a false zero would be trained on). But the script
+reads the workspace before pytest starts (`uv run` syncs a `pyproject.toml` it finds there as a
+project), and once pytest runs, the workspace's code runs in it as the user that owns
+`/logs/verifier` (it can leave `{not json` in `reward.json`). A workspace that does either would
+turn its 0 into a dropped sample, the way out of a negative advantage (shared/DESIGN.md, "Reward
+integrity": an evaluator failure only when something that does not use the workspace failed).
+
+So such a failure (`no_verdict`, detail prefixed `NO_VERDICT`) is checked once more
+(`with_control`): the same scorer runs on the task's starting files (`query.start_dir`, or none),
+in a fresh sandbox, under `eval_dir/control/`. If the runner gives a verdict there (pytest
+started, a readable reward), it works and the workspace broke it: a valid 0 (status ok). If it
+fails there too, or the control cannot say (an unreachable index, a crash), the evaluator
+failure stands. The control costs a second run only when the first failed this way. Not done
+for docker executions tested in their own container (the control would need the image: their
+failures stand) nor for NL2RepoBench, whose setup commands are the workspace's build and are
+handled by `nl2repo` itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gyre.evaluators.common import error, ok
+from gyre.records import EvalStatus, Query, Score
+
+NO_VERDICT = "the task's runner gave no verdict"
+CONTROL_DIR = "control"
+
+
+def no_verdict(execution_id: str, detail: str) -> Score:
+    """The runner ended by itself before pytest started, or left a reward that cannot be read: an evaluator
+    failure unless `with_control` finds the workspace broke it."""
+    return error(execution_id, f"{NO_VERDICT}: {detail}")
+
+
+def is_no_verdict(score: Score) -> bool:
+    return score.status is EvalStatus.error and score.detail.startswith(NO_VERDICT)
+
+
+def with_control(score: Score, query: Query, eval_dir: Path, run) -> Score:
+    """`score`, or a valid 0 when it is `no_verdict` and `run(workspace, control_dir)` (the same scorer on
+    the task's starting files) gave a verdict."""
+    if not is_no_verdict(score):
+        return score
+    control_dir = Path(eval_dir) / CONTROL_DIR
+    control_dir.mkdir()
+    start = Path(query.start_dir) if query.start_dir is not None and Path(query.start_dir).is_dir() else None
+    if start is None:
+        start = control_dir / "start"
+        start.mkdir()
+    try:
+        control = run(start, control_dir)
+    except Exception as exc:  # the control could not say: the failure stands
+        return score.model_copy(update={"detail": f"{score.detail}; control run failed: {type(exc).__name__}: {exc}"})
+    if control.status is EvalStatus.error:
+        return score.model_copy(update={"detail": f"{score.detail}; on the task's starting files too"})
+    return ok(score.execution_id, 0.0, f"{score.detail.removeprefix(NO_VERDICT + ': ')}; the runner gives a verdict "
+              "on the task's starting files: this workspace broke it (its result)")

@@ -24,6 +24,7 @@ from gyre.proxy.app import create_app
 from gyre.proxy.router import EngineRouter
 from gyre.proxy.server import ServerThread
 from gyre.proxy.sessions import SessionRegistry
+from gyre.proxy.toolcalls import parser_for
 from gyre.records import ExecutionStatus
 from gyre.sandboxes.isolation import probe_bwrap
 from gyre.sandboxes.local import LocalSandbox
@@ -137,3 +138,39 @@ def test_claude_code_live_against_the_proxy(tmp_path, tiny_tokenizer):
     calls = sessions.close("exec-cc").calls
     assert outcome.status is ExecutionStatus.completed, outcome.error
     assert calls and all(c.kind == "messages" for c in calls)
+
+
+@needs_bwrap
+@pytest.mark.slow
+@pytest.mark.skipif(find_claude() is None, reason="the claude CLI is not installed (npm i -g @anthropic-ai/claude-code)")
+def test_claude_code_runs_a_tool_call_through_the_proxy_and_comes_back_with_its_result(tmp_path, tiny_tokenizer):
+    """The real CLI, two calls: the model (scripted) writes a file with Claude Code's Write tool in
+    the Qwen tool-call format; Claude Code runs it in the sandbox and sends the result back; the
+    second call's prompt extends the first's token ids (the proxy kept them, TITO), and both
+    calls are recorded under the execution."""
+    from gyre.harnesses.claude_code import claude_install_dirs
+
+    query = _query(tmp_path)
+    sandbox = LocalSandbox.create(query, tmp_path / "ws", isolation="bwrap", extra_ro=claude_install_dirs(find_claude()))
+    target = f"{sandbox.workdir}/hello.py"
+    write = ('<tool_call>\n{"name": "Write", "arguments": {"file_path": "%s", "content": "print(\\"hi\\")\\n"}}\n'
+             '</tool_call>' % target)
+    engine = ScriptedEngine(tiny_tokenizer, [write, "Wrote hello.py."])
+    sessions = SessionRegistry()
+    app = create_app(EngineRouter([engine]), sessions, tiny_tokenizer, model_name="tiny",
+                     stop_token_ids=stop_token_ids(tiny_tokenizer), parser=parser_for("qwen"))
+    server = ServerThread(app).start()
+    key = sessions.mint("exec-cc-tool")
+    try:
+        outcome = ClaudeCodeHarness(max_turns=4).run(
+            query, sandbox, ModelEndpoint(server.base_url, key, "tiny"), time.monotonic() + 180)
+        written = (sandbox.workspace / "hello.py").read_text() if (sandbox.workspace / "hello.py").exists() else None
+    finally:
+        sandbox.close()
+        server.stop()
+    calls = sessions.close("exec-cc-tool").calls
+    assert outcome.status is ExecutionStatus.completed, outcome.error
+    assert written == 'print("hi")\n'
+    assert len(calls) == 2 and all(c.kind == "messages" for c in calls), [c.kind for c in calls]
+    first, second = engine.prompts
+    assert len(second) > len(first) and second[:len(first)] == first  # the tool result appended to what was sent

@@ -4,14 +4,19 @@ and tool results of whole files), streamed as Claude Code streams, then a call t
 it by ~2k tokens; both answered and both recorded token-in/token-out.
 
 Claude Code 2.1.197 stopped at its first call against the default path once ("400 prompt has
-50482 tokens; the model's context is 8192"): this is that session, scripted, without the CLI.
+50482 tokens; the model's context is 8192"): this is that session, scripted, without the CLI;
+and the CLI itself (2.1.197, installed by `.ci/run` where npm's registry answers) against the
+same served config.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 import signal
+import subprocess
 import sys
 
 import duckdb
@@ -21,6 +26,7 @@ import yaml
 
 from tests.serve_process import _UVICORN_PORT, REPO, Child
 
+CLI_TIMEOUT_S = 900  # the CLI's session: one ~50k-token prefill of the tiny model on a loaded 2-core box
 TOOLS = ["Task", "Bash", "Glob", "Grep", "LS", "ExitPlanMode", "Read", "Edit", "MultiEdit", "Write",
          "NotebookEdit", "WebFetch", "TodoWrite", "WebSearch", "BashOutput", "KillBash"]
 
@@ -103,3 +109,40 @@ def test_a_claude_code_shaped_50k_token_session_is_served_with_the_default_confi
     assert p1 == ids1 > 50_000 and 0 < out1 <= 16  # the whole prompt, token-in/token-out
     assert 1_000 < p2 - p1 < 6_000  # the second call extends the first by the write and its result
     json.dumps(rows)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("claude") is None, reason="the claude CLI is not installed (npm i -g @anthropic-ai/claude-code)")
+def test_the_claude_code_cli_completes_a_session_against_the_default_config(tmp_path):
+    """The check above with the real CLI, as a new user runs it (README, configs/proxy-local.yaml):
+    `claude -p` pointed at `gyre proxy serve` with the shipped config and the bundled tiny model
+    ends by itself (the tiny model answers text, so the session is one call), every call it made
+    recorded token-in/token-out with Claude Code's own ~50k-token prompt."""
+    config = yaml.safe_load((REPO / "configs" / "proxy-local.yaml").read_text())
+    config.update(port=0, cache_dir=str(tmp_path / "cache"), record_path=str(tmp_path / "calls.duckdb"),
+                  engines=[{"id": "torch-0"}], max_new_tokens=32)
+    path = tmp_path / "proxy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    child = Child([sys.executable, "-m", "gyre.cli", "proxy", "serve", "--config", str(path)])
+    (tmp_path / "home").mkdir()
+    (tmp_path / "project").mkdir()
+    try:
+        port = int(child.wait_for(_UVICORN_PORT).group(1))
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}",
+               "ANTHROPIC_API_KEY": "local-dev-key", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+               "DISABLE_TELEMETRY": "1"}
+        done = subprocess.run(["claude", "-p", "Create hello.py that prints hi.", "--max-turns", "3"],
+                              cwd=tmp_path / "project", env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+        assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+        child.proc.send_signal(signal.SIGINT)  # every call recorded before it exits
+        assert child.proc.wait(timeout=120) == 128 + signal.SIGINT, child.output()
+    finally:
+        child.stop()
+    con = duckdb.connect(str(tmp_path / "calls.duckdb"), read_only=True)
+    try:
+        rows = con.execute("select c.execution_id, c.prompt_tokens, len(t.prompt_ids), c.output_tokens from calls c "
+                           "join call_tokens t using (call_id) order by c.started_at").fetchall()
+    finally:
+        con.close()
+    assert rows and all(e == "local-dev" and p == ids and out > 0 for e, p, ids, out in rows), rows
+    assert rows[0][1] > 40_000, rows  # Claude Code's system prompt and tools: no context error, served whole

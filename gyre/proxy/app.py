@@ -2,11 +2,13 @@
 
 Every harness reaches the policy only through here. A request is authenticated by its
 per-execution key (OpenAI `Authorization: Bearer`, Anthropic `x-api-key`; either header
-works on either API), its body is size-checked (`max_body_bytes`, before and while it is
-read) and validated at this boundary, and the call runs in `completion.py`, which checks
-the prompt's length against the context (`limits.py`) before templating it off the event
-loop (`offload.py`). Errors come back in the shape of the API the path belongs to:
-`/v1/messages*` answers like Anthropic, everything else like OpenAI.
+works on either API, and a request carrying both is served if either key is known), its
+body is size-checked (`max_body_bytes`, before and while it is read) and must keep arriving
+(each part within `body_idle_timeout_s` of the last, else a 408), it is validated at this
+boundary, and the call runs in `completion.py`, which checks the prompt's length against
+the context (`limits.py`) before templating it off the event loop (`offload.py`). Errors
+come back in the shape of the API the path belongs to: `/v1/messages*` answers like
+Anthropic, everything else like OpenAI.
 
 Endpoints: `POST /v1/chat/completions`, `POST /v1/messages` (query strings such as
 `?beta=true` are ignored), `POST /v1/messages/count_tokens`, `GET /v1/models[/{id}]`,
@@ -22,6 +24,7 @@ the body read straight from `receive`. Every other path goes through Starlette's
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -39,7 +42,7 @@ from starlette.routing import Route
 
 from gyre.proxy import anthropic_api, openai_api
 from gyre.proxy.completion import CompletionCore, ProxyDefaults
-from gyre.proxy.errors import ProxyError, error_response
+from gyre.proxy.errors import ProxyError, error_response, validation_problem
 from gyre.proxy.limits import PromptLimit
 from gyre.proxy.message_cache import MessageError
 from gyre.proxy.router import EngineRouter
@@ -54,6 +57,9 @@ DEFAULT_MAX_BODY_BYTES = 32 * 2**20
 """Largest request body accepted (a 1M-token conversation is ~4 MB of text)."""
 DEFAULT_MAX_CONCURRENT_REQUESTS = 512
 """Engine calls in flight at once (threads blocked in `RolloutEngine.generate`)."""
+DEFAULT_BODY_IDLE_TIMEOUT_S = 60.0
+"""Longest wait for the next part of a request body: a client that stops sending mid-body
+(a slowloris, a stalled upload) gets a 408 instead of holding a coroutine for ever."""
 
 
 def _json(payload: object, status: int = 200) -> Response:
@@ -61,9 +67,7 @@ def _json(payload: object, status: int = 200) -> Response:
 
 
 def _validation_message(exc: ValidationError) -> str:
-    first = exc.errors(include_url=False)[0]
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    return f"invalid request: {where or 'body'}: {first.get('msg', 'bad input')}"
+    return f"invalid request: {validation_problem(exc) or 'body: bad input'}"
 
 
 def _headers(request: Request) -> dict[str, str]:
@@ -98,6 +102,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
     max_context_tokens: int | None = None,
+    body_idle_timeout_s: float = DEFAULT_BODY_IDLE_TIMEOUT_S,
 ) -> Starlette:
     """`max_context_tokens`: the engines' context, for refusing a prompt that cannot fit it
     before any templating (`limits.py`); None leaves that to the engine."""
@@ -111,11 +116,15 @@ def create_app(
     template = partial(openai_api.template_message, inline_reasoning=inline_reasoning)
 
     def authenticate(headers: dict[str, str]) -> ExecutionSession:
+        """Either header's key: a client configured with both an API key and an auth token
+        (a real `ANTHROPIC_API_KEY` left in the environment next to `ANTHROPIC_AUTH_TOKEN`
+        holding this proxy's key) may send both `x-api-key` and `Authorization`."""
         key = headers.get("x-api-key")
-        if not key:
-            auth = headers.get("authorization", "")
-            key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         session = sessions.session(key) if key else None
+        if session is None:
+            auth = headers.get("authorization", "")
+            bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+            session = sessions.session(bearer) if bearer else None
         if session is None:
             raise ProxyError(401, "unknown or missing API key", "authentication")
         return session
@@ -126,7 +135,12 @@ def create_app(
             raise ProxyError(413, f"request body exceeds {max_body_bytes} bytes", "too_large")
         body = bytearray()  # appended in place: a many-chunk body is copied once, not once per chunk
         while True:
-            message = await request.receive()
+            try:
+                async with asyncio.timeout(body_idle_timeout_s):  # no task per chunk, unlike wait_for
+                    message = await request.receive()
+            except TimeoutError:
+                raise ProxyError(408, f"request body incomplete: nothing received for {body_idle_timeout_s:g} s "
+                                 f"after {len(body)} bytes", "timeout") from None
             if message["type"] != "http.request":
                 raise ProxyError(400, "client disconnected before sending the whole body")
             body += message.get("body", b"")
@@ -163,7 +177,10 @@ def create_app(
             try:
                 return await handler(request)
             except ProxyError as exc:
-                return error_response(exc, api)
+                response = error_response(exc, api)
+                if exc.status == 408:  # the rest of the body may never come: end the connection
+                    response.headers["connection"] = "close"
+                return response
             except Exception:  # a bug of ours: log it, answer in the API's shape, keep serving
                 log.exception("proxy: unhandled error on %s", request.url.path)
                 return error_response(ProxyError(500, "internal proxy error", "internal"), api)

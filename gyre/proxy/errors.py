@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 from starlette.responses import Response
 
 # neutral kind -> (OpenAI error type, Anthropic error type)
@@ -19,6 +20,7 @@ _KINDS = {
     "context_length": ("invalid_request_error", "invalid_request_error"),
     "authentication": ("authentication_error", "authentication_error"),
     "not_found": ("not_found_error", "not_found_error"),
+    "timeout": ("invalid_request_error", "timeout_error"),
     "too_large": ("invalid_request_error", "request_too_large"),
     "overloaded": ("server_error", "overloaded_error"),
     "engine_failed": ("server_error", "api_error"),
@@ -52,3 +54,25 @@ def error_response(exc: ProxyError, api: str) -> Response:
     else:
         status, body = exc.status, openai_error_body(exc)
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+_MISMATCH = ("literal_error", "union_tag_invalid", "model_type", "model_attributes_type")
+
+
+def validation_problem(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> str:
+    """`where: what` for one of pydantic's errors: for a union, the branch that fits best (not
+    a type mismatch, else the one that got deepest), so a stop list of 100 strings reads 'at
+    most 32 items', not 'should be a valid string', and a tool_use block whose input is a list
+    names `input`. Branch names pydantic puts in the path (`list[ContentPart]`,
+    `constrained-str`) are left out: they are not fields."""
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return ""
+
+    def fit(e: dict[str, Any]) -> tuple[bool, int]:
+        return not (e["type"].endswith("_type") or e["type"] in _MISMATCH), len(e.get("loc", ()))
+
+    best = max(errors, key=fit)  # max keeps the first of equals
+    loc = (*prefix, *best.get("loc", ()))
+    where = ".".join(str(p) for p in loc if not (isinstance(p, str) and ("[" in p or "-" in p)))
+    return f"{where or 'body'}: {best.get('msg', 'bad input')}"

@@ -28,6 +28,8 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
+from gyre.proxy.errors import validation_problem
+
 MAX_CONVERSATIONS = 2
 """Conversations remembered per execution (the most recently used ones)."""
 
@@ -35,12 +37,12 @@ M = TypeVar("M")
 
 
 class MessageError(ValueError):
-    """Message `index` of the request is invalid; `errors` as pydantic lists them."""
+    """Message `index` of the request is invalid; the message names its best-fitting error
+    (`errors.validation_problem`)."""
 
     def __init__(self, index: int, exc: ValidationError) -> None:
-        first = exc.errors(include_url=False)[0]
-        self.index, self.loc, self.msg = index, ("messages", index, *first.get("loc", ())), first.get("msg", "bad input")
-        super().__init__(f"{'.'.join(str(p) for p in self.loc)}: {self.msg}")
+        self.index = index
+        super().__init__(validation_problem(exc, ("messages", index)) or f"messages.{index}: bad input")
 
 
 @dataclass(frozen=True)

@@ -161,13 +161,19 @@ class CellFaults:
                          f"CellFailed; the next {left} publications are offered to it")
             return ev.CellFailed(event.cell_id)
         if isinstance(event, EngineRecovered):
+            if state.cells[event.cell_id].role is not Role.failed:
+                with self._changed:
+                    self.refused.pop(event.cell_id, None)
+                return None
+            from gyre.live_publish import refused, route_current  # it imports this module
+
+            engine = driver.cells[event.cell_id].engine
+            try:
+                route_current(driver, engine)  # a version published since the one it loaded: loaded now
+            except Exception as exc:  # refused that one: still failed, its offers go on
+                return self.handle(refused(driver, event.cell_id, engine, exc))
             with self._changed:
                 self.refused.pop(event.cell_id, None)
-            if state.cells[event.cell_id].role is not Role.failed:
-                return None
-            from gyre.live_publish import route_current  # it imports this module
-
-            route_current(driver, driver.cells[event.cell_id].engine)
             self._record(event.cell_id, now, "rejoined", "its engine loaded a later publication: CellRejoined")
             return ev.CellRejoined(event.cell_id)
         if isinstance(event, ActorDown):

@@ -27,7 +27,7 @@ from gyre.cells.transport import FileSnapshotTransport
 from gyre.config import RunConfig, dump_config
 from gyre.engines.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from gyre.engines.hf import load_tokenizer, stop_token_ids
-from gyre.engines.factory import rollout_engine, train_engine
+from gyre.engines.factory import check_devices, rollout_engine, train_engine
 from gyre.engines.torch_rollout import TorchRolloutEngine
 from gyre.engines.torch_train import NonFiniteError
 from gyre.evaluators.in_container import AGENT_DIRS as CONTAINER_AGENT_DIRS
@@ -85,6 +85,7 @@ class Coordinator:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.run_id = uuid.uuid4().hex[:12]
         self.model_dir, split = preflight(config)
+        check_devices(config)  # before anything is opened or recorded
         self.queries = split.train
         limit = config.evaluation.max_queries
         self.eval_queries = sorted(split.eval, key=lambda q: q.query_id)[:limit]

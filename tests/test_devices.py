@@ -43,8 +43,9 @@ def test_devices_are_checked_by_the_config_and_by_the_process(tiny_model_dir, tm
         train_engine(config, tiny_model_dir, seed=0)
     with pytest.raises(EngineConfigError, match=r"rollout.device: cuda, but torch sees no CUDA device"):
         rollout_engine(config, tiny_model_dir, 0, "e0", seed=0)
-    with pytest.raises(EngineConfigError, match="rollout.device"):  # the coordinator builds nothing further
+    with pytest.raises(EngineConfigError, match="rollout.device"):  # refused before anything is opened
         Coordinator(config, tmp_path / "run")
+    assert not (tmp_path / "run" / "gyre.duckdb").exists()
 
 
 @pytest.mark.slow

@@ -38,6 +38,13 @@ def train_engine(config: RunConfig, model_dir: Path, *, seed: int):
     return MegatronTrainEngine(model_dir, parallel=parallel, **kwargs)
 
 
+def check_devices(config: RunConfig) -> None:
+    """The run's torch devices, checked in this process before any engine is built."""
+    if config.rollout.engine == "torch":
+        check_device(config.rollout.device, "rollout.device")
+    check_device(config.train.device, "train.device")
+
+
 class EngineConfigError(ValueError):
     """The rollout section cannot give the engine asked for (e.g. too few SGLang servers)."""
 

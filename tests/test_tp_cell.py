@@ -11,15 +11,12 @@ import signal
 import threading
 import time
 
-import numpy as np
 import pytest
-import torch
 
 from gyre.algo.gspo import GSPO
 from gyre.cells import events as ev
 from gyre.config import RunConfig
-from gyre.engines.base import TrainSequence, TreeLayout
-from gyre.engines.torch_train import TorchTrainEngine, _collate, token_logprobs
+from gyre.engines.torch_train import TorchTrainEngine
 from tests.test_cells_ray import _config as ray_config
 
 TOL = 1e-4  # fp32: the same micro-step's gradients, split over two ranks or not
@@ -74,35 +71,6 @@ def test_a_model_the_cell_cannot_split_is_refused_before_ray_starts(tiny_model_d
         check_cell_model(tiny_model_dir, 3)
 
 
-def _batch(model_dir) -> list[TrainSequence]:
-    """Two plain rows and one tree-packed row, behaviour log-probs near the policy's (every token
-    inside GSPO's clip range, so every token passes gradient)."""
-    rng = np.random.default_rng(11)
-    rows = []
-    for n, adv in ((14, 1.0), (20, -0.75)):
-        tr = np.zeros(n, np.bool_)
-        tr[n // 3:] = True
-        rows.append(TrainSequence(tokens=rng.integers(3, 500, n), trainable=tr, behaviour_logprobs=np.zeros(n),
-                                  weights=tr * np.float32(0.05), advantage=adv, execution_id=f"e{n}"))
-    n = 15  # a root [0, 6) and two children [6, 10), [10, 15)
-    tr = np.zeros(n, np.bool_)
-    tr[6:] = True
-    rows.append(TrainSequence(
-        tokens=rng.integers(3, 500, n), trainable=tr, behaviour_logprobs=np.zeros(n), weights=tr * np.float32(0.1),
-        advantage=0.0, execution_id="tree",
-        tree=TreeLayout(np.array([0, 6, 10]), np.array([-1, 0, 0]), np.r_[np.arange(10), np.arange(6, 11)]),
-        segment_ids=np.where(tr, np.r_[np.full(10, 0), np.full(5, 1)], -1), segment_advantages=[0.8, -1.2],
-    ))
-    ref = TorchTrainEngine(model_dir, lr=1e-4, tree_attention="mask")
-    with torch.no_grad():
-        for seq in rows:
-            cols = _collate([seq], ref.pad_id, "mask")
-            logp = token_logprobs(ref.model, cols["input_ids"], cols["attention"], 1.0,
-                                  cols.get("position_ids"), cols.get("prev"))[0].numpy()
-            seq.behaviour_logprobs = np.where(seq.trainable, logp + rng.normal(0, 1e-3, len(logp)), 0.0)
-    return rows
-
-
 def _layout(actor) -> tuple[int, int, int, int, int, int, int | None]:
     """In a rank's actor: its engine's tp, pp, dp, tp rank, pipeline stage, decoder layers and
     embedding rows (None: a later stage, which has no embedding)."""
@@ -130,6 +98,7 @@ def test_a_model_parallel_cell_adds_to_the_core_the_reference_gradients_of_its_m
     from gyre.cluster.rollout_actor import RayCells
     from gyre.cluster.tp_cell import TensorParallelReplicas, core_layout
     from gyre.engines.megatron_train import MegatronTrainEngine
+    from tests.test_megatron_train import _batch  # three plain rows and a tree-packed one
 
     config = _run_config(tiny_model_dir, tmp_path, tp, pipeline_parallel=pp, ranks_per_cell=2)
     batch = _batch(tiny_model_dir)

@@ -82,18 +82,29 @@ GARBLE = {
 }
 
 
+def _harbor_query(tmp_path: Path, test_sh: str):
+    """A Harbor task counting with `counter.py` (HARBOR_TESTS), its verifier running `test_sh`."""
+    from gyre.benchmarks import load_benchmark
+    from tests.test_benchmarks_formats import write_harbor
+
+    harbor = write_harbor(tmp_path / "hb", test_sh=test_sh)
+    (harbor / "tests" / "test_count.py").write_text(HARBOR_TESTS)
+    (query,) = load_benchmark("harbor", harbor.parent)
+    return query
+
+
+def _workspace(path: Path, files: dict[str, str]) -> Path:
+    from tests.test_evaluator_formats import _workspace as format_workspace
+
+    return format_workspace(path, files)
+
+
 @needs_bwrap
 @pytest.mark.parametrize("name", sorted(GARBLE))
 def test_a_garbled_reward_file_scores_zero_not_dropped(tmp_path, name):
     # the workspace's code runs in the verifier's pytest, as the user that owns /logs/verifier
-    from gyre.benchmarks import load_benchmark
-    from tests.test_benchmarks_formats import write_harbor
-    from tests.test_evaluator_formats import _workspace as format_workspace
-
-    harbor = write_harbor(tmp_path / "hb", test_sh=HARBOR_TEST_SH)
-    (harbor / "tests" / "test_count.py").write_text(HARBOR_TESTS)
-    (query,) = load_benchmark("harbor", harbor.parent)
-    ws = format_workspace(tmp_path / "a", {"counter.py": "def count():\n    return 4\n" + GARBLE[name]})
+    query = _harbor_query(tmp_path, HARBOR_TEST_SH)
+    ws = _workspace(tmp_path / "a", {"counter.py": "def count():\n    return 4\n" + GARBLE[name]})
     score = evaluate_query(query, ws, tmp_path / "e", "garble")
     assert score.status in (EvalStatus.ok, EvalStatus.tampering) and score.score == 0.0, score.detail
 
@@ -107,17 +118,11 @@ UV_RUN_TEST_SH = ("#!/bin/bash\ncd /work\nuv run pytest -q /tests/test_count.py\
 def test_a_verifier_pytest_the_workspace_replaced_earns_nothing(tmp_path):
     # `uv run` in a directory with a pyproject.toml runs the project environment's `pytest`: the
     # workspace's own program, which exits 0 without running a test; the verifier then writes 1
-    from gyre.benchmarks import load_benchmark
-    from tests.test_benchmarks_formats import write_harbor
-    from tests.test_evaluator_formats import _workspace as format_workspace
-
-    harbor = write_harbor(tmp_path / "hb", test_sh=UV_RUN_TEST_SH)
-    (harbor / "tests" / "test_count.py").write_text(HARBOR_TESTS)
-    (query,) = load_benchmark("harbor", harbor.parent)
-    honest = format_workspace(tmp_path / "h", {"counter.py": "def count():\n    return 3\n"})
+    query = _harbor_query(tmp_path, UV_RUN_TEST_SH)
+    honest = _workspace(tmp_path / "h", {"counter.py": "def count():\n    return 3\n"})
     score = evaluate_query(query, honest, tmp_path / "e0", "honest")
     assert (score.status, score.score) == (EvalStatus.ok, 1.0), score.detail
-    ws = format_workspace(tmp_path / "a", {"counter.py": "def count():\n    return 4\n"})
+    ws = _workspace(tmp_path / "a", {"counter.py": "def count():\n    return 4\n"})
     _hijack(ws)
     score = evaluate_query(query, ws, tmp_path / "e1", "hijack")
     assert score.status in (EvalStatus.ok, EvalStatus.tampering) and score.score == 0.0, score.detail
@@ -127,17 +132,11 @@ def test_a_verifier_pytest_the_workspace_replaced_earns_nothing(tmp_path):
 def test_a_patched_runner_is_caught_in_harbor_too(tmp_path):
     # Harbor's test.sh turns pytest's exit code into the reward, so its must-fail canaries are strict
     # xfails: the one-line runner patch passes them, strict XPASS fails the run, the tally says tampering
-    from gyre.benchmarks import load_benchmark
-    from tests.test_benchmarks_formats import write_harbor
-    from tests.test_evaluator_formats import _workspace as format_workspace
-
-    harbor = write_harbor(tmp_path / "hb", test_sh=HARBOR_TEST_SH)
-    (harbor / "tests" / "test_count.py").write_text(HARBOR_TESTS)
-    (query,) = load_benchmark("harbor", harbor.parent)
-    honest = format_workspace(tmp_path / "h", {"counter.py": "def count():\n    return 3\n"})
+    query = _harbor_query(tmp_path, HARBOR_TEST_SH)
+    honest = _workspace(tmp_path / "h", {"counter.py": "def count():\n    return 3\n"})
     score = evaluate_query(query, honest, tmp_path / "e0", "honest")
     assert (score.status, score.score) == (EvalStatus.ok, 1.0), score.detail  # xfailed canaries keep exit 0
     patched = "import _pytest.python\n_pytest.python.Function.runtest = lambda self: None\n" \
               "def count():\n    return 4\n"
-    score = evaluate_query(query, format_workspace(tmp_path / "a", {"counter.py": patched}), tmp_path / "e1", "patch")
+    score = evaluate_query(query, _workspace(tmp_path / "a", {"counter.py": patched}), tmp_path / "e1", "patch")
     assert (score.status, score.score) == (EvalStatus.tampering, 0.0), score.detail

@@ -6,10 +6,14 @@ import logging
 import os
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Prefect reads its settings once, when first imported: set here, before any test imports it, the
+# ephemeral server that in-process flows start gets 180 s to answer (Prefect's default, 20 s,
+# counting only its sleeps between probes, is too short on a 2-core box at load 10)
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 import pytest
 
-from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
+from gyre.engines.models.tiny import TinyModelSpec, cached_tiny_model
 
 
 def pytest_collection_modifyitems(config, items):
@@ -39,15 +43,15 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_dir):
-    from gyre.engines.hf import load_tokenizer
+    from gyre.engines.models.hf import load_tokenizer
 
     return load_tokenizer(tiny_model_dir)
 
 
 @pytest.fixture(autouse=True)
 def _benchmark_warnings_per_test():
-    """gyre.resolve logs each benchmark warning once per process; each test sees its own."""
-    from gyre import resolve
+    """gyre.runtime.resolve logs each benchmark warning once per process; each test sees its own."""
+    from gyre.runtime import resolve
 
     resolve._warned.clear()
     yield

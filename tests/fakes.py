@@ -136,10 +136,10 @@ class TokenByTokenEngine:
 
 def serve_proxy(engines, tokenizer, *, max_wait_s: float = 5.0, **kwargs):
     """The real proxy over HTTP on 127.0.0.1 in front of `engines`: (server, sessions, router)."""
-    from gyre.engines.hf import stop_token_ids
+    from gyre.engines.models.hf import stop_token_ids
+    from gyre.net.server_thread import ServerThread
     from gyre.proxy.app import create_app
     from gyre.proxy.router import EngineRouter
-    from gyre.proxy.server import ServerThread
     from gyre.proxy.sessions import SessionRegistry
 
     sessions = SessionRegistry()

@@ -99,7 +99,7 @@ def start_gyre_proxy_serve(tmp_path: Path, model_dir: Path, keys: dict[str, str]
                   record_path=str(record), engines=[{"id": "torch-0"}], keys=keys)
     path = tmp_path / "proxy.yaml"
     path.write_text(yaml.safe_dump(config))
-    child = Child([sys.executable, "-m", "gyre.cli", "proxy", "serve", "--config", str(path)])
+    child = Child([sys.executable, "-m", "gyre.cli.main", "proxy", "serve", "--config", str(path)])
     try:
         port = int(child.wait_for(_UVICORN_PORT).group(1))
     except BaseException:
@@ -121,11 +121,11 @@ def start_null_proxy(num_keys: int, max_context_tokens: int) -> tuple[Child, int
 
 
 def _serve_null(num_keys: int, max_context_tokens: int) -> None:
-    from gyre.engines.hf import stop_token_ids
+    from gyre.benches.proxy import NullEngine, _output_ids, _tokenizer
+    from gyre.engines.models.hf import stop_token_ids
+    from gyre.net.server_thread import ServerThread
     from gyre.proxy.app import create_app
-    from gyre.proxy.bench import NullEngine, _output_ids, _tokenizer
     from gyre.proxy.router import EngineRouter
-    from gyre.proxy.server import ServerThread
     from gyre.proxy.sessions import SessionRegistry
 
     tokenizer = _tokenizer()

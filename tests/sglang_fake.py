@@ -56,7 +56,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gyre.proxy.server import ServerThread
+from gyre.net.server_thread import ServerThread
 
 SAMPLING_FIELDS = (
     "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gyre.evaluators.nl2repo import evaluate
+from gyre.evaluators.formats.nl2repo import evaluate
 from gyre.records import EvalStatus
-from gyre.sandboxes.isolation import probe_bwrap
+from gyre.sandboxes.local.isolation import probe_bwrap
 from tests.test_evaluator_nl2repo import _calc_query, _workspace
 
 pytestmark = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable")
@@ -333,7 +333,7 @@ def test_a_package_copied_from_gyres_own_environment_is_flagged_and_zeroed(tmp_p
     import six
 
     from gyre.evaluators import evaluate_query
-    from gyre.evaluators.copied import copied_files
+    from gyre.evaluators.integrity.copied import copied_files
 
     tests = "import six\n\n\ndef test_present():\n    assert type(six.PY3) is bool and six.PY3 is True\n"
     query = _calc_query(tmp_path, tests=tests, count=1)
@@ -347,7 +347,7 @@ def test_a_package_copied_from_gyres_own_environment_is_flagged_and_zeroed(tmp_p
 def test_the_tiny_references_are_not_copies_of_anything_installed(tmp_path):
     from gyre.benchmarks import generate_tiny, load_benchmark
     from gyre.benchmarks.tiny import tiny_reference
-    from gyre.evaluators.copied import copied_files
+    from gyre.evaluators.integrity.copied import copied_files
 
     for query in load_benchmark("nl2repo", generate_tiny(tmp_path / "tiny", 64, seed=0), "tiny"):
         name, text = tiny_reference(query)

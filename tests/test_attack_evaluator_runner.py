@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 
 from gyre.evaluators import evaluate_query
+from gyre.evaluators.environments.toolenv import base_executable
 from gyre.evaluators.observed import IndexAccess
-from gyre.evaluators.toolenv import base_executable
 from gyre.records import EvalStatus
 from tests.fixtures.realformats.build import TERMINAL_BENCH_UV, workspace
 from tests.test_evaluator_uv import TASK, fake, needs_bwrap, task  # noqa: F401 (fixtures)

@@ -32,10 +32,10 @@ import pytest
 
 from gyre.benchmarks import load_nl2repo
 from gyre.evaluators import evaluate_query
-from gyre.evaluators.monitor import scan_workspace
-from gyre.evaluators.nl2repo import evaluate
+from gyre.evaluators.formats.nl2repo import evaluate
+from gyre.evaluators.integrity.monitor import scan_workspace
 from gyre.records import EvalStatus, Query
-from gyre.sandboxes.isolation import probe_bwrap
+from gyre.sandboxes.local.isolation import probe_bwrap
 from tests.test_evaluator_nl2repo import _workspace
 
 pytestmark = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable")

@@ -16,10 +16,10 @@ import pytest
 
 from gyre.records import Query
 from gyre.sandboxes.base import SandboxLimits
-from gyre.sandboxes.isolation import Isolation, cgroups_usable, probe_bwrap
 from gyre.sandboxes.layout import Mount, SandboxLayout
-from gyre.sandboxes.local import LocalSandbox
-from gyre.sandboxes.privileges import SANDBOX_UID
+from gyre.sandboxes.local.isolation import Isolation, cgroups_usable, probe_bwrap
+from gyre.sandboxes.local.privileges import SANDBOX_UID
+from gyre.sandboxes.local.sandbox import LocalSandbox
 
 pytestmark = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable: attack suite needs it")
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the uid-0 attacks only mean something when gyre is root")

@@ -25,8 +25,8 @@ import pytest
 from gyre.evaluators import evaluate_query
 from gyre.records import EvalStatus, Query
 from gyre.sandboxes.base import SandboxLimits
-from gyre.sandboxes.isolation import cgroups_usable, probe_bwrap
-from gyre.sandboxes.local import LocalSandbox
+from gyre.sandboxes.local.isolation import cgroups_usable, probe_bwrap
+from gyre.sandboxes.local.sandbox import LocalSandbox
 
 pytestmark = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable: attack suite needs it")
 needs_cgroups = pytest.mark.skipif(not cgroups_usable(), reason="cgroups v1 unusable: this bomb is never run uncontained")

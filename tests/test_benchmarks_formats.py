@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gyre.benchmarks import BenchmarkFormatError, describe_benchmark, detect_benchmark_format, load_benchmark
-from gyre.benchmarks.spec import task_spec
+from gyre.benchmarks.registry import task_spec
 
 TB_TEST = "def test_hello():\n    assert open('/app/hello.txt').read() == 'hi\\n'\n"
 

@@ -17,11 +17,11 @@ import pytest
 from gyre.cells import events as ev
 from gyre.cluster.cell_ranks import CellEngine
 from gyre.cluster.ray_local import session_pids
-from gyre.config import ConfigError, RunConfig, load_config
-from gyre.coordinator import Coordinator
+from gyre.config.run import ConfigError, RunConfig, load_config
+from gyre.runtime.coordinator import Coordinator
 from gyre.engines.base import EngineDrainingError, GenerationRequest, RolloutEngine, SamplingParams
-from gyre.engines.torch_rollout import TorchRolloutEngine
-from gyre.live_cells import LiveCells
+from gyre.engines.torch.rollout import TorchRolloutEngine
+from gyre.runtime.live.cells import LiveCells
 from tests.test_cells_ray import _config as ray_config
 
 KILL_WAIT_S = 300.0  # the run reaches a reduction of both ranks, then a rank holding gradients (loaded box)

@@ -1,4 +1,4 @@
-"""`gyre bench cells` (`gyre/cells_bench.py`): the real runs' measurements become the simulator's
+"""`gyre bench cells` (`gyre/benches/cells.py`): the real runs' measurements become the simulator's
 inputs on its own clock, and one small bench run returns every field the issue names."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from gyre.cells_bench import POLICIES, run, scaled_workload, simulate, slots_per_cell
-from gyre.config import load_config
+from gyre.benches.cells import POLICIES, run, scaled_workload, simulate, slots_per_cell
+from gyre.config.run import load_config
 from gyre.sim.engine import execution_rate
 from gyre.sim.workloads import get_workload
 
@@ -74,7 +74,9 @@ def test_a_small_bench_runs_the_three_policies_and_predicts_each(tmp_path, tiny_
     for policy in POLICIES:
         r = result[policy]
         assert r["policy"] == policy and r["steps"] == 2 and r["wall_s"] > 0
-        assert r["simulated_wall_s"] > 0 and r["mean_staleness"] >= 0 and r["simulated_wall_s_engine_bound"] > 0
+        assert r["mean_staleness"] >= 0
+        # the same executions all in engine calls can only be slower on shared engines (`execution_rate`)
+        assert r["simulated_wall_s_engine_bound"] >= r["simulated_wall_s"] > 0
         assert 0 < r["engine_share"] < 1  # sleepy executions mostly wait
         assert set(r["costs_s"]) == set(COSTS)
         for direction, phases in r["switch_s"].items():

@@ -14,9 +14,9 @@ import pytest
 
 from gyre.cells import events as ev
 from gyre.cells.events import Role
-from gyre.live_cells import LiveCells
-from gyre.config import RunConfig
-from gyre.coordinator import Coordinator
+from gyre.runtime.live.cells import LiveCells
+from gyre.config.run import RunConfig
+from gyre.runtime.coordinator import Coordinator
 
 
 def _config(tiny_model_dir, tmp_path, **scheduler) -> RunConfig:

@@ -12,10 +12,10 @@ import pytest
 
 from gyre.cells import events as ev
 from gyre.cells.events import Role
-from gyre.config import RunConfig
-from gyre.coordinator import Coordinator
-from gyre.engines.sglang_adapter import SGLangRolloutEngine
-from gyre.live_cells import LiveCells
+from gyre.config.run import RunConfig
+from gyre.runtime.coordinator import Coordinator
+from gyre.engines.sglang.adapter import SGLangRolloutEngine
+from gyre.runtime.live.cells import LiveCells
 from gyre.cluster.ray_local import session_pids as _session
 
 
@@ -160,11 +160,14 @@ def test_kill_9_of_a_training_cells_process_mid_step_applies_every_micro_step_on
         def kill_while_holding_gradients():
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline and not stop.is_set():
-                held = [d for books in list(training.books.values()) for d in list(books.done.values())]
-                if any(d.cell_id == 1 for d in held):  # finished a micro-step; the core has not its gradients
-                    os.kill(actor_pid, signal.SIGKILL)
-                    killed.set()
-                    return
+                # under the books' lock the step cannot be taken for its reduction between the look and the
+                # kill (on a loaded box a kill that came just after the reduction would lose nothing)
+                with training._books:
+                    held = [d for books in training.books.values() for d in books.done.values()]
+                    if any(d.cell_id == 1 for d in held):  # finished a micro-step; the core has not its gradients
+                        os.kill(actor_pid, signal.SIGKILL)
+                        killed.set()
+                        return
                 time.sleep(0.005)
 
         threading.Thread(target=kill_while_holding_gradients, daemon=True).start()

@@ -1,4 +1,4 @@
-"""cgroup v2 command cgroups (`gyre.sandboxes.cgroups_v2`) against a FAKE cgroupfs tree.
+"""cgroup v2 command cgroups (`gyre.sandboxes.local.cgroups_v2`) against a FAKE cgroupfs tree.
 
 gyre's machines are cgroup v1 hosts, so the v2 limits are never exercised live here: the
 tree under tmp_path is laid out like /sys/fs/cgroup on a v2 host, and `_mkdir` /
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from gyre.sandboxes import cgroups_v2
 from gyre.sandboxes.base import SandboxLimits
-from gyre.sandboxes.cgroups import CgroupV1, CommandCgroup, create_cgroup
-from gyre.sandboxes.cgroups_v2 import PARENT_ENV, CgroupV2, delegated_parent
+from gyre.sandboxes.local import cgroups_v2
+from gyre.sandboxes.local.cgroups import CgroupV1, CommandCgroup, create_cgroup
+from gyre.sandboxes.local.cgroups_v2 import PARENT_ENV, CgroupV2, delegated_parent
 
 LIMITS = SandboxLimits(max_processes=48, memory_bytes=128 << 20, cpu_cores=0.5)
 ALL_CONTROLLERS = "cpuset cpu io memory hugetlb pids rdma misc"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gyre.evaluators.channel import PluginInstall, ResultChannel
+from gyre.evaluators.integrity.channel import PluginInstall, ResultChannel
 
 VARIED = '''
 import pytest

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from gyre.algo.gspo import GSPO
-from gyre.engines.base import TrainSequence
+from gyre.trajectories.rows import TrainSequence
 from gyre.engines.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
-from gyre.engines.torch_train import TorchTrainEngine
+from gyre.engines.torch.train import TorchTrainEngine
 
 
 def _rows(seed: int) -> list[TrainSequence]:
@@ -53,7 +53,7 @@ def test_incomplete_checkpoints_are_never_picked(tmp_path, tiny_model_dir):
 
 def test_checkpoint_carries_the_rollout_engines_sampling_rng(tmp_path, tiny_model_dir):
     from gyre.engines.base import GenerationRequest, SamplingParams
-    from gyre.engines.torch_rollout import TorchRolloutEngine
+    from gyre.engines.torch.rollout import TorchRolloutEngine
 
     trainer = TorchTrainEngine(tiny_model_dir, lr=1e-3, seed=0)
     first, other = TorchRolloutEngine(tiny_model_dir, seed=1), TorchRolloutEngine(tiny_model_dir, seed=99)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.config import ConfigError, RunConfig, Section, load_config
+from gyre.config.run import ConfigError, RunConfig, Section, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,14 +64,14 @@ def test_scheduler_policies_in_the_config_are_the_registered_ones():
     from typing import get_args
 
     from gyre.cells.registry import POLICIES
-    from gyre.config import SchedulerConfig
+    from gyre.config.run import SchedulerConfig
 
     literal = next(a for a in get_args(SchedulerConfig.model_fields["policy"].annotation) if a is not type(None))
     assert set(get_args(literal)) == set(POLICIES)
 
 
 def test_model_tool_parser_names_the_family_or_is_refused(tmp_path):
-    from gyre.config import ConfigError, load_config
+    from gyre.config.run import ConfigError, load_config
 
     good = tmp_path / "llama.yaml"
     good.write_text("model:\n  tool_parser: llama3\n")

@@ -14,8 +14,8 @@ import pytest
 
 from gyre.benchmarks import generate_tiny, load_benchmark
 from gyre.benchmarks.content import content_groups, content_keys, duplicates, kind_of, split_by_content
-from gyre.config import RunConfig
-from gyre.resolve import resolve_queries
+from gyre.config.run import RunConfig
+from gyre.runtime.resolve import resolve_queries
 
 FIXTURES = Path(__file__).parent / "fixtures" / "realformats"
 
@@ -112,13 +112,13 @@ def test_benchmark_check_flags_a_seeded_duplicate(tmp_path):
     shutil.copytree(FIXTURES / "nl2repo", bench)
     good = "mathkit"
     shutil.copytree(bench / good, bench / f"{good}-copy")  # the same project under another name
-    done = subprocess.run([sys.executable, "-m", "gyre.cli", "benchmark", "check", str(bench), "--format", "nl2repo",
+    done = subprocess.run([sys.executable, "-m", "gyre.cli.main", "benchmark", "check", str(bench), "--format", "nl2repo",
                            "--json"], capture_output=True, text=True, timeout=300)
     report = json.loads(done.stdout)
     repeated = [d for d in report["duplicates"] if set(d["ids"]) == {good, f"{good}-copy"}]
     assert {d["kind"] for d in repeated} >= {"instruction", "tests"}, report["duplicates"]
     assert report["duplicates_across_split"] == 0  # the split keeps the copies together
     assert all(len(set(d["sides"])) == 1 for d in repeated)
-    text = subprocess.run([sys.executable, "-m", "gyre.cli", "benchmark", "check", str(bench), "--format", "nl2repo"],
+    text = subprocess.run([sys.executable, "-m", "gyre.cli.main", "benchmark", "check", str(bench), "--format", "nl2repo"],
                           capture_output=True, text=True, timeout=300).stdout
     assert "duplicate instruction" in text and f"{good}-copy" in text

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gyre.config import RunConfig
-from gyre.coordinator import Coordinator
+from gyre.config.run import RunConfig
 from gyre.records import EvalStatus, ExecutionStatus
+from gyre.runtime.coordinator import Coordinator
 
 
 def _coordinator(tmp_path, tiny_model_dir, harness: dict) -> Coordinator:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gyre.config import RunConfig
-from gyre.coordinator import Coordinator
+from gyre.config.run import RunConfig
 from gyre.engines.factory import EngineConfigError, rollout_engine, train_engine
-from gyre.live_cells import LiveCells
+from gyre.runtime.coordinator import Coordinator
+from gyre.runtime.live.cells import LiveCells
 
 
 def _config(tiny_model_dir, tmp_path, device: str = "cpu", **scheduler) -> RunConfig:

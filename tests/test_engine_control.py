@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gyre.engines.base import EngineDrainingError, GenerationRequest, RolloutEngine, SamplingParams
-from gyre.engines.torch_rollout import TorchRolloutEngine
+from gyre.engines.torch.rollout import TorchRolloutEngine
 
 PROMPT = [5, 6, 7, 8]
 

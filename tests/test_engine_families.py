@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from gyre.algo.gspo import GSPO
-from gyre.engines.base import GenerationRequest, SamplingParams, TrainSequence
-from gyre.engines.torch_rollout import TorchRolloutEngine
-from gyre.engines.torch_train import TorchTrainEngine
+from gyre.engines.base import GenerationRequest, SamplingParams
+from gyre.engines.torch.rollout import TorchRolloutEngine
+from gyre.engines.torch.train import TorchTrainEngine
+from gyre.trajectories.rows import TrainSequence
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 import math
 
 import threading
-from pathlib import Path
 
 import pytest
 import torch
 
 from gyre.algo.gspo import GSPO
-from gyre.engines.base import ContextLengthError, GenerationRequest, SamplingParams, TrainSequence
-from gyre.engines.hf import ModelDirError, check_model_dir, load_causal_lm, stop_token_ids
-from gyre.engines.tiny_model import TinyModelSpec, build_tiny_model
-from gyre.engines.torch_rollout import TorchRolloutEngine
-from gyre.engines.torch_train import NonFiniteError, TorchTrainEngine, micro_batches, token_logprobs
+from gyre.engines.base import ContextLengthError, GenerationRequest, SamplingParams
+from gyre.trajectories.rows import TrainSequence
+from gyre.engines.models.hf import ModelDirError, check_model_dir, load_causal_lm, stop_token_ids
+from gyre.engines.models.tiny import TinyModelSpec, build_tiny_model
+from gyre.engines.torch.rollout import TorchRolloutEngine
+from gyre.engines.torch.train import NonFiniteError, TorchTrainEngine, micro_batches, token_logprobs
 
 
 def _prompt(tokenizer, text: str) -> list[int]:
@@ -169,7 +169,7 @@ def test_micro_batches_respect_the_token_budget():
 
 
 def test_streamed_micro_steps_on_core_and_satellite_equal_one_batch(tiny_model_dir, tiny_tokenizer):
-    """What `gyre.live_cells` relies on: micro-steps accumulated on the core, plus a
+    """What `gyre.runtime.live.cells` relies on: micro-steps accumulated on the core, plus a
     satellite replica's reduced onto it, give the gradients of the whole step at once."""
     rollout = TorchRolloutEngine(tiny_model_dir, seed=5)
     seqs = _sampled_sequences(rollout, tiny_tokenizer, [1.0, -1.0, 0.5, -0.5])
@@ -214,7 +214,7 @@ def test_models_loaded_from_parallel_threads_are_whole(tiny_model_dir):
     thread-safe (meta tensors, silently re-initialised weights): `load_causal_lm` serialises it."""
     import threading
 
-    from gyre.engines.hf import load_causal_lm
+    from gyre.engines.models.hf import load_causal_lm
 
     reference = load_causal_lm(tiny_model_dir).state_dict()
     loaded, errors = [], []

@@ -12,9 +12,10 @@ import threading
 import torch
 
 from gyre.engines.base import GenerationRequest, SamplingParams
-from gyre.engines.hf import load_causal_lm
-from gyre.engines.torch_rollout import TorchRolloutEngine, _truncated
-from gyre.engines.torch_train import token_logprobs
+from gyre.engines.models.hf import load_causal_lm
+from gyre.engines.torch.rollout import TorchRolloutEngine
+from gyre.engines.torch.sampling import truncated
+from gyre.engines.torch.train import token_logprobs
 
 
 def _prompt(tokenizer, text: str) -> list[int]:
@@ -25,7 +26,7 @@ def _prompt(tokenizer, text: str) -> list[int]:
 
 def test_truncation_keeps_the_nucleus_and_renormalises():
     logp_BV = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.5, 0.3, 0.15, 0.05], [0.5, 0.3, 0.15, 0.05]]))
-    out = _truncated(logp_BV, torch.tensor([0.7, 1.0, 0.01]), torch.tensor([0, 2, 0]))
+    out = truncated(logp_BV, torch.tensor([0.7, 1.0, 0.01]), torch.tensor([0, 2, 0]))
     assert torch.allclose(out[0].exp(), torch.tensor([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0]))  # 0.5 < 0.7 -> take 0.3 too
     assert torch.allclose(out[1].exp(), torch.tensor([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0]))  # top_k = 2
     assert torch.allclose(out[2].exp(), torch.tensor([1.0, 0.0, 0.0, 0.0]))  # the top token is always kept

@@ -16,8 +16,8 @@ from gyre.benchmarks import load_benchmark
 from gyre.evaluators import evaluate_query
 from gyre.evaluators.score_one import score_workspace
 from gyre.records import EvalStatus
-from gyre.sandboxes.isolation import Isolation, probe_bwrap
-from gyre.sandboxes.local import LocalSandbox
+from gyre.sandboxes.local.isolation import Isolation, probe_bwrap
+from gyre.sandboxes.local.sandbox import LocalSandbox
 from tests.test_benchmarks_formats import write_harbor, write_r2e, write_terminal_bench
 
 needs_bwrap = pytest.mark.skipif(probe_bwrap() is None, reason="container-style tasks (/app, /tests) need bubblewrap")
@@ -123,7 +123,7 @@ def test_r2e_expected_failures_must_match_too(tmp_path):
 
 def test_evaluator_crash_is_an_error_never_zero(tmp_path, monkeypatch):
     (query,) = load_benchmark("r2e", write_r2e(tmp_path / "r2e"))
-    import gyre.evaluators.r2e as r2e
+    import gyre.evaluators.formats.r2e as r2e
 
     def boom(*args, **kwargs):
         raise OSError("disk on fire")
@@ -147,7 +147,7 @@ def test_huge_workspace_is_a_zero_not_a_dropped_sample(tmp_path):
 @needs_bwrap
 def test_terminal_bench_end_to_end_agent_at_app(tmp_path):
     (query,) = load_benchmark("terminal-bench", write_terminal_bench(tmp_path / "tb").parent)
-    from gyre.benchmarks.spec import task_spec
+    from gyre.benchmarks.registry import task_spec
     from gyre.sandboxes.layout import SandboxLayout
 
     sandbox = LocalSandbox.create(query, tmp_path / "run" / "ws", layout=SandboxLayout(workdir=task_spec(query).workdir))

@@ -15,8 +15,8 @@ from gyre.benchmarks.nl2repo import load_nl2repo
 from gyre.evaluators import evaluate_query
 from gyre.evaluators.observed import IndexAccess
 from gyre.records import EvalStatus
-from gyre.sandboxes.isolation import probe_bwrap
-from gyre.sandboxes.local import LocalSandbox
+from gyre.sandboxes.local.isolation import probe_bwrap
+from gyre.sandboxes.local.sandbox import LocalSandbox
 from tests.test_index_proxy import DENIED, FakeIndex
 
 pytestmark = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable")

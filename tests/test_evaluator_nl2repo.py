@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from gyre.benchmarks import generate_tiny, load_nl2repo
-from gyre.evaluators.nl2repo import evaluate
+from gyre.evaluators.formats.nl2repo import evaluate
 from gyre.records import EvalStatus, Query
-from gyre.sandboxes.local import LocalSandbox
+from gyre.sandboxes.local.sandbox import LocalSandbox
 
 CALC_TESTS = """\
 from calc import add

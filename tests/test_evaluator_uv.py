@@ -1,6 +1,6 @@
 """Terminal-Bench runners that use uv, scored in the local sandbox through gyre's package-index proxy.
 
-Why. uv is a gyre dependency and part of every evaluation's tools (`gyre.evaluators.toolenv`), so
+Why. uv is a gyre dependency and part of every evaluation's tools (`gyre.evaluators.environments.toolenv`), so
 the standard runner (`uv venv .tbench-testing; source .tbench-testing/bin/activate; uv pip install
 pytest==X; uv run pytest $TEST_DIR/test_outputs.py -rA`) is scorable here when the evaluation gets a
 package index, and only then. The upstream is tests/test_index_proxy.py's fake index on 127.0.0.1,
@@ -28,15 +28,15 @@ from packaging.utils import canonicalize_name
 from typer.testing import CliRunner
 
 from gyre.benchmarks import load_benchmark
-from gyre.cli import app
-from gyre.config import EvaluatorConfig, RunConfig
+from gyre.cli.main import app
+from gyre.config.run import EvaluatorConfig, RunConfig
 from gyre.evaluators import evaluate_query
-from gyre.evaluators.needs import available_here, task_needs, unmet
+from gyre.evaluators.environments.needs import available_here, task_needs, unmet
 from gyre.evaluators.observed import IndexAccess
-from gyre.evaluators.toolenv import TOOLS_BIN, make_env, tools_dir, tools_have_uv, uv_binaries
+from gyre.evaluators.environments.toolenv import TOOLS_BIN, make_env, tools_dir, tools_have_uv, uv_binaries
 from gyre.records import EvalStatus
-from gyre.resolve import warn_unscorable
-from gyre.sandboxes.isolation import probe_bwrap
+from gyre.runtime.resolve import warn_unscorable
+from gyre.sandboxes.local.isolation import probe_bwrap
 from tests.fixtures.realformats.build import TERMINAL_BENCH_UV, build_terminal_bench_uv, workspace
 from tests.test_index_proxy import FakeIndex, _wheel
 

@@ -15,13 +15,13 @@ import time
 import pytest
 
 from gyre.benchmarks import generate_tiny, load_benchmark
-from gyre.config import RunConfig
+from gyre.config.run import RunConfig
 from gyre.evaluators import evaluate_query
 from gyre.harnesses.base import ModelEndpoint
 from gyre.harnesses.builtin import BuiltinHarness
 from gyre.harnesses.timeouts import Timeouts, execution_timeouts
 from gyre.records import EvalStatus, ExecutionStatus
-from gyre.sandboxes.local import LocalSandbox
+from gyre.sandboxes.local.sandbox import LocalSandbox
 from tests.fakes import ScriptedEngine, serve_proxy
 
 

@@ -16,8 +16,8 @@ import torch
 
 from gyre.algo.gspo import GSPO
 from gyre.cluster import grad_reduce
-from gyre.engines.base import TrainSequence
-from gyre.engines.torch_train import TorchTrainEngine, _collate, token_logprobs
+from gyre.engines.torch.train import TorchTrainEngine, _collate, token_logprobs
+from gyre.trajectories.rows import TrainSequence
 
 LR = 1e-3
 WAIT_S = 120.0  # spawned ranks load a model and meet over loopback; generous for a loaded box

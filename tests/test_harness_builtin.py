@@ -10,16 +10,16 @@ import json
 import time
 
 from gyre.benchmarks import generate_tiny, load_benchmark
-from gyre.engines.hf import stop_token_ids
-from gyre.evaluators.nl2repo import evaluate
+from gyre.engines.models.hf import stop_token_ids
+from gyre.evaluators.formats.nl2repo import evaluate
 from gyre.harnesses.base import ModelEndpoint
 from gyre.harnesses.builtin import BuiltinHarness
+from gyre.net.server_thread import ServerThread
 from gyre.proxy.app import create_app
 from gyre.proxy.router import EngineRouter
-from gyre.proxy.server import ServerThread
 from gyre.proxy.sessions import SessionRegistry
 from gyre.records import EvalStatus, ExecutionStatus
-from gyre.sandboxes.local import LocalSandbox
+from gyre.sandboxes.local.sandbox import LocalSandbox
 from gyre.trajectories.chains import build_trajectories
 from tests.fakes import ScriptedEngine
 

@@ -13,15 +13,15 @@ import json
 import time
 
 from gyre.benchmarks import generate_tiny, load_benchmark
-from gyre.config import HarnessConfig
-from gyre.evaluators.nl2repo import evaluate
+from gyre.config.run import HarnessConfig
+from gyre.evaluators.formats.nl2repo import evaluate
 from gyre.harnesses import make_harness
 from gyre.harnesses.base import ModelEndpoint
 from gyre.harnesses.builtin import TOOLS, BuiltinHarness
 from gyre.harnesses.compaction import COMPACTION_PROMPT, CONTINUATION_PREFIX
 from gyre.harnesses.subagents import SPAWN_AGENT_TOOL
 from gyre.records import EvalStatus, ExecutionStatus
-from gyre.sandboxes.local import LocalSandbox
+from gyre.sandboxes.local.sandbox import LocalSandbox
 from gyre.trajectories.classify import ClassifierHints, RuleClassifier
 from gyre.trajectories.tokens import as_call_tokens
 from gyre.trajectories.tree import build_tree
@@ -149,7 +149,7 @@ def test_defaults_offer_the_tools_they_always_did(tmp_path, tiny_tokenizer):
 
 
 def test_a_compacting_builtin_agent_hands_its_prompt_to_the_classifier():
-    from gyre.config import HarnessConfig
+    from gyre.config.run import HarnessConfig
     from gyre.harnesses.compaction import classifier_markers
 
     assert classifier_markers(HarnessConfig(type="builtin", compaction_threshold_tokens=512)) == [COMPACTION_PROMPT]

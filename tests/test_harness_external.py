@@ -14,20 +14,20 @@ import time
 import pytest
 
 from gyre.benchmarks import generate_tiny, load_benchmark
-from gyre.engines.hf import stop_token_ids
+from gyre.engines.models.hf import stop_token_ids
 from gyre.harnesses.base import ModelEndpoint
 from gyre.harnesses.claude_code import ClaudeCodeHarness, find_claude
 from gyre.harnesses.command import CommandHarness
 from gyre.harnesses.external import endpoint_env
 from gyre.harnesses.mini_swe_agent import MiniSweAgentHarness
+from gyre.net.server_thread import ServerThread
 from gyre.proxy.app import create_app
 from gyre.proxy.router import EngineRouter
-from gyre.proxy.server import ServerThread
 from gyre.proxy.sessions import SessionRegistry
 from gyre.proxy.toolcalls import parser_for
 from gyre.records import ExecutionStatus
-from gyre.sandboxes.isolation import probe_bwrap
-from gyre.sandboxes.local import LocalSandbox
+from gyre.sandboxes.local.isolation import probe_bwrap
+from gyre.sandboxes.local.sandbox import LocalSandbox
 from tests.fakes import ScriptedEngine
 
 needs_bwrap = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing: the bridge needs it")

@@ -15,13 +15,13 @@ from typing import get_args
 import pytest
 
 from gyre.cells.registry import make_policy
-from gyre.config import ConfigError, HarnessConfig, RunConfig, load_config
-from gyre.coordinator import Coordinator
+from gyre.config.run import ConfigError, HarnessConfig, RunConfig, load_config
 from gyre.harnesses import make_harness
 from gyre.harnesses.base import ExecutionSlot
 from gyre.harnesses.sleepy import SleepyHarness
-from gyre.harnesses.sleepy_durations import _simulation, draw, draw_for
 from gyre.records import ExecutionStatus
+from gyre.runtime.coordinator import Coordinator
+from gyre.runtime.simulated_durations import SimulatedDurations, _simulation, draw, draw_for, for_harness
 from gyre.sim.engine import Simulation
 from gyre.sim.workloads import WORKLOADS, get_workload
 
@@ -126,10 +126,13 @@ def test_the_run_deadline_cuts_a_longer_draw_and_eval_executions_do_not_wait(tmp
 
 
 def test_the_factory_builds_it_and_the_bundled_config_loads():
-    harness = make_harness(HarnessConfig(type="sleepy", sleepy_workload="deepswe-122b", sleepy_scale=2.5,
-                                         sleepy_calls=6))
+    harness_config = HarnessConfig(type="sleepy", sleepy_workload="deepswe-122b", sleepy_scale=2.5, sleepy_calls=6)
+    harness = make_harness(harness_config, durations=for_harness(harness_config))
     assert isinstance(harness, SleepyHarness)
-    assert (harness.workload, harness.scale_s_per_h, harness.calls) == ("deepswe-122b", 2.5, 6)
+    assert harness.durations == SimulatedDurations("deepswe-122b", 2.5) and harness.calls == 6
+    assert for_harness(HarnessConfig()) is None  # only a sleepy harness waits
+    with pytest.raises(ValueError, match="none were given"):
+        make_harness(harness_config)
     config = load_config(ROOT / "configs" / "tiny-cpu-sleepy.yaml")
     assert config.harness.type == "sleepy" and config.scheduler.policy == "elastic"
     assert 2 <= config.scheduler.num_cells <= 4
@@ -153,7 +156,10 @@ def test_bad_config_is_an_error_naming_the_field(tmp_path, field, value, message
     path.write_text(f"harness:\n  type: sleepy\n  {field}: {value}\n")
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         load_config(path)
-    kwargs = dict(workload="nl2repo-122b", scale_s_per_h=1.0, calls=1)
-    kwargs[{"sleepy_workload": "workload", "sleepy_scale": "scale_s_per_h", "sleepy_calls": "calls"}[field]] = value
+    durations = dict(workload="nl2repo-122b", scale_s_per_h=1.0)
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
-        SleepyHarness(**kwargs)
+        if field == "sleepy_calls":
+            SleepyHarness(SimulatedDurations(**durations), calls=value)
+        else:
+            durations[{"sleepy_workload": "workload", "sleepy_scale": "scale_s_per_h"}[field]] = value
+            SimulatedDurations(**durations)

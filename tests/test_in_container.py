@@ -1,4 +1,4 @@
-"""In-container evaluation (`gyre.evaluators.in_container`) against the docker SDK's interface.
+"""In-container evaluation (`gyre.evaluators.formats.in_container`) against the docker SDK's interface.
 
 The SDK is faked at its edge (`tests.docker_fake`: calls checked against the real signatures, bind
 mounts emulated by path substitution), so these run without an engine: the container is made
@@ -18,8 +18,8 @@ import pytest
 
 from gyre.benchmarks import load_benchmark_report, task_spec
 from gyre.evaluators import evaluate_query
-from gyre.evaluators.channel import PLUGIN_MOUNT
-from gyre.evaluators.in_container import AGENT_DIRS, RESULT_DIR, container_slots
+from gyre.evaluators.formats.in_container import AGENT_DIRS, RESULT_DIR, container_slots
+from gyre.evaluators.integrity.channel import PLUGIN_MOUNT
 from gyre.records import EvalStatus
 from gyre.sandboxes.docker import DockerSandbox, evaluation_user
 from tests.docker_fake import fake_sdk, run_script, write_lines
@@ -226,8 +226,8 @@ def test_live_terminal_bench_in_its_container(tmp_path):
 def test_coordinator_keeps_the_container_for_its_evaluation(tmp_path, tiny_model_dir, monkeypatch):
     """The real run path with `sandbox.type: docker` (SDK faked): the container outlives the agent,
     the evaluation runs in it, then it is removed."""
-    from gyre.config import RunConfig
-    from gyre.coordinator import Coordinator
+    from gyre.config.run import RunConfig
+    from gyre.runtime.coordinator import Coordinator
 
     query = _terminal_bench(tmp_path)
     sdk, made = fake_sdk(_handler())

@@ -18,12 +18,12 @@ import pytest
 
 from gyre.benchmarks import load_benchmark_report, task_spec
 from gyre.evaluators import evaluate_query
-from gyre.evaluators.in_place import AGENT_DIRS, evaluate_in_place, session_mounts, session_slots
+from gyre.evaluators.formats.in_place import AGENT_DIRS, evaluate_in_place, session_mounts, session_slots
 from gyre.records import EvalStatus
-from gyre.sandboxes.isolation import Isolation, probe_bwrap
+from gyre.sandboxes.local.isolation import Isolation, probe_bwrap
 from gyre.sandboxes.layout import SandboxLayout
-from gyre.sandboxes.local import LocalSandbox
-from gyre.sandboxes.session import available
+from gyre.sandboxes.local.sandbox import LocalSandbox
+from gyre.sandboxes.local.session import available
 
 FIXTURE = Path(__file__).parent / "fixtures" / "realformats" / "terminal_bench" / "kv-server"
 pytestmark = pytest.mark.skipif(

@@ -22,9 +22,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gyre.evaluators.toolenv import uv_binaries
-from gyre.proxy.server import ServerThread
-from gyre.sandboxes.index_proxy import (
+from gyre.evaluators.environments.toolenv import uv_binaries
+from gyre.net.server_thread import ServerThread
+from gyre.sandboxes.index.proxy import (
     HTML_V1,
     JSON_V1,
     IndexProxy,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.learning_bench import ARM_FILE, ArmRun, arm_config, run, run_arm, stats, summarise
+from gyre.benches.learning import ARM_FILE, ArmRun, arm_config, run, run_arm, stats, summarise
 
 BASE = {"steps": 20, "model": {"warmstart": {"steps": 60, "flawed_fraction": 0.5}},
         "benchmark": {"held_out_kinds": ["scale"]}}
@@ -88,8 +88,8 @@ def test_mean_curve_over_seeds_and_arms_the_bench_refuses():
 def test_extra_steps_continue_the_cached_warm_start_on_every_training_query(tmp_path):
     """`model.warmstart.extra_steps`: the warm start the RL arm uses (a cache hit), then more
     supervised steps on demonstrations of the whole training side, cached under its own name."""
-    from gyre.config import RunConfig
-    from gyre.resolve import resolve_model_dir, resolve_queries
+    from gyre.config.run import RunConfig
+    from gyre.runtime.resolve import resolve_model_dir, resolve_queries
 
     def config(extra: int) -> RunConfig:
         return RunConfig.model_validate({

@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from gyre.learning_curve import quarter_gain, read_eval_rounds
 from gyre.records import EvalRecord, utc_now
+from gyre.report.learning_curve import quarter_gain, read_eval_rounds
 from gyre.storage.store import RunStore
 
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from gyre.lifecycle import descendants
+from gyre.runtime.lifecycle import descendants
 from tests.proc_state import alive
 
-GYRE = [sys.executable, "-m", "gyre.cli"]
+GYRE = [sys.executable, "-m", "gyre.cli.main"]
 START_S = 600
 """Bound on a run reaching its second step (Prefect server, preflight, one step) at load 10."""
 GONE_S = 30
@@ -186,13 +186,13 @@ def test_sigterm_stops_the_run_promptly_and_leaves_nothing(tmp_path, tiny_model_
 def test_an_unreachable_prefect_server_is_one_clear_error_before_any_work(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from gyre.cli import app
+    from gyre.cli.main import app
 
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{port}/api")
-    monkeypatch.setattr("gyre.lifecycle.API_PROBE_BACKOFF_S", 0.1)
+    monkeypatch.setattr("gyre.flows.prefect_server.API_PROBE_BACKOFF_S", 0.1)
     result = CliRunner().invoke(app, ["run", "--config", "configs/tiny-cpu.yaml", "--run-dir", str(tmp_path / "run")])
     assert result.exit_code == 2, result.output
     assert f"PREFECT_API_URL=http://127.0.0.1:{port}/api: no Prefect server answers" in " ".join(result.output.split())

@@ -1,11 +1,11 @@
-"""Role switches timed per phase (`gyre/live_switches.py`): rows, batched writes, the Gantt strip."""
+"""Role switches timed per phase (`gyre/runtime/live/switches.py`): rows, batched writes, the Gantt strip."""
 
 from __future__ import annotations
 
 import duckdb
 import pytest
 
-from gyre.live_switches import SwitchLog
+from gyre.runtime.live.switches import SwitchLog
 from gyre.sim.gantt import draw_timeline
 from gyre.storage.store import RunStore
 

@@ -1,7 +1,7 @@
 """Pipeline parallelism in the Megatron-core train engine against the torch reference.
 
 Why it exists: with pp > 1 each rank holds one stage and `forward_backward` runs Megatron's
-1F1B schedule over gloo (gyre/engines/megatron_pipeline.py); these tests spawn the ranks as
+1F1B schedule over gloo (gyre/engines/megatron/pipeline.py); these tests spawn the ranks as
 real processes (pp=2, tp=2 x pp=2, pp=2 x dp=2, pp=3) and check, on the same packed rows (plain and
 tree-packed, three micro-batches so the schedule's warm-up, steady state and cool-down all
 run) with the GSPO loss: loss and every HF-named gradient within 1e-4 of the reference (fp32),
@@ -25,7 +25,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 from gyre.algo.gspo import GSPO  # noqa: E402
-from gyre.engines import megatron_convert as conv  # noqa: E402
+from gyre.engines.megatron import convert as conv  # noqa: E402
 from tests.test_megatron_train import LR, TOL, _batch, _engine, _max_diff, _other_family, _reference  # noqa: E402
 from tests.weights_procs import free_port  # noqa: E402
 
@@ -36,7 +36,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, tp: int, pp: int, 
     """One rank: forward-backward, gradients, one step, a snapshot; its results to out.rank<r>."""
     import torch.distributed as dist
 
-    from gyre.engines.megatron_train import MegatronParallel, MegatronTrainEngine
+    from gyre.engines.megatron.train import MegatronParallel, MegatronTrainEngine
 
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -174,8 +174,8 @@ def test_stage_split_round_trips():
 
 
 def test_bad_pipeline_layouts_are_clear_errors(tiny_model_dir):
-    from gyre.config import MegatronConfig
-    from gyre.engines.megatron_train import MegatronParallel
+    from gyre.config.run import MegatronConfig
+    from gyre.engines.megatron.train import MegatronParallel
 
     with pytest.raises(conv.UnsupportedModelError, match="num_hidden_layers 2 is not divisible by pipeline parallel size 3"):
         _engine(tiny_model_dir, parallel=MegatronParallel(pp=3))

@@ -1,4 +1,4 @@
-"""The Megatron-core train engine against the torch reference (gyre/engines/megatron_train.py).
+"""The Megatron-core train engine against the torch reference (gyre/engines/megatron/train.py).
 
 Skipped whole without the `megatron` extra. On CPU with gloo: HF <-> Megatron round trip
 bit-exact; on the same packed micro-batch with the GSPO loss, loss and every gradient (in
@@ -11,7 +11,6 @@ snapshots are errors naming the attribute or tensor.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 import traceback
@@ -24,9 +23,9 @@ import torch
 pytest.importorskip("megatron.core")
 
 from gyre.algo.gspo import GSPO  # noqa: E402
-from gyre.engines import megatron_convert as conv  # noqa: E402
-from gyre.engines.base import TrainSequence, TreeLayout  # noqa: E402
-from gyre.engines.torch_train import TorchTrainEngine, _collate, token_logprobs  # noqa: E402
+from gyre.engines.megatron import convert as conv  # noqa: E402
+from gyre.trajectories.rows import TrainSequence, TreeLayout  # noqa: E402
+from gyre.engines.torch.train import TorchTrainEngine, _collate, token_logprobs  # noqa: E402
 from tests.weights_procs import free_port  # noqa: E402
 
 # Adam's first step moves every weight by about lr whatever its gradient's size, so weights
@@ -99,7 +98,7 @@ def _max_diff(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) ->
 
 
 def _engine(model_dir, **kw):
-    from gyre.engines.megatron_train import MegatronTrainEngine
+    from gyre.engines.megatron.train import MegatronTrainEngine
 
     return MegatronTrainEngine(model_dir, lr=LR, **kw)
 
@@ -147,7 +146,7 @@ def test_loss_and_gradients_match_reference_tp1(tiny_model_dir, batch, reference
 
 
 def test_step_snapshot_loads_into_rollout_engine(tiny_model_dir, batch, reference, tmp_path):
-    from gyre.engines.torch_rollout import TorchRolloutEngine
+    from gyre.engines.torch.rollout import TorchRolloutEngine
 
     engine = _engine(tiny_model_dir)
     try:
@@ -219,7 +218,7 @@ def _worker(rank: int, port: int, model_dir: str, tp: int, seqs, out: str) -> No
     """One rank of a world of two (gloo, 127.0.0.1): forward-backward, gradients, one step."""
     import torch.distributed as dist
 
-    from gyre.engines.megatron_train import MegatronParallel, MegatronTrainEngine
+    from gyre.engines.megatron.train import MegatronParallel, MegatronTrainEngine
 
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
@@ -294,7 +293,7 @@ def test_engine_refuses_unsupported_model_dir_and_tp(tiny_model_dir, tmp_path):
     (bad / "config.json").write_text(json.dumps({**_config(tiny_model_dir), "model_type": "gpt2"}))
     with pytest.raises(conv.UnsupportedModelError, match="model_type 'gpt2'"):
         _engine(bad)
-    from gyre.engines.megatron_train import MegatronParallel
+    from gyre.engines.megatron.train import MegatronParallel
 
     with pytest.raises(conv.UnsupportedModelError, match="num_attention_heads 4 is not divisible by tensor parallel size 3"):
         _engine(tiny_model_dir, parallel=MegatronParallel(tp=3))
@@ -329,10 +328,10 @@ def test_snapshot_with_wrong_shape_names_the_tensor(tiny_model_dir, tmp_path):
 # -- the run's wiring: train.engine, checkpoints ---------------------------------------------
 
 def test_config_selects_engine_and_checkpoint_resumes_bit_exactly(tiny_model_dir, batch, tmp_path):
-    from gyre.config import RunConfig
+    from gyre.config.run import RunConfig
     from gyre.engines.checkpoint import load_checkpoint, save_checkpoint
     from gyre.engines.factory import train_engine
-    from gyre.engines.megatron_train import MegatronTrainEngine
+    from gyre.engines.megatron.train import MegatronTrainEngine
 
     config = RunConfig.model_validate({"train": {"engine": "megatron", "lr": LR, "megatron": {"tp": 1}}})
     engine = train_engine(config, tiny_model_dir, seed=0)
@@ -355,8 +354,8 @@ def test_elastic_live_cells_train_with_megatron(tiny_model_dir, tmp_path):
     """The run's own path: satellites' Megatron replicas (same process, threads) stream
     micro-steps, their gradients reduced onto the core's, checkpoints and publications."""
     from gyre.cells import events as ev
-    from gyre.coordinator import Coordinator
-    from gyre.live_cells import LiveCells
+    from gyre.runtime.coordinator import Coordinator
+    from gyre.runtime.live.cells import LiveCells
     from tests.test_cells_live import _config
 
     config = _config(tiny_model_dir, tmp_path, policy="elastic", num_cells=3, slots_per_cell=8,

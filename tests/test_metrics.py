@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from gyre.config import ConfigError, load_config
+from gyre.config.run import ConfigError, load_config
 from gyre.metrics import MetricsFanout, make_sinks
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from gyre.benchmarks import load_benchmark
 from gyre.benchmarks.tiny import generate_tiny, tiny_reference
-from gyre.evaluators.monitor import DEFAULT_CHECKS, Flag, flags_summary, scan_workspace
+from gyre.evaluators.integrity.monitor import DEFAULT_CHECKS, Flag, flags_summary, scan_workspace
 
 
 def write(root: Path, rel: str, text: str) -> Path:
@@ -514,7 +514,7 @@ def test_the_installed_file_index_follows_the_environment(tmp_path, monkeypatch)
     import hashlib
     import sys
 
-    from gyre.evaluators.copied import copied_files, installed_hashes
+    from gyre.evaluators.integrity.copied import copied_files, installed_hashes
 
     source = "".join(f"def function_{i}(value):\n    return value * {i}\n\n" for i in range(40)).encode()
     digest = base64.urlsafe_b64encode(hashlib.sha256(source).digest()).rstrip(b"=").decode()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from gyre.evaluators.needs import Available, script_needs, task_needs, unmet
+from gyre.evaluators.environments.needs import Available, script_needs, task_needs, unmet
 from gyre.records import Query
 
 TB_RUN_TESTS = """#!/bin/bash
@@ -79,8 +79,8 @@ def test_a_task_needing_the_network_is_unscorable_here_never_zero(tmp_path):
 
 
 def test_preflight_names_the_unscorable_queries(tmp_path, caplog):
-    from gyre.config import RunConfig
-    from gyre.resolve import warn_unscorable
+    from gyre.config.run import RunConfig
+    from gyre.runtime.resolve import warn_unscorable
 
     root = tmp_path / "task"
     root.mkdir()
@@ -88,7 +88,7 @@ def test_preflight_names_the_unscorable_queries(tmp_path, caplog):
     needy = Query(query_id="needy", benchmark="tb", instruction="x", root=root, hidden_tests_dir=root,
                   test_files=[], test_commands=["bash run-tests.sh"], test_case_count=1)
     local = needy.model_copy(update={"query_id": "local", "test_commands": ["python -m pytest -q tests"]})
-    with caplog.at_level("WARNING", logger="gyre.resolve"):
+    with caplog.at_level("WARNING", logger="gyre.runtime.resolve"):
         found = warn_unscorable([needy, local], RunConfig())
     assert [qid for qid, _ in found] == ["needy"]
     assert "1 of 2 queries cannot be scored here" in caplog.text and "network:astral.sh" in caplog.text

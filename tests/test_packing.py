@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from gyre.algo.gspo import GSPO
-from gyre.engines.base import TrainSequence
-from gyre.engines.torch_train import TorchTrainEngine, token_logprobs
+from gyre.engines.torch.train import TorchTrainEngine, token_logprobs
 from gyre.trajectories.packing import PerTrajectoryPacker, TreePacker
 from gyre.trajectories.processor import ProcessorSettings, plan
+from gyre.trajectories.rows import TrainSequence
 from gyre.trajectories.synthetic import SyntheticSpec, generate
 
 SMALL = dict(
@@ -108,7 +108,7 @@ def test_tree_row_scores_each_token_as_its_own_path_does(tiny_model_dir):
     engine = TorchTrainEngine(tiny_model_dir, lr=1e-3)
     (p,) = _plans([4], None, {"e4": 1.0})
     (row,) = TreePacker(row_tokens=10**6).pack([p], 1)
-    from gyre.engines.torch_train import _collate
+    from gyre.engines.torch.train import _collate
 
     cols = _collate([row], engine.pad_id, "mask")
     with torch.no_grad():

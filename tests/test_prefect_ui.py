@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gyre.config import ConfigError
+from gyre.config.run import ConfigError
 from gyre.flows.rl_run import load_run_config
 from gyre.flows.ui import RunObserver, step_markdown, step_table
 from gyre.metrics import MetricsFanout
-from gyre.progress import ProgressEvent, emit
+from gyre.runtime.progress import ProgressEvent, emit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,9 +135,9 @@ def test_the_automation_in_docs_is_one_prefect_accepts():
 
 
 def test_warm_start_progress_is_logged_every_50_steps_and_at_the_end(caplog):
-    from gyre.flows.ui import log_warmstart
+    from gyre.tasks.step import log_warmstart
 
-    with caplog.at_level(logging.INFO, logger="gyre.flows.ui"):
+    with caplog.at_level(logging.INFO, logger="gyre.tasks.events"):
         for step in range(120):
             log_warmstart(ProgressEvent("warmstart", step, {"steps": 120, "loss": 1.0 / (step + 1)}))
         log_warmstart(ProgressEvent("step_finished", 0, {}))

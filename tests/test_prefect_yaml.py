@@ -36,7 +36,7 @@ def test_every_rl_run_deployment_loads_its_default_benchmark_here(tmp_path, capl
     builds the R2E fixture's root) and its config and `benchmark_dir` give training queries, the
     fixtures' deliberately malformed tasks left out with a warning naming each."""
     from gyre.flows.rl_run import load_run_config
-    from gyre.resolve import resolve_queries
+    from gyre.runtime.resolve import resolve_queries
 
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     deployments = [d for d in spec["deployments"] if d["entrypoint"].endswith("rl_run.py:rl_run")]

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from gyre.engines.base import GenerationRequest, SamplingParams
-from gyre.engines.kv_buffer import left_padded, row_cache, row_kv
-from gyre.engines.prefix_cache import PrefixCache
-from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
-from gyre.engines.torch_rollout import TorchRolloutEngine
+from gyre.engines.models.tiny import TinyModelSpec, cached_tiny_model
+from gyre.engines.torch.kv_buffer import left_padded, row_cache, row_kv
+from gyre.engines.torch.prefix_cache import PrefixCache
+from gyre.engines.torch.rollout import TorchRolloutEngine
 
 HEADS, DIM, LAYERS = 2, 4, 2
 TOKEN_BYTES = LAYERS * 2 * HEADS * DIM * 4  # fp32 keys and values of one position
@@ -133,7 +133,7 @@ def test_a_match_hands_back_views_of_the_cached_runs():
 
 
 def test_causal_attention_over_a_longer_kv_matches_the_masked_reference():
-    from gyre.engines.causal_attention import causal_attention
+    from gyre.engines.torch.causal_attention import causal_attention
 
     torch.manual_seed(0)
     for heads, kv_heads, q_len, kv_len in [(4, 2, 7, 40), (4, 4, 30, 100), (2, 1, 1, 50), (4, 2, 9, 9)]:
@@ -304,8 +304,8 @@ def _chunked_and_padded(model_dir, own_attention: bool = True) -> tuple[list[lis
 def test_chunked_prefill_over_cached_kv_and_padded_decode_match_a_plain_forward(tiny_model_dir, monkeypatch):
     """The engine's own attention (prefix without a mask, new block causal) and its in-place KV
     buffers against transformers' model with its own attention on the whole sequence at once."""
-    import gyre.engines.torch_rollout as torch_rollout
-    from gyre.engines.hf import load_causal_lm
+    import gyre.engines.torch.rollout as torch_rollout
+    from gyre.engines.models.hf import load_causal_lm
 
     monkeypatch.setattr(torch_rollout, "PREFILL_CHUNK_TOKENS", 16)
     prompts, results = _chunked_and_padded(tiny_model_dir)
@@ -320,7 +320,7 @@ def test_chunked_prefill_over_cached_kv_and_padded_decode_match_a_plain_forward(
 
 
 def test_the_models_own_attention_on_the_kv_buffers_gives_the_same_results(tiny_model_dir, monkeypatch):
-    import gyre.engines.torch_rollout as torch_rollout
+    import gyre.engines.torch.rollout as torch_rollout
 
     monkeypatch.setattr(torch_rollout, "PREFILL_CHUNK_TOKENS", 16)
     _, own = _chunked_and_padded(tiny_model_dir)

@@ -7,11 +7,11 @@ import json
 import httpx
 import pytest
 
-from gyre.engines.hf import stop_token_ids
-from gyre.engines.torch_rollout import TorchRolloutEngine
+from gyre.engines.models.hf import stop_token_ids
+from gyre.engines.torch.rollout import TorchRolloutEngine
+from gyre.net.server_thread import ServerThread
 from gyre.proxy.app import create_app
 from gyre.proxy.router import EngineRouter
-from gyre.proxy.server import ServerThread
 from gyre.proxy.sessions import SessionRegistry
 from gyre.proxy.toolcalls import QwenToolCallParser
 from gyre.trajectories.chains import build_trajectories

@@ -1,4 +1,4 @@
-"""`gyre bench proxy --sessions`: agent-shaped sessions and their replay through the proxy.
+"""`gyre bench proxy-sessions`, `proxy-long-call` and `proxy-echo`: agent-shaped sessions and their replay through the proxy.
 
 The generator's sessions are well-formed in both API shapes, carry the same conversation in
 both, and each call's prompt extends the previous one (as messages and as the proxy's token
@@ -14,10 +14,10 @@ import tempfile
 
 from typer.testing import CliRunner
 
+from gyre.benches.agent_sessions import agent_sessions
+from gyre.benches.proxy_sessions import run
 from gyre.proxy import anthropic_api, openai_api
-from gyre.proxy.agent_sessions import agent_sessions
 from gyre.proxy.prompt import PromptBuilder, TitoCache
-from gyre.proxy.session_bench import run
 
 SMALL = (200, 500)
 
@@ -85,23 +85,21 @@ def test_replay_through_the_proxy_reports_cache_and_overhead(tiny_model_dir):
 
 
 def test_cli_bench_proxy_sessions_prints_tables(monkeypatch, tmp_path):
-    from gyre.cli import app
+    from gyre.cli.main import app
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the tiny model is built under tmp_path
-    result = CliRunner().invoke(app, ["bench", "proxy", "--sessions", "1", "--turns", "2", "--max-tokens", "2",
-                                      "--long-tokens", "0"])
+    result = CliRunner().invoke(app, ["bench", "proxy-sessions", "--sessions", "1", "--turns", "2", "--max-tokens", "2"])
     assert result.exit_code == 0, result.output
     assert "the k-th call of a session" in result.output and "proxy - direct" in result.output
-    result = CliRunner().invoke(app, ["bench", "proxy", "--sessions", "1", "--turns", "2", "--max-tokens", "2",
-                                      "--long-tokens", "2000", "--json"])
+    result = CliRunner().invoke(app, ["bench", "proxy-long-call", "--session-tokens", "2000", "--json"])
     assert result.exit_code == 0, result.output
-    long = json.loads(result.output)["long_call"]
+    long = json.loads(result.output)
     assert long["session_prompt_tokens"] >= 2000 and long["cache_hit_tokens"] >= long["session_prompt_tokens"]
     assert (tmp_path / "gyre-bench-models").is_dir()
 
 
 def test_a_call_extending_a_long_session_reuses_the_whole_session_from_the_cache(tiny_model_dir):
-    from gyre.proxy.long_call_bench import run as run_long_call
+    from gyre.benches.proxy_long_call import run as run_long_call
 
     result = run_long_call(session_tokens=3_000, extend_tokens=500, samples=4, model_dir=tiny_model_dir)
     assert result["session_prompt_tokens"] >= 3_000
@@ -113,17 +111,17 @@ def test_a_call_extending_a_long_session_reuses_the_whole_session_from_the_cache
 
 def test_echoing_the_proxys_answers_keeps_every_turn_on_the_fast_path(tiny_tokenizer):
     """A harness that sends back the assistant message the proxy returned: no TITO fallback on any
-    turn, so the proxy tokenises only what is new (`gyre bench proxy --echo` measures that path)."""
+    turn, so the proxy tokenises only what is new (`gyre bench proxy-echo` measures that path)."""
     import asyncio
 
     import httpx as _httpx
 
-    from gyre.engines.hf import stop_token_ids
+    from gyre.benches.proxy import NullEngine, _output_ids
+    from gyre.benches.proxy_echo import replay
+    from gyre.engines.models.hf import stop_token_ids
+    from gyre.net.server_thread import ServerThread
     from gyre.proxy.app import create_app
-    from gyre.proxy.bench import NullEngine, _output_ids
-    from gyre.proxy.echo_bench import replay
     from gyre.proxy.router import EngineRouter
-    from gyre.proxy.server import ServerThread
     from gyre.proxy.sessions import SessionRegistry
 
     registry = SessionRegistry()
@@ -152,10 +150,9 @@ def test_echoing_the_proxys_answers_keeps_every_turn_on_the_fast_path(tiny_token
 
 
 def test_cli_bench_proxy_echo_reports_the_overhead():
-    from gyre.cli import app
+    from gyre.cli.main import app
 
-    result = CliRunner().invoke(app, ["bench", "proxy", "--echo", "--concurrency", "2", "--long-tokens", "3000",
-                                      "--json"])
+    result = CliRunner().invoke(app, ["bench", "proxy-echo", "--concurrency", "2", "--long-tokens", "3000", "--json"])
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output)
     assert figures["sessions"] == 2 and figures["calls"] == 2 * figures["turns"] and figures["turns"] >= 2

@@ -73,7 +73,7 @@ def test_a_claude_code_shaped_50k_token_session_is_served_with_the_default_confi
                   engines=[{"id": "torch-0"}])
     path = tmp_path / "proxy.yaml"
     path.write_text(yaml.safe_dump(config))
-    child = Child([sys.executable, "-m", "gyre.cli", "proxy", "serve", "--config", str(path)])
+    child = Child([sys.executable, "-m", "gyre.cli.main", "proxy", "serve", "--config", str(path)])
     headers = {"x-api-key": "local-dev-key", "anthropic-version": "2023-06-01",
                "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14"}
     body = _session(random.Random(0), files=4)
@@ -123,7 +123,7 @@ def test_the_claude_code_cli_completes_a_session_against_the_default_config(tmp_
                   engines=[{"id": "torch-0"}], max_new_tokens=32)
     path = tmp_path / "proxy.yaml"
     path.write_text(yaml.safe_dump(config))
-    child = Child([sys.executable, "-m", "gyre.cli", "proxy", "serve", "--config", str(path)])
+    child = Child([sys.executable, "-m", "gyre.cli.main", "proxy", "serve", "--config", str(path)])
     (tmp_path / "home").mkdir()
     (tmp_path / "project").mkdir()
     try:

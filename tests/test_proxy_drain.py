@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from gyre.engines.torch_rollout import TorchRolloutEngine
+from gyre.engines.torch.rollout import TorchRolloutEngine
 from gyre.proxy.generation import MAX_ENGINE_FAILURES
 from gyre.storage.store import RunStore
 from tests.fakes import BrokenEngine, ScriptedEngine, SpyEngine, serve_proxy

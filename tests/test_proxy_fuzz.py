@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gyre.proxy.bench import NullEngine
+from gyre.benches.proxy import NullEngine
 from tests.fakes import serve_proxy
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False, allow_infinity=False),

@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from gyre.proxy.bench import NullEngine
+from gyre.benches.proxy import NullEngine
 from tests.fakes import TokenByTokenEngine, serve_proxy
 
 IDLE_S = 0.5

@@ -79,7 +79,7 @@ def test_same_ids_as_in_process_and_a_dead_helper_is_replaced(tiny_tokenizer):
 
 def test_a_helper_exits_once_its_proxy_is_killed(tmp_path):
     script = (
-        "from gyre.proxy.bench import _tokenizer\n"
+        "from gyre.benches.proxy import _tokenizer\n"
         "from gyre.proxy.long_text import LongTextTokenizer\n"
         "from tests.test_proxy_long_text import _text\n"
         "helper = LongTextTokenizer(_tokenizer()._tokenizer.to_str())\n"

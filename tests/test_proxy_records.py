@@ -18,10 +18,10 @@ import duckdb
 import httpx
 import pytest
 
-from gyre.engines.hf import stop_token_ids
+from gyre.engines.models.hf import stop_token_ids
+from gyre.net.server_thread import ServerThread
 from gyre.proxy.app import create_app
 from gyre.proxy.router import EngineRouter
-from gyre.proxy.server import ServerThread
 from gyre.proxy.sessions import SessionRegistry
 from gyre.records import Call
 from gyre.storage.call_log import CallLog, CallLogError

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gyre.proxy.bench import NullEngine
+from gyre.benches.proxy import NullEngine
 from gyre.proxy.router import EngineRouter, NoEngineError
 
 

@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from gyre.engines.torch_rollout import TorchRolloutEngine
+from gyre.engines.torch.rollout import TorchRolloutEngine
 from tests.fakes import ScriptedEngine, SpyEngine, serve_proxy
 
 TOOLS_OPENAI = [{"type": "function", "function": {

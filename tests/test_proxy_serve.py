@@ -9,7 +9,7 @@ import httpx
 import pytest
 import yaml
 
-from gyre.config import ConfigError
+from gyre.config.run import ConfigError
 from gyre.proxy.config import load_proxy_config
 from tests.serve_process import REPO, start_gyre_proxy_serve
 

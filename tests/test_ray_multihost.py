@@ -21,7 +21,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from gyre.lifecycle import descendants
+from gyre.runtime.lifecycle import descendants
 from tests.netns_hosts import Hosts, unsupported_reason
 from tests.proc_state import alive
 
@@ -128,7 +128,7 @@ def test_ray_cells_on_two_worker_hosts_survive_a_10s_link_cut_and_lose_nothing(h
 
     run_dir = tmp_path / "run"
     run_log = tmp_path / "gyre-run.log"
-    run = hosts.spawn(hosts.head, [str(VENV_BIN / "python"), "-m", "gyre.cli", "run", "--config",
+    run = hosts.spawn(hosts.head, [str(VENV_BIN / "python"), "-m", "gyre.cli.main", "run", "--config",
                                    str(_config(tmp_path, tiny_model_dir, address)), "--steps", str(STEPS),
                                    "--run-dir", str(run_dir)], env=env, log=run_log, cwd=tmp_path)
     seen: set[int] = set()

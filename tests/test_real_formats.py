@@ -23,7 +23,7 @@ from gyre.benchmarks import (
 )
 from gyre.benchmarks.nl2repo import UPSTREAM_REMOVED_PACKAGE_FILES, parses_pytest_output
 from gyre.benchmarks.r2e import issue_text
-from gyre.cli import app
+from gyre.cli.main import app
 from tests.fixtures.realformats.build import HARBOR, NL2REPO, R2E, TERMINAL_BENCH, build_r2e, workspace
 
 runner = CliRunner()

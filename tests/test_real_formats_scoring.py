@@ -14,7 +14,7 @@ import pytest
 from gyre.benchmarks import load_benchmark_report
 from gyre.evaluators import evaluate_query
 from gyre.records import EvalStatus
-from gyre.sandboxes.isolation import probe_bwrap
+from gyre.sandboxes.local.isolation import probe_bwrap
 from tests.fixtures.realformats.build import build_r2e, workspace
 
 FIXTURES = Path(__file__).parent / "fixtures" / "realformats"

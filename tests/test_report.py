@@ -14,7 +14,7 @@ import pytest
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
-from gyre.cli import app
+from gyre.cli.main import app
 from gyre.records import EvalRecord, EvalStatus, Execution, ExecutionStatus, Score, StepRecord, utc_now
 from gyre.report import RunDirError, write_report
 from gyre.report.data import load_run

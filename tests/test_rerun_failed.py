@@ -1,4 +1,4 @@
-"""Rerunning failed evaluations (`gyre.rescore`, the `rerun-failed-evaluations` flow, `gyre
+"""Rerunning failed evaluations (`gyre.runtime.rescore`, the `rerun-failed-evaluations` flow, `gyre
 rerun-failed`) and evaluating a checkpoint (the `evaluate` flow), on a real run.
 
 The run is `gyre run` on the e2e tests' tiny config with `evaluator.network: package-index`.
@@ -24,7 +24,7 @@ from starlette.applications import Starlette
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from gyre.proxy.server import ServerThread
+from gyre.net.server_thread import ServerThread
 from gyre.records import EvalStatus
 from gyre.storage.store import RunStore
 from tests.test_run_e2e import _config, _gyre
@@ -49,17 +49,6 @@ class FlakyIndex:
         if down:
             return Response("down for maintenance\n", status_code=503)
         return HTMLResponse("<!DOCTYPE html><html><body></body></html>")
-
-
-PREFECT_STARTUP_TIMEOUT_S = "180"
-"""Prefect's ephemeral server gets 20 s to start by default: too few on a busy 2-core box."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def patient_prefect():
-    with pytest.MonkeyPatch.context() as mp:  # in-process flows and `gyre` subprocesses alike
-        mp.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", PREFECT_STARTUP_TIMEOUT_S)
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +132,7 @@ def test_rerun_scores_evaluator_failures_without_any_new_rollout(failed_run, tmp
 
 def _rerun_cli(run_dir: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", COLUMNS="400")
-    return subprocess.run([sys.executable, "-m", "gyre.cli", "rerun-failed", str(run_dir)], env=env,
+    return subprocess.run([sys.executable, "-m", "gyre.cli.main", "rerun-failed", str(run_dir)], env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -188,8 +177,8 @@ def test_evaluate_flow_gives_a_checkpoints_pass_rate_through_the_runs_eval_round
 
 
 def test_config_for_policy_takes_a_model_directory_as_the_model(tmp_path, tiny_model_dir):
-    from gyre.config import RunConfig
-    from gyre.policy_eval import config_for_policy
+    from gyre.config.run import RunConfig
+    from gyre.runtime.policy_eval import config_for_policy
 
     config = RunConfig.model_validate({"model": {"warmstart": {"steps": 5}}})
     as_model = config_for_policy(config, tiny_model_dir)
@@ -220,9 +209,9 @@ def test_an_older_run_file_opens_and_a_write_is_one_transaction(tmp_path):
 
 
 def test_only_tasks_tested_in_the_agents_live_sandbox_cannot_be_rerun_as_they_were():
-    from gyre.config import RunConfig
+    from gyre.config.run import RunConfig
     from gyre.evaluators.run_evaluator import RunEvaluator
-    from gyre.sandboxes.isolation import Isolation
+    from gyre.sandboxes.local.isolation import Isolation
 
     plain = Isolation(bwrap=None, cgroups=False)
     docker = RunEvaluator.from_config(RunConfig.model_validate({"sandbox": {"type": "docker"}}), plain)
@@ -238,10 +227,10 @@ def test_a_round_is_recomputed_from_latest_attempts_of_its_newest_row(tmp_path):
     recorded as they would be; the rescore's result given directly (no evaluation runs here)."""
     from datetime import timedelta
 
-    from gyre.config import RunConfig, dump_config
+    from gyre.config.run import RunConfig, dump_config
     from gyre.records import EvalRecord, Execution, ExecutionStatus, Score, StepRecord, utc_now
-    from gyre.rescore import Rerun, Rescored
-    from gyre.resolve import resolve_queries
+    from gyre.runtime.rescore import Rerun, Rescored
+    from gyre.runtime.resolve import resolve_queries
 
     config = RunConfig.model_validate({"cache_dir": str(tmp_path / "cache"), "rollout": {"queries_per_step": 1},
                                        "benchmark": {"num_queries": 16, "eval_fraction": 0.25}})

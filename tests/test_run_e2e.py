@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-GYRE = [sys.executable, "-m", "gyre.cli"]
+GYRE = [sys.executable, "-m", "gyre.cli.main"]
 
 
 def _config(tmp_path: Path, cache: Path, extra: str = "") -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from gyre.sandboxes.isolation import probe_bwrap
+from gyre.sandboxes.local.isolation import probe_bwrap
 from tests.test_benchmarks_formats import write_terminal_bench
 from tests.test_run_e2e import _config, _gyre
 

@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gyre.config import RunConfig, SandboxConfig
+from gyre.config.run import RunConfig, SandboxConfig
 from gyre.records import Query
-from gyre.resolve import preflight
+from gyre.runtime.resolve import preflight
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_INSIDE
 from gyre.sandboxes.docker import EXEC_ENV, KILL_EXECS, NO_PYTHON3, DockerSandbox, container_kwargs
 from gyre.sandboxes.factory import SandboxBackendError, check_backend, create_sandbox
-from gyre.sandboxes.isolation import Isolation
-from gyre.sandboxes.local import LocalSandbox
+from gyre.sandboxes.local.isolation import Isolation
+from gyre.sandboxes.local.sandbox import LocalSandbox
 from tests.docker_fake import FakeContainer, fake_sdk
 
 

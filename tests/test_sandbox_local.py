@@ -10,8 +10,8 @@ import pytest
 
 from gyre.records import Query
 from gyre.sandboxes.base import Sandbox, SandboxLimits
-from gyre.sandboxes.isolation import cgroups_usable, probe_bwrap
-from gyre.sandboxes.local import LocalSandbox
+from gyre.sandboxes.local.isolation import cgroups_usable, probe_bwrap
+from gyre.sandboxes.local.sandbox import LocalSandbox
 
 needs_bwrap = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable (apt-get install -y bubblewrap)")
 ISOLATIONS = [pytest.param("bwrap", marks=needs_bwrap), "none"]
@@ -173,8 +173,8 @@ def test_rlimits_apply(tmp_path):
 
 def test_python_installation_stays_visible_when_it_lives_under_tmp(tmp_path):
     """A CI clone's venv can sit under /tmp: the scratch /tmp must be mounted before it."""
-    from gyre.sandboxes.bwrap import bwrap_argv, python_prefixes
     from gyre.sandboxes.layout import SandboxLayout
+    from gyre.sandboxes.local.bwrap import bwrap_argv, python_prefixes
 
     argv = bwrap_argv("bwrap", workspace=tmp_path / "ws", scratch=tmp_path / "scratch", layout=SandboxLayout())
     tmp_bind = argv.index("/tmp", argv.index(str(tmp_path / "scratch")))
@@ -195,7 +195,7 @@ def open_dir(tmp_path):
 
 
 def test_only_sources_no_user_could_reach_are_staged(open_dir):
-    from gyre.sandboxes.privileges import SandboxUser, Stage, drop_argv, open_to_all
+    from gyre.sandboxes.local.privileges import SandboxUser, Stage, drop_argv, open_to_all
 
     reachable, closed, odd = open_dir / "a", open_dir / "closed" / "b", open_dir / "odd" / "c"
     for path in (reachable, closed, odd):

@@ -13,8 +13,8 @@ import textwrap
 
 import pytest
 
-from gyre.sandboxes import seccomp
-from gyre.sandboxes.seccomp import seccomp_bpf
+from gyre.sandboxes.local import seccomp
+from gyre.sandboxes.local.seccomp import seccomp_bpf
 
 BWRAP = shutil.which("bwrap")
 PY = sys.executable

@@ -10,18 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from gyre.engines import sglang_adapter
-from gyre.engines.base import (
-    ContextLengthError,
-    EngineDrainingError,
-    GenerationRequest,
-    RolloutEngine,
-    SamplingParams,
-)
-from gyre.engines.sglang_adapter import SGLangError, SGLangRolloutEngine
-from gyre.engines.torch_rollout import TorchRolloutEngine
-from gyre.engines.torch_server import TorchEngineServer
-from gyre.proxy.server import ServerThread
+from gyre.engines.base import ContextLengthError, EngineDrainingError, GenerationRequest, RolloutEngine, SamplingParams
+from gyre.engines.sglang import adapter as sglang_adapter
+from gyre.engines.sglang.adapter import SGLangError, SGLangRolloutEngine
+from gyre.engines.torch.rollout import TorchRolloutEngine
+from gyre.engines.torch.server import TorchEngineServer
+from gyre.net.server_thread import ServerThread
 from tests.sglang_fake import FakeSGLang
 
 PROMPT = [5, 6, 7, 8]

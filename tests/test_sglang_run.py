@@ -13,13 +13,13 @@ import duckdb
 import pytest
 
 from gyre.cells import events as ev
-from gyre.config import RunConfig
-from gyre.coordinator import Coordinator
+from gyre.config.run import RunConfig
 from gyre.engines.factory import EngineConfigError, rollout_engine
-from gyre.engines.sglang_adapter import SGLangRolloutEngine
-from gyre.live_cells import LiveCells
+from gyre.engines.sglang.adapter import SGLangRolloutEngine
 from gyre.proxy.config import ProxyServeConfig
 from gyre.proxy.serve import build
+from gyre.runtime.coordinator import Coordinator
+from gyre.runtime.live.cells import LiveCells
 from tests.sglang_fake import FakeSGLang
 
 

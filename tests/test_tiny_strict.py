@@ -219,8 +219,8 @@ def _as_format_1(out: Path) -> dict[str, bytes]:
 
 
 def test_an_outdated_cached_set_is_regenerated(tmp_path):
-    from gyre.config import RunConfig
-    from gyre.resolve import resolve_queries
+    from gyre.config.run import RunConfig
+    from gyre.runtime.resolve import resolve_queries
 
     config = RunConfig.model_validate({
         "cache_dir": str(tmp_path / "cache"), "benchmark": {"num_queries": 6, "seed": 0},

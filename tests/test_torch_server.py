@@ -1,4 +1,4 @@
-"""The torch engine behind SGLang's HTTP API (`gyre/engines/torch_server.py`), reached through
+"""The torch engine behind SGLang's HTTP API (`gyre/engines/torch/server.py`), reached through
 the SGLang adapter as a remote cell's engine is: same tokens and log-probs as the engine
 called directly, weight updates by version, and a bad snapshot refused with the old weights kept.
 (The rollout-engine contract itself runs over HTTP in tests/test_sglang_adapter.py.)"""
@@ -10,11 +10,11 @@ import torch
 from safetensors.torch import save_file, save_model
 
 from gyre.engines.base import GenerationRequest, SamplingParams
-from gyre.engines.hf import load_causal_lm
-from gyre.engines.sglang_adapter import SGLangError, SGLangRolloutEngine
-from gyre.engines.torch_rollout import TorchRolloutEngine
-from gyre.engines.torch_server import TorchEngineServer
-from gyre.proxy.server import ServerThread
+from gyre.engines.models.hf import load_causal_lm
+from gyre.engines.sglang.adapter import SGLangError, SGLangRolloutEngine
+from gyre.engines.torch.rollout import TorchRolloutEngine
+from gyre.engines.torch.server import TorchEngineServer
+from gyre.net.server_thread import ServerThread
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
 

@@ -15,8 +15,8 @@ import pytest
 
 from gyre.algo.gspo import GSPO
 from gyre.cells import events as ev
-from gyre.config import RunConfig
-from gyre.engines.torch_train import TorchTrainEngine
+from gyre.config.run import RunConfig
+from gyre.engines.torch.train import TorchTrainEngine
 from tests.test_cells_ray import _config as ray_config
 
 TOL = 1e-4  # fp32: the same micro-step's gradients, split over two ranks or not
@@ -61,7 +61,7 @@ def test_tensor_parallel_cells_need_ray_megatron_a_one_process_core_and_whole_gr
 def test_a_model_the_cell_cannot_split_is_refused_before_ray_starts(tiny_model_dir):
     pytest.importorskip("megatron.core")
     from gyre.cluster.tp_cell import check_cell_model
-    from gyre.engines.megatron_convert import UnsupportedModelError
+    from gyre.engines.megatron.convert import UnsupportedModelError
 
     check_cell_model(tiny_model_dir, 2)
     check_cell_model(tiny_model_dir, 2, 2)
@@ -97,7 +97,7 @@ def test_a_model_parallel_cell_adds_to_the_core_the_reference_gradients_of_its_m
     from gyre.cluster.remote_replica import RemoteReplica, reduce_onto_core
     from gyre.cluster.rollout_actor import RayCells
     from gyre.cluster.tp_cell import TensorParallelReplicas, core_layout
-    from gyre.engines.megatron_train import MegatronTrainEngine
+    from gyre.engines.megatron.train import MegatronTrainEngine
     from tests.test_megatron_train import _batch  # three plain rows and a tree-packed one
 
     config = _run_config(tiny_model_dir, tmp_path, tp, pipeline_parallel=pp, ranks_per_cell=2)
@@ -156,8 +156,8 @@ def test_a_tp2_cell_trains_in_a_run_and_is_rebuilt_whole_after_a_rank_is_killed(
     run's end on a loaded box (two restarts take ~25 s), the first publication after the kill
     waits in `on_published` until Ray has restarted both ranks."""
     pytest.importorskip("megatron.core")
-    from gyre.coordinator import Coordinator
-    from gyre.live_cells import LiveCells
+    from gyre.runtime.coordinator import Coordinator
+    from gyre.runtime.live.cells import LiveCells
 
     config = _run_config(tiny_model_dir, tmp_path, 2, steps=4, ranks_per_cell=2, policy="colocate",
                          num_cells=2, slots_per_cell=8, lookahead_groups=0, executions_per_micro_step=1,

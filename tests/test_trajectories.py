@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
-from gyre.config import TrajectoryConfig
+from gyre.config.run import TrajectoryConfig
 from gyre.records import Call
 from gyre.trajectories.classify import ClassifierHints, RuleClassifier
 from gyre.trajectories.packing import PerTrajectoryPacker, TreePacker

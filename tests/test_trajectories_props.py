@@ -157,6 +157,6 @@ def test_tree_packing_agrees_with_the_naive_expansion(tiny_engine, streams, jmax
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_model_dir):
-    from gyre.engines.torch_train import TorchTrainEngine
+    from gyre.engines.torch.train import TorchTrainEngine
 
     return TorchTrainEngine(tiny_model_dir, lr=1e-3, micro_batch_tokens=4096)

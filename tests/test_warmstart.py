@@ -9,12 +9,12 @@ from safetensors.torch import load_file
 
 from gyre.benchmarks import generate_tiny, load_benchmark
 from gyre.benchmarks.tiny import tiny_reference
-from gyre.config import RunConfig
-from gyre.engines.hf import load_tokenizer
+from gyre.config.run import RunConfig
+from gyre.engines.models.hf import load_tokenizer
 from gyre.proxy.prompt import PromptBuilder
 from gyre.proxy.toolcalls import QwenToolCallParser
-from gyre.resolve import preflight
-from gyre.warmstart import WarmstartSpec, demonstration, render, warmstart
+from gyre.runtime.resolve import preflight
+from gyre.runtime.warmstart import WarmstartSpec, demonstration, render, warmstart
 
 
 @pytest.fixture(scope="module")
@@ -104,14 +104,14 @@ def test_bad_split_and_warmstart_settings_are_refused(tmp_path):
 
 
 def test_flawed_style_prints_instead_of_returning():
-    from gyre.warmstart import print_instead_of_return
+    from gyre.runtime.warmstart import print_instead_of_return
 
     assert print_instead_of_return("def f(a, b):\n    return a + b\n") == "def f(a, b):\n    print(a + b)\n"
     assert print_instead_of_return("X = 3\n") == "X = 3\n"  # nothing to return: unchanged
 
 
 def test_flawed_fraction_mixes_styles_and_is_part_of_the_cache_key(tmp_path, queries, tiny_model_dir):
-    from gyre.warmstart import spec_digest
+    from gyre.runtime.warmstart import spec_digest
 
     clean = WarmstartSpec(steps=2, lr=1e-3, batch_size=2, seed=0)
     mixed = WarmstartSpec(steps=2, lr=1e-3, batch_size=2, seed=0, flawed_fraction=0.5)

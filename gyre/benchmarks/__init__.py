@@ -15,7 +15,7 @@ Kinds (native on-disk formats, each in its own module):
 - `auto`: whichever of these the directory holds (`detect_benchmark_format`).
 
 Format-specific facts (timeouts, scoring rule, expected paths) come from
-`gyre.benchmarks.spec.task_spec(query)`; `describe_benchmark` lists them for people
+`gyre.benchmarks.registry.task_spec(query)`; `describe_benchmark` lists them for people
 bringing their own task sets.
 """
 
@@ -30,7 +30,8 @@ from gyre.benchmarks.files import Problem, raise_first
 from gyre.benchmarks.harbor import TASK_TOML, load_harbor, load_harbor_report
 from gyre.benchmarks.nl2repo import INSTRUCTION_FILE, load_nl2repo, load_nl2repo_report
 from gyre.benchmarks.r2e import load_r2e, load_r2e_report
-from gyre.benchmarks.spec import HARBOR, NL2REPO, R2E, TERMINAL_BENCH, TaskSpec, task_spec
+from gyre.benchmarks.registry import task_spec
+from gyre.benchmarks.spec import HARBOR, NL2REPO, R2E, TERMINAL_BENCH, TaskSpec
 from gyre.benchmarks.terminal_bench import TASK_YAML, load_terminal_bench, load_terminal_bench_report
 from gyre.benchmarks.tiny import generate_tiny
 from gyre.records import Query

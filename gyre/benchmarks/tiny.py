@@ -19,7 +19,7 @@ overridden (it also refuses subclasses of T, which can override `__eq__`), and `
 stops there, so the object's operators never run; once the type is the exact builtin, `==`
 is the builtin's own comparison, so a JSON round trip would add nothing. (This guards the
 tests' expressions only: a module that patches pytest or builtins when imported is out of
-their reach, see `gyre.evaluators.pytest_guard`.)
+their reach, see `gyre.evaluators.integrity.pytest_guard`.)
 
 One addition NL2RepoBench does not have: `<project>/reference/<module>.py`, a correct
 solution. The loader ignores it and sandboxes never copy it; tests use it as a known-good

@@ -2,7 +2,7 @@
 
 `Scheduler.handle(event)` updates the books and asks the policy what to do; it returns
 commands and never performs them. There are no threads, sleeps or I/O here, so the same
-object drives real cells (`gyre/live_cells.py`) and the simulator (`gyre/sim/`), and a
+object drives real cells (`gyre/runtime/live/cells.py`) and the simulator (`gyre/sim/`), and a
 test can replay any sequence of events.
 
     scheduler = Scheduler(make_policy("elastic", lookahead_groups=8), topology, shape, clock)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from gyre.engines.sglang_adapter import SGLangRolloutEngine
+from gyre.engines.sglang.adapter import SGLangRolloutEngine
 
 TRANSPORTS = ("disk", "shm", "mooncake", "ray")
 PULL_TIMEOUT_S = 120.0  # an actor told to pull version v waits this long for it to be published

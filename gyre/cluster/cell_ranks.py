@@ -23,7 +23,7 @@ engine and one replica per cell, as with one rank:
   fewest in flight (ties: the one that trained fewest) and stays there: that rank holds its
   gradients. Loads of the core's weights and clears go to every rank. At the optimizer
   step every rank holding gradients is a member of its own in the reduction onto the core,
-  keyed (cell, rank) (`gyre.live_training`). A rank dying fails the whole cell: what any of
+  keyed (cell, rank) (`gyre.runtime.live.training`). A rank dying fails the whole cell: what any of
   its ranks held is recomputed by the core.
 
 The scheduler lets a cell of n ranks hold up to n micro-steps claimed at once

@@ -1,6 +1,6 @@
 """The driver's handle on the training replicas in the cells' actors, and the step's reduction.
 
-`gyre.live_training` trains cell 0 (the core) in the driver and every other cell through a
+`gyre.runtime.live.training` trains cell 0 (the core) in the driver and every other cell through a
 `RemoteReplica` per rank: the core's weights go to the actor through Ray's object store (put once
 per version, fetched by each satellite that pulls it), each micro-step's packed rows go
 with the call, and the stats come back. At the optimizer step `reduce_onto_core` sums the

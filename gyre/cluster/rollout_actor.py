@@ -4,7 +4,7 @@ Under `scheduler.runtime: ray` the run starts, once for the whole run, the actor
 cell beyond the core: `scheduler.ranks_per_cell` of them per cell (one by default), each
 with a bundle of its own in the cell's one placement group (STRICT_PACK: a cell's ranks
 share a host). Each actor builds the torch reference engine and serves it with SGLang's
-HTTP API (`gyre.engines.torch_server`) on the node's address; the driver reaches it through
+HTTP API (`gyre.engines.torch.server`) on the node's address; the driver reaches it through
 the same adapter it uses for a real SGLang server, and a cell of several ranks through a
 `CellEngine` over theirs (`gyre.cluster.cell_ranks`), so the proxy's router, drains, weight
 publications and the cells' role switches work across processes exactly as in one. In the
@@ -34,7 +34,7 @@ from pathlib import Path
 from gyre.cluster.ray_local import LocalRay, loopback_environment, start_local_ray
 from gyre.cluster.actor_weights import ActorEngine, ActorReader, WeightsChannel
 from gyre.cluster.cell_ranks import CellEngine, rank_engine_id
-from gyre.engines.sglang_adapter import SGLangRolloutEngine
+from gyre.engines.sglang.adapter import SGLangRolloutEngine
 
 ACTOR_START_TIMEOUT_S = 300.0  # building the engine in a fresh process on a loaded 2-core box
 MAX_RESTARTS = 3  # Ray restarts a cell's process this often; after that the cell stays failed
@@ -55,9 +55,9 @@ class RolloutCellActor:
 
         from gyre.cluster.tp_cell import replica_host
         from gyre.engines.factory import check_device
-        from gyre.engines.torch_rollout import TorchRolloutEngine
-        from gyre.engines.torch_server import TorchEngineServer
-        from gyre.proxy.server import ServerThread
+        from gyre.engines.torch.rollout import TorchRolloutEngine
+        from gyre.engines.torch.server import TorchEngineServer
+        from gyre.net.server_thread import ServerThread
 
         torch.set_num_threads(torch_threads)
         self.host = ray.util.get_node_ip_address()

@@ -7,11 +7,11 @@ instead of each holding a whole replica, so a cell can train a model that only f
 pp = P and dp = ranks / (T x P): torch.distributed's default group over its actors (gloo;
 they meet on the driver's `GradStore` under a prefix of the world's own) with Megatron's
 groups inside it (`MegatronTrainEngine`; with P > 1 its stages run Megatron's 1F1B schedule,
-`gyre.engines.megatron_pipeline`); every collective of the world, Megatron's TP, DP,
+`gyre.engines.megatron.pipeline`); every collective of the world, Megatron's TP, DP,
 pipeline and embedding groups' too, gives up after `WORLD_TIMEOUT_S`, so no rank waits
 forever on a dead peer. (The names say "tensor parallel": that came first.)
 
-- Weights in: the core's weights as full HF tensors (`gyre.live_engines.policy_state`: a torch
+- Weights in: the core's weights as full HF tensors (`gyre.runtime.live.engines.policy_state`: a torch
   core's state dict, a Megatron core's `hf_state_dict`), each rank loading its shard.
 - Micro-steps: each goes to every rank with the same rows (Megatron splits the rows over dp
   and sums the fresh gradients over dp), so such a cell holds one micro-step at a time.
@@ -56,7 +56,7 @@ class NoWorldError(ReplicaStateError):
 def check_cell_model(model_dir: Path, tp: int, pp: int = 1) -> None:
     """Refuse, before any actor starts, a model that `tp` x `pp` ranks cannot split (heads, MLP
     width, layers)."""
-    from gyre.engines import megatron_convert as conv
+    from gyre.engines.megatron import convert as conv
 
     conv.check_parallel(conv.spec_from_hf_config(json.loads((Path(model_dir) / "config.json").read_text())), tp, pp)
 
@@ -70,7 +70,7 @@ def core_layout(trainer) -> tuple[str, list[str]]:
 
 def core_gradients(spec, hf: dict[str, torch.Tensor], kind: str, names: list[str]) -> list[torch.Tensor]:
     """Full HF gradients as the core's parameters' gradients (`core_layout`'s kind and names)."""
-    from gyre.engines import megatron_convert as conv
+    from gyre.engines.megatron import convert as conv
 
     tensors = conv.to_megatron(spec, hf, 0, 1) if kind == "megatron" else hf
     return [tensors[name].to(torch.float32).contiguous() for name in names]

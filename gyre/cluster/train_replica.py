@@ -19,10 +19,10 @@ from pathlib import Path
 
 from gyre.algo.gspo import GSPO
 from gyre.cluster import grad_reduce
-from gyre.config import RunConfig
+from gyre.config.run import RunConfig
 from gyre.engines.base import TrainStats
 from gyre.engines.factory import train_engine
-from gyre.engines.torch_train import NonFiniteError
+from gyre.engines.torch.train import NonFiniteError
 
 
 class ReplicaStateError(RuntimeError):

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gyre.config import RunConfig
+from gyre.config.run import RunConfig
 from gyre.engines.base import RolloutEngine
-from gyre.engines.torch_rollout import TorchRolloutEngine
+from gyre.engines.torch.rollout import TorchRolloutEngine
 
 
 def train_engine(config: RunConfig, model_dir: Path, *, seed: int):
@@ -24,7 +24,7 @@ def train_engine(config: RunConfig, model_dir: Path, *, seed: int):
                   micro_batch_tokens=train.micro_batch_tokens, temperature=config.rollout.temperature, seed=seed,
                   device=check_device(train.device, "train.device"))
     if train.engine == "torch":
-        from gyre.engines.torch_train import TorchTrainEngine
+        from gyre.engines.torch.train import TorchTrainEngine
 
         return TorchTrainEngine(model_dir, **kwargs)
     from importlib.util import find_spec
@@ -32,7 +32,7 @@ def train_engine(config: RunConfig, model_dir: Path, *, seed: int):
     if find_spec("megatron") is None or find_spec("megatron.core") is None:  # imported only in its backend module
         raise EngineConfigError(
             "train.engine is megatron but megatron-core is not installed: pip install 'gyre-rl[megatron]'")
-    from gyre.engines.megatron_train import MegatronParallel, MegatronTrainEngine
+    from gyre.engines.megatron.train import MegatronParallel, MegatronTrainEngine
 
     parallel = MegatronParallel(tp=train.megatron.tp, pp=train.megatron.pp)
     return MegatronTrainEngine(model_dir, parallel=parallel, **kwargs)
@@ -87,7 +87,7 @@ def rollout_engine(config: RunConfig, model_dir: Path, index: int, engine_id: st
 
 
 def _sglang(config: RunConfig, model_dir: Path, index: int, engine_id: str) -> RolloutEngine:
-    from gyre.engines.sglang_adapter import SGLangRolloutEngine
+    from gyre.engines.sglang.adapter import SGLangRolloutEngine
 
     urls = config.rollout.sglang_urls
     if index >= len(urls):

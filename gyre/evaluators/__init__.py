@@ -1,7 +1,7 @@
 """Evaluators: score a kept workspace against pristine hidden tests; failures are never zeros.
 
 `evaluate_query` is the one entry point: it reads the query's native format
-(`gyre.benchmarks.spec.task_spec`) and dispatches to its scorer (NL2RepoBench: partial
+(`gyre.benchmarks.registry.task_spec`) and dispatches to its scorer (NL2RepoBench: partial
 credit, `nl2repo`; Terminal-Bench: binary, Harbor: reward file, `container_task`;
 R2E-Gym / DeepSWE: binary exact statuses, `r2e`). Every scorer works on a copy of the
 workspace in a fresh sandbox with the pristine tests put in last (except Terminal-Bench and
@@ -34,11 +34,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from gyre.evaluators.common import EVAL_LIMITS
-from gyre.evaluators.needs import available_here, task_needs, unmet
+from gyre.evaluators.environments.needs import available_here, task_needs, unmet
 from gyre.evaluators.observed import IndexAccess
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
-from gyre.sandboxes.isolation import Isolation
+from gyre.sandboxes.local.isolation import Isolation
 
 MONITOR_ACTIONS = ("record", "zero", "off")
 
@@ -52,8 +52,8 @@ def index_access(config) -> IndexAccess | None:
 
 def with_monitor(score: Score, workspace: Path, query: Query, act: bool) -> Score:
     """`score` with the monitor's flags on `workspace`; with `act`, a flagged scored workspace is tampering."""
-    from gyre.evaluators.copied import CHECK, copied_files
-    from gyre.evaluators.monitor import scan_workspace
+    from gyre.evaluators.integrity.copied import CHECK, copied_files
+    from gyre.evaluators.integrity.monitor import scan_workspace
     from gyre.records import EvalStatus
 
     flags = [f"{f.check} {f.path}:{f.line} {f.evidence}".rstrip() for f in
@@ -92,64 +92,73 @@ def evaluate_query(
     made with `in_container.container_slots`): Terminal-Bench and Harbor tasks are then tested inside
     it (`in_place`, `in_container`; no package index reaches a container); the caller closes it afterwards.
     """
-    from gyre.benchmarks.spec import NL2REPO, R2E, task_spec
+    from gyre.benchmarks.registry import task_spec
     from gyre.evaluators.common import SCORE_FILE, error
-    from gyre.evaluators.container_task import evaluate_container_task
-    from gyre.evaluators.control import with_control
-    from gyre.evaluators.in_container import IN_CONTAINER_FORMATS, evaluate_in_container
-    from gyre.evaluators.in_place import IN_PLACE_FORMATS, evaluate_in_place
+    from gyre.evaluators.environments.deadline import OVERALL_TIMEOUT, overall_timeout_error, past
+    from gyre.evaluators.formats.in_container import IN_CONTAINER_FORMATS
     from gyre.sandboxes.docker import DockerSandbox
-    from gyre.evaluators.deadline import OVERALL_TIMEOUT, capped, overall_timeout_error, past
-    from gyre.evaluators.nl2repo import evaluate
-    from gyre.evaluators.r2e import evaluate_r2e
 
     if monitor not in MONITOR_ACTIONS:
         raise ValueError(f"monitor must be one of {', '.join(MONITOR_ACTIONS)}, got {monitor!r}")
-
     try:
         spec = task_spec(query)
     except Exception as exc:  # a benchmark broken after loading: the evaluator's failure, not the agent's
-        spec = None
-        spec_error = f"{type(exc).__name__}: {exc}"
+        spec, spec_error = None, f"{type(exc).__name__}: {exc}"
     eval_dir = Path(eval_dir).resolve()
     in_container = isinstance(live, DockerSandbox) and spec is not None and spec.format in IN_CONTAINER_FORMATS
     missing = unmet(task_needs(query), available_here(package_index=index is not None and not in_container))
-    if past(deadline_s):
+    late = past(deadline_s)
+    if late or missing or spec is None:
         eval_dir.mkdir(parents=True, exist_ok=False)
-        score = overall_timeout_error(execution_id, "the execution's overall budget ran out before its evaluation")
-    elif missing:
-        eval_dir.mkdir(parents=True, exist_ok=False)
-        score = error(execution_id, f"unscorable here: its test scripts need {', '.join(missing)}")
-    elif spec is not None and spec.format == NL2REPO:
-        score = evaluate(query, workspace, eval_dir, execution_id, timeout_s, isolation=isolation, limits=limits,
-                         deadline_s=deadline_s, index=index)
+        why = ("the execution's overall budget ran out before its evaluation" if late else
+               f"unscorable here: its test scripts need {', '.join(missing)}" if missing else
+               f"evaluator failed: cannot read the query's format: {spec_error}")
+        score = overall_timeout_error(execution_id, why) if late else error(execution_id, why)
     else:
-        eval_dir.mkdir(parents=True, exist_ok=False)
-        if spec is None:
-            score = error(execution_id, f"evaluator failed: cannot read the query's format: {spec_error}")
-        else:
-            scorer = evaluate_r2e if spec.format == R2E else evaluate_container_task
-            test_timeout_s = max(capped(spec.test_timeout_s or timeout_s, deadline_s), 0.01)
-
-            def fresh(ws: Path, directory: Path) -> Score:
-                return scorer(query, spec, Path(ws).resolve(), directory, execution_id,
-                              max(capped(test_timeout_s, deadline_s), 0.01), isolation or Isolation.detect(),
-                              limits, index)
-
-            try:
-                if in_container:
-                    score = evaluate_in_container(query, spec, live, eval_dir, execution_id, test_timeout_s, limits)
-                elif live is not None and not isinstance(live, DockerSandbox) and spec.format in IN_PLACE_FORMATS:
-                    score = evaluate_in_place(query, spec, live, eval_dir, execution_id, test_timeout_s, limits, index)
-                else:
-                    score = fresh(workspace, eval_dir)
-                if not in_container:  # a runner that gave no verdict: did the workspace break it?
-                    score = with_control(score, query, eval_dir, fresh)
-            except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
-                score = error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
+        score = _score(query, spec, workspace, eval_dir, execution_id, timeout_s, isolation, limits, deadline_s,
+                       index, live, in_container)
     if past(deadline_s) and not score.detail.startswith(OVERALL_TIMEOUT):
         score = overall_timeout_error(execution_id, f"evaluation still running at the overall deadline ({score.detail})")
     if monitor != "off" and Path(workspace).is_dir():
         score = with_monitor(score, workspace, query, act=monitor == "zero")
     (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return score
+
+
+def _score(query: Query, spec, workspace: Path, eval_dir: Path, execution_id: str, timeout_s: float,
+           isolation: Isolation | None, limits: SandboxLimits, deadline_s: float | None, index: IndexAccess | None,
+           live, in_container: bool) -> Score:
+    """The format's own scorer; Terminal-Bench, Harbor and R2E in a fresh sandbox (or the live one),
+    checked by a control run when the runner gave no verdict. An exception is an evaluator failure."""
+    from gyre.benchmarks.spec import NL2REPO, R2E
+    from gyre.evaluators.common import error
+    from gyre.evaluators.environments.deadline import capped
+    from gyre.evaluators.formats.container_task import evaluate_container_task
+    from gyre.evaluators.formats.in_container import evaluate_in_container
+    from gyre.evaluators.formats.in_place import IN_PLACE_FORMATS, evaluate_in_place
+    from gyre.evaluators.formats.nl2repo import evaluate
+    from gyre.evaluators.formats.r2e import evaluate_r2e
+    from gyre.evaluators.integrity.control import with_control
+    from gyre.sandboxes.docker import DockerSandbox
+
+    if spec.format == NL2REPO:
+        return evaluate(query, workspace, eval_dir, execution_id, timeout_s, isolation=isolation, limits=limits,
+                        deadline_s=deadline_s, index=index)
+    eval_dir.mkdir(parents=True, exist_ok=False)
+    scorer = evaluate_r2e if spec.format == R2E else evaluate_container_task
+    test_timeout_s = max(capped(spec.test_timeout_s or timeout_s, deadline_s), 0.01)
+
+    def fresh(ws: Path, directory: Path) -> Score:
+        return scorer(query, spec, Path(ws).resolve(), directory, execution_id,
+                      max(capped(test_timeout_s, deadline_s), 0.01), isolation or Isolation.detect(), limits, index)
+
+    try:
+        if in_container:
+            return evaluate_in_container(query, spec, live, eval_dir, execution_id, test_timeout_s, limits)
+        if live is not None and not isinstance(live, DockerSandbox) and spec.format in IN_PLACE_FORMATS:
+            score = evaluate_in_place(query, spec, live, eval_dir, execution_id, test_timeout_s, limits, index)
+        else:
+            score = fresh(workspace, eval_dir)
+        return with_control(score, query, eval_dir, fresh)  # a runner that gave no verdict: did the workspace break it?
+    except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
+        return error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")

@@ -14,11 +14,11 @@ part, so the formats differ only in where files go and how the tally becomes a s
   returns its `ExecResult` with what the plugin said.
 
 Evaluation environments: the command's `python` and `pytest` are an interpreter with
-only the test tools (`gyre.evaluators.toolenv`), never gyre's own site-packages.
+only the test tools (`gyre.evaluators.environments.toolenv`), never gyre's own site-packages.
 
 Network (`IndexAccess`, from `evaluator.network: package-index`): the sandbox still has
 no network; an allow-listed package-index proxy of gyre's own
-(`gyre.sandboxes.index_proxy`, one per evaluation) is bridged in like the model proxy, and
+(`gyre.sandboxes.index.proxy`, one per evaluation) is bridged in like the model proxy, and
 pip and uv are pointed at it. It is probed before the workspace is involved: an
 unreachable index is an evaluator failure (`IndexUnreachable`), as is an upstream error
 during the run. A request for a denied project (NL2RepoBench: the project's own
@@ -33,23 +33,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from gyre.evaluators.canaries import PristineFile, add_canaries, defined_tests, is_test_module
-from gyre.evaluators.cases import case_counts, dynamic_conftest
-from gyre.evaluators.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall, ResultChannel
+from gyre.evaluators.integrity.canaries import PristineFile, add_canaries, defined_tests, is_test_module
+from gyre.evaluators.integrity.cases import case_counts, dynamic_conftest
+from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall, ResultChannel
 from gyre.evaluators.common import error, tampering
-from gyre.evaluators.pytest_guard import clear_shadows
-from gyre.evaluators.tally import Tally, tally
-from gyre.evaluators.toolenv import EvalEnv, base_interpreter_dirs, make_env
+from gyre.evaluators.integrity.pytest_guard import clear_shadows
+from gyre.evaluators.integrity.tally import Tally, tally
+from gyre.evaluators.environments.toolenv import EvalEnv, base_interpreter_dirs, make_env
 from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_INSIDE_DIR
 from gyre.sandboxes.bridge import ProxyBridge, proxy_address
-from gyre.sandboxes.index_proxy import IndexProxy, IndexProxyConfig, client_env
+from gyre.sandboxes.index.proxy import IndexProxy, IndexProxyConfig, client_env
 from gyre.records import Score
 from gyre.sandboxes.base import ExecResult, SandboxLimits
-from gyre.sandboxes.isolation import Isolation
+from gyre.sandboxes.local.isolation import Isolation
 from gyre.sandboxes.layout import Mount, SandboxLayout
 from gyre.sandboxes.paths import clear_path, remove_tree
-from gyre.sandboxes.privileges import hand_over
-from gyre.sandboxes.session import EVAL_USER, Session
+from gyre.sandboxes.local.privileges import hand_over
+from gyre.sandboxes.local.session import EVAL_USER, Session
 
 BRIDGE_SLOT = "bridge"
 EVAL_BRIDGE_DIR = "/run/gyre-eval"

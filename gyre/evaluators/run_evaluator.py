@@ -1,6 +1,6 @@
 """How a run evaluates its executions, read from its config in one place.
 
-The coordinator scores each execution as it ends; `gyre.rescore` scores again, later, the
+The coordinator scores each execution as it ends; `gyre.runtime.rescore` scores again, later, the
 executions whose evaluation failed. Both take their evaluator from here, so a rerun uses the
 same evaluator as the run: the same test timeout, isolation, reward-hacking monitor and
 package-index access, and the same rule for which tasks are tested inside the agent's own,
@@ -15,13 +15,13 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from gyre.config import RunConfig
+from gyre.config.run import RunConfig
 from gyre.evaluators import evaluate_query, index_access
-from gyre.evaluators.in_container import IN_CONTAINER_FORMATS
-from gyre.evaluators.in_place import IN_PLACE_FORMATS
+from gyre.evaluators.formats.in_container import IN_CONTAINER_FORMATS
+from gyre.evaluators.formats.in_place import IN_PLACE_FORMATS
 from gyre.records import Query, Score
-from gyre.sandboxes.isolation import Isolation
-from gyre.sandboxes.session import available as session_available
+from gyre.sandboxes.local.isolation import Isolation
+from gyre.sandboxes.local.session import available as session_available
 
 log = logging.getLogger("gyre.evaluators")
 

@@ -1,7 +1,9 @@
-"""Prefect flows: the RL run, evaluating a saved policy, rerunning failed evaluations, simulation sweeps.
+"""Prefect flows: the RL run (`rl_run.py`), evaluating a saved policy (`evaluate.py`), rerunning failed
+evaluations (`rerun.py`); what a run shows in the UI (`ui.py`); the API server `gyre run` starts for
+itself (`prefect_server.py`).
 
-Prefect runs in its ephemeral mode unless PREFECT_API_URL points at a server; analytics
-are off (they lock the ephemeral database on our machines).
+Prefect runs against gyre's own server (`gyre run`), its ephemeral mode, or the server
+PREFECT_API_URL names; analytics are off (they lock the ephemeral database on our machines).
 """
 
 import os

@@ -1,7 +1,7 @@
 """A saved policy's pass rate on a held-out split of the config's benchmark, as a Prefect flow.
 
 Thin: start a coordinator on the config (with a model directory as its model), load the
-policy (`gyre.policy_eval`), then run the RL run's own evaluation round (`rl_run.eval_round`:
+policy (`gyre.runtime.policy_eval`), then run the RL run's own evaluation round (`rl_run.eval_round`:
 an execute and an evaluate task run per held-out query and sample, then `record-eval`) on the
 chosen split. The executions, their calls and the pass rate land in a run directory of their
 own (`evals`, `executions`), like a run's.
@@ -19,12 +19,12 @@ from prefect import flow, task
 from prefect.cache_policies import NONE
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from gyre.config import load_config
-from gyre.coordinator import Coordinator
+from gyre.config.run import load_config
 from gyre.flows.rl_run import MAX_CONCURRENT_TASKS, eval_round
 from gyre.flows.ui import run_name
-from gyre.policy_eval import check_split, config_for_policy, load_policy
 from gyre.records import EvalRecord
+from gyre.runtime.coordinator import Coordinator
+from gyre.runtime.policy_eval import check_split, config_for_policy, load_policy
 
 LOAD_RETRIES = 2
 LOAD_RETRY_DELAY_S = 5.0

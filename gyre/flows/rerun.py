@@ -4,7 +4,7 @@ Open the run (its config, its DuckDB file: the executions whose latest evaluatio
 evaluator failure), score each kept workspace again with the run's own evaluator (one task run
 per execution, named after its step, purpose, query and sample; as many at once as a run
 evaluates), then record every new attempt and the eval pass rates they change in one
-transaction. The logic lives in `gyre.rescore`; `gyre rerun-failed RUN_DIR` prints the report.
+transaction. The logic lives in `gyre.runtime.rescore`; `gyre rerun-failed RUN_DIR` prints the report.
 
     from gyre.flows.rerun import rerun_failed_evaluations
     report = rerun_failed_evaluations("runs/tiny-cpu-20250101-120000")
@@ -17,8 +17,8 @@ from pathlib import Path
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from gyre.coordinator import EVAL_CONCURRENCY
-from gyre.rescore import Rerun, RerunReport
+from gyre.runtime.coordinator import EVAL_CONCURRENCY
+from gyre.runtime.rescore import Rerun, RerunReport
 from gyre.tasks.rescore import record_rescores, rescore
 
 

@@ -6,7 +6,7 @@ concurrent, all talking to the proxy); evaluate each kept workspace as soon as i
 execution ends; build trajectories and take one optimizer step; publish the new weights
 to the rollout engine; record everything in DuckDB. That step-synchronous loop is the
 default. With `scheduler.policy` set, the cell scheduler of `gyre/cells/` (the one the
-simulator runs) drives the box instead (`gyre.live_cells`): executions, streamed
+simulator runs) drives the box instead (`gyre.runtime.live.cells`): executions, streamed
 micro-steps, role switches and publications follow its commands, and an evaluation round
 runs before the first step, each time a due version is published, and after the last.
 """
@@ -21,13 +21,13 @@ from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from gyre.config import ConfigError, RunConfig, load_config
-from gyre.coordinator import Coordinator
+from gyre.config.run import ConfigError, RunConfig, load_config
+from gyre.runtime.coordinator import Coordinator
 from gyre.flows.ui import RunObserver, rename_flow_run, run_name
-from gyre.lifecycle import attach, on_stop
-from gyre.live_cells import LiveCells
+from gyre.runtime.lifecycle import attach, on_stop
+from gyre.runtime.live.cells import LiveCells
 from gyre.metrics import MetricsFanout, make_sinks
-from gyre.progress import ProgressEvent, emit
+from gyre.runtime.progress import ProgressEvent, emit
 from gyre.records import EvalRecord, StepRecord, utc_now
 from gyre.tasks.step import (
     cell, checkpoint, evaluate, execute, launch_cell_command, prepare_model, publish_weights, record, record_eval, train,

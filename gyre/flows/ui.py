@@ -1,7 +1,7 @@
 """What a run shows in the Prefect UI: its name, artifacts, events and warnings.
 
 The flows wire this in; domain modules stay free of Prefect. `RunObserver` listens to the
-run's progress events (`gyre.progress`) and turns them into Prefect objects:
+run's progress events (`gyre.runtime.progress`) and turns them into Prefect objects:
 
 - per step, a table artifact (scores, drops, staleness, GSPO diagnostics from the step
   record) and a markdown artifact with the run's curves so far (PNG, also written under
@@ -10,7 +10,6 @@ run's progress events (`gyre.progress`) and turns them into Prefect objects:
 - Prefect events: `gyre.step.dropped-executions`, `gyre.step.tampering`,
   `gyre.step.evaluations-mostly-failed` (also a WARNING log line), `gyre.cells.role-switch`;
   `gyre.evaluation.failed` and `gyre.evaluation.tampering` come from the evaluate task;
-- warm-start progress as log lines of the task run that builds the model (`log_warmstart`);
 - every step's and evaluation's scalars to the metrics fan-out (`gyre.metrics`).
 
 Event resources are `gyre.run.<run_id>`, related to the flow run, so an automation can
@@ -21,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import io
-import logging
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -30,25 +28,20 @@ from prefect.artifacts import (
     create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact,
 )
 from prefect.client.orchestration import get_client
-from prefect.exceptions import MissingContextError
-from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 
 from gyre.metrics import MetricsFanout
-from gyre.prefect_events import emit_run_event
-from gyre.progress import ProgressEvent, subscribe
+from gyre.runtime.progress import ProgressEvent, subscribe
+from gyre.tasks.events import emit_run_event, prefect_logger
 
 MOSTLY_FAILED_SHARE = 0.5
 """A step whose dropped (evaluator-failed) share of executions exceeds this is a warning."""
-WARMSTART_LOG_EVERY = 50
-"""Warm-start optimizer steps between two progress log lines."""
 TABLE_FIELDS = (
     "step", "policy_version", "reward_mean", "num_executions", "num_dropped", "num_tampering", "mean_staleness",
     "logprob_abs_diff", "loss", "grad_norm", "tokens_trained", "token_cap_frac", "clip_low_frac", "clip_high_frac",
     "sampled_entropy", "mean_response_tokens", "eval_pass_rate", "skipped_reason",
 )
 
-log = logging.getLogger(__name__)
 
 
 def run_name() -> str:
@@ -64,14 +57,6 @@ def rename_flow_run(name: str) -> None:
     if flow_run.id:
         with get_client(sync_client=True) as client:
             client.update_flow_run(UUID(flow_run.id), name=name)
-
-
-def prefect_logger() -> logging.Logger | logging.LoggerAdapter:
-    """The run logger (shown in the UI) when inside a flow or task run, else the module's."""
-    try:
-        return get_run_logger()
-    except MissingContextError:  # outside a flow or task run (tests, a listener thread): the module's logger
-        return log
 
 
 def step_table(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -124,15 +109,6 @@ def curves_png(history: list[dict[str, Any]]) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
-
-
-def log_warmstart(event: ProgressEvent) -> None:
-    """A progress listener for the model-build task run: a warm-start line every
-    `WARMSTART_LOG_EVERY` optimizer steps, and after the last."""
-    if event.kind == "warmstart" and event.step is not None:
-        done, total = event.step + 1, event.data["steps"]
-        if done % WARMSTART_LOG_EVERY == 0 or done == total:
-            prefect_logger().info("warm start: step %d of %d, loss %.4f", done, total, event.data["loss"])
 
 
 class RunObserver:

@@ -7,11 +7,14 @@ never branches on harness types.
 
 from __future__ import annotations
 
-from gyre.config import HarnessConfig
+from gyre.config.run import HarnessConfig
 from gyre.harnesses.base import Harness
+from gyre.harnesses.sleepy import Durations
 
 
-def make_harness(config: HarnessConfig) -> Harness:
+def make_harness(config: HarnessConfig, durations: Durations | None = None) -> Harness:
+    """The harness `config` names; `durations` is what a `sleepy` one waits out (the runtime's
+    `gyre.runtime.simulated_durations.for_harness`), unused by every other type."""
     if config.type == "builtin":
         from gyre.harnesses.builtin import BuiltinHarness
 
@@ -30,7 +33,10 @@ def make_harness(config: HarnessConfig) -> Harness:
     if config.type == "sleepy":
         from gyre.harnesses.sleepy import SleepyHarness
 
-        return SleepyHarness(config.sleepy_workload, config.sleepy_scale, config.sleepy_calls)
+        if durations is None:
+            raise ValueError("harness.type sleepy waits out durations the runtime draws "
+                             "(gyre.runtime.simulated_durations.for_harness); none were given")
+        return SleepyHarness(durations, config.sleepy_calls)
     if config.type == "mini-swe-agent":
         from gyre.harnesses.mini_swe_agent import MiniSweAgentHarness
 

@@ -2,7 +2,7 @@
 
 `TOOLS` (run a shell command, write a file, finish) is what every builtin agent is
 offered, and exactly what the warm start's demonstrations and the bundled tokenizer's
-corpus are built from (`gyre.warmstart`, `gyre.resolve`): changing a schema here changes
+corpus are built from (`gyre.runtime.warmstart`, `gyre.runtime.resolve`): changing a schema here changes
 the cached warm-started model. Tools that exist only with a feature switched on (the
 main agent's `spawn_agent`) live with that feature (`subagents.py`).
 

@@ -4,7 +4,8 @@ A systems-benchmark load, not an agent. Each execution makes `calls` OpenAI chat
 through the proxy with its own key (`model_client.py`, agent `main`: the calls extend each
 other's prefix, one trajectory), and after each call waits `duration / calls`, where
 `duration` is what the simulator draws for this execution of the configured workload, scaled
-from hours to seconds (`sleepy_durations.py`). So an execution lasts its drawn duration plus
+from hours to seconds: the runtime hands the harness that draw as a function of the
+execution's slot (`gyre.runtime.simulated_durations`), so this room never imports the simulator. So an execution lasts its drawn duration plus
 the time its calls take (a call slowed or stalled by the engines lengthens it, as a stall does
 in the simulator), and a real run shows the workload's long tail in minutes. The same
 execution (seed, group, index in group) waits the same under every scheduler policy.
@@ -19,14 +20,29 @@ rounds) make their calls without waiting.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gyre.harnesses.base import ExecutionSlot, HarnessOutcome, ModelEndpoint
 from gyre.harnesses.model_client import ModelClient
-from gyre.harnesses.sleepy_durations import draw_for, workload_names
 from gyre.harnesses.subagents import MAIN_AGENT_ID
 from gyre.records import ExecutionStatus, Query
 from gyre.sandboxes.base import Sandbox
+
+
+@dataclass(frozen=True)
+class SleepyDraw:
+    wall_s: float
+    """Wall-clock seconds the execution should take (simulated hours x scale)."""
+    simulated_h: float
+    """The simulator's duration in hours."""
+    status: ExecutionStatus
+    """How the simulator ends it: completed, harness_timeout or overall_timeout."""
+
+
+Durations = Callable[[ExecutionSlot], SleepyDraw]
+"""An execution's slot -> how long it waits and how it ends."""
 
 SYSTEM_PROMPT = "You are an agent whose tools take a long time. Reply briefly after each wait."
 
@@ -38,16 +54,10 @@ def _wait_note(seconds: float) -> str:
 class SleepyHarness:
     name = "sleepy"
 
-    def __init__(self, workload: str, scale_s_per_h: float, calls: int, max_tokens: int | None = None) -> None:
-        if workload not in workload_names():
-            raise ValueError(f"harness.sleepy_workload: unknown workload {workload!r}; "
-                             f"known: {', '.join(workload_names())}")
-        if not scale_s_per_h > 0:
-            raise ValueError(f"harness.sleepy_scale must be > 0 (seconds per simulated hour), got {scale_s_per_h}")
+    def __init__(self, durations: Durations, calls: int, max_tokens: int | None = None) -> None:
         if calls <= 0:
             raise ValueError(f"harness.sleepy_calls must be > 0, got {calls}")
-        self.workload = workload
-        self.scale_s_per_h = scale_s_per_h
+        self.durations = durations
         self.calls = calls
         self.max_tokens = max_tokens
 
@@ -55,7 +65,7 @@ class SleepyHarness:
             slot: ExecutionSlot | None = None) -> HarnessOutcome:
         if slot is None:
             raise ValueError("the sleepy harness needs the execution's slot (group and index) to draw its duration")
-        planned = draw_for(self.workload, self.scale_s_per_h, slot)
+        planned = self.durations(slot)
         wait_s = planned.wall_s / self.calls
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": SYSTEM_PROMPT},

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from gyre.config import RunConfig
+from gyre.config.run import RunConfig
 from gyre.records import ExecutionStatus
 
 

@@ -291,77 +291,88 @@ async def messages(core: CompletionCore, body: MessagesRequest, session: Executi
             "usage": {"input_tokens": result.prompt_tokens, "output_tokens": result.output_tokens},
         }
         return Response(orjson.dumps(payload), media_type="application/json")
-
     events = turn.stream()
     first = await anext(events)  # errors before the first token still get a proper status
+    start = {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
+             "stop_reason": None, "stop_sequence": None,
+             "usage": {"input_tokens": len(turn.prompt.ids), "output_tokens": 0}}
+    return StreamingResponse(_message_stream(start, first, events), media_type="text/event-stream",
+                             headers={"cache-control": "no-cache"})
 
-    async def sse() -> AsyncIterator[bytes]:
-        yield _sse("message_start", {"type": "message_start", "message": {
-            "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": len(turn.prompt.ids), "output_tokens": 0}}})
-        yield _sse("ping", {"type": "ping"})
-        index, open_kind = -1, None
 
-        def start(kind: str, block: dict[str, Any]) -> list[bytes]:
-            nonlocal index, open_kind
-            out = close()
-            index, open_kind = index + 1, kind
-            out.append(_sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
-            return out
+async def _message_stream(start: dict[str, Any], first, events) -> AsyncIterator[bytes]:
+    """A streamed message's server-sent events: `message_start`, the content blocks as the turn's
+    events arrive, then `message_delta` and `message_stop`; an error mid-stream is an `error` event."""
+    yield _sse("message_start", {"type": "message_start", "message": start})
+    yield _sse("ping", {"type": "ping"})
+    blocks = _Blocks()
+    try:
+        event = first
+        while True:
+            kind, value = event
+            if kind not in ("reasoning", "content"):
+                for chunk in blocks.finish(value):
+                    yield chunk
+                return
+            for chunk in blocks.delta(kind, value):
+                yield chunk
+            event = await anext(events)
+    except ProxyError as exc:
+        yield _sse("error", anthropic_error_body(exc))
+    finally:
+        await events.aclose()
 
-        def close() -> list[bytes]:
-            nonlocal open_kind
-            out = []
-            if open_kind == "thinking":
-                out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                        "delta": {"type": "signature_delta", "signature": THINKING_SIGNATURE}}))
-            if open_kind is not None:
-                out.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
-            open_kind = None
-            return out
 
-        try:
-            event = first
-            while True:
-                kind, value = event
-                if kind == "reasoning":
-                    if open_kind != "thinking":
-                        for b in start("thinking", {"type": "thinking", "thinking": "", "signature": ""}):
-                            yield b
-                    yield _sse("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                       "delta": {"type": "thinking_delta", "thinking": value}})
-                elif kind == "content":
-                    if open_kind != "text":
-                        for b in start("text", {"type": "text", "text": ""}):
-                            yield b
-                    yield _sse("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                       "delta": {"type": "text_delta", "text": value}})
-                else:
-                    result: TurnResult = value
-                    parsed = result.parsed
-                    if open_kind != "text" and not parsed.content and not parsed.tool_calls:
-                        for b in start("text", {"type": "text", "text": ""}):
-                            yield b
-                    for block in content_blocks(parsed):
-                        if block["type"] != "tool_use":
-                            continue
-                        for b in start("tool_use", {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}):
-                            yield b
-                        yield _sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": {
-                            "type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}})
-                    for b in close():
-                        yield b
-                    yield _sse("message_delta", {"type": "message_delta",
-                                                 "delta": {"stop_reason": _stop_reason(result),
-                                                           "stop_sequence": _stop_sequence(result)},
-                                                 "usage": {"output_tokens": result.output_tokens}})
-                    yield _sse("message_stop", {"type": "message_stop"})
-                    return
-                event = await anext(events)
-        except ProxyError as exc:
-            yield _sse("error", anthropic_error_body(exc))
-        finally:
-            await events.aclose()
+class _Blocks:
+    """The content blocks of one streamed message: which one is open, and the events that open,
+    extend and close them (a thinking block closes with its signature)."""
 
-    return StreamingResponse(sse(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+    def __init__(self) -> None:
+        self.index, self.open_kind = -1, None
+
+    def start(self, kind: str, block: dict[str, Any]) -> list[bytes]:
+        out = self.close()
+        self.index, self.open_kind = self.index + 1, kind
+        out.append(_sse("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                "content_block": block}))
+        return out
+
+    def close(self) -> list[bytes]:
+        out = []
+        if self.open_kind == "thinking":
+            out.append(self._delta({"type": "signature_delta", "signature": THINKING_SIGNATURE}))
+        if self.open_kind is not None:
+            out.append(_sse("content_block_stop", {"type": "content_block_stop", "index": self.index}))
+        self.open_kind = None
+        return out
+
+    def delta(self, kind: str, value: str) -> list[bytes]:
+        """A piece of reasoning (a thinking block) or of content (a text block), its block opened first."""
+        if kind == "reasoning":
+            out = [] if self.open_kind == "thinking" else self.start(
+                "thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            return out + [self._delta({"type": "thinking_delta", "thinking": value})]
+        out = [] if self.open_kind == "text" else self.start("text", {"type": "text", "text": ""})
+        return out + [self._delta({"type": "text_delta", "text": value})]
+
+    def finish(self, result: TurnResult) -> list[bytes]:
+        """The end of the turn: a text block if nothing else was said, each tool call as a
+        `tool_use` block, then the message's stop reason and usage."""
+        parsed = result.parsed
+        out = []
+        if self.open_kind != "text" and not parsed.content and not parsed.tool_calls:
+            out += self.start("text", {"type": "text", "text": ""})
+        for block in content_blocks(parsed):
+            if block["type"] == "tool_use":
+                out += self.start("tool_use", {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}})
+                out.append(self._delta({"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}))
+        out += self.close()
+        out.append(_sse("message_delta", {"type": "message_delta",
+                                          "delta": {"stop_reason": _stop_reason(result),
+                                                    "stop_sequence": _stop_sequence(result)},
+                                          "usage": {"output_tokens": result.output_tokens}}))
+        out.append(_sse("message_stop", {"type": "message_stop"}))
+        return out
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return _sse("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})

@@ -90,6 +90,141 @@ class ProxyApp(Starlette):
         await super().__call__(scope, receive, send)
 
 
+class Endpoints:
+    """The proxy's request handlers around one `CompletionCore`: authentication, reading and
+    validating a body, and one method per endpoint."""
+
+    def __init__(self, core: CompletionCore, sessions: SessionRegistry, router: EngineRouter, model_name: str,
+                 max_body_bytes: int, body_idle_timeout_s: float) -> None:
+        self.core, self.sessions, self.router = core, sessions, router
+        self.model_name = model_name
+        self.max_body_bytes = max_body_bytes
+        self.body_idle_timeout_s = body_idle_timeout_s
+        self.inline_reasoning = "reasoning_content" not in (core.tokenizer.chat_template or "")
+        self.template = partial(openai_api.template_message, inline_reasoning=self.inline_reasoning)
+        created = int(time.time())
+        self.model_entry = {
+            "id": model_name, "object": "model", "type": "model", "display_name": model_name, "created": created,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)), "owned_by": "gyre",
+        }
+
+    def authenticate(self, headers: dict[str, str]) -> ExecutionSession:
+        """Either header's key: a client configured with both an API key and an auth token
+        (a real `ANTHROPIC_API_KEY` left in the environment next to `ANTHROPIC_AUTH_TOKEN`
+        holding this proxy's key) may send both `x-api-key` and `Authorization`."""
+        key = headers.get("x-api-key")
+        session = self.sessions.session(key) if key else None
+        if session is None:
+            auth = headers.get("authorization", "")
+            bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+            session = self.sessions.session(bearer) if bearer else None
+        if session is None:
+            raise ProxyError(401, "unknown or missing API key", "authentication")
+        return session
+
+    async def read_body(self, request: Request, headers: dict[str, str]) -> bytearray:
+        limit, idle_s = self.max_body_bytes, self.body_idle_timeout_s
+        declared = headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            raise ProxyError(413, f"request body exceeds {limit} bytes", "too_large")
+        body = bytearray()  # appended in place: a many-chunk body is copied once, not once per chunk
+        while True:
+            try:
+                async with asyncio.timeout(idle_s):  # no task per chunk, unlike wait_for
+                    message = await request.receive()
+            except TimeoutError:
+                raise ProxyError(408, f"request body incomplete: nothing received for {idle_s:g} s "
+                                 f"after {len(body)} bytes", "timeout") from None
+            if message["type"] != "http.request":
+                raise ProxyError(400, "client disconnected before sending the whole body")
+            body += message.get("body", b"")
+            if len(body) > limit:
+                raise ProxyError(413, f"request body exceeds {limit} bytes", "too_large")
+            if not message.get("more_body", False):
+                return body
+
+    async def read_conversation(self, request: Request, kind: str, model: type[BaseModel], adapter: TypeAdapter,
+                                derive: Callable[[Any], Any] | None = None):
+        """The request's headers, its execution's session, and its body validated: `messages`
+        only where new to the execution (`message_cache.py`), with the derived form of each
+        message when `derive` is given."""
+        headers = _headers(request)
+        session = self.authenticate(headers)
+        body = await self.read_body(request, headers)
+        try:
+            raw = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise ProxyError(400, f"invalid request: body: invalid JSON: {exc}") from exc
+        derived: list[Any] = []
+        if isinstance(raw, dict) and isinstance(raw.get("messages"), list):
+            try:
+                messages, derived = session.messages.messages(kind, raw["messages"], adapter, derive)
+            except MessageError as exc:
+                raise ProxyError(400, f"invalid request: {exc}") from exc
+            raw = {**raw, "messages": messages}
+        try:
+            return headers, session, model.model_validate(raw), derived
+        except ValidationError as exc:
+            raise ProxyError(400, _validation_message(exc)) from exc
+
+    async def chat_completions(self, request: Request) -> Response:
+        headers, session, body, templated = await self.read_conversation(
+            request, "openai", openai_api.ChatCompletionRequest, openai_api.MESSAGE, self.template)
+        return await openai_api.chat_completions(self.core, body, session, headers, self.model_name,
+                                                 self.inline_reasoning, request.receive, templated)
+
+    async def messages(self, request: Request) -> Response:
+        headers, session, body, _ = await self.read_conversation(
+            request, "anthropic", anthropic_api.MessagesRequest, anthropic_api.MESSAGE)
+        return await anthropic_api.messages(self.core, body, session, headers, self.model_name,
+                                            self.inline_reasoning, request.receive)
+
+    async def count_tokens(self, request: Request) -> Response:
+        headers, session, body, _ = await self.read_conversation(
+            request, "anthropic", anthropic_api.CountTokensRequest, anthropic_api.MESSAGE)
+        return await anthropic_api.count_tokens(self.core, body, session, headers, self.inline_reasoning)
+
+    async def models(self, _: Request) -> Response:
+        return _json({"object": "list", "data": [self.model_entry], "has_more": False,
+                      "first_id": self.model_name, "last_id": self.model_name})
+
+    async def model(self, request: Request) -> Response:
+        if request.path_params["model_id"] != self.model_name:
+            raise ProxyError(404, f"model {request.path_params['model_id']!r} not found", "not_found")
+        return _json(self.model_entry)
+
+    async def root(self, _: Request) -> Response:
+        return _json({"status": "ok", "service": "gyre proxy"})
+
+    async def health(self, _: Request) -> Response:
+        return _json({"status": "ok", "engines": self.router.load()})
+
+
+def endpoint(api: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """`handler` answering every error in `api`'s shape: a `ProxyError` as itself (a 408 also
+    closes the connection: the rest of the body may never come), anything else as a logged 500."""
+    async def run(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ProxyError as exc:
+            response = error_response(exc, api)
+            if exc.status == 408:
+                response.headers["connection"] = "close"
+            return response
+        except Exception:  # a bug of ours: log it, answer in the API's shape, keep serving
+            log.exception("proxy: unhandled error on %s", request.url.path)
+            return error_response(ProxyError(500, "internal proxy error", "internal"), api)
+
+    return run
+
+
+async def http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own errors (no such path, a method not allowed) in the shape of the path's API."""
+    kind = "not_found" if exc.status_code == 404 else "invalid_request"
+    api = "anthropic" if request.url.path.startswith("/v1/messages") else "openai"
+    return error_response(ProxyError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind), api)
+
+
 def create_app(
     router: EngineRouter,
     sessions: SessionRegistry,
@@ -112,148 +247,19 @@ def create_app(
         router, sessions, tokenizer, executor,
         stop_token_ids=stop_token_ids, defaults=defaults, parser=parser or QwenToolCallParser(), limit=limit,
     )
-    inline_reasoning = "reasoning_content" not in (tokenizer.chat_template or "")
-    template = partial(openai_api.template_message, inline_reasoning=inline_reasoning)
-
-    def authenticate(headers: dict[str, str]) -> ExecutionSession:
-        """Either header's key: a client configured with both an API key and an auth token
-        (a real `ANTHROPIC_API_KEY` left in the environment next to `ANTHROPIC_AUTH_TOKEN`
-        holding this proxy's key) may send both `x-api-key` and `Authorization`."""
-        key = headers.get("x-api-key")
-        session = sessions.session(key) if key else None
-        if session is None:
-            auth = headers.get("authorization", "")
-            bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-            session = sessions.session(bearer) if bearer else None
-        if session is None:
-            raise ProxyError(401, "unknown or missing API key", "authentication")
-        return session
-
-    async def read_body(request: Request, headers: dict[str, str]) -> bytearray:
-        declared = headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > max_body_bytes):
-            raise ProxyError(413, f"request body exceeds {max_body_bytes} bytes", "too_large")
-        body = bytearray()  # appended in place: a many-chunk body is copied once, not once per chunk
-        while True:
-            try:
-                async with asyncio.timeout(body_idle_timeout_s):  # no task per chunk, unlike wait_for
-                    message = await request.receive()
-            except TimeoutError:
-                raise ProxyError(408, f"request body incomplete: nothing received for {body_idle_timeout_s:g} s "
-                                 f"after {len(body)} bytes", "timeout") from None
-            if message["type"] != "http.request":
-                raise ProxyError(400, "client disconnected before sending the whole body")
-            body += message.get("body", b"")
-            if len(body) > max_body_bytes:
-                raise ProxyError(413, f"request body exceeds {max_body_bytes} bytes", "too_large")
-            if not message.get("more_body", False):
-                break
-        return body
-
-    async def read_conversation(request: Request, headers: dict[str, str], session: ExecutionSession,
-                                kind: str, model: type[BaseModel], adapter: TypeAdapter,
-                                derive: Callable[[Any], Any] | None = None) -> tuple[BaseModel, list[Any]]:
-        """A model-call request whose `messages` are validated only where new to the execution
-        (`message_cache.py`); with the derived form of each message when `derive` is given."""
-        body = await read_body(request, headers)
-        try:
-            raw = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise ProxyError(400, f"invalid request: body: invalid JSON: {exc}") from exc
-        derived: list[Any] = []
-        if isinstance(raw, dict) and isinstance(raw.get("messages"), list):
-            try:
-                messages, derived = session.messages.messages(kind, raw["messages"], adapter, derive)
-            except MessageError as exc:
-                raise ProxyError(400, f"invalid request: {exc}") from exc
-            raw = {**raw, "messages": messages}
-        try:
-            return model.model_validate(raw), derived
-        except ValidationError as exc:
-            raise ProxyError(400, _validation_message(exc)) from exc
-
-    def endpoint(api: str, handler: Callable[[Request], Awaitable[Response]]):
-        async def run(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except ProxyError as exc:
-                response = error_response(exc, api)
-                if exc.status == 408:  # the rest of the body may never come: end the connection
-                    response.headers["connection"] = "close"
-                return response
-            except Exception:  # a bug of ours: log it, answer in the API's shape, keep serving
-                log.exception("proxy: unhandled error on %s", request.url.path)
-                return error_response(ProxyError(500, "internal proxy error", "internal"), api)
-
-        return run
-
-    async def chat_completions(request: Request) -> Response:
-        headers = _headers(request)
-        session = authenticate(headers)
-        body, templated = await read_conversation(request, headers, session, "openai",
-                                                  openai_api.ChatCompletionRequest, openai_api.MESSAGE, template)
-        return await openai_api.chat_completions(core, body, session, headers, model_name, inline_reasoning,
-                                                 request.receive, templated)
-
-    async def messages(request: Request) -> Response:
-        headers = _headers(request)
-        session = authenticate(headers)
-        body, _ = await read_conversation(request, headers, session, "anthropic",
-                                          anthropic_api.MessagesRequest, anthropic_api.MESSAGE)
-        return await anthropic_api.messages(core, body, session, headers, model_name, inline_reasoning,
-                                            request.receive)
-
-    async def count_tokens(request: Request) -> Response:
-        headers = _headers(request)
-        session = authenticate(headers)
-        body, _ = await read_conversation(request, headers, session, "anthropic",
-                                          anthropic_api.CountTokensRequest, anthropic_api.MESSAGE)
-        return await anthropic_api.count_tokens(core, body, session, headers, inline_reasoning)
-
-    created = int(time.time())
-    model_entry = {
-        "id": model_name, "object": "model", "type": "model", "display_name": model_name,
-        "created": created, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)), "owned_by": "gyre",
-    }
-
-    async def models(_: Request) -> Response:
-        return _json({"object": "list", "data": [model_entry], "has_more": False,
-                      "first_id": model_name, "last_id": model_name})
-
-    async def model(request: Request) -> Response:
-        if request.path_params["model_id"] != model_name:
-            raise ProxyError(404, f"model {request.path_params['model_id']!r} not found", "not_found")
-        return _json(model_entry)
-
-    async def root(_: Request) -> Response:
-        return _json({"status": "ok", "service": "gyre proxy"})
-
-    async def health(_: Request) -> Response:
-        return _json({"status": "ok", "engines": router.load()})
-
-    def api_of(path: str) -> str:
-        return "anthropic" if path.startswith("/v1/messages") else "openai"
-
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        kind = "not_found" if exc.status_code == 404 else "invalid_request"
-        return error_response(ProxyError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind),
-                              api_of(request.url.path))
-
+    ends = Endpoints(core, sessions, router, model_name, max_body_bytes, body_idle_timeout_s)
+    chat, messages = endpoint("openai", ends.chat_completions), endpoint("anthropic", ends.messages)
     routes = [
-        Route("/", endpoint("openai", root), methods=["GET", "HEAD"]),
-        Route("/health", endpoint("openai", health), methods=["GET", "HEAD"]),
-        Route("/v1/models", endpoint("openai", models), methods=["GET"]),
-        Route("/v1/models/{model_id:path}", endpoint("openai", model), methods=["GET"]),
-        Route("/v1/chat/completions", endpoint("openai", chat_completions), methods=["POST"]),
-        Route("/chat/completions", endpoint("openai", chat_completions), methods=["POST"]),
-        Route("/v1/messages", endpoint("anthropic", messages), methods=["POST"]),
-        Route("/v1/messages/count_tokens", endpoint("anthropic", count_tokens), methods=["POST"]),
+        Route("/", endpoint("openai", ends.root), methods=["GET", "HEAD"]),
+        Route("/health", endpoint("openai", ends.health), methods=["GET", "HEAD"]),
+        Route("/v1/models", endpoint("openai", ends.models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", endpoint("openai", ends.model), methods=["GET"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/chat/completions", chat, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", endpoint("anthropic", ends.count_tokens), methods=["POST"]),
     ]
     app = ProxyApp(routes=routes, exception_handlers={HTTPException: http_error})
-    app.hot = {
-        "/v1/chat/completions": endpoint("openai", chat_completions),
-        "/chat/completions": endpoint("openai", chat_completions),
-        "/v1/messages": endpoint("anthropic", messages),
-    }
+    app.hot = {"/v1/chat/completions": chat, "/chat/completions": chat, "/v1/messages": messages}
     app.state.core = core
     return app

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gyre.config import ModelConfig, load_yaml_model
+from gyre.config.run import ModelConfig, load_yaml_model
 
 
 class Section(BaseModel):

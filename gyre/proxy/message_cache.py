@@ -3,7 +3,7 @@
 An agent resends its whole conversation on every call, so the k-th request carries the k - 1
 before it plus what is new (a tool result, the model's last turn). Validating every message
 of a 50k-token conversation on each call (pydantic, on the event loop) was the largest share
-of the GIL the proxy holds at 32 concurrent executions (`gyre bench proxy --echo`, py-spy
+of the GIL the proxy holds at 32 concurrent executions (`gyre bench proxy-echo`, py-spy
 `--gil`). Here each execution keeps the raw messages (as `orjson` parsed them) of its last
 few conversations and the models they validated to; a request reuses the models of its
 longest equal prefix (dict equality: C-speed, the strings compared by length and bytes) and

@@ -178,11 +178,9 @@ def _call_ids(parsed: ParsedOutput) -> list[str]:
     return [f"call_{tc.call_id}" for tc in parsed.tool_calls]
 
 
-async def chat_completions(
-    core: CompletionCore, body: ChatCompletionRequest, session: ExecutionSession, headers, model_name: str,
-    inline_reasoning: bool, receive=None, templated: list[dict[str, Any]] | None = None,
-) -> Response:
-    """`templated`: `template_message` of each message, when the caller has them already."""
+def _turn_request(body: ChatCompletionRequest, session: ExecutionSession, headers, inline_reasoning: bool,
+                  templated: list[dict[str, Any]] | None) -> TurnRequest:
+    """The API-neutral turn of a chat completion request; what the proxy cannot honour is a 400."""
     if body.n != 1:
         raise ProxyError(400, "only n=1 is supported", param="n")
     if body.tool_choice is not None and body.tool_choice not in ("auto", "none"):
@@ -190,7 +188,7 @@ async def chat_completions(
                          "constrain decoding to a tool call; use 'auto' (the model decides) or 'none'",
                          param="tool_choice")
     plain = body.tool_choice == "none"
-    req = TurnRequest(
+    return TurnRequest(
         session=session,
         messages=templated or [template_message(m, inline_reasoning) for m in body.messages],
         tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools and not plain else None,
@@ -206,55 +204,62 @@ async def chat_completions(
         agent_id=headers.get("x-gyre-agent-id"),
         session_hint=headers.get("x-gyre-session-id") or body.user,
     )
-    turn = await core.turn(req)
-    model = body.model or model_name
-    created = int(time.time())
-    completion_id = f"chatcmpl-{turn.call_id}"
+
+
+async def chat_completions(
+    core: CompletionCore, body: ChatCompletionRequest, session: ExecutionSession, headers, model_name: str,
+    inline_reasoning: bool, receive=None, templated: list[dict[str, Any]] | None = None,
+) -> Response:
+    """`templated`: `template_message` of each message, when the caller has them already."""
+    turn = await core.turn(_turn_request(body, session, headers, inline_reasoning, templated))
+    head = {"id": f"chatcmpl-{turn.call_id}", "created": int(time.time()), "model": body.model or model_name}
     if not body.stream:
         result = await turn.complete(receive)
         payload = {
-            "id": completion_id, "object": "chat.completion", "created": created, "model": model,
+            "id": head["id"], "object": "chat.completion", "created": head["created"], "model": head["model"],
             "choices": [{"index": 0, "message": response_message(result.parsed, _call_ids(result.parsed)),
                          "finish_reason": _finish_reason(result), "logprobs": None}],
             "usage": _usage(result),
         }
         return Response(orjson.dumps(payload), media_type="application/json")
-
     events = turn.stream()
     first = await anext(events)  # errors before the first token still get a proper status
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        body_ = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
-        return b"data: " + orjson.dumps(body_) + b"\n\n"
-
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return StreamingResponse(_chunk_stream(head, first, events, include_usage), media_type="text/event-stream",
+                             headers={"cache-control": "no-cache"})
 
-    async def sse() -> AsyncIterator[bytes]:
-        yield chunk({"role": "assistant", "content": ""})
-        try:
-            event = first
-            while True:
-                kind, value = event
-                if kind == "content":
-                    yield chunk({"content": value})
-                elif kind == "reasoning":
-                    yield chunk({"reasoning_content": value})
-                else:
-                    result: TurnResult = value
-                    for i, tc in enumerate(response_message(result.parsed, _call_ids(result.parsed)).get("tool_calls", [])):
-                        yield chunk({"tool_calls": [dict(tc, index=i)]})
-                    yield chunk({}, _finish_reason(result))
-                    if include_usage:
-                        usage = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                                 "model": model, "choices": [], "usage": _usage(result)}
-                        yield b"data: " + orjson.dumps(usage) + b"\n\n"
-                    yield b"data: [DONE]\n\n"
-                    return
-                event = await anext(events)
-        except ProxyError as exc:
-            yield b"data: " + orjson.dumps(openai_error_body(exc)) + b"\n\n"
-        finally:
-            await events.aclose()
 
-    return StreamingResponse(sse(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+async def _chunk_stream(head: dict[str, Any], first, events, include_usage: bool) -> AsyncIterator[bytes]:
+    """A streamed completion's chunks: the role, content and reasoning as the turn's events
+    arrive, each tool call, the finish reason, the usage when asked for, then `[DONE]`; an error
+    mid-stream is an error body."""
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        body = {"id": head["id"], "object": "chat.completion.chunk", "created": head["created"], "model": head["model"],
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    try:
+        event = first
+        while True:
+            kind, value = event
+            if kind == "content":
+                yield chunk({"content": value})
+            elif kind == "reasoning":
+                yield chunk({"reasoning_content": value})
+            else:
+                result: TurnResult = value
+                for i, tc in enumerate(response_message(result.parsed, _call_ids(result.parsed)).get("tool_calls", [])):
+                    yield chunk({"tool_calls": [dict(tc, index=i)]})
+                yield chunk({}, _finish_reason(result))
+                if include_usage:
+                    usage = {"id": head["id"], "object": "chat.completion.chunk", "created": head["created"],
+                             "model": head["model"], "choices": [], "usage": _usage(result)}
+                    yield b"data: " + orjson.dumps(usage) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+                return
+            event = await anext(events)
+    except ProxyError as exc:
+        yield b"data: " + orjson.dumps(openai_error_body(exc)) + b"\n\n"
+    finally:
+        await events.aclose()

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import uvicorn
 
-from gyre.engines.hf import load_tokenizer, stop_token_ids
-from gyre.engines.packaged import resolve_model_path
-from gyre.engines.tiny_model import TinyModelSpec, cached_tiny_model
+from gyre.engines.models.hf import load_tokenizer, stop_token_ids
+from gyre.engines.models.packaged import resolve_model_path
+from gyre.engines.models.tiny import TinyModelSpec, cached_tiny_model
 from gyre.proxy.app import create_app
 from gyre.proxy.completion import ProxyDefaults
 from gyre.proxy.config import ProxyServeConfig, load_proxy_config
@@ -78,7 +78,7 @@ def build(config: ProxyServeConfig, sessions: SessionRegistry | None = None):
 def _engine(spec, path: Path):
     """One engine of the config: a torch reference engine here, or an SGLang server, once healthy."""
     if spec.type == "sglang":
-        from gyre.engines.sglang_adapter import SGLangRolloutEngine
+        from gyre.engines.sglang.adapter import SGLangRolloutEngine
 
         engine = SGLangRolloutEngine(spec.url, spec.id, base_model_dir=path)
         try:
@@ -87,7 +87,7 @@ def _engine(spec, path: Path):
             engine.close()
             raise
         return engine
-    from gyre.engines.torch_rollout import TorchRolloutEngine
+    from gyre.engines.torch.rollout import TorchRolloutEngine
 
     return TorchRolloutEngine(path, engine_id=spec.id, max_batch_size=spec.max_batch_size, seed=spec.seed,
                               device=spec.device, prefix_cache_bytes=spec.prefix_cache_bytes)

@@ -6,7 +6,7 @@ adding a class):
 - `<tool_call>` blocks (`qwen`, `hermes`, `smollm2`): Qwen2.5 and Qwen3 (their templates ask
   for `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, one block per call),
   Hermes-style models, the bundled model, and the SmolLM2 family, which writes a JSON list of
-  calls in one block, `<tool_call>[{"name": ...}, ...]</tool_call>` (`gyre.engines.smollm2`).
+  calls in one block, `<tool_call>[{"name": ...}, ...]</tool_call>` (`gyre.engines.models.smollm2`).
   A block holds one call object or a list of them (an empty list, SmolLM2's "no call needed",
   is no call). Reasoning is never parsed for calls: when the text holds a `</think>` that is
   not inside a `<tool_call>` block, only what follows it is searched. (The proxy splits a

@@ -8,7 +8,7 @@ an error, and the plots say "no data" for them. The schema a current run writes 
 
 Resumed runs: a step rerun after a resume appends a second `steps` row (and an eval round a
 second `evals` row); the newest row per step (per step and split) wins, as in
-`gyre.learning_curve.read_eval_rounds`. A resume also appends a `runs` row, so `run_ids`
+`gyre.report.learning_curve.read_eval_rounds`. A resume also appends a `runs` row, so `run_ids`
 lists every session of the run directory, oldest first.
 """
 

@@ -44,7 +44,7 @@ class SandboxLimits:
 
     rlimits (`cpu_s`, `max_file_bytes`, `address_space_bytes`, `max_open_files`) bind each
     process separately. The tree-wide limits (`max_processes`, `memory_bytes`, `cpu_cores`)
-    need cgroups (v1, or v2 with a delegated parent: `gyre.sandboxes.cgroups`); without them only the rlimits
+    need cgroups (v1, or v2 with a delegated parent: `gyre.sandboxes.local.cgroups`); without them only the rlimits
     and the wall-clock timeout hold. `max_workspace_bytes` / `max_workspace_files` are
     enforced by polling the writable directories (no disk quotas needed).
     """

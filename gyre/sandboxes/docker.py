@@ -18,7 +18,7 @@ new ones):
   The alternative, not used: `network_mode="bridge"` with
   `extra_hosts={"host.docker.internal": "host-gateway"}` and the proxy listening on the docker
   bridge address; that gives the container a network.
-- evaluation slots (`eval_slots`, name -> inside path; `gyre.evaluators.in_container`): empty
+- evaluation slots (`eval_slots`, name -> inside path; `gyre.evaluators.formats.in_container`): empty
   host directories under `<workspace>/../.<name>.docker/`, owned by the evaluation's user
   (`evaluation_user()`: uid/gid 65533 when gyre is root, else gyre's own), mode 0700, the
   tests and the plugin read-only inside. The agent (the image's user, root without
@@ -75,9 +75,9 @@ from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_DIR
 from gyre.sandboxes.bridge import ProxyBridge, proxy_address
 from gyre.sandboxes.git_history import strip_git_history
+from gyre.sandboxes.local.session import EVAL_USER
 from gyre.sandboxes.paths import read_inside, remove_tree, write_inside
 from gyre.sandboxes.process import BoundedCapture
-from gyre.sandboxes.session import EVAL_USER
 
 DEFAULT_IMAGE = "python:3.11-slim"
 DEFAULT_WORKDIR = "/app"

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from gyre.config import SandboxConfig
+from gyre.config.run import SandboxConfig
 from gyre.records import Query
 from gyre.sandboxes.base import Sandbox, SandboxLimits
-from gyre.sandboxes.isolation import Isolation
 from gyre.sandboxes.layout import Mount, SandboxLayout
+from gyre.sandboxes.local.isolation import Isolation
 
 
 class SandboxBackendError(ValueError):
@@ -56,16 +56,29 @@ def create_sandbox(
     """A fresh sandbox for one execution; `image` / `workdir` are what the query's format asks for.
 
     `session_slots` (local, bubblewrap): one long-lived session with these evaluation slots, for an
-    in-place evaluation (`gyre.sandboxes.session`); `mounts` are added read-only.
+    in-place evaluation (`gyre.sandboxes.local.session`); `mounts` are added read-only.
     `eval_slots` (docker): evaluation slots bound into the container for an in-container evaluation
-    (`gyre.evaluators.in_container`); `agent_dirs` applies to them as to session slots."""
+    (`gyre.evaluators.formats.in_container`); `agent_dirs` applies to them as to session slots."""
     if config.type == "docker":
         from gyre.sandboxes.docker import DockerSandbox
 
         return DockerSandbox.create(query, workspace, env, limits, image=image or config.image, workdir=workdir,
                                     eval_slots=eval_slots, agent_dirs=agent_dirs)
-    from gyre.sandboxes.local import LocalSandbox
+    from gyre.sandboxes.local.sandbox import LocalSandbox
 
     layout = SandboxLayout(workdir=workdir, mounts=mounts) if isolation.bwrap else None
     return LocalSandbox.create(query, workspace, env=env, limits=limits, isolation=isolation, layout=layout,
                                session_slots=session_slots if isolation.bwrap else None, agent_dirs=agent_dirs)
+
+
+def sandbox_limits(config: SandboxConfig) -> SandboxLimits:
+    """The per-execution limits a run's `sandbox` config sets."""
+    return SandboxLimits(
+        cpu_s=config.cpu_seconds,
+        max_file_bytes=config.max_file_bytes,
+        address_space_bytes=config.memory_bytes,
+        max_processes=config.max_processes,
+        memory_bytes=config.tree_memory_bytes,
+        cpu_cores=config.cpu_cores,
+        max_workspace_bytes=config.max_workspace_bytes,
+    )

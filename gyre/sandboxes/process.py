@@ -20,7 +20,7 @@ run through `run_command`, so both get the same treatment:
   hold the output pipes lose the output they write afterwards; they are killed with the
   group when `kill_leftovers` is set, else they keep running (the caller owns them).
 
-Isolation is layered around this by the caller (`gyre.sandboxes.isolation`): `enter`
+Isolation is layered around this by the caller (`gyre.sandboxes.local.isolation`): `enter`
 is argv run before the rlimits (joining a cgroup), `confine` is argv run after them and
 before bash (bubblewrap). `watch` is polled while the command runs; when it returns a
 reason the group is killed and the reason lands in `ExecResult.limit_hit`.
@@ -140,13 +140,21 @@ def run_command(
     reaper.watch(proc.pid)  # killed with gyre, whatever ends gyre
     if on_spawn is not None:
         on_spawn(proc.pid)
+    interrupt = _signal_descendants if interrupt_descendants_only else signal_group
+    return _until_done(proc, started, timeout_s, limits, interrupt_grace_s, watch, interrupt, kill_leftovers)
+
+
+def _until_done(proc: subprocess.Popen, started: float, timeout_s: float, limits: SandboxLimits,
+                interrupt_grace_s: float, watch: Callable[[], str | None] | None, interrupt,
+                kill_leftovers: bool) -> ExecResult:
+    """Capture the command's output (bounded) until it exits, times out or hits a limit; then kill
+    its group (with `kill_leftovers`, or when it is still running) and reap it."""
     stdout = BoundedCapture(limits.max_output_bytes)
     stderr = BoundedCapture(limits.max_output_bytes)
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ, stdout)
         sel.register(proc.stderr, selectors.EVENT_READ, stderr)
         try:
-            interrupt = _signal_descendants if interrupt_descendants_only else signal_group
             timed_out, limit_hit = _pump(proc, sel, started + timeout_s, interrupt_grace_s, watch, interrupt)
         finally:
             if kill_leftovers or proc.returncode is None:
@@ -156,14 +164,8 @@ def run_command(
                 reaper.forget(proc.pid)  # else the caller owns what is left: it calls `kill_group`
             proc.stdout.close()
             proc.stderr.close()
-    return ExecResult(
-        exit_code=proc.returncode,
-        stdout=stdout.text(),
-        stderr=stderr.text(),
-        timed_out=timed_out,
-        duration_s=time.monotonic() - started,
-        limit_hit=limit_hit,
-    )
+    return ExecResult(exit_code=proc.returncode, stdout=stdout.text(), stderr=stderr.text(), timed_out=timed_out,
+                      duration_s=time.monotonic() - started, limit_hit=limit_hit)
 
 
 def kill_group(pgid: int) -> None:

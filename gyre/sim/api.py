@@ -1,6 +1,6 @@
 """The simulator's front door: plain functions the CLI and the sweep flow call.
 
-CLI wiring (gyre/cli.py, owned by the lead):
+CLI wiring (gyre/cli/main.py, owned by the lead):
 
     gyre simulate --workload W --policy P [--steps N] [--target-staleness D] [--num-cells C]
                   [--seed S] [--json] [--plot out.png]

@@ -1,6 +1,6 @@
 """The run's DuckDB file: runs, steps, evals, executions, calls, their token arrays, the
 engines that served each call (segments), where TITO fell back to template tokens, and the
-reruns of failed evaluations (`eval_attempts`, `eval_rate_changes`; `gyre.rescore`).
+reruns of failed evaluations (`eval_attempts`, `eval_rate_changes`; `gyre.runtime.rescore`).
 
 DuckDB allows one read-write process per file, so exactly one process (the coordinator)
 opens a `RunStore`; cells and tasks hand it records. Rows are appended in batches with one
@@ -136,7 +136,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("start_s", "DOUBLE"),
         ("end_s", "DOUBLE"),
     ],
-    # Under the cell scheduler: every role switch of a cell, timed per phase (`gyre/live_switches.py`);
+    # Under the cell scheduler: every role switch of a cell, timed per phase (`gyre/runtime/live/switches.py`);
     # phases in the order they ran (rollout->train: drain, unroute, pull; train->rollout: load, route).
     "role_switches": [
         ("run_id", "VARCHAR"),
@@ -149,7 +149,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("phases", "STRUCT(name VARCHAR, seconds DOUBLE)[]"),
     ],
     # Under the cell scheduler with cells in their own processes: each death of a cell's process and
-    # its return (`gyre/live_faults.py`); what: failed (reported to the scheduler), rejoined, replaced.
+    # its return (`gyre/runtime/live/faults.py`); what: failed (reported to the scheduler), rejoined, replaced.
     "cell_faults": [
         ("run_id", "VARCHAR"),
         ("cell", "INTEGER"),
@@ -170,7 +170,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("started_at", "TIMESTAMPTZ"),
     ],
     # Under scheduler.runtime: ray: each step's reduction of the satellites' gradients onto the core
-    # over torch.distributed (`gyre/live_training.py`): the cells whose gradients arrived, the
+    # over torch.distributed (`gyre/runtime/live/training.py`): the cells whose gradients arrived, the
     # micro-steps they carried, those lost with a process and recomputed by the core.
     "grad_reductions": [
         ("run_id", "VARCHAR"),

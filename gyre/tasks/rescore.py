@@ -1,4 +1,4 @@
-"""The tasks of a rerun of failed evaluations (`gyre.rescore`): score one execution's kept
+"""The tasks of a rerun of failed evaluations (`gyre.runtime.rescore`): score one execution's kept
 workspace again; record every new attempt at once.
 
 Both retry on an exception (I/O: the workspace copy, the eval directory, the DuckDB write);
@@ -11,7 +11,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NONE
 
-from gyre.rescore import FailedEvaluation, Rerun, RerunReport, Rescored
+from gyre.runtime.rescore import FailedEvaluation, Rerun, RerunReport, Rescored
 
 IO_RETRIES = 2
 IO_RETRY_DELAY_S = 10.0

@@ -15,13 +15,25 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.futures import PrefectFuture
 
-from gyre.config import RunConfig
-from gyre.coordinator import Coordinator, ExecutionResult, StepOutcome
-from gyre.flows.ui import log_warmstart
-from gyre.prefect_events import emit_run_event
-from gyre.progress import subscribe
+from gyre.config.run import RunConfig
+from gyre.runtime.coordinator import Coordinator, ExecutionResult, StepOutcome
+from gyre.runtime.progress import ProgressEvent, subscribe
+from gyre.tasks.events import emit_run_event, prefect_logger
 from gyre.records import EvalRecord, EvalStatus, Query, Score
-from gyre.resolve import preflight
+from gyre.runtime.resolve import preflight
+
+
+WARMSTART_LOG_EVERY = 50
+"""Warm-start optimizer steps between two progress log lines."""
+
+
+def log_warmstart(event: ProgressEvent) -> None:
+    """A progress listener for the model-build task run: a warm-start line every
+    `WARMSTART_LOG_EVERY` optimizer steps, and after the last."""
+    if event.kind == "warmstart" and event.step is not None:
+        done, total = event.step + 1, event.data["steps"]
+        if done % WARMSTART_LOG_EVERY == 0 or done == total:
+            prefect_logger().info("warm start: step %d of %d, loss %.4f", done, total, event.data["loss"])
 
 
 @task(name="prepare-model", task_run_name="build-model-and-warm-start-{config.name}", cache_policy=NONE)
@@ -92,7 +104,7 @@ def checkpoint(coord: Coordinator, step: int) -> None:
 
 @task(name="cell-command", task_run_name="{name}", cache_policy=NONE)
 def cell_command(name: str, fn: Callable[..., object], args: tuple) -> object:
-    """One command of the cell scheduler carried out (`gyre.live_cells`), as its own task run."""
+    """One command of the cell scheduler carried out (`gyre.runtime.live.cells`), as its own task run."""
     return fn(*args)
 
 

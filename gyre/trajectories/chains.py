@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gyre.engines.base import TrainSequence
 from gyre.records import Call
+from gyre.trajectories.rows import TrainSequence
 
 
 @dataclass

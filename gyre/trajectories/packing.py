@@ -31,7 +31,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from gyre.engines.base import TrainSequence, TreeLayout
+from gyre.trajectories.rows import TrainSequence, TreeLayout
 from gyre.trajectories.targets import ExecutionPlan
 
 PackingMode = Literal["tree", "per_trajectory"]

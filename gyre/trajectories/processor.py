@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from gyre.config import TrajectoryConfig
-from gyre.engines.base import TrainSequence
+from gyre.config.run import TrajectoryConfig
+from gyre.trajectories.rows import TrainSequence
 from gyre.records import Call
 from gyre.trajectories.classify import KINDS, Classifier, ClassifierHints, RuleClassifier
 from gyre.trajectories.packing import PackingMode, make_packer

@@ -11,7 +11,7 @@ in its docstring (a seqlock over two slots, a collective that completes or raise
 of a slot that stays published until two newer versions exist), and, whatever the
 mechanism, `pull` verifies the snapshot's checksum before returning it.
 
-`gyre.cells.transport.FileSnapshotTransport` (safetensors written then renamed) stays the
+`gyre.engines.file_transport.FileSnapshotTransport` (safetensors written then renamed) stays the
 reference the run uses until these are wired in.
 """
 

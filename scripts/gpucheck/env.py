@@ -88,7 +88,7 @@ def sec_env(ctx: Ctx, sec: Section) -> None:
     sec.row("mooncake / RDMA", f"mooncake {'imports' if moon else 'does not import'}; RDMA devices: "
             f"{', '.join(rdma) if rdma else 'none (/sys/class/infiniband)'}")
 
-    from gyre.engines.tiny_model import TinyModelSpec, build_tiny_model
+    from gyre.engines.models.tiny import TinyModelSpec, build_tiny_model
 
     s = ctx.sizes
     spec = TinyModelSpec(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.intermediate,

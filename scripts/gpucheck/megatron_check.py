@@ -20,8 +20,8 @@ def sec_megatron(ctx: Ctx, sec: Section) -> None:
     if not _imports("megatron.core"):
         raise Skip("megatron-core does not import (carry its wheel in .whl/, scripts/README.md)")
     from gyre.algo.gspo import GSPO
-    from gyre.engines.megatron_train import MegatronTrainEngine
-    from gyre.engines.torch_train import TorchTrainEngine
+    from gyre.engines.megatron.train import MegatronTrainEngine
+    from gyre.engines.torch.train import TorchTrainEngine
 
     lr = 1e-4
     loss_fn = GSPO().loss
@@ -70,7 +70,7 @@ def sec_megatron(ctx: Ctx, sec: Section) -> None:
 
 
 def _megatron_patched() -> bool:
-    for name in ("gyre.engines.megatron_setup", "gyre.engines.megatron_train"):  # where the flag lives
+    for name in ("gyre.engines.megatron.bootstrap", "gyre.engines.megatron.train"):  # where the flag lives
         mod = sys.modules.get(name)
         if mod is not None and hasattr(mod, "_patched"):
             return bool(mod._patched)

@@ -39,7 +39,7 @@ def _rescore(model, device, prompts, outputs) -> list[list[float]]:
     """log p(output token | prefix) under `model`, one full forward (no KV cache), temperature 1."""
     import torch
 
-    from gyre.engines.torch_train import token_logprobs
+    from gyre.engines.torch.train import token_logprobs
 
     rows = [list(p) + list(o) for p, o in zip(prompts, outputs)]
     width = max(len(r) for r in rows)
@@ -62,7 +62,7 @@ def sec_rollout(ctx: Ctx, sec: Section) -> None:
     import torch
 
     from gyre.engines.base import SamplingParams
-    from gyre.engines.torch_rollout import TorchRolloutEngine
+    from gyre.engines.torch.rollout import TorchRolloutEngine
 
     model_dir = ctx.need_model()
     prompts = _prompts(ctx)

@@ -67,8 +67,8 @@ class _InFlight:
 def sec_switch(ctx: Ctx, sec: Section) -> None:
     import torch
 
-    from gyre.engines.torch_rollout import TorchRolloutEngine
-    from gyre.engines.torch_train import TorchTrainEngine
+    from gyre.engines.torch.rollout import TorchRolloutEngine
+    from gyre.engines.torch.train import TorchTrainEngine
     from gyre.weights.shm import ShmTransport, slot_bytes_for
     from gyre.weights.snapshot import from_module, load_into
 

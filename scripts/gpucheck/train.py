@@ -24,8 +24,8 @@ def _train_batch(ctx: Ctx, ref) -> list:
     import numpy as np
     import torch
 
-    from gyre.engines.base import TrainSequence, TreeLayout
-    from gyre.engines.torch_train import _collate, token_logprobs
+    from gyre.trajectories.rows import TrainSequence, TreeLayout
+    from gyre.engines.torch.train import _collate, token_logprobs
 
     rng = np.random.default_rng(7)
     s = ctx.sizes
@@ -88,7 +88,7 @@ def sec_train(ctx: Ctx, sec: Section) -> None:
     import torch
 
     from gyre.algo.gspo import GSPO
-    from gyre.engines.torch_train import TorchTrainEngine
+    from gyre.engines.torch.train import TorchTrainEngine
 
     model_dir = ctx.need_model()
     loss_fn = GSPO().loss

@@ -1,0 +1,158 @@
+"""The proxy's overhead on agent-shaped sessions as a real harness drives it: echoing the model.
+
+`proxy_sessions` replays scripted assistant turns, which never match what the engine sampled,
+so the proxy re-renders the conversation on every call (its TITO fallback): an upper bound on
+its overhead. A real harness sends back the assistant message the proxy returned, so the
+proxy extends the token ids it already has and templates and tokenises only the new turns.
+This replays agent-shaped sessions that way: call k+1 is call k's conversation, plus the
+assistant message as the proxy returned it, plus the session's scripted tool results (`tool`
+messages answering the returned tool calls, or one user message when the model called none),
+so contexts grow by thousands of tokens a call to `target_tokens`.
+
+The proxy runs the real app in a child process in front of the `NullEngine` (it answers at
+once, as in `gyre.benches.proxy`), so a call's round trip is the proxy's overhead: HTTP, the
+body's JSON, templating and tokenising the new turns, recording, the answer (the client encodes
+each body before its clock starts: that is the harness's work). `concurrency`
+sessions run at once (32: the issue's setting); p50 and p99 over every call.
+
+In the same run, to say where the time goes: one session at a time (`sequential_*`: a call's
+service time with nothing queued before it), and `tokenize_new_*`: tokenising each call's new
+text alone (the messages appended since the previous call; the whole first prompt but the
+tools, which the proxy caches per process) with the same tokenizer, one thread, nothing else
+running: the part of a call's work that any server taking text must do. At 32 at once, a
+call's round trip is mostly its wait behind the other sessions' calls (a closed loop with no
+think time: each session sends its next call as soon as the last is answered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import time
+
+import httpx
+
+from gyre.benches.agent_sessions import AgentSession, agent_sessions
+
+DEFAULT_CONCURRENCY = 32
+DEFAULT_TARGET_TOKENS = 50_000
+RESULT_CHARS = (8_000, 16_000)  # per tool result: a step adds ~3-9k tokens, so ~10 calls reach 50k
+SEQUENTIAL_SESSIONS = 4  # replayed one call at a time after the concurrent ones (other seeds)
+TOKENS_PER_CHAR = 0.3  # the tiny tokenizer on the sessions' code and logs, about (for the turn count)
+
+
+def next_messages(messages: list[dict], answer: dict, step) -> list[dict]:
+    """The conversation after an answer: the assistant message as returned, then the step's results."""
+    message = answer["choices"][0]["message"]
+    assistant = {"role": "assistant", "content": message.get("content") or ""}
+    calls = message.get("tool_calls") or []
+    if calls:
+        assistant["tool_calls"] = calls
+    out = [*messages, assistant]
+    results = list(step.results)
+    if calls:
+        out += [{"role": "tool", "tool_call_id": call["id"], "content": results[i % len(results)]}
+                for i, call in enumerate(calls)]
+    else:
+        out.append({"role": "user", "content": "\n\n".join(results)})
+    return out
+
+
+def message_text(message: dict) -> str:
+    """The text of a message the template renders (content, tool-call names and arguments)."""
+    calls = "".join(c["function"]["name"] + str(c["function"]["arguments"]) for c in message.get("tool_calls") or [])
+    return (message.get("content") or "") + calls
+
+
+async def replay(client: httpx.AsyncClient, key: str, session: AgentSession, max_tokens: int = 16,
+                 new_texts: list[str] | None = None) -> list[tuple[int, float]]:
+    """The session's calls in order, echoing each answer; (request body bytes, seconds) per call.
+    Each call's new text goes to `new_texts` when given."""
+    messages = session.openai_messages(1)
+    out, sent = [], 0
+    for k in range(1, session.turns + 1):
+        if new_texts is not None:
+            new_texts.append("".join(message_text(m) for m in messages[sent:]))
+            sent = len(messages)
+        body = {"model": "null", "messages": messages, "tools": session.tools, "max_tokens": max_tokens}
+        content = json.dumps(body).encode()  # the client's own work, before the clock starts
+        started = time.perf_counter()
+        response = await client.post("/v1/chat/completions", content=content,
+                                     headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
+        seconds = time.perf_counter() - started
+        if response.status_code != 200:
+            raise RuntimeError(f"{session.session_id} call {k}: proxy answered {response.status_code}: "
+                               f"{response.text[:300]}")
+        out.append((len(response.request.content), seconds))
+        if k < session.turns:
+            messages = next_messages(messages, response.json(), session.steps[k - 1])
+    return out
+
+
+def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TARGET_TOKENS, seed: int = 0,
+        result_chars: tuple[int, int] = RESULT_CHARS) -> dict:
+    """`concurrency` echoing sessions growing to about `target_tokens`, all at once, through the
+    null proxy; the per-call overhead's p50 / p99 (milliseconds)."""
+    from gyre.benches.proxy import NUM_EXECUTIONS, _quantile, null_proxy
+
+    if concurrency + SEQUENTIAL_SESSIONS > NUM_EXECUTIONS:
+        raise ValueError(f"at most {NUM_EXECUTIONS - SEQUENTIAL_SESSIONS} sessions (the benchmark server's keys)")
+    longest = agent_sessions(1, 200, seed, api="openai", result_chars=result_chars)[0]
+    chars, turns = 0, 1
+    while chars * TOKENS_PER_CHAR < target_tokens and turns < 200:  # calls until the context reaches the target
+        chars += sum(len(r) for r in longest.steps[turns - 1].results)
+        turns += 1
+    plan = agent_sessions(concurrency, turns, seed, api="openai", result_chars=result_chars)
+    sequential_plan = agent_sessions(SEQUENTIAL_SESSIONS, turns, seed + 1, api="openai", result_chars=result_chars)
+    new_texts: list[str] = []
+    with null_proxy() as (port, keys):
+        load_before = os.getloadavg()[0]
+
+        async def all_sessions() -> list[list[tuple[int, float]]]:
+            limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits) as client:
+                return await asyncio.gather(*(replay(client, keys[i], s, new_texts=new_texts)
+                                              for i, s in enumerate(plan)))
+
+        async def one_at_a_time() -> list[tuple[int, float]]:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+                out = []
+                for i, s in enumerate(sequential_plan):
+                    out += await replay(client, keys[concurrency + i], s)
+                return out
+
+        started = time.perf_counter()
+        per_session = asyncio.run(all_sessions())
+        wall_s = time.perf_counter() - started
+        sequential_ms = [s * 1e3 for _, s in asyncio.run(one_at_a_time())]
+    ms = [s * 1e3 for calls in per_session for _, s in calls]
+    last = [calls[-1] for calls in per_session]
+    tokenize_ms = _tokenize_ms(new_texts)
+    return {
+        "p50_overhead_ms": round(statistics.median(ms), 3),
+        "p99_overhead_ms": round(_quantile(ms, 0.99), 3),
+        "sequential_p50_ms": round(statistics.median(sequential_ms), 3),
+        "sequential_p99_ms": round(_quantile(sequential_ms, 0.99), 3),
+        "tokenize_new_p50_ms": round(statistics.median(tokenize_ms), 3),
+        "tokenize_new_p99_ms": round(_quantile(tokenize_ms, 0.99), 3),
+        "calls": len(ms), "sessions": concurrency, "turns": turns, "wall_s": round(wall_s, 2),
+        "last_call_body_kb": round(statistics.median(b for b, _ in last) / 1024, 1),
+        "last_call_ms_p50": round(statistics.median(s * 1e3 for _, s in last), 3),
+        "targets": {"p50_overhead_ms": 2.0, "p99_overhead_ms": 20.0},
+        "load_avg_1m_before": round(load_before, 2), "load_avg_1m_after": round(os.getloadavg()[0], 2),
+    }
+
+
+def _tokenize_ms(texts: list[str]) -> list[float]:
+    """Milliseconds to tokenise each text with the benchmark server's tokenizer, one thread."""
+    from gyre.benches.proxy import _tokenizer
+
+    backend = _tokenizer().backend_tokenizer
+    out = []
+    for text in texts:
+        started = time.perf_counter()
+        backend.encode(text, add_special_tokens=False)
+        out.append((time.perf_counter() - started) * 1e3)
+    return out

@@ -1,0 +1,175 @@
+"""`gyre benchmark ...`: write, check, list and score benchmark directories.
+
+Every command takes `--format` (auto, nl2repo, terminal-bench, harbor, r2e) and `--json`.
+One malformed task never hides the others: `check` lists each with its reason (and the
+tasks this machine cannot score, with what they need), `ls` notes them on stderr, `score`
+refuses only a malformed QUERY_ID.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from gyre.cli.common import INPUT_ERRORS, _fail, console, err_console
+
+benchmark_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+
+
+@benchmark_app.command("tiny")
+def benchmark_tiny(
+    out: Path = typer.Argument(..., help="Directory to create."),
+    num_queries: int = typer.Option(64, min=1),
+    seed: int = typer.Option(0),
+) -> None:
+    """Write the bundled tiny benchmark (NL2RepoBench layout) to OUT."""
+    from gyre.benchmarks import generate_tiny
+
+    try:
+        path = generate_tiny(out, num_queries, seed)
+    except INPUT_ERRORS as exc:
+        _fail(exc)
+    console.print(f"wrote {num_queries} queries to {path}")
+
+
+@benchmark_app.command("check")
+def benchmark_check(
+    root: Path = typer.Argument(..., help="Benchmark directory."),
+    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
+    kind: str | None = typer.Option(None, "--kind", hidden=True, help="Deprecated alias of --format."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
+    eval_fraction: float = typer.Option(0.25, min=0.0, max=0.99, help="Held-out share for the split shown."),
+    held_out_kind: list[str] = typer.Option([], "--held-out-kind", help="A tiny template held out entirely."),
+) -> None:
+    """Load every task; list each malformed one with its reason, the tasks unscorable here, and
+    queries whose instruction, hidden tests or reference solution repeat (with the side of the
+    content split each lands on: copies always share a side).
+
+    Exit code: 0 all tasks load, 1 some are malformed (the rest still load), 2 ROOT is unusable.
+    """
+    import json
+
+    from gyre.benchmarks import load_benchmark_report, resolve_kind
+
+    if kind is not None:
+        if fmt not in ("auto", kind):
+            _fail(ValueError(f"--kind {kind!r} contradicts --format {fmt!r}; --kind is a deprecated alias of --format"))
+        err_console.print("[yellow]note:[/] --kind is deprecated; use --format")
+        fmt = kind
+    try:
+        resolved = resolve_kind(fmt, root)
+        queries, malformed = load_benchmark_report(resolved, root)
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+    report = _check_report(root, resolved, queries, malformed, eval_fraction, held_out_kind)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_check(report, eval_fraction)
+    if malformed:
+        raise typer.Exit(code=1)
+
+
+def _check_report(root: Path, resolved: str, queries, malformed, eval_fraction: float,
+                  held_out_kind: list[str]) -> dict:
+    """What `check` says of a loaded benchmark: good and malformed tasks, the tasks this machine
+    cannot score (with what they need), the content split and the contents that repeat."""
+    from gyre.benchmarks.content import duplicates, split_by_content
+    from gyre.evaluators.environments.needs import available_here, task_needs, unmet
+
+    unscorable = []
+    for query in queries:
+        try:
+            missing = unmet(task_needs(query), available_here())
+        except OSError as exc:  # a script it runs cannot be read: say so, do not hide the task
+            missing = [f"unreadable script ({exc})"]
+        if missing:
+            unscorable.append({"id": query.query_id, "needs": missing})
+    split = split_by_content(queries, eval_fraction, held_out_kind)
+    sides = (("train", split.train), ("eval", split.eval), ("generalisation", split.generalisation))
+    side = {q.query_id: name for name, qs in sides for q in qs}
+    repeats = duplicates(queries, lambda q: side[q.query_id])
+    return {
+        "root": str(root), "format": resolved, "ok": [q.query_id for q in queries],
+        "malformed": [{"task": task, "reason": reason} for task, reason in malformed],
+        "unscorable_here": unscorable,
+        "split": {name: len(qs) for name, qs in sides},
+        "duplicates": [{"kind": d.kind, "ids": d.query_ids, "sides": d.sides} for d in repeats],
+        "duplicates_across_split": sum(d.crosses for d in repeats),
+    }
+
+
+def _print_check(report: dict, eval_fraction: float) -> None:
+    malformed, split, repeats = report["malformed"], report["split"], report["duplicates"]
+    console.print(f"{len(report['ok'])} queries OK in {escape(report['root'])} ({report['format']})"
+                  + (f", {len(malformed)} malformed" if malformed else ""))
+    for row in malformed:
+        console.print(f"[red]malformed[/] {escape(row['task'])}: {escape(row['reason'])}")
+    for row in report["unscorable_here"]:
+        console.print(f"[yellow]unscorable here[/] {escape(row['id'])}: needs {escape(', '.join(row['needs']))}")
+    console.print(f"content split (eval_fraction {eval_fraction:g}): {split['train']} train, {split['eval']} "
+                  f"eval, {split['generalisation']} generalisation; {len(repeats)} repeated contents, "
+                  f"{report['duplicates_across_split']} across the split")
+    for d in repeats:
+        console.print(f"[yellow]duplicate {d['kind']}[/] {escape(', '.join(d['ids']))} "
+                      f"({escape(', '.join(sorted(set(d['sides']))))})")
+
+
+@benchmark_app.command("ls")
+def benchmark_ls(
+    root: Path = typer.Argument(..., help="Benchmark directory."),
+    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of rows instead of a table."),
+) -> None:
+    """List a benchmark's queries: id, format, timeouts, scoring rule (malformed tasks: a note on stderr)."""
+    import json
+
+    from gyre.benchmarks import describe_queries, load_benchmark_report
+
+    try:
+        queries, malformed = load_benchmark_report(fmt, root)
+        rows = describe_queries(queries)
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+    if malformed:
+        err_console.print(f"[yellow]note:[/] {len(malformed)} malformed task(s) skipped: "
+                          f"{escape(', '.join(task for task, _ in malformed))} (see gyre benchmark check)")
+    if as_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return
+    table = Table(title=f"{root}: {len(rows)} queries")
+    for col in rows[0] if rows else ():
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    console.print(table)
+
+
+@benchmark_app.command("score")
+def benchmark_score(
+    root: Path = typer.Argument(..., help="Benchmark directory."),
+    query_id: str = typer.Argument(..., help="The query to score against."),
+    workspace: Path = typer.Argument(..., help="A workspace (for example a kept one under runs/)."),
+    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+) -> None:
+    """Score one workspace against a query's hidden tests (rerun an evaluation by hand).
+
+    Other malformed tasks in ROOT do not matter; a malformed QUERY_ID is refused with its reason.
+    """
+    import json
+
+    from gyre.evaluators.score_one import score_workspace
+
+    try:
+        result = score_workspace(root, query_id, workspace, fmt)
+    except (*INPUT_ERRORS, ValueError, KeyError) as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        console.print(f"{escape(query_id)}: score {result['score']} ({result['status']}) {escape(result['reason'])}")
+        console.print(f"evaluation kept in {escape(result['eval_dir'])}")

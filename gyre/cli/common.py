@@ -1,0 +1,22 @@
+"""What every `gyre` command shares: the consoles and the one way bad input ends a command."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from gyre.benchmarks.errors import BenchmarkFormatError
+from gyre.config.run import ConfigError
+from gyre.engines.models.hf import ModelDirError
+
+console = Console()
+err_console = Console(stderr=True)
+
+INPUT_ERRORS = (ConfigError, ModelDirError, BenchmarkFormatError, FileNotFoundError, FileExistsError)
+
+
+def _fail(exc: Exception) -> None:
+    """One-line error naming what is wrong, exit code 2."""
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
+    raise typer.Exit(code=2)

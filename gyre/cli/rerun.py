@@ -1,0 +1,85 @@
+"""`gyre rerun-failed RUN_DIR`: score again the executions whose evaluation failed.
+
+Runs the `rerun-failed-evaluations` flow (`gyre.flows.rerun`, logic in `gyre.runtime.rescore`) and
+prints what was rescored (old and new status and score), what could not be (with why), and the
+eval pass rates that changed. Exit code: 0 when no failed evaluation is left, 1 when some is
+(unrecoverable, or failed again), 2 when RUN_DIR is not a run directory or a live run holds it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from gyre.cli.common import INPUT_ERRORS, _fail, console
+
+DETAIL_CHARS = 200
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _short(text: str) -> str:
+    return escape(text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS - 3] + "...")
+
+
+def rerun_failed(run_dir: Path = typer.Argument(..., help="A run directory (holds gyre.duckdb and config.yaml).")) -> None:
+    """Score again, from their kept workspaces, the executions whose evaluation failed (evaluator
+    failures only: never a genuine 0 or a tampering verdict); no execution is rerun. Every attempt
+    stays in DuckDB (`eval_attempts`); eval pass rates are recomputed (`eval_rate_changes`)."""
+    import duckdb
+
+    from gyre.flows.prefect_server import check_prefect_api
+    from gyre.runtime.rescore import DB_FILE, check_run_dir
+
+    try:
+        check_run_dir(run_dir)
+        duckdb.connect(str(run_dir / DB_FILE), read_only=True).close()  # held by a live run: says by whom
+        if os.environ.get("PREFECT_API_URL"):
+            check_prefect_api(os.environ["PREFECT_API_URL"])
+    except (*INPUT_ERRORS, duckdb.IOException, ConnectionError) as exc:
+        _fail(exc)
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    from gyre.flows.rerun import rerun_failed_evaluations
+
+    try:
+        report = rerun_failed_evaluations(str(run_dir))
+    except (*INPUT_ERRORS, duckdb.IOException) as exc:  # the file held by a live run names its holder
+        _fail(exc)
+    if not report.rescored and not report.unrecoverable:
+        console.print(f"no failed evaluations in {escape(str(run_dir))}: nothing to rerun")
+        return
+    table = Table(title=f"gyre rerun-failed: {escape(str(run_dir))} (rerun {report.rerun_id})")
+    for col in ("step", "purpose", "query", "sample", "attempt", "old", "new", "score", "detail"):
+        table.add_column(col, justify="right" if col in ("step", "sample", "attempt", "score") else "left")
+    for r in report.rescored:
+        f, s = r.failed, r.score
+        style = "red" if s.status.value == "error" else None
+        table.add_row(str(f.step), f.purpose, escape(f.query_id), str(f.group_index), str(f.attempt),
+                      f"error: {_short(f.detail)}", s.status.value, _num(s.score), _short(s.detail), style=style)
+    for u in report.unrecoverable:
+        f = u.failed
+        table.add_row(str(f.step), f.purpose, escape(f.query_id), str(f.group_index), "-",
+                      f"error: {_short(f.detail)}", "unrecoverable", "n/a", "(why: below)", style="red")
+    console.print(table)
+    for u in report.unrecoverable:
+        console.print(f"[red]unrecoverable[/] {escape(u.failed.execution_id)}: {escape(u.reason)}", soft_wrap=True)
+    if report.rate_changes:
+        rates = Table(title="eval pass rates recomputed (table evals; old values in eval_rate_changes)")
+        for col in ("round (before step)", "split", "version", "old rate", "new rate", "dropped"):
+            rates.add_column(col, justify="left" if col == "split" else "right")
+        for c in report.rate_changes:
+            rates.add_row(str(c.step), c.split, str(c.policy_version), _num(c.old_pass_rate), _num(c.new_pass_rate),
+                          f"{c.old_num_dropped} -> {c.new_num_dropped}")
+        console.print(rates)
+    left = len(report.unrecoverable) + len(report.still_failing)
+    console.print(f"{len(report.rescored)} rescored, {len(report.still_failing)} failed again, "
+                  f"{len(report.unrecoverable)} unrecoverable, {len(report.rate_changes)} eval pass rates changed")
+    if left:
+        raise typer.Exit(code=1)

@@ -1,0 +1,226 @@
+"""`gyre run`: the RL flow with a live progress display, stopped in order by SIGTERM/SIGINT.
+
+The flow runs in a worker thread and the main thread keeps the signal handlers
+(`gyre.runtime.lifecycle.StopOnSignal`): a stop signal abandons the current step, closes the run
+(call log flushed, sandboxes, proxy, engines, DuckDB closed), kills every process below
+this one and exits 128 + the signal's number with one line on stderr. The Prefect server
+is gyre's own child and dies with it even after a kill -9 (`gyre.flows.prefect_server.PrefectServer`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from datetime import datetime
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gyre.cli.common import INPUT_ERRORS, _fail, console
+from gyre.config.run import load_config
+from gyre.flows.prefect_server import STARTUP_TIMEOUT_S, PrefectServer, check_prefect_api
+from gyre.runtime.lifecycle import StopOnSignal
+
+JOIN_POLL_S = 0.2
+"""How often the main thread wakes while the flow runs (signal handlers run between waits)."""
+
+
+def _in_worker_thread(fn, **kwargs):
+    """`fn(**kwargs)` in a worker thread; its result or its exception, in this (main) thread."""
+    outcome: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = fn(**kwargs)
+        except BaseException as exc:  # handed to the main thread, raised there
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=target, name="gyre-rl-run", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(JOIN_POLL_S)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
+def _stop_message(signum: int, run_dir: Path) -> str:
+    resume = f"; continue with: gyre run --resume --run-dir {run_dir}" if (run_dir / "checkpoints").is_dir() else ""
+    return (f"gyre run: {signal.Signals(signum).name}: stopping (current step abandoned, records flushed, "
+            f"sandboxes and engines closed){resume}")
+
+
+class _WarmstartProgress:
+    """Listener for the supervised warm start (runs once, then is cached)."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task = None
+
+    def __call__(self, event) -> None:
+        if event.kind != "warmstart":
+            return
+        if self.task is None:
+            self.task = self.progress.add_task("warm start", total=event.data["steps"], info="")
+        self.progress.update(self.task, completed=event.step + 1, info=f"loss {event.data['loss']:.3f}")
+
+
+class _RichProgress:
+    """Listener that turns progress events into a rich display."""
+
+    def __init__(self, progress: Progress, total_steps: int) -> None:
+        self.progress = progress
+        self.total_steps = total_steps
+        self.step_task = progress.add_task("steps", total=total_steps, info="")
+        self.exec_task = progress.add_task("executions", total=1, info="")
+        self.scored = 0
+        self.last_eval = "n/a"
+
+    def __call__(self, event) -> None:
+        if event.kind == "step_started":
+            self.scored = 0
+            self.progress.reset(self.exec_task, total=event.data["executions"])
+            self.progress.update(self.exec_task, description=f"step {event.step} executions")
+        elif event.kind == "eval_started":
+            self.progress.reset(self.exec_task, total=event.data["executions"])
+            self.progress.update(self.exec_task, description=f"eval before step {event.step}")
+        elif event.kind == "execution_finished":
+            self.progress.advance(self.exec_task)
+        elif event.kind == "eval_finished" and event.data.get("split", "in_distribution") == "in_distribution":
+            rate = event.data["pass_rate"]
+            self.last_eval = "n/a" if rate is None else f"{rate:.3f}"
+        elif event.kind == "step_finished":
+            d = event.data
+            reward = "n/a" if d["reward_mean"] is None else f"{d['reward_mean']:.3f}"
+            info = f"v{d['policy_version']} reward {reward} eval {self.last_eval} dropped {d['num_dropped']}"
+            if d["logprob_abs_diff"] is not None:
+                info += f" |dlogp| {d['logprob_abs_diff']:.1e} loss {d['loss']:+.4f}"
+            if d["skipped_reason"]:
+                info += f" skipped: {d['skipped_reason']}"
+            self.progress.update(self.step_task, advance=1, info=info)
+
+
+def run(
+    config: Path = typer.Option(Path("configs/tiny-cpu.yaml"), help="Run configuration (YAML)."),
+    steps: int | None = typer.Option(None, min=1, help="Optimizer steps (overrides the config)."),
+    run_dir: Path | None = typer.Option(None, help="Where results land (default runs/<name>-<time>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue --run-dir from its newest checkpoint."),
+) -> None:
+    """Run online RL: rollouts through the proxy, evaluation, GSPO steps, all into DuckDB."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # rich shows progress; transformers' bars would interleave
+    hf_logging.set_verbosity_error()
+    cfg = _prepare(config)
+    run_dir = run_dir or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    if resume and not (run_dir / "checkpoints").is_dir():
+        _fail(ValueError(f"--resume: {run_dir} has no checkpoints/ (set train.checkpoint_every)"))
+    if not resume and (run_dir / "gyre.duckdb").exists():
+        _fail(ValueError(f"{run_dir} already holds a run (gyre.duckdb); choose another --run-dir or --resume"))
+    total = steps or cfg.steps
+    records, last_eval = _run_flow(config, run_dir, total, resume)
+    _print_steps(records, run_dir)
+    _print_gspo_summary(records)
+    if cfg.evaluation.every_steps:
+        from gyre.report.learning_curve import quarter_gain, read_eval_rounds
+
+        console.print(f"eval pass rate after the last step: {last_eval}  (table `evals`)")
+        if total:
+            gain = quarter_gain(read_eval_rounds(run_dir / "gyre.duckdb"), total)
+            console.print(f"held-out eval pass rate, {gain.describe()}")
+    console.print(f"results: {run_dir / 'gyre.duckdb'}  (duckdb {run_dir / 'gyre.duckdb'} \"select * from steps\")")
+
+
+def _prepare(config: Path):
+    """The run's config, checked, with its model and warm start built (once; cached) under a
+    progress bar; bad input ends here with one clear line."""
+    from gyre.runtime import progress as progress_events
+    from gyre.runtime.resolve import preflight
+
+    try:
+        if os.environ.get("PREFECT_API_URL"):
+            check_prefect_api(os.environ["PREFECT_API_URL"])
+        cfg = load_config(config)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.fields[info]}"), console=console, transient=True) as bar:
+            unsubscribe = progress_events.subscribe(_WarmstartProgress(bar))
+            try:
+                preflight(cfg)  # builds the cached tiny model, benchmark and warm start once
+            finally:
+                unsubscribe()
+    except (*INPUT_ERRORS, ValueError, ConnectionError) as exc:
+        _fail(exc)
+    return cfg
+
+
+def _run_flow(config: Path, run_dir: Path, total: int, resume: bool):
+    """The RL flow in a worker thread (signals stay with this one), against gyre's own Prefect
+    server unless PREFECT_API_URL names one; returns the step records and the last eval line."""
+    from gyre.runtime import progress as progress_events
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Task-run logs still reach the Prefect UI; the terminal shows warnings and the progress bars.
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(STARTUP_TIMEOUT_S))
+    # gyre's own Prefect server, killed with this process even by kill -9 (gyre/runtime/lifecycle.py)
+    server = None if os.environ.get("PREFECT_API_URL") else PrefectServer()
+    StopOnSignal(server, lambda signum: _stop_message(signum, run_dir)).install()
+    if server is not None:
+        server.start()
+    from gyre.flows.rl_run import rl_run
+
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[info]}")]
+    try:
+        with Progress(*columns, console=console) as bar:
+            listener = _RichProgress(bar, total)
+            unsubscribe = progress_events.subscribe(listener)
+            try:
+                records = _in_worker_thread(rl_run, config_path=str(config), run_dir=str(run_dir), steps=total,
+                                            resume=resume)
+            except INPUT_ERRORS as exc:
+                _fail(exc)
+            finally:
+                unsubscribe()
+    finally:
+        if server is not None:
+            server.stop()
+    return records, listener.last_eval
+
+
+def _print_steps(records, run_dir: Path) -> None:
+    table = Table(title=f"gyre run: {run_dir}")
+    for col in ("step", "version", "eval", "reward", "dropped", "tampering", "|dlogp|", "cap", "clip lo/hi", "entropy",
+                "resp tok", "loss", "grad norm", "tokens"):
+        table.add_column(col, justify="right")
+
+    def num(value, spec: str) -> str:
+        return "n/a" if value is None else format(value, spec)
+
+    for r in records:
+        table.add_row(
+            str(r.step), str(r.policy_version), "" if r.eval_pass_rate is None else f"{r.eval_pass_rate:.3f}",
+            num(r.reward_mean, ".3f"), str(r.num_dropped), str(r.num_tampering), num(r.logprob_abs_diff, ".2e"),
+            num(r.token_cap_frac, ".3f"), f"{num(r.clip_low_frac, '.2f')}/{num(r.clip_high_frac, '.2f')}",
+            num(r.sampled_entropy, ".2f"), num(r.mean_response_tokens, ".0f"),
+            num(r.loss, "+.4f"), num(r.grad_norm, ".3f"), str(r.tokens_trained),
+        )
+    console.print(table)
+
+
+def _print_gspo_summary(records) -> None:
+    """GSPO's diagnostics over the run's steps: mean and max of each (what the table shows per step)."""
+    trained = [r for r in records if r.token_cap_frac is not None]
+    if not trained:
+        return
+    parts = []
+    for name, label in (("token_cap_frac", "capped tokens"), ("clip_low_frac", "clipped low"),
+                        ("clip_high_frac", "clipped high"), ("logprob_abs_diff", "|log ratio|"),
+                        ("sampled_entropy", "entropy"), ("mean_response_tokens", "response tokens")):
+        values = [getattr(r, name) for r in trained if getattr(r, name) is not None]
+        if values:
+            parts.append(f"{label} mean {sum(values) / len(values):.3g} max {max(values):.3g}")
+    console.print(f"GSPO over {len(trained)} trained steps: " + "; ".join(parts) + "  (table `steps`)")

@@ -1,0 +1,343 @@
+"""Typed run configuration, loaded from YAML files under `configs/`.
+
+One `RunConfig` says everything a run does; the resolved config is written next to the
+results (`<run_dir>/config.yaml`). Every field carries a docstring (shown by
+`RunConfig.model_json_schema()`); unknown keys and wrong types are errors that name the
+file and the field. Backends are chosen by a `type` field, so adding SGLang or
+Megatron-core adds a variant, not a flag. The strict section base and the YAML loader are in
+`gyre.config.base`, the model section in `gyre.config.model`, the cell scheduler's in
+`gyre.config.scheduler`; all are re-exported here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+
+from gyre.config.base import ConfigError, Section, load_yaml_model
+from gyre.config.model import ModelConfig, TinyModelSettings, WarmstartSettings
+from gyre.config.scheduler import SchedulerConfig
+
+__all__ = [  # the sections in config_model and the base in config_base are re-exported here
+    "Section", "ConfigError", "load_yaml_model", "TinyModelSettings", "WarmstartSettings", "ModelConfig",
+    "BenchmarkConfig", "RolloutConfig", "HarnessConfig", "SandboxConfig", "EvaluatorConfig", "EvaluationConfig",
+    "MegatronConfig", "TrainConfig", "TrajectoryConfig", "AlgoConfig", "MetricsConfig", "SchedulerConfig",
+    "RunConfig", "load_config", "dump_config",
+]
+
+
+class BenchmarkConfig(Section):
+    kind: Literal["tiny", "nl2repo", "terminal-bench", "harbor", "r2e", "auto"] = "tiny"
+    """`tiny`: the bundled generated set (NL2RepoBench layout). Otherwise the native format of the
+    directory at `path`: `nl2repo`, `terminal-bench`, `harbor`, `r2e` (R2E-Gym / DeepSWE rows), or
+    `auto` to detect it."""
+    path: Path | None = None
+    """Benchmark directory. For `tiny`, None generates it under the cache directory."""
+    name: str | None = None
+    """Benchmark name recorded with every execution (defaults to the kind)."""
+    num_queries: int = Field(default=64, gt=0)
+    """Queries the `tiny` generator writes."""
+    seed: int = 0
+    """Seed of the `tiny` generator."""
+    eval_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Share of content groups held out for evaluation (in-distribution), never trained on. Queries
+    sharing an instruction, hidden tests or a reference solution form one group and stay on one side
+    (`gyre.benchmarks.content`), so no copy of a training query is held out."""
+    held_out_kinds: list[str] = Field(default_factory=list)
+    """`tiny` templates never trained on (e.g. `[scale]`): their queries form a second held-out set,
+    `generalisation`, evaluated beside the in-distribution one (`evals.split`)."""
+    skip_malformed: bool = False
+    """False: the first malformed task stops the run before it starts (its file and field named).
+    True: malformed tasks are left out, each named with its reason in one warning, and the run
+    goes on with the rest (`gyre benchmark check` lists them too)."""
+
+
+class RolloutConfig(Section):
+    engine: Literal["torch", "sglang"] = "torch"
+    """Rollout engine backend: `torch`, the reference engine in this process (the default), or
+    `sglang`, SGLang servers already running (one per rollout cell, `sglang_urls`), reached over
+    HTTP (`gyre/engines/sglang/adapter.py`; servers launched with `--skip-tokenizer-init` on the
+    run's model directory). With `sglang` each server is given the run's start weights before
+    the first step, and every published snapshot after that."""
+    sglang_urls: list[str] = Field(default_factory=list)
+    """`engine: sglang`: base URLs of the servers (e.g. `http://10.0.0.5:30000`), one per rollout
+    engine: the first serves the run (cell 0), the next ones cells 1.. of the cell scheduler and
+    the evaluation engine (so `scheduler.num_cells` + 1 under the cell scheduler)."""
+    sglang_healthy_timeout_s: float = Field(default=300.0, gt=0)
+    """`engine: sglang`: how long a server may take to answer `/health_generate` before the run
+    stops with an error naming it."""
+    queries_per_step: int = Field(default=2, gt=0)
+    """Distinct queries per optimizer step."""
+    group_size: int = Field(default=16, ge=2)
+    """Executions per query per step (a group); advantages are relative within it."""
+    temperature: float = Field(default=1.0, gt=0.0)
+    """Sampling temperature; the trainer scores tokens at the same temperature."""
+    max_new_tokens: int = Field(default=128, gt=0)
+    """Default cap on tokens per model call when the harness does not set one."""
+    max_batch_size: int = Field(default=32, gt=0)
+    """Most concurrent calls the engine batches together."""
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$")
+    """`engine: torch`: torch device of the reference rollout engines (`cpu`, `cuda`, `cuda:N`):
+    this process's, and under `scheduler.runtime: ray` each rank's, on the GPU its bundle holds
+    (`scheduler.gpus_per_rank`). An SGLang server places itself."""
+    prefix_cache_bytes: int = Field(default=2**30, ge=0)
+    """Memory budget of the engine's prefix cache: the KV of earlier prompts, so a call that extends
+    an earlier call's prompt (an agent's next turn) prefills only what is new. Evicted least recently
+    used, emptied on every weight update. 0 turns the cache off."""
+
+
+class HarnessConfig(Section):
+    type: Literal["builtin", "claude-code", "mini-swe-agent", "command", "sleepy"] = "builtin"
+    """Harness that drives the model: `builtin` (gyre's reference agent, runs on the host and
+    acts through the sandbox), or one run inside the sandbox against the proxy: `claude-code`
+    (the `claude` CLI in print mode), `mini-swe-agent` (the `mini` CLI), `command` (`command`).
+    `sleepy` is a systems-benchmark load, not an agent: real model calls spread over a wait
+    drawn from a simulator workload (`sleepy_*`); it writes nothing to the workspace, which scores
+    what an untouched one does (0 on the tiny benchmark)."""
+    command: list[str] = []
+    """argv of the `command` harness; it gets the proxy URL/key and GYRE_INSTRUCTION in its env."""
+    max_turns: int = Field(default=4, gt=0)
+    """Model calls per execution before the harness stops."""
+    harness_timeout_s: float = Field(default=300.0, gt=0)
+    """Wall-clock budget of the harness; past it the agent is stopped, the execution ends as
+    harness_timeout and its kept workspace is still scored."""
+    overall_timeout_s: float | None = Field(default=None, gt=0)
+    """Wall-clock budget of the whole execution: sandbox, harness and evaluation. The harness is
+    stopped `evaluator.timeout_s` before it (status overall_timeout, still scored); an evaluation
+    still running at it is an evaluator failure (dropped, retryable). None: no overall bound."""
+    command_timeout_s: float = Field(default=20.0, gt=0)
+    """Time limit of one shell command run by the agent."""
+    max_tool_output_chars: int = Field(default=2000, gt=0)
+    """Tool output beyond this many characters is cut before it goes back to the model."""
+    compaction_threshold_tokens: int | None = Field(default=None, gt=0)
+    """`builtin`: when an agent's context (the last call's prompt + output tokens) reaches this, it
+    asks the model for a summary and continues in a fresh context, as Claude Code does. None: never."""
+    max_sub_agents: int = Field(default=0, ge=0)
+    """`builtin`: sub-agents the main agent may spawn per execution (its `spawn_agent` tool, offered
+    only when this is above 0); each works in a fresh context and returns a report."""
+    sub_agent_max_turns: int = Field(default=4, gt=0)
+    """`builtin`: model calls per sub-agent before it stops."""
+    sleepy_workload: Literal["nl2repo-122b", "nl2repo-2.4t", "deepswe-122b", "terminalbench-122b"] = "nl2repo-122b"
+    """`sleepy`: the simulator workload (`gyre simulate --workload`) whose execution durations it
+    draws: execution i of group g gets the duration the simulator gives execution g x group_size + i
+    of that workload at the run's seed and `rollout.group_size`, so every policy sees the same ones."""
+    sleepy_scale: float = Field(default=10.0, gt=0)
+    """`sleepy`: wall-clock seconds per simulated hour (10: a 4 h harness timeout lasts 40 s)."""
+    sleepy_calls: int = Field(default=4, gt=0)
+    """`sleepy`: model calls per execution; the drawn duration is spread as equal waits after each."""
+
+
+class SandboxConfig(Section):
+    type: Literal["local", "docker"] = "local"
+    """Sandbox backend: `local` (a workspace directory per execution, bubblewrap + resource limits)
+    or `docker` (a container per execution; needs `pip install gyre-rl[docker]` and a running Docker
+    engine, checked before the run starts)."""
+    image: str | None = None
+    """`docker`: the image for queries whose benchmark names none (None: python:3.11-slim)."""
+    cpu_seconds: int = Field(default=60, gt=0)
+    """CPU-time limit per process started in the sandbox."""
+    max_file_bytes: int = Field(default=64 * 2**20, gt=0)
+    """Largest file a sandboxed process may write."""
+    memory_bytes: int = Field(default=2 * 2**30, gt=0)
+    """Address-space limit per sandboxed process."""
+    isolation: Literal["auto", "bwrap", "none"] = "auto"
+    """`auto`: bubblewrap namespaces when `bwrap` works, else plain processes with a loud warning;
+    `bwrap`: refuse to run without it; `none`: plain processes (trusted models only)."""
+    max_processes: int = Field(default=256, gt=0)
+    """Processes + threads of one command's whole tree (cgroup pids.max, where cgroups work)."""
+    tree_memory_bytes: int = Field(default=4 * 2**30, gt=0)
+    """Memory of one command's whole tree (cgroup memory limit, where cgroups work)."""
+    cpu_cores: float = Field(default=1.0, gt=0)
+    """CPU cores one command's tree may use (cgroup CPU quota, where cgroups work)."""
+    max_workspace_bytes: int = Field(default=2 * 2**30, gt=0)
+    """Bytes the workspace and scratch /tmp may hold; a command is killed beyond it."""
+
+
+class EvaluatorConfig(Section):
+    timeout_s: float = Field(default=120.0, gt=0)
+    """Time limit of one hidden-test command."""
+    network: Literal["none", "package-index"] = "none"
+    """What an evaluation's sandbox may reach. `none`: nothing (pip installs build offline with the
+    evaluation's own setuptools). `package-index`: an allow-listed proxy of gyre's to `index_url`
+    (pip and uv pointed at it; every request logged; NL2RepoBench's own project denied, so
+    installing the real upstream package is tampering). The agent's sandbox never gets either."""
+    index_url: str | None = None
+    """The package index proxied with `network: package-index` (None: the index pip on this machine
+    is configured with, else PyPI)."""
+    index_hosts: list[str] = Field(default_factory=list)
+    """Hosts allowed besides the index's own and its known files host."""
+    container_tasks: Literal["in_place", "fresh"] = "in_place"
+    """Where Terminal-Bench and Harbor tasks are tested. `in_place` (upstream's way): in the agent's own
+    sandbox session after it stops, processes it left running still alive (a server the tests call),
+    the tests copied in then (`gyre.evaluators.formats.in_place`; local sandbox with bubblewrap, gyre as root;
+    `sandbox.type: docker`: the agent's own container, `gyre.evaluators.formats.in_container`; elsewhere
+    `fresh` is used, with a warning). `fresh`: a new local sandbox on a copy of the workspace."""
+    monitor: Literal["record", "zero", "off"] = "record"
+    """Reward-hacking monitor (`gyre.evaluators.integrity.monitor`) over each kept workspace before scoring:
+    `record` stores its flags with the execution (`executions.flags`); `zero` also scores a flagged
+    workspace 0 with status `tampering`; `off` skips it."""
+
+
+class EvaluationConfig(Section):
+    every_steps: int = Field(default=0, ge=0)
+    """Evaluate the policy on the held-out queries before every N-th step and after the last; 0: never."""
+    samples_per_query: int = Field(default=4, gt=0)
+    """Executions per eval query; the eval pass rate is the mean score over them (rollout temperature)."""
+    max_queries: int | None = Field(default=None, gt=0)
+    """Evaluate on at most this many held-out queries (the first by id); None: all."""
+
+
+class MegatronConfig(Section):
+    tp: int = Field(default=1, ge=1)
+    """Tensor-parallel size: each weight matrix split over this many ranks (one process per rank;
+    world = tp x pp x data-parallel). Must divide the attention heads, key/value heads and MLP width."""
+    pp: int = Field(default=1, ge=1)
+    """Pipeline-parallel size: the decoder layers split into this many consecutive stages, one
+    per rank (the embedding on the first, the final norm and LM head on the last; a tied head is
+    kept as a copy on the last stage, its gradients summed with the embedding's). Megatron's
+    1F1B schedule runs the micro-batches through the stages. world = tp x pp x data-parallel;
+    num_hidden_layers must divide by pp. The engine refuses, naming the numbers, a model whose
+    layers do not divide or a world that is not a multiple of tp x pp."""
+
+
+class TrainConfig(Section):
+    engine: Literal["torch", "megatron"] = "torch"
+    """Train engine backend. `torch`: the reference engine (one replica per process). `megatron`:
+    Megatron-core's GPTModel built from the HF config (Qwen3/Qwen2/Llama), split by
+    `train.megatron`; needs `pip install gyre-rl[megatron]`. Same loss, same HF snapshots."""
+    megatron: MegatronConfig = MegatronConfig()
+    """`megatron` engine: model-parallel sizes."""
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$")
+    """Torch device of the train engine (`cpu`, `cuda`, `cuda:N`): the core's, and under
+    `scheduler.runtime: ray` each training rank's, on the GPU its bundle holds
+    (`scheduler.gpus_per_rank`). On CUDA the cells' gradient reduction runs over NCCL."""
+    lr: float = Field(default=1e-3, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    grad_clip: float = Field(default=1.0, gt=0)
+    """Global gradient-norm clip."""
+    micro_batch_tokens: int = Field(default=16384, gt=0)
+    """Padded tokens per micro-batch; gradients accumulate across micro-batches."""
+    checkpoint_every: int = Field(default=0, ge=0)
+    """Write a checkpoint (weights, optimizer, step, RNG) every N steps and after the last; 0: never."""
+    keep_checkpoints: int = Field(default=0, ge=0)
+    """Keep only the newest N checkpoints (older ones are removed after each new one); 0: keep all."""
+
+
+class TrajectoryConfig(Section):
+    jmax: int | Literal["uncapped"] = Field(default=5)
+    """Most trajectories trained per execution, by rank main > main-summary > sub-agent >
+    sub-agent-summary (ties: see gyre/trajectories/sampling.py); "uncapped" keeps all."""
+    packing: Literal["tree", "per_trajectory"] = "tree"
+    """`tree`: each execution's kept trajectories in one row with ancestor-only attention, shared
+    prefixes computed once. `per_trajectory`: one causal row per kept trajectory. Same loss."""
+    row_tokens: int | None = Field(default=None, gt=0)
+    """Most tokens in one tree-packed row; None: `train.micro_batch_tokens`."""
+    main_share: float = Field(default=0.5, gt=0, le=1)
+    """Without agent ids, a trajectory is the main agent's iff it shares this fraction of the first prompt."""
+    compaction_markers: list[str] = []
+    """Text of the harness's compaction instruction(s), tokenized with the run's tokenizer (a classifier hint)."""
+
+    @field_validator("jmax")
+    @classmethod
+    def _jmax_positive(cls, value):
+        if isinstance(value, int) and value < 1:
+            raise ValueError('jmax must be >= 1 or "uncapped"')
+        return value
+
+    @property
+    def jmax_or_none(self) -> int | None:
+        return None if self.jmax == "uncapped" else self.jmax
+
+
+class AlgoConfig(Section):
+    name: Literal["gspo"] = "gspo"
+    """Objective. `gspo`: the GSPO variant of DESIGN.md."""
+    token_ratio_cap: float = Field(default=5.0, gt=1.0)
+    """Cap on the per-token importance ratio trainer/behaviour."""
+    seq_clip_low: float = Field(default=0.995, gt=0, le=1)
+    """Lower clip of the sequence-level ratio."""
+    seq_clip_high: float = Field(default=1.005, ge=1)
+    """Upper clip of the sequence-level ratio."""
+    normalize_std: bool = True
+    """Divide group-relative advantages by the group's standard deviation."""
+
+
+class MetricsConfig(Section):
+    sinks: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
+    """Optional mirrors of the step metrics (`gyre.metrics`), beside DuckDB (always written):
+    `tensorboard` (events under `<run_dir>/tensorboard`) and `wandb` (offline, under `<run_dir>`),
+    each used when its package is installed. A failing sink is warned about once, never stops a run."""
+    project: str = "gyre"
+    """wandb project name."""
+
+
+class RunConfig(Section):
+    name: str = "gyre"
+    """Run name, shown in the Prefect UI and recorded in DuckDB."""
+    seed: int = 0
+    """Seed for query sampling, rollout sampling and training."""
+    steps: int = Field(default=2, ge=0)
+    """Optimizer steps to run (the CLI's --steps overrides it); 0 only evaluates the starting policy
+    (with `evaluation.every_steps` set), as `gyre bench learning`'s supervised arm does."""
+    cache_dir: Path = Path(".gyre-cache")
+    """Where the bundled tiny model and benchmark are built (and a `pkg:` model converted) once and reused."""
+    model: ModelConfig = ModelConfig()
+    """The policy's starting weights and tokenizer."""
+    benchmark: BenchmarkConfig = BenchmarkConfig()
+    """Where the training queries come from."""
+    rollout: RolloutConfig = RolloutConfig()
+    """Rollout engine and sampling; queries and group size per step."""
+    harness: HarnessConfig = HarnessConfig()
+    """The agent that drives the model through the proxy."""
+    sandbox: SandboxConfig = SandboxConfig()
+    """Where executions act, and their resource limits."""
+    evaluator: EvaluatorConfig = EvaluatorConfig()
+    """How kept workspaces are scored."""
+    evaluation: EvaluationConfig = EvaluationConfig()
+    """Periodic evaluation of the policy on held-out queries (`steps.eval_pass_rate`)."""
+    train: TrainConfig = TrainConfig()
+    """Train engine and optimizer."""
+    algo: AlgoConfig = AlgoConfig()
+    """The RL objective and advantage estimation."""
+    trajectories: TrajectoryConfig = TrajectoryConfig()
+    """How recorded calls become trained trajectories: Jmax sampling, packing, classifier hints."""
+    scheduler: SchedulerConfig = SchedulerConfig()
+    """Cell scheduling on the box (off by default: the step-synchronous loop)."""
+    metrics: MetricsConfig = MetricsConfig()
+    """Where step metrics go besides DuckDB."""
+
+    @model_validator(mode="after")
+    def _ray_cells_run_torch_engines(self) -> "RunConfig":
+        """`scheduler.runtime: ray` builds the torch engines inside each cell's actor (the Megatron
+        train engine in tensor-parallel cells)."""
+        if self.scheduler.runtime == "ray":
+            if self.rollout.engine != "torch":
+                raise ValueError("scheduler.runtime: ray runs the torch rollout engine in each cell's actor; with "
+                                 "rollout.engine: sglang the servers are already separate (runtime: threads)")
+            sched = self.scheduler
+            split = (f"scheduler.cell_tensor_parallel: {sched.cell_tensor_parallel}, cell_pipeline_parallel: "
+                     f"{sched.cell_pipeline_parallel}")
+            if sched.cell_model_parallel > 1 and self.train.engine != "megatron":
+                raise ValueError(f"{split} split the train engine with Megatron: it needs train.engine: megatron "
+                                 f"(got {self.train.engine})")
+            if sched.cell_model_parallel > 1 and (self.train.megatron.tp, self.train.megatron.pp) != (1, 1):
+                raise ValueError(f"{split} needs train.megatron.tp: 1 and pp: 1: the core trains in the driver, one "
+                                 f"process (got tp: {self.train.megatron.tp}, pp: {self.train.megatron.pp})")
+            if sched.cell_model_parallel == 1 and self.train.engine != "torch":
+                raise ValueError("scheduler.runtime: ray trains torch replicas in the cells' actors; "
+                                 f"train.engine: {self.train.engine} runs under runtime: threads, or in "
+                                 "model-parallel cells (scheduler.cell_tensor_parallel or cell_pipeline_parallel > 1)")
+        return self
+
+
+def load_config(path: Path | str) -> RunConfig:
+    return load_yaml_model(path, RunConfig)
+
+
+def dump_config(config: RunConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

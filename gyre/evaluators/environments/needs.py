@@ -1,0 +1,206 @@
+"""Can this machine score a task? What its test scripts need, read before anything runs.
+
+Real Terminal-Bench and Harbor scripts install their own tools at test time (`curl ...
+astral.sh/uv/install.sh | sh`, `apt-get install -y ...`, `uvx -p 3.13 pytest`), and
+NL2RepoBench setup commands call pip. In the local sandbox such a step fails for reasons
+that have nothing to do with the workspace, and a failed verifier often writes reward 0
+itself: a false zero that would be trained on. So each task's scripts are read first
+(`task_needs`: the command lines of `test_commands`, and the scripts they run from the
+task's own directory, e.g. `run-tests.sh`, `tests/test.sh`) and every need is named:
+
+- `apt`: apt-get / apt / dpkg installs (never available in the local sandbox);
+- `network:<host>`: a URL fetched with curl or wget (the sandbox has no network);
+- `python:<X.Y>`: a specific interpreter asked of uv or pyenv, other than the one here;
+- `uv`: uv / uvx, when the evaluation's tools do not include it (they do when gyre's `uv`
+  dependency is installed: `available_here`);
+- `package-index`: pip or uv installing named packages from an index;
+- `program:<name>`: a program a test command starts (its first word, after `NAME=value`
+  assignments, in each part between `&&`, `||`, `;`, `|`) that the evaluation's PATH lacks
+  (`xvfb-run`). Read here, before anything runs: at run time a setup command's "command not
+  found" cannot be told from a workspace script exiting 127 (`python install.py`), so it is
+  the workspace's result there (only programs missing here are listed);
+- `tool-clash:<distribution>`: an NL2RepoBench project named like one of the evaluation's
+  own test tools (pytest, pip, setuptools and what they require: packaging, pygments, ...,
+  `toolenv.tool_distributions`). Its hidden tests would import the tools' copy whenever the
+  workspace lacks the project (an empty workspace scored 1.0 on `packaging`), and a workspace
+  can always reach that copy (`/gyre-tools` is bound into every evaluation): never met here.
+
+`unmet(needs, available)` keeps the needs this evaluation cannot meet (`available_here` is
+what an evaluation on this machine offers: the evaluator, the run's preflight and
+`gyre benchmark check` all ask it); the evaluator turns
+them into an evaluator failure with the reason ("unscorable here: needs apt"), never a 0,
+and `gyre benchmark check` counts, per benchmark, the tasks it can score and why not the
+others. This is a reading of shell text, not an interpreter: a need hidden behind a
+variable or a downloaded script is missed (the run then fails as the workspace's result
+only if pytest started; otherwise it is still an evaluator failure).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path, PurePosixPath
+
+from packaging.utils import canonicalize_name
+
+from gyre.evaluators.environments.toolenv import tool_distributions, tools_have_uv
+from gyre.records import Query
+
+APT = "apt"
+UV = "uv"
+PACKAGE_INDEX = "package-index"
+TOOL_CLASH = "tool-clash"
+PROGRAM = "program"
+SHELL_WORDS = frozenset({
+    "set", "cd", "export", "echo", "true", "false", "source", ".", "test", "[", "exit", "unset", "alias", "read",
+    "printf", "ulimit", "umask", "eval", "exec", "shift", "type", "wait", "command", "builtin", "hash", "pwd",
+    "if", "then", "else", "fi", "for", "do", "done", "while", "case", "esac", "{", "}", "(", ")", "!", "time"})
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*")
+_URL = re.compile(r"https?://([A-Za-z0-9.-]+)")
+_APT = re.compile(r"(^|[\s;&|(])(apt-get|apt|dpkg|aptitude)\s+(-\S+\s+)*(install|update|upgrade|-i)\b")
+_FETCH = re.compile(r"(^|[\s;&|(])(curl|wget)\b[^\n;|&]*")
+_PYTHON = re.compile(r"(?:uvx|uv\s+(?:venv|run|python\s+install|pip\s+install))[^\n;|&]*?(?:-p|--python)[ =]"
+                     r"(?:python)?(\d+\.\d+)")
+_UV = re.compile(r"(^|[\s;&|(/])(uv|uvx)\s")
+_INSTALL = re.compile(r"(?:^|[\s;&|(])(?:(?:pip3?|python3?\s+-m\s+pip|uv\s+pip)\s+install|uv\s+add|uv\s+tool\s+install)"
+                      r"\b([^\n;|&]*)")
+_UVX_PACKAGES = re.compile(r"(?:^|[\s;&|(])uvx\b")
+_MAX_SCRIPT_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Available:
+    """What an evaluation here offers."""
+
+    network_hosts: frozenset[str] = frozenset()
+    """Hosts the evaluation may reach (none: no network)."""
+    package_index: bool = False
+    python: str = f"{sys.version_info.major}.{sys.version_info.minor}"
+    uv: bool = False
+
+
+def available_here(package_index: bool = False) -> Available:
+    """What an evaluation on this machine offers: uv when its tools hold uv
+    (`toolenv.tools_have_uv`), a package index when the evaluation gets the index proxy."""
+    return Available(package_index=package_index, uv=tools_have_uv())
+
+
+def task_needs(query: Query) -> list[str]:
+    """Sorted needs of `query`'s test commands and the task scripts they run."""
+    texts = list(query.test_commands)
+    root = Path(query.root)
+    for command in query.test_commands:
+        for word in _words(command):
+            for candidate in _script_candidates(root, Path(query.hidden_tests_dir), word):
+                if candidate.is_file() and candidate.stat().st_size <= _MAX_SCRIPT_BYTES:
+                    texts.append(candidate.read_text(encoding="utf-8", errors="replace"))
+    clash = _tool_clash(query)
+    programs = {f"{PROGRAM}:{name}" for name in command_programs(query.test_commands) if not program_available(name)}
+    return sorted(set().union(*(script_needs(t) for t in texts), programs,
+                              {f"{TOOL_CLASH}:{clash}"} if clash else set()))
+
+
+def command_programs(commands: list[str]) -> set[str]:
+    """The programs `commands` start by name (see `program:` in the module docstring)."""
+    found = set()
+    for command in commands:
+        for part in re.split(r"&&|\|\||;|\||\n", command):
+            words = _words(part)
+            while words and _ASSIGNMENT.fullmatch(words[0]):
+                words.pop(0)
+            if words and "/" not in words[0] and "$" not in words[0] and words[0] not in SHELL_WORDS:
+                found.add(words[0])
+    return found
+
+
+def program_available(name: str) -> bool:
+    """Whether an evaluation command finds `name`: the environment's own programs, or the system's PATH."""
+    from gyre.evaluators.environments.toolenv import _WRAPPERS, SYSTEM_PATH, UV_BINARIES, _python_names
+
+    own = {*_WRAPPERS, *_python_names(), "python3", *(UV_BINARIES if tools_have_uv() else ())}
+    return name in own or shutil.which(name, path=SYSTEM_PATH) is not None
+
+
+def _tool_clash(query: Query) -> str | None:
+    """The tool distribution an NL2RepoBench project is named like (its name or a module it provides), if any."""
+    from gyre.benchmarks.registry import detect_format
+    from gyre.benchmarks.spec import NL2REPO
+
+    try:
+        if detect_format(Path(query.root)) != NL2REPO:
+            return None
+    except Exception:  # not a task directory this reading knows: no clash to report
+        return None
+    return _tool_names().get(canonicalize_name(query.query_id))
+
+
+@lru_cache(maxsize=1)
+def _tool_names() -> dict[str, str]:
+    """Canonical names of the tool distributions and of the top-level modules they hold -> the distribution."""
+    names: dict[str, str] = {}
+    for dist in tool_distributions():
+        modules = {f.parts[0].removesuffix(".py") for f in dist.files or () if f.parts}
+        for name in (dist.metadata["Name"], *(m for m in modules if m.isidentifier())):
+            names.setdefault(canonicalize_name(name), canonicalize_name(dist.metadata["Name"]))
+    return names
+
+
+def script_needs(text: str) -> set[str]:
+    """Needs one shell text states (comments ignored)."""
+    text = "\n".join(line.split("#", 1)[0] if not line.lstrip().startswith("#!") else "" for line in text.splitlines())
+    needs: set[str] = set()
+    if _APT.search(text):
+        needs.add(APT)
+    for fetch in _FETCH.finditer(text):
+        needs |= {f"network:{host.lower()}" for host in _URL.findall(fetch.group(0))}
+    needs |= {f"python:{version}" for version in _PYTHON.findall(text)}
+    if _UV.search(text):
+        needs.add(UV)
+    for install in _INSTALL.finditer(text):
+        words = install.group(1).split()
+        local = {words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-e", "--editable")}
+        named = [w for w in words if not w.startswith("-") and w not in local and not w.startswith((".", "/", "$"))]
+        if named or "-r" in words or "--requirement" in words:
+            needs.add(PACKAGE_INDEX)
+    if _UVX_PACKAGES.search(text):
+        needs.add(PACKAGE_INDEX)  # uvx fetches the tool it runs
+    return needs
+
+
+def unmet(needs: list[str], available: Available) -> list[str]:
+    """The needs an evaluation with `available` cannot meet."""
+    missing = []
+    for need in needs:
+        kind, _, value = need.partition(":")
+        if kind == "network" and value not in available.network_hosts:
+            missing.append(need)
+        elif kind == "python" and value != available.python:
+            missing.append(need)
+        elif kind == PROGRAM and not program_available(value):
+            missing.append(need)
+        elif kind == TOOL_CLASH or need == APT or (need == UV and not available.uv) or (
+                need == PACKAGE_INDEX and not available.package_index):
+            missing.append(need)
+    return missing
+
+
+def _words(command: str) -> list[str]:
+    try:
+        return shlex.split(command)
+    except ValueError:
+        return command.split()
+
+
+def _script_candidates(root: Path, hidden: Path, word: str) -> list[Path]:
+    """Files of the task a command word may name (`run-tests.sh`, `/tests/test.sh`, `$TEST_DIR/x.sh`)."""
+    if not word.endswith(".sh"):
+        return []
+    name = PurePosixPath(word.replace("$TEST_DIR", "/tests"))
+    parts = name.parts[1:] if name.is_absolute() else name.parts
+    rel = PurePosixPath(*parts)
+    tail = PurePosixPath(*parts[1:]) if len(parts) > 1 else rel
+    return [root / rel, hidden / rel, hidden / tail, root / name.name, hidden / name.name]

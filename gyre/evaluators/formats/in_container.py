@@ -1,0 +1,150 @@
+"""Evaluate a docker execution in its own container, after the agent, as Terminal-Bench and Harbor do.
+
+Upstream runs an agent in the task's image and, when it stops, copies the tests into that
+same container and runs them there: a server the agent left running answers them, and the
+image's own tools run them. With `sandbox.type: docker` gyre does the same
+(`coordinator.run_execution` keeps the `DockerSandbox` alive past `end_agent()`):
+
+- the tests reach the container through a host directory bound at creation (an evaluation
+  slot, `docker.make_slots`), not `put_archive`: the container's root filesystem is read-only
+  (there is nowhere else to put `/tests`), and a slot made by gyre before the agent started
+  cannot be prepared by it (links, files in the way). The pristine tests (canaries in each test
+  module, + Terminal-Bench's `run-tests.sh`) are written there at evaluation time, owned by the
+  evaluation's user (`docker.evaluation_user()`), mode 0700/0600, bound read-only at `/tests`;
+- gyre's result plugin goes into its slot the same way; the result channel is a FIFO made at
+  evaluation time in a third slot (`channel.FifoChannel`: `docker exec` can pass no fd), owned
+  by the evaluation's user, mode 0600;
+- Harbor's `/logs` is a slot (0755): `/logs/agent` the agent's, `/logs/verifier` made fresh now,
+  the evaluation user's (0700);
+- the format's command (`bash /tests/run-tests.sh`, `bash /tests/test.sh`) runs with
+  `docker exec --user <evaluation user>` in the workdir (`DockerSandbox.run_as`); every process
+  of that user is killed afterwards, before the channel is read to its end;
+- when gyre is root the evaluation's user gets read/write on the workspace through a POSIX ACL
+  (`in_place.grant_access`; upstream's tests run as root).
+
+What the agent can still do: everything in the container is in its reach but for the slots.
+Processes it left running share the container with the tests (that is the point) and may
+change the workspace or stop serving while they run: the workspace's result. Code the tests
+import runs inside the test process, as the evaluation's user, and can write on the FIFO or
+patch pytest like anywhere else. What stops it: the agent runs as the image's user (root) with
+no capabilities, so it cannot read, list or write the slots, signal the evaluation's processes
+or open their /proc entries (another uid); the FIFO and the tests exist only from evaluation
+time on; canaries and the tally's ordering checks catch a patched runner and forged lines;
+the monitor reads the workspace. Not covered: an image whose user has the evaluation's uid
+(gyre not root, image user = gyre's uid) gives the agent the slots too.
+
+Only Terminal-Bench and Harbor are evaluated here: R2E-Gym and NL2RepoBench are scored on a
+cleaned copy of the workspace with gyre's own test environment (`r2e`, `nl2repo`), which the
+agent's live container cannot offer without rewriting the kept workspace. No package index is
+bridged into the container (a task needing one is unscorable here). Verdicts are
+`container_task`'s. A container gone (closed) is an evaluator failure (`container_gone`); one
+found stopped is started again, and what ran in it being gone is the workspace's result.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+from gyre.benchmarks.harbor import REWARD_JSON, REWARD_TXT
+from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH, TaskSpec
+from gyre.evaluators.common import EVAL_LIMITS, error, tampering, write_log
+from gyre.evaluators.formats.container_task import (
+    harbor_reward, place_task_tests, terminal_bench_verdict, verifier_runs_pytest,
+)
+from gyre.evaluators.formats.in_place import grant_access
+from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, FifoChannel, PluginInstall
+from gyre.evaluators.integrity.tally import tally
+from gyre.evaluators.observed import INTERRUPT_GRACE_S, Observed
+from gyre.records import Query, Score
+from gyre.sandboxes.base import SandboxLimits
+
+CONTAINER_GONE = "container_gone"
+IN_CONTAINER_FORMATS = (TERMINAL_BENCH, HARBOR)
+"""The formats whose upstream harness tests in the agent's own container."""
+TESTS_SLOT, PLUGIN_SLOT, RESULT_SLOT, LOGS_SLOT = "tests", "plugin", "result", "logs"
+RESULT_DIR = "/run/gyre-result"
+AGENT_DIRS = (f"{LOGS_SLOT}/agent",)
+"""Directories inside slots that belong to the agent (Harbor's /logs/agent)."""
+
+
+def container_slots(spec: TaskSpec) -> dict[str, str]:
+    """The evaluation slots a container for `spec` needs (name -> inside path), bound at its creation."""
+    slots = {TESTS_SLOT: spec.tests_mount or "/tests", PLUGIN_SLOT: PLUGIN_MOUNT, RESULT_SLOT: RESULT_DIR}
+    if spec.logs_dir:
+        slots[LOGS_SLOT] = spec.logs_dir
+    return slots
+
+
+def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path, execution_id: str,
+                          timeout_s: float, limits: SandboxLimits = EVAL_LIMITS) -> Score:
+    """Score the agent's live `sandbox` (a `DockerSandbox` with `container_slots`); see the module docstring."""
+    if sandbox is None or sandbox.closed or sandbox.container is None:
+        return error(execution_id, f"{CONTAINER_GONE}: the execution's container was removed; an in-container "
+                                   "evaluation cannot be rerun (its processes are gone)")
+    note = "; the container had stopped and was started again (what ran in it was gone)" \
+        if sandbox.ensure_running() else ""
+    reports = Path(eval_dir) / "reports"
+    reports.mkdir(parents=True)
+    owner = sandbox.eval_user
+    tests, tests_inside = sandbox.slot(TESTS_SLOT), sandbox.eval_slots[TESTS_SLOT]
+    pristine = place_task_tests(query, spec, tests, tests_inside)
+    own(tests, owner)
+    if LOGS_SLOT in sandbox.eval_slots:
+        logs = sandbox.slot(LOGS_SLOT)
+        fresh_verifier(logs, owner)
+    else:
+        logs = Path(eval_dir) / "logs"  # no logs slot: a Harbor task without one finds no reward
+    if os.geteuid() == 0:
+        grant_access(sandbox.workspace)
+    plugin = PluginInstall.write(sandbox.slot(PLUGIN_SLOT))
+    own(plugin.directory, owner)
+    name = f"{secrets.token_hex(8)}.fifo"
+    channel = FifoChannel(sandbox.slot(RESULT_SLOT) / name, f"{sandbox.eval_slots[RESULT_SLOT]}/{name}", owner)
+    env = {"TEST_DIR": tests_inside, "HOME": sandbox.workdir,
+           **plugin.env(sandbox.eval_slots[PLUGIN_SLOT]), **channel.env()}
+    (command,) = query.test_commands
+    try:
+        result = sandbox.run_as(command, user=f"{owner[0]}:{owner[1]}", env=env, timeout_s=timeout_s,
+                                interrupt_grace_s=INTERRUPT_GRACE_S, max_output_bytes=limits.max_output_bytes)
+    finally:
+        said = channel.close()
+    said.stopped = result.timed_out or bool(result.limit_hit)
+    write_log(reports / "command_0.log", command, result)
+    seen = Observed(result, said, tally(pristine, [said]), None)
+    if (verdict := seen.settled(execution_id)) is not None:
+        return verdict
+    if spec.format == HARBOR:
+        linked = [rel for rel in ("verifier", REWARD_TXT, REWARD_JSON) if (logs / rel).is_symlink()]
+        if linked:
+            return tampering(execution_id, [f"/logs/{rel} is a symbolic link" for rel in linked])
+        score = harbor_reward(execution_id, logs, result, timeout_s, pristine, seen.counted, said.hello,
+                              verifier_runs_pytest(query))
+    else:
+        score = terminal_bench_verdict(execution_id, result, timeout_s, pristine, seen.counted, said.hello)
+    return score.model_copy(update={"detail": f"in container: {score.detail}{note}"})
+
+
+def own(root: Path, owner: tuple[int, int]) -> None:
+    """`root` readable by `owner` only: theirs (when gyre can give it), dirs 0700, files 0600."""
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        if os.geteuid() == 0:
+            os.chown(path, *owner)
+        path.chmod(0o700 if path.is_dir() else 0o600)
+
+
+def fresh_verifier(logs: Path, owner: tuple[int, int]) -> None:
+    """Harbor's /logs/verifier: made now, the evaluation's (`agent/` stays the agent's)."""
+    verifier = logs / "verifier"
+    if verifier.is_dir() and not verifier.is_symlink():
+        shutil.rmtree(verifier)
+    elif verifier.exists() or verifier.is_symlink():
+        verifier.unlink()
+    verifier.mkdir()
+    if os.geteuid() == 0:
+        os.chown(verifier, *owner)
+    verifier.chmod(0o700)

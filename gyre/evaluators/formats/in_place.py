@@ -1,0 +1,170 @@
+"""Evaluate a Terminal-Bench or Harbor task where its agent ran: the live session, as upstream does.
+
+Upstream runs the tests in the agent's own container after the agent stops, with the
+tests copied in at that moment: a server the agent left running answers them. Locally
+the agent ran in a `gyre.sandboxes.local.session.Session` (one set of namespaces for the whole
+execution); this evaluates in that same session:
+
+- the pristine tests (canaries in each test module, + `run-tests.sh`) are written into the
+  session's `tests` slot, shown at `/tests` (or the task's tests mount), readable by the
+  evaluation's user only (root:65533, 0750/0640): processes the agent left running (uid
+  65534) can neither read them nor change them;
+- the plugin, the evaluation's venv and the index bridge go into their slots the same way;
+- Harbor's `/logs/verifier` is made fresh, owned by the evaluation's user (the agent could
+  not have prepared a reward there);
+- the test command runs as `EVAL_USER` inside the session, in a cgroup of its own, with the
+  result pipe: processes the agent left behind share its network and filesystem (that is
+  the point) but not its uid, so they cannot reach its /proc entries, its pipe or its memory;
+- the workspace is used in place (no copy); the evaluation's user gets read/write on it
+  through a POSIX ACL (upstream's tests run as root and may write there).
+
+What the agent can still try: processes it left running may change the workspace while the
+tests run (they are the agent's own code, like the code under test), or stop serving. Both
+are the workspace's result. If the agent's own commands ended the session, a new one was
+started and what ran in the old one is gone: also the workspace's result. A rerun of an
+in-place evaluation after its session was closed is an evaluator failure (`session_gone`).
+
+Verdicts are `container_task`'s: binary from the channel (Terminal-Bench), the reward file
+cross-checked against the channel (Harbor).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from pathlib import Path
+
+from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH, TaskSpec
+from gyre.evaluators.common import error, write_log
+from gyre.evaluators.environments.toolenv import ENV_MOUNT, TOOLS_MOUNT, tools_dir
+from gyre.evaluators.formats.container_task import (
+    harbor_reward, place_task_tests, terminal_bench_verdict, verifier_runs_pytest,
+)
+from gyre.evaluators.integrity.channel import PLUGIN_MOUNT
+from gyre.evaluators.observed import BRIDGE_SLOT, EVAL_BRIDGE_DIR, IndexAccess, Observer
+from gyre.records import Query, Score
+from gyre.sandboxes.base import SandboxLimits
+from gyre.sandboxes.layout import Mount
+from gyre.sandboxes.local.session import EVAL_USER
+from gyre.sandboxes.process import sandbox_env
+
+SESSION_GONE = "session_gone"
+IN_PLACE_FORMATS = (TERMINAL_BENCH, HARBOR)
+"""The formats whose upstream harness tests in the agent's own environment."""
+TESTS_SLOT, LOGS_SLOT = "tests", "logs"
+_ACL_ACCESS, _ACL_DEFAULT = "system.posix_acl_access", "system.posix_acl_default"
+
+
+def session_slots(spec: TaskSpec) -> dict[str, str]:
+    """The evaluation slots a session for `spec` needs (name -> inside path)."""
+    slots = {TESTS_SLOT: spec.tests_mount or "/tests", "plugin": PLUGIN_MOUNT, "env": ENV_MOUNT,
+             BRIDGE_SLOT: EVAL_BRIDGE_DIR}
+    if spec.logs_dir:
+        slots[LOGS_SLOT] = spec.logs_dir
+    return slots
+
+
+AGENT_DIRS = (f"{LOGS_SLOT}/agent",)
+"""Directories inside slots that belong to the agent (Harbor's /logs/agent)."""
+
+
+def session_mounts() -> tuple[Mount, ...]:
+    """Read-only mounts a session needs for a later evaluation: the test tools."""
+    return (Mount(tools_dir(), TOOLS_MOUNT),)
+
+
+def evaluate_in_place(query: Query, spec: TaskSpec, sandbox, eval_dir: Path, execution_id: str, timeout_s: float,
+                      limits: SandboxLimits, index: IndexAccess | None = None) -> Score:
+    """Score the agent's live `sandbox` (a session-mode `LocalSandbox`); see the module docstring."""
+    if sandbox is None or sandbox.closed:
+        return error(execution_id, f"{SESSION_GONE}: the execution's sandbox session was closed; an in-place "
+                                   "evaluation cannot be rerun (its processes are gone)")
+    session = sandbox.session()
+    note = "" if sandbox.session_restarts == 0 else \
+        "; the session had ended before the evaluation (what ran there was gone): a new one was started"
+    reports = Path(eval_dir) / "reports"
+    reports.mkdir(parents=True)
+    tests = session.slots[TESTS_SLOT]
+    tests_inside = sandbox.session_slots[TESTS_SLOT]
+    pristine = place_task_tests(query, spec, tests, tests_inside)
+    seal(tests)
+    logs = session.slots.get(LOGS_SLOT)
+    if logs is not None:
+        _fresh_verifier_logs(logs)
+    else:
+        logs = Path(eval_dir) / "logs"  # no logs slot: a Harbor task without one finds no reward
+    grant_access(sandbox.workspace)
+    observer = Observer.create(sandbox.slot_root, sandbox.isolation, index, session=session)
+    seal(observer.plugin.directory)
+    (command,) = query.test_commands
+    seen = observer.run_single(command, pristine, workspace=sandbox.workspace, scratch=sandbox.scratch,
+                               layout=sandbox.layout, env=sandbox_env(Path(sandbox.workdir), {"TEST_DIR": tests_inside}),
+                               limits=limits, timeout_s=timeout_s)
+    write_log(reports / "command_0.log", command, seen.result)
+    if (verdict := seen.settled(execution_id)) is not None:
+        return verdict
+    if spec.format == HARBOR:
+        score = harbor_reward(execution_id, logs, seen.result, timeout_s, pristine, seen.counted, seen.said.hello,
+                              verifier_runs_pytest(query))
+    else:
+        score = terminal_bench_verdict(execution_id, seen.result, timeout_s, pristine, seen.counted,
+                                       seen.said.hello)
+    return score.model_copy(update={"detail": f"in place: {score.detail}{note}"})
+
+
+def seal(root: Path) -> None:
+    """Make `root` readable by the evaluation's user only: root:EVAL_GID, dirs 0750, files 0640."""
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        os.chown(path, 0, EVAL_USER.gid)
+        path.chmod(0o750 if path.is_dir() else 0o640)
+
+
+def grant_access(workspace: Path) -> None:
+    """Give the evaluation's user rwX on the workspace (and on what is created there later) by ACL.
+
+    A filesystem without POSIX ACLs keeps the modes: the tests can then read what is world-readable.
+    """
+    default = _acl(file_mode=None)
+    pending = [str(workspace)]  # a stack, not recursion: an agent can nest directories very deep
+    while pending:
+        directory = pending.pop()
+        try:
+            entries = list(os.scandir(directory))
+            os.setxattr(directory, _ACL_ACCESS, _acl(os.lstat(directory).st_mode))
+            os.setxattr(directory, _ACL_DEFAULT, default)
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    os.setxattr(entry.path, _ACL_ACCESS, _acl(entry.stat(follow_symlinks=False).st_mode))
+        except FileNotFoundError:  # removed meanwhile by a process the agent left running
+            continue
+        except OSError:  # no ACLs on this filesystem: modes alone
+            return
+
+
+def _acl(file_mode: int | None = None) -> bytes:
+    """A POSIX ACL (xattr form, version 2): the owner, group and others as `file_mode` says (rwx
+    for a default ACL), plus rwx for `EVAL_USER` (X only where the mode has an x bit)."""
+    undefined = 0xFFFFFFFF
+    if file_mode is None:
+        owner, group, other, named = 7, 5, 5, 7
+    else:
+        owner, group, other = (file_mode >> 6) & 7, (file_mode >> 3) & 7, file_mode & 7
+        named = 6 | (1 if file_mode & 0o111 else 0)
+    entries = [(0x01, owner, undefined), (0x02, named, EVAL_USER.uid), (0x04, group, undefined),
+               (0x10, group | named, undefined), (0x20, other, undefined)]
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, ident) for tag, perm, ident in entries)
+
+
+def _fresh_verifier_logs(logs: Path) -> None:
+    """Harbor's /logs/verifier: fresh and the evaluation's (`agent/` stays the agent's, `AGENT_DIRS`)."""
+    verifier = logs / "verifier"
+    if verifier.exists() or verifier.is_symlink():
+        shutil.rmtree(verifier) if verifier.is_dir() and not verifier.is_symlink() else verifier.unlink()
+    verifier.mkdir()
+    os.chown(verifier, EVAL_USER.uid, EVAL_USER.gid)
+    verifier.chmod(0o700)

@@ -1,0 +1,261 @@
+"""Score an execution's kept workspace on an NL2RepoBench-style query's hidden tests.
+
+Score = min(passed hidden test cases / query.test_case_count, 1.0), as NL2RepoBench
+scores. The evaluation never touches the kept workspace; it works in a fresh `eval_dir`,
+kept afterwards for inspection:
+
+    eval_dir/repo/                 copy of the workspace, cleaned, hidden tests copied in last
+    eval_dir/plugin/               gyre's result plugin under a random name (read-only inside)
+    eval_dir/reports/command_<i>.log   its exit code, timing, stdout and stderr
+    eval_dir/reports/neutralised.txt   what was removed from the copy (if anything)
+    eval_dir/score.json            the returned Score
+
+Steps: copy the workspace; remove pytest configuration and code the agent could use to
+force passes or shadow what pytest imports (`gyre.evaluators.integrity.pytest_guard`); copy the
+pristine hidden tests in LAST, each with a few canary tests appended
+(`gyre.evaluators.integrity.canaries`), replacing any agent edits (symlinks on their way are
+replaced, never followed); pin pytest's rootdir with gyre's own pytest.ini; hand the copy
+to the sandbox's user and make the pristine files root-owned and read-only
+(`gyre.sandboxes.local.privileges`); run each test command with `bash -c` in `repo/` in a
+fresh sandbox (`gyre.sandboxes.local.isolation`) with gyre's result plugin loaded by a random
+name and autoloading off; results come back over a pipe the evaluator owns
+(`gyre.evaluators.integrity.channel`), never through a file the sandbox can write. Only the
+pristine files' own test ids count, each once across commands (`gyre.evaluators.integrity.tally`).
+
+Rules: one rule decides what is dropped (shared/DESIGN.md, "Reward integrity").
+- Once pytest has started collecting below its session with the plugin (with no agent
+  conftest and the workspace off `sys.path` at start-up, no workspace code can run
+  earlier; with a pristine conftest that may import the project, loading the plugin is the
+  line), everything is the workspace's result, its exit code and its lines on the pipe
+  included: failing or erroring tests, a module that fails to import, a process that
+  exits, crashes, is killed or hangs (the timeout's SIGINT, then SIGKILL): unreported
+  pristine tests are failed. A valid score, maybe 0.
+- Tampering: a canary that must fail reported passed, a must-pass canary dropped, a
+  result reported twice or a message that is not the plugin's: status `tampering`,
+  score 0, the evidence kept.
+- Evaluator failure (status error, score None, dropped, never a zero): no command ever
+  started the plugin (pytest missing, command not found, the sandbox did not start), an
+  exception raised here, the overall deadline. Not once a setup command has run the
+  workspace's own build (`pip install -e .` runs its setup code, which can plant a `.pth`
+  that kills every later interpreter): from then on a pytest that never starts is the
+  workspace's 0.
+
+`eval_dir/reports/results.json` lists the passed ids, ignored results, tampering evidence
+and collection errors.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from gyre.benchmarks.registry import task_spec
+from gyre.evaluators.common import EVAL_LIMITS, error, tail
+from gyre.evaluators.environments.deadline import capped, overall_timeout_error
+from gyre.evaluators.environments.workspace_copy import copy_workspace
+from gyre.evaluators.integrity.channel import ChannelResults
+from gyre.evaluators.integrity.pytest_guard import imported_modules, neutralise_pytest_config, pin_rootdir
+from gyre.evaluators.integrity.tally import Tally, tally
+from gyre.evaluators.observed import IndexAccess, Observer, place_pristine, read_sources
+from gyre.records import EvalStatus, Query, Score
+from gyre.sandboxes.base import ExecResult, SandboxLimits
+from gyre.sandboxes.layout import SandboxLayout
+from gyre.sandboxes.local.isolation import Isolation
+from gyre.sandboxes.local.privileges import protect
+from gyre.sandboxes.paths import clear_path
+from gyre.sandboxes.process import sandbox_env
+
+USAGE_ERROR = 4
+EVALUATOR_FAILURE_EXIT_CODES = {
+    3: "pytest internal error",
+    USAGE_ERROR: "pytest usage error",
+    5: "no tests collected",
+    126: "command not executable",
+    127: "command not found",
+}
+"""Exit codes that mean the evaluator failed when no test session started; once one has, only
+pytest's own usage error reported by the plugin before collection went below the session does.
+Either counts only while no workspace code can have run in the command: before a pristine
+conftest is loaded (it may import the project: an ImportError there exits 4) and before the
+first test module is collected; from then on an exit code or a `finish` line on the pipe may be
+the workspace's (`os._exit(4)`, a forged line) and is its result. A setup command (one before the
+last that never loads the plugin: `python install.py` runs the workspace's script) never makes one."""
+SCORE_FILE = "score.json"
+
+
+def evaluate(
+    query: Query,
+    workspace: Path,
+    eval_dir: Path,
+    execution_id: str,
+    timeout_s: float = 120,
+    *,
+    isolation: Isolation | None = None,
+    limits: SandboxLimits = EVAL_LIMITS,
+    deadline_s: float | None = None,
+    index: IndexAccess | None = None,
+) -> Score:
+    """Run `query`'s hidden tests against a copy of `workspace` in the fresh directory `eval_dir`.
+
+    `eval_dir` must not exist (FileExistsError): each evaluation, reruns included, gets
+    its own. `timeout_s` bounds each test command, `deadline_s` (the execution's overall
+    deadline, time.monotonic) all of them: a command it cuts makes an `overall_timeout`
+    evaluator failure (`gyre.evaluators.evaluate_query` labels it).
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    eval_dir = Path(eval_dir).resolve()  # commands run inside eval_dir/repo: paths must be absolute
+    eval_dir.mkdir(parents=True, exist_ok=False)
+    try:
+        isolation = isolation or Isolation.detect()
+        score = _score(query, Path(workspace).resolve(), eval_dir, execution_id, timeout_s, isolation, limits,
+                       deadline_s, index)
+    except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
+        score = error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
+    (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    return score
+
+
+def _score(
+    query: Query,
+    workspace: Path,
+    eval_dir: Path,
+    execution_id: str,
+    timeout_s: float,
+    isolation: Isolation,
+    limits: SandboxLimits,
+    deadline_s: float | None = None,
+    index: IndexAccess | None = None,
+) -> Score:
+    repo = eval_dir / "repo"
+    reports = eval_dir / "reports"
+    scratch = eval_dir / "tmp"
+    too_big = copy_workspace(workspace, repo, limits)
+    if too_big is not None:  # the agent's doing: a valid zero, never a dropped sample
+        return Score(execution_id=execution_id, status=EvalStatus.ok, score=0.0, tests_passed=0,
+                     tests_total=query.test_case_count, detail=too_big)
+    for rel in task_spec(query).replaced_paths:  # upstream replaces listed entries wholesale
+        clear_path(repo, rel.rstrip("/"))  # links on the way are removed, never followed
+    sources = read_sources(Path(query.hidden_tests_dir), query.test_files)
+    project = imported_modules([data.decode("utf-8", errors="replace") for data in sources.values()])
+    neutralised = neutralise_pytest_config(repo, query.test_files, project)
+    # no workdir is set: commands see the repository at its host path
+    pristine = place_pristine(repo, sources, str(repo), random.Random(secrets.randbits(64)))
+    pin_rootdir(repo, query.test_files)
+    isolation.hand_over(repo)
+    protect(repo, [*query.test_files, "pytest.ini"])
+    reports.mkdir()
+    scratch.mkdir()
+    observer = Observer.create(eval_dir, isolation, index, frozenset({query.query_id}))
+    try:
+        return _run_and_count(query, repo, reports, scratch, execution_id, timeout_s, limits, deadline_s,
+                              pristine, neutralised, observer)
+    finally:
+        observer.finish(Tally())  # idempotent clean-up if counting did not get there
+
+
+def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execution_id: str, timeout_s: float,
+                   limits: SandboxLimits, deadline_s: float | None, pristine, neutralised: list[str],
+                   observer: Observer) -> Score:
+    if neutralised:
+        (reports / "neutralised.txt").write_text("\n".join(neutralised) + "\n", encoding="utf-8")
+    ran = _run_commands(query, repo, reports, scratch, execution_id, timeout_s, limits, deadline_s, observer)
+    return ran if isinstance(ran, Score) else _count(query, execution_id, reports, pristine, neutralised, observer, ran)
+
+
+@dataclass
+class _Ran:
+    """What the task's test commands said: each command's channel results, notes for the score's
+    detail, whether the workspace's own code ran before the last command, and the last result."""
+
+    runs: list[ChannelResults]
+    notes: list[str]
+    ran_before: bool
+    last: ExecResult
+    pristine_conftest: bool
+
+
+def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execution_id: str, timeout_s: float,
+                  limits: SandboxLimits, deadline_s: float | None, observer: Observer) -> _Ran | Score:
+    """Each test command in turn, watched; an evaluator failure (a command that failed before any
+    workspace code ran) or the overall deadline ends it early with that score."""
+    layout = SandboxLayout(mounts=observer.mounts())
+    runs: list[ChannelResults] = []
+    notes: list[str] = []
+    pristine_conftest = any(PurePosixPath(rel).name == "conftest.py" for rel in query.test_files)
+    setup_ran = False  # a command before this one ran the workspace's own build (no plugin in it)
+    ran_before = False  # ... before the last command
+    for i, command in enumerate(query.test_commands):
+        ran_before = setup_ran
+        command_timeout_s = capped(timeout_s, deadline_s)
+        if command_timeout_s <= 0:
+            return overall_timeout_error(execution_id, f"no time left for test command {i}")
+        result, said = observer.run(command, workspace=repo, scratch=scratch, layout=layout,
+                                    env=sandbox_env(repo, {"GYRE_CWD_ON_PATH": "1"}),  # upstream: PYTHONPATH=/workspace
+                                    limits=limits, timeout_s=command_timeout_s,
+                                    addopts=("--continue-on-collection-errors",))
+        runs.append(said)
+        _write_log(reports / f"command_{i}.log", command, result)
+        pytest_said = said.exitstatus if said.finished else None
+        # from here on its code may have run in this command, and anything it says or exits with is its own;
+        # a command before the last that never loaded the plugin is a setup command (`python install.py`
+        # runs the workspace's script): its exit code is the workspace's too
+        workspace_ran = said.hello and (pristine_conftest or said.collecting)
+        setup_command = not said.hello and i < len(query.test_commands) - 1
+        if not result.timed_out and not setup_ran and not workspace_ran and not setup_command and (
+                pytest_said == USAGE_ERROR or (
+                not said.session and result.exit_code in EVALUATOR_FAILURE_EXIT_CODES)):
+            code = pytest_said if pytest_said == USAGE_ERROR else result.exit_code
+            return error(execution_id, f"command {i} {command!r} exited {code} "
+                                        f"({EVALUATOR_FAILURE_EXIT_CODES[code]}): {tail(result)}")
+        if result.timed_out:
+            notes.append(f"command {i} timed out after {command_timeout_s:g}s: counted what passed before")
+        elif not said.finished and said.hello:
+            notes.append(f"command {i}: the test process ended early (exit {result.exit_code}): unreported tests failed")
+        setup_ran |= not said.hello
+    return _Ran(runs, notes, ran_before, result, pristine_conftest)
+
+
+def _count(query: Query, execution_id: str, reports: Path, pristine, neutralised: list[str], observer: Observer,
+           ran: _Ran) -> Score:
+    """The score from what the commands reported: passed pristine cases over `test_case_count`, or
+    tampering, or an evaluator failure when pytest never ran before any workspace code did."""
+    counted = tally(pristine, ran.runs)
+    index_failure = observer.finish(counted)
+    (reports / "results.json").write_text(json.dumps({
+        "passed": sorted("::".join((path, *tid)) for path, tid in counted.passed),
+        "ignored": counted.ignored, "tampering": counted.tampering, "collect_errors": counted.collect_errors,
+    }, indent=1) + "\n", encoding="utf-8")
+    if index_failure is not None and not counted.tampering:
+        return error(execution_id, index_failure)
+    if not counted.loaded and not ran.ran_before:
+        return error(execution_id, f"no test command started pytest with gyre's result plugin: {tail(ran.last)}")
+    if not counted.started and not ran.pristine_conftest and not ran.ran_before:  # no workspace code ran before it
+        return error(execution_id, f"pytest did not start a test session (exit {ran.last.exit_code}): {tail(ran.last)}")
+    notes = list(ran.notes)
+    if not counted.started:
+        notes.append("pytest never started a session after the workspace's code ran (its setup commands, or "
+                     "the pristine conftest importing it): its result")
+    num_passed = len(counted.passed)
+    detail = [f"{num_passed}/{query.test_case_count} hidden test cases passed", *notes]
+    if counted.ignored:
+        detail.append(f"ignored {len(counted.ignored)} test results outside the pristine tests")
+    if neutralised:
+        detail.append(f"neutralised {len(neutralised)} pytest config items (reports/neutralised.txt)")
+    if counted.tampering:
+        return Score(execution_id=execution_id, status=EvalStatus.tampering, score=0.0, tests_passed=num_passed,
+                     tests_total=query.test_case_count, detail="tampering: " + "; ".join(counted.tampering[:3]),
+                     evidence=counted.tampering[:50])
+    return Score(execution_id=execution_id, status=EvalStatus.ok, score=min(num_passed / query.test_case_count, 1.0),
+                 tests_passed=num_passed, tests_total=query.test_case_count, detail="; ".join(detail))
+
+
+def _write_log(path: Path, command: str, result: ExecResult) -> None:
+    path.write_text(
+        f"command: {command}\nexit_code: {result.exit_code}\ntimed_out: {result.timed_out}\n"
+        f"duration_s: {result.duration_s:.3f}\n--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}\n",
+        encoding="utf-8",
+    )

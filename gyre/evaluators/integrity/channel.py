@@ -1,0 +1,324 @@
+"""Test results leave the sandbox through a pipe the evaluator owns, never through a file.
+
+A JUnit report is a file inside the sandbox: agent code running in the test process can
+rewrite it at exit, write it and `os._exit(0)`, or delete it to turn a zero into a
+dropped sample. So every test command gets an inherited pipe opened before any agent
+code runs, and a tiny pytest plugin of gyre's (`PLUGIN_SOURCE`, written read-only under a
+random module name per evaluation, loaded with `-p`, plugin autoloading off) sends each
+result on it as it happens, one JSON line each:
+
+    {"event": "hello", "pid": ...}                 the plugin is loaded: the tools work
+    {"event": "session"}                           the session starts (before collection)
+    {"event": "collecting"}                        the first node below the session is collected:
+                                                   from here on, test modules (and the workspace's
+                                                   code they import) may run
+    {"event": "report", "nodeid", "path", "when", "outcome", "xfail"}    each test phase
+    {"event": "collect_error", "nodeid", "path"}   a module that failed to import
+    {"event": "collected"}                         collection finished (reports may follow)
+    {"event": "finish", "exitstatus": ...}         the session ended (0/1: it ran to the end)
+
+Where no fd can be inherited (a `docker exec` into the task's container), the pipe is a FIFO
+in a directory bound into the container instead (`FifoChannel`): the plugin opens the path
+in `GYRE_RESULT_PATH`; the rest is the same.
+
+The host reads the pipe in a thread while the command runs and keeps at most
+`MAX_MESSAGES` lines of at most `MAX_LINE_BYTES` each, so a flood cannot exhaust memory.
+
+The plugin starts the interpreter with `PYTHONSAFEPATH=1`, so nothing in the workspace
+can shadow a module pytest imports before the plugin says hello; the plugin then
+restores what the command would have seen (the working directory first on `sys.path`
+under `python -m pytest`, or with `GYRE_CWD_ON_PATH=1` for formats whose harness puts the
+workspace on PYTHONPATH) and removes the variable for the processes tests start.
+
+What this does not stop: agent code in the test process can write to the same pipe, or
+patch pytest. Both are caught, not prevented: a phase reported twice for one test is
+`conflicts` (forging on the pipe), as is any report out of pytest's own order (before
+collection finished, for a second test while one is running, phases out of order), and the canaries (`gyre.evaluators.integrity.canaries`) catch
+a patched runner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAX_MESSAGES = 200_000
+MAX_LINE_BYTES = 16_384
+PLUGIN_MOUNT = "/gyre-eval"
+FD_ENV = "GYRE_RESULT_FD"
+PATH_ENV = "GYRE_RESULT_PATH"
+
+PLUGIN_SOURCE = r'''
+"""gyre's result channel for this evaluation (written by the evaluator, read-only)."""
+import json as _json
+import os as _os
+import sys as _sys
+
+_FD = (int(_os.environ.pop("GYRE_RESULT_FD")) if "GYRE_RESULT_FD" in _os.environ
+       else _os.open(_os.environ.pop("GYRE_RESULT_PATH"), _os.O_WRONLY))  # a FIFO: `docker exec` passes no fd
+_os.environ.pop("PYTHONSAFEPATH", None)
+_ARGV = list(getattr(_sys, "orig_argv", []))
+_M_PYTEST = "-m" in _ARGV and _ARGV[_ARGV.index("-m") + 1 : _ARGV.index("-m") + 2] == ["pytest"]
+if _M_PYTEST or _os.environ.get("GYRE_CWD_ON_PATH") == "1":
+    _sys.path.insert(0, _os.getcwd())  # what `python -m pytest` (or the task's PYTHONPATH) puts first
+
+
+_dumps, _write = _json.dumps, _os.write  # bound now: later patches of json or os do not reach them
+
+
+def _send(**message):
+    data = (_dumps(message) + "\n").encode()
+    while data:
+        data = data[_write(_FD, data):]
+
+
+_send(event="hello", pid=_os.getpid())
+
+
+def _path(config, nodeid):
+    return str(config.rootpath / nodeid.split("::", 1)[0])
+
+
+def pytest_configure(config):
+    global _CONFIG
+    _CONFIG = config
+
+
+def pytest_sessionstart(session):
+    _send(event="session")
+
+
+_COLLECTING = []
+
+
+def pytest_collectstart(collector):
+    if collector.nodeid and not _COLLECTING:
+        _COLLECTING.append(True)
+        _send(event="collecting")
+
+
+def pytest_collection_finish(session):
+    _send(event="collected")
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _send(event="collect_error", nodeid=report.nodeid, path=_path(_CONFIG, report.nodeid))
+
+
+def pytest_runtest_logreport(report):
+    _send(event="report", nodeid=report.nodeid, path=_path(_CONFIG, report.nodeid), when=report.when,
+          outcome=report.outcome, xfail=hasattr(report, "wasxfail"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _send(event="finish", exitstatus=int(exitstatus))
+'''
+
+
+@dataclass
+class TestResult:
+    """One test's outcome assembled from its phases, as pytest's own reports would say."""
+
+    nodeid: str
+    path: str
+    outcome: str = "passed"
+    """passed | failed | error | skipped."""
+    phases: set[str] = field(default_factory=set)
+
+
+@dataclass
+class ChannelResults:
+    """What one command's plugin said."""
+
+    hello: bool = False
+    session: bool = False
+    collecting: bool = False
+    """Collection went below the session: test modules may have been imported (workspace code run)."""
+    collected: bool = False
+    running: str | None = None
+    """The test between its setup and teardown reports, if any."""
+    finished: bool = False
+    exitstatus: int | None = None
+    results: dict[str, TestResult] = field(default_factory=dict)
+    collect_errors: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    """Phases reported more than once, or messages that do not parse: someone else wrote on the pipe."""
+    truncated: bool = False
+    stopped: bool = False
+    """Set by the caller: the command was stopped from outside, by its timeout or a limit (the signal
+    may have landed between any two tests)."""
+
+    def add(self, message: dict) -> None:
+        event = message.get("event")
+        if event == "hello":
+            self.hello = True
+        elif event == "session":
+            self.session = True
+            self.collected, self.running = False, None
+        elif event == "collecting":
+            self.collecting = True
+        elif event == "collected":
+            self.collected = True
+        elif event == "finish":
+            self.finished = True
+            self.exitstatus = message.get("exitstatus")
+        elif event == "collect_error":
+            self.collect_errors.append(str(message.get("nodeid")))
+        elif event == "report":
+            self._add_report(message)
+        else:
+            self.conflicts.append(f"unknown message {str(message)[:120]}")
+
+    def _add_report(self, message: dict) -> None:
+        nodeid, when, outcome = (str(message.get(k)) for k in ("nodeid", "when", "outcome"))
+        result = self.results.setdefault(nodeid, TestResult(nodeid, str(message.get("path"))))
+        broken = self._out_of_order(nodeid, when, result)
+        if broken:
+            self.conflicts.append(broken)
+            result.outcome = "failed"  # a forged report never turns into a pass
+            return
+        result.phases.add(when)
+        if outcome == "failed":
+            result.outcome = "failed" if when == "call" else "error"
+        elif outcome == "skipped" and result.outcome == "passed":
+            result.outcome = "skipped"
+        if message.get("xfail") and result.outcome == "passed" and when == "call":
+            result.outcome = "skipped"  # an xfail-marked test that passed is not a plain pass
+
+    def _out_of_order(self, nodeid: str, when: str, result: TestResult) -> str | None:
+        """Why this report cannot come from pytest's own run loop, or None (and the loop state advances).
+
+        pytest reports only after collection finished, one test at a time, each as setup,
+        then call (unless setup failed or skipped), then teardown. Agent code that writes
+        reports on the pipe (say, every test passed, then `os._exit`) breaks that order.
+        """
+        if not self.collected:
+            return f"{nodeid} reported for {when} before collection finished"
+        if when in result.phases:
+            return f"{nodeid} reported twice for {when}"
+        if self.running not in (None, nodeid):
+            return f"{nodeid} reported for {when} while {self.running} was still running"
+        if when == "setup":
+            if result.phases:
+                return f"{nodeid} set up after its {sorted(result.phases)}"
+            self.running = nodeid
+        elif when == "call":
+            if result.phases != {"setup"}:
+                return f"{nodeid} called without a set-up"
+        elif when == "teardown":
+            if "setup" not in result.phases:
+                return f"{nodeid} torn down without a set-up"
+            self.running = None
+        else:
+            return f"{nodeid}: unknown phase {when!r}"
+        return None
+
+    @property
+    def ran_to_the_end(self) -> bool:
+        """The session finished by itself with "all passed" or "some failed" (not interrupted)."""
+        return self.finished and self.exitstatus in (0, 1)
+
+    def passed(self, nodeid: str) -> bool:
+        result = self.results.get(nodeid)
+        return result is not None and result.outcome == "passed" and "call" in result.phases
+
+
+class ResultChannel:
+    """The host end of one command's result pipe; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_inheritable(self.write_fd, True)
+        self.results = ChannelResults()
+        self._thread = threading.Thread(target=self._pump, name="gyre-result-channel", daemon=True)
+        self._thread.start()
+
+    def env(self) -> dict[str, str]:
+        return {FD_ENV: str(self.write_fd)}
+
+    def close(self) -> ChannelResults:
+        """Call after the command (and everything it started) is gone; returns what arrived."""
+        os.close(self.write_fd)
+        self._thread.join(timeout=30)
+        return self.results
+
+    def _pump(self) -> None:
+        buffer = b""
+        count = 0
+        with os.fdopen(self.read_fd, "rb", buffering=0) as pipe:
+            while chunk := pipe.read(65536):
+                if count >= MAX_MESSAGES:
+                    self.results.truncated = True
+                    continue  # keep draining so the writer never blocks
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                if len(buffer) > MAX_LINE_BYTES:
+                    self.results.conflicts.append("a line over the size limit")
+                    buffer = b""
+                for line in lines:
+                    count += 1
+                    try:
+                        message = json.loads(line)
+                    except ValueError:
+                        self.results.conflicts.append(f"unparsable line {line[:80]!r}")
+                        continue
+                    if isinstance(message, dict):
+                        self.results.add(message)
+                    else:
+                        self.results.conflicts.append(f"not an object {line[:80]!r}")
+
+
+class FifoChannel(ResultChannel):
+    """A result channel over a named pipe at `path` (shown as `inside` to the command), created now,
+    owned by `owner` (uid, gid) with mode 0600; removed at `close()`."""
+
+    def __init__(self, path: Path, inside: str, owner: tuple[int, int] | None = None) -> None:
+        self.path, self.inside = Path(path), inside
+        os.mkfifo(self.path, 0o600)
+        if owner is not None and os.geteuid() == 0:
+            os.chown(self.path, *owner)
+        self.read_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        self.write_fd = os.open(self.path, os.O_WRONLY)  # ours: no end of file before the plugin opens it
+        os.set_blocking(self.read_fd, True)
+        self.results = ChannelResults()
+        self._thread = threading.Thread(target=self._pump, name="gyre-result-fifo", daemon=True)
+        self._thread.start()
+
+    def env(self) -> dict[str, str]:
+        return {PATH_ENV: self.inside}
+
+    def close(self) -> ChannelResults:
+        try:
+            return super().close()
+        finally:
+            self.path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class PluginInstall:
+    """The plugin written for one evaluation: its module name and host directory."""
+
+    name: str
+    directory: Path
+
+    @classmethod
+    def write(cls, directory: Path) -> PluginInstall:
+        name = f"gyre_results_{secrets.token_hex(8)}"
+        directory.mkdir(parents=True, exist_ok=True)  # a session's slot exists already (empty)
+        (directory / f"{name}.py").write_text(PLUGIN_SOURCE, encoding="utf-8")
+        return cls(name, directory)
+
+    def env(self, path: str = PLUGIN_MOUNT, extra_addopts: Iterable[str] = ()) -> dict[str, str]:
+        """Environment for a test command: our plugin only, by name, from `path` (the read-only mount)."""
+        return {
+            "PYTHONPATH": path,
+            "PYTHONSAFEPATH": "1",
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            "PYTEST_ADDOPTS": " ".join([f"-p {self.name}", "-p no:cacheprovider", *extra_addopts]),
+        }

@@ -1,0 +1,144 @@
+"""Nothing a run starts outlives it: stop signals, leftover processes, the coordinator's closers.
+
+Prefect's API server, which gyre starts itself so that it dies with the run even after a
+kill -9, lives with the flows (`gyre.flows.prefect_server`).
+
+Everything else a run starts already dies with it: sandbox commands and sessions run under
+bubblewrap's `--die-with-parent` (its PID namespace ends with it), the long-text tokenizer
+helper exits once its parent is gone (`gyre.proxy.long_text`), engines and the proxy are
+threads. Without bubblewrap, sandbox commands are plain process groups and a kill -9 of
+gyre leaves a still-running command behind until its own timeout would have ended it (the
+gap `gyre.sandboxes.process` names).
+
+Stop signals (`StopOnSignal`): the run's flow runs in a worker thread, so Prefect's own
+SIGTERM bridge is not installed (it needs the main thread) and the main thread keeps gyre's
+handlers. On the first SIGTERM or SIGINT gyre abandons the current step (a resumed run
+reruns it), runs the registered closers (`on_stop`: the coordinator's close, which flushes
+the call log, closes kept sandboxes, the proxy, the engines and the DuckDB file), kills
+every process below it, stops the Prefect server and exits 128 + the signal's number,
+with one line on stderr. Closers get `STOP_GRACE_S`; a second signal, or the grace
+running out, ends the process at once (after killing its children): the data on disk
+is then what a kill -9 leaves, which a resume handles.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+STOP_GRACE_S = 20.0
+"""How long the closers of a stopping run may take before the process ends regardless."""
+_closers: list[Callable[[], None]] = []
+_closers_lock = threading.Lock()
+
+
+def on_stop(closer: Callable[[], None]) -> Callable[[], None]:
+    """Run `closer` when a stop signal ends the run; returns the function that unregisters it."""
+    with _closers_lock:
+        _closers.append(closer)
+
+    def unregister() -> None:
+        with _closers_lock:
+            if closer in _closers:
+                _closers.remove(closer)
+
+    return unregister
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (by parent links in /proc), deepest last."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process below this one (sandboxes, helpers, the Prefect server)."""
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class StopOnSignal:
+    """SIGTERM/SIGINT handlers for the main thread of `gyre run` (see the module docstring)."""
+
+    def __init__(self, server, message: Callable[[int], str]) -> None:
+        """`server`: the run's Prefect server (`gyre.flows.prefect_server.PrefectServer`), killed with
+        the other children on a stop, or None."""
+        self.server = server
+        self.message = message
+        self._stopping = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self._stopping:  # a second signal: stop now
+            self._exit(signum)
+        self._stopping = True
+        print(self.message(signum), file=sys.stderr, flush=True)
+        timer = threading.Timer(STOP_GRACE_S, self._exit, args=(signum,))
+        timer.daemon = True
+        timer.start()
+        with _closers_lock:
+            closers = list(reversed(_closers))
+        for closer in closers:
+            try:
+                closer()
+            except Exception as exc:  # deliberate: the rest must still close and the process end
+                print(f"gyre run: while stopping: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        self._exit(signum)
+
+    def _exit(self, signum: int) -> None:
+        kill_descendants()
+        if self.server is not None:
+            self.server.process = None  # killed above with the other children
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+
+LIVE_COPY_AFTER = ("run_started", "step_finished", "eval_finished")
+"""Progress events after which `RUN_DIR/live.duckdb` is refreshed (each follows a committed batch)."""
+
+
+def attach(coord) -> Callable[[], None]:
+    """Tie a run's coordinator to this process's lifecycle: a stop signal closes it in order,
+    and `RUN_DIR/live.duckdb` is refreshed after every step and evaluation round
+    (`gyre.storage.live_export`). Returns the function that undoes both (call it before closing)."""
+    from gyre.runtime.progress import subscribe
+    from gyre.storage.live_export import LiveExport
+
+    export = LiveExport(coord.store, coord.run_dir)
+
+    def refresh_live_copy(event) -> None:
+        if event.kind in LIVE_COPY_AFTER:
+            export.write()
+
+    undo = [on_stop(coord.close), subscribe(refresh_live_copy)]
+
+    def detach() -> None:
+        for fn in undo:
+            fn()
+
+    return detach

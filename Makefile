@@ -1,9 +1,11 @@
-# Two commands: `make run` (the embedded default) and `make test` (the whole suite).
+# Two commands: `make run` (the embedded default) and `make test` (the whole suite). Each installs what
+# it needs first: the Python environment (.venv, from pyproject.toml) and the system packages
+# (scripts/system-deps.sh: installed when run as root, else it stops with the one apt command).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install clean
+.PHONY: run test install system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -13,11 +15,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-run: $(STAMP)
+system-deps:
+	bash scripts/system-deps.sh
+
+run: $(STAMP) system-deps
 	$(VENV)/bin/gyre run --config configs/tiny-cpu.yaml
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+test: $(STAMP) system-deps
+	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q
 
 clean:
 	rm -rf $(VENV) .gyre-cache runs

@@ -93,8 +93,21 @@ def test_kill_9_of_a_rollout_cells_process_mid_rollout_loses_nothing_and_the_cel
     # version's weights without a pull), cells 2 and 3 serve rollout; cell 2 is killed
     coord = Coordinator(config, tmp_path / "run")
     killed = threading.Event()
+
+    def until_restarted(version: int) -> None:
+        """After a publication, hold the loop (bounded) until Ray has brought cell 2's process back,
+        so the run cannot end before the cell rejoins however fast the rest of it goes (on a quiet
+        box the 4 steps can end before a cold actor restart does)."""
+        deadline = time.monotonic() + 180
+        while killed.is_set() and time.monotonic() < deadline:
+            try:
+                if ray.get(cells.ray.actor(2).pid.remote(), timeout=5) != actor_pid:
+                    return
+            except Exception:  # deliberate: restarting, its calls refused or timed out; ask again
+                time.sleep(0.5)
+
     try:
-        cells = LiveCells(coord, config.steps)
+        cells = LiveCells(coord, config.steps, on_published=until_restarted)
         import ray
 
         actor_pid = ray.get(cells.ray.actor(2).pid.remote())

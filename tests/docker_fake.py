@@ -57,6 +57,14 @@ class FakeContainer:
         exit_code, out, err = self.handler(self, list(cmd), kw) if self.handler else (0, b"", b"")
         return types.SimpleNamespace(exit_code=exit_code, output=(out, err) if kw.get("demux") else out + err)
 
+    def pause(self) -> None:
+        self.calls.append((["<pause>"], {}))
+        self.status = "paused"
+
+    def unpause(self) -> None:
+        self.calls.append((["<unpause>"], {}))
+        self.status = "running"
+
     def host(self, inside: str) -> Path:
         """The host path a bind shows at `inside`."""
         for bind, host in self.binds:

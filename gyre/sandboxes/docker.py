@@ -65,18 +65,21 @@ import shlex
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gyre.records import Query
+from gyre.sandboxes import file_tools
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_DIR
 from gyre.sandboxes.bridge import ProxyBridge, proxy_address
+from gyre.sandboxes.fdwalk import strip_special_bits
 from gyre.sandboxes.git_history import strip_git_history
 from gyre.sandboxes.local.session import EVAL_USER
-from gyre.sandboxes.paths import read_inside, remove_tree, write_inside
+from gyre.sandboxes.paths import remove_tree
 from gyre.sandboxes.process import BoundedCapture
 
 DEFAULT_IMAGE = "python:3.11-slim"
@@ -291,6 +294,18 @@ class DockerSandbox:
         self.restarts += 1
         return True
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Every process of the container frozen for a block (`docker pause`: the cgroup freezer), so
+        root work on its workspace from the host (an in-container evaluation's ACL grant) happens while
+        nothing of the agent runs."""
+        self._check_open()
+        self.container.pause()
+        try:
+            yield
+        finally:
+            self.container.unpause()
+
     def end_agent(self) -> None:
         """The agent is done: its commands still running are killed and its proxy route closed; the
         container and what the agent left running in it stay for the evaluation (then `close()`)."""
@@ -314,10 +329,13 @@ class DockerSandbox:
         return NO_PYTHON3 + self._bridge.shell_prefix()
 
     def read_file(self, rel: str) -> str:
-        return read_inside(self.workspace, rel)
+        """A workspace file's text, read by `cat` in the container as the image's user (never from the
+        host: the agent's processes could swap a path for a link meanwhile; `gyre.sandboxes.file_tools`)."""
+        return file_tools.read_file(self.exec, rel, self.limits.max_output_bytes)
 
     def write_file(self, rel: str, content: str) -> None:
-        write_inside(self.workspace, rel, content)
+        """Write a workspace file by commands in the container as the image's user (`gyre.sandboxes.file_tools`)."""
+        file_tools.write_file(self.exec, rel, content, stdin=False)
 
     def close(self) -> None:
         self._close_bridge()
@@ -328,6 +346,7 @@ class DockerSandbox:
                 self.container = None
                 if self.slot_root is not None:
                     remove_tree(self.slot_root)
+                strip_special_bits(self.workspace)  # the container is gone: nothing it marked setuid stays runnable
         self.closed = True
 
     def destroy(self) -> None:

@@ -1,17 +1,16 @@
-"""Resolve a workspace-relative path, refusing anything that lands outside the workspace.
+"""Workspace-relative paths on the host side: checked, cleared, removed, never followed out of the workspace.
 
-The agent controls the workspace's contents, including symlinks, and the host side
-(harness adapters, evaluators) reads and writes files there by relative path. Every such
-access goes through `resolve_inside`, so `../../etc/passwd`, `/etc/passwd` and a symlink
-the agent pointed at the host all fail with a ValueError naming the path, instead of
-touching a file outside the workspace.
+`resolve_inside` says where a relative path lands, refusing `../../etc/passwd`, `/etc/passwd`
+and a symlink the agent pointed at the host with a ValueError naming the path. It is a check
+at call time only: a process the agent left running could swap a directory for a symlink
+right after it. So nothing reads or writes agent files by a path it checked: the harness's file
+tools run inside the sandbox (`gyre.sandboxes.file_tools`; this check only makes their error
+clear), and root work on a tree the agent wrote goes through `gyre.sandboxes.fdwalk`.
 
 Host-side code that must put a file of its own at a fixed place in a tree the agent
-wrote (the evaluator's hidden tests, its pytest.ini) uses `clear_path`: whatever stands in
-the way, symlinks included, is removed rather than followed.
-
-Known gap: this checks at call time; a process inside the sandbox could swap a
-directory for a symlink between the check and the use. Mount namespaces close that later.
+wrote (the evaluator's hidden tests on its fresh copy, before any of its commands runs)
+uses `clear_path`: whatever stands in the way, symlinks included, is removed rather than
+followed. `remove_tree` deletes a tree without following a link, once nothing runs in it.
 """
 
 from __future__ import annotations
@@ -49,19 +48,6 @@ def clear_path(root: Path, rel: str) -> Path:
         shutil.rmtree(target)
     elif target.is_symlink() or target.exists():
         target.unlink()
-    return target
-
-
-def read_inside(root: Path, rel: str) -> str:
-    """The text of `rel` inside `root` (refused if it resolves outside)."""
-    return resolve_inside(root, rel).read_text(encoding="utf-8")
-
-
-def write_inside(root: Path, rel: str, content: str) -> Path:
-    """Write `content` to `rel` inside `root`, creating parent directories (refused outside); the path written."""
-    target = resolve_inside(root, rel)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(content, encoding="utf-8")
     return target
 
 

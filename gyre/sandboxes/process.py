@@ -12,6 +12,8 @@ run through `run_command`, so both get the same treatment:
   PATH starts with the directory of the interpreter running gyre, so `python` inside
   finds the same interpreter (and its pytest) whatever the host PATH says.
 - rlimits from `SandboxLimits`, set by `prlimit` (util-linux) which then execs bash.
+- Standard input is empty, or the bytes the caller passes (`stdin`, written from a thread
+  while the output is read, so a command that writes before it has read all never blocks us).
 - Output read as it arrives, keeping only the head and tail of each stream.
 - On timeout the whole group is signalled: SIGKILL at once, or, with
   `interrupt_grace_s > 0`, SIGINT first (pytest then still writes its report) and
@@ -40,6 +42,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -114,6 +117,7 @@ def run_command(
     nproc_rlimit: bool = False,
     interrupt_descendants_only: bool = False,
     pass_fds: Sequence[int] = (),
+    stdin: bytes | None = None,
 ) -> ExecResult:
     """Run `bash -c command` in `cwd` with exactly `env`; see the module docstring.
 
@@ -123,6 +127,7 @@ def run_command(
     `interrupt_descendants_only`: the timeout's SIGINT skips the spawned process itself
     (bubblewrap's monitor would die of it and take the command down before pytest writes
     its report) and goes to every process below it. `pass_fds` stay open in the command.
+    `stdin`: the command's standard input (None: empty).
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -131,13 +136,15 @@ def run_command(
         [*enter, *_prlimit_argv(limits, nproc_rlimit), *confine, "bash", "-c", command],
         cwd=cwd,
         env=dict(env),
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
         pass_fds=tuple(pass_fds),
     )
     reaper.watch(proc.pid)  # killed with gyre, whatever ends gyre
+    if stdin is not None:
+        threading.Thread(target=_feed, args=(proc.stdin, stdin), name="gyre-stdin", daemon=True).start()
     if on_spawn is not None:
         on_spawn(proc.pid)
     interrupt = _signal_descendants if interrupt_descendants_only else signal_group
@@ -166,6 +173,20 @@ def _until_done(proc: subprocess.Popen, started: float, timeout_s: float, limits
             proc.stderr.close()
     return ExecResult(exit_code=proc.returncode, stdout=stdout.text(), stderr=stderr.text(), timed_out=timed_out,
                       duration_s=time.monotonic() - started, limit_hit=limit_hit)
+
+
+def _feed(pipe, data: bytes) -> None:
+    """Write `data` to a command's standard input and close it; a command that stopped reading
+    (it exited, or was killed) just does not get the rest."""
+    try:
+        pipe.write(data)
+    except (BrokenPipeError, ValueError):  # deliberate: the command is gone or closed its input
+        pass
+    finally:
+        try:
+            pipe.close()
+        except (BrokenPipeError, ValueError):  # deliberate: as above
+            pass
 
 
 def kill_group(pgid: int) -> None:

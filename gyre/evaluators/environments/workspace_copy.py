@@ -8,7 +8,9 @@ limit, and not copied: `copy_workspace` returns the reason instead, and the eval
 turns it into a valid score of 0 (the agent's doing, inside limits it was given; never
 an evaluator failure, or an agent could turn a failing run into a dropped sample by
 filling its disk). FIFOs, sockets and devices are skipped (copying a FIFO would block);
-symlinks are copied as symlinks, never followed.
+symlinks are copied as symlinks, never followed; setuid, setgid and sticky bits are never
+copied (root makes the copy: a setuid file the agent left would be a setuid-root program on
+the host). The copy is made only once the agent's processes are gone (its sandbox closed).
 
 Bytecode is not copied either (`__pycache__/`, `*.pyc`, `*.pyo`): Python runs a planted
 hash-based pyc without comparing it with its source (PEP 552, "unchecked"), and a timestamp
@@ -25,6 +27,7 @@ import stat
 from pathlib import Path
 
 from gyre.sandboxes.base import SandboxLimits
+from gyre.sandboxes.fdwalk import strip_special_bits
 from gyre.sandboxes.local.diskwatch import disk_usage
 
 MAX_DEPTH = 128
@@ -44,8 +47,18 @@ def copy_workspace(workspace: Path, dest: Path, limits: SandboxLimits) -> str | 
         return f"workspace holds more than {limits.max_workspace_files} files: not evaluated, scored 0"
     if usage.max_depth > MAX_DEPTH:
         return f"workspace nests directories {usage.max_depth} levels deep (limit {MAX_DEPTH}): not evaluated, scored 0"
-    shutil.copytree(workspace, dest, symlinks=True, ignore=_special_files)
+    shutil.copytree(workspace, dest, symlinks=True, ignore=_special_files, copy_function=_copy_plain)
+    strip_special_bits(dest)  # directories: copytree copied their modes whole
     return None
+
+
+def _copy_plain(src: str, dst: str) -> None:
+    """A file's bytes, permission bits and times, never its setuid, setgid or sticky bit: a copy made by
+    root of a file the agent marked setuid would be a setuid-root program on the host."""
+    shutil.copyfile(src, dst)
+    st = os.stat(src)
+    os.chmod(dst, stat.S_IMODE(st.st_mode) & 0o777)
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 BYTECODE_DIR = "__pycache__"

@@ -20,7 +20,8 @@ image's own tools run them. With `sandbox.type: docker` gyre does the same
   `docker exec --user <evaluation user>` in the workdir (`DockerSandbox.run_as`); every process
   of that user is killed afterwards, before the channel is read to its end;
 - when gyre is root the evaluation's user gets read/write on the workspace through a POSIX ACL
-  (`in_place.grant_access`; upstream's tests run as root).
+  (`in_place.grant_access`, on fds, with the container paused meanwhile; upstream's tests run as
+  root).
 
 What the agent can still do: everything in the container is in its reach but for the slots.
 Processes it left running share the container with the tests (that is the point) and may
@@ -98,7 +99,7 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     else:
         logs = Path(eval_dir) / "logs"  # no logs slot: a Harbor task without one finds no reward
     if os.geteuid() == 0:
-        grant_access(sandbox.workspace)
+        grant_access(sandbox.workspace, sandbox.paused())
     plugin = PluginInstall.write(sandbox.slot(PLUGIN_SLOT))
     own(plugin.directory, owner)
     name = f"{secrets.token_hex(8)}.fifo"

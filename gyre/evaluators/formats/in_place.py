@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH, TaskSpec
@@ -45,6 +46,7 @@ from gyre.evaluators.integrity.channel import PLUGIN_MOUNT
 from gyre.evaluators.observed import BRIDGE_SLOT, EVAL_BRIDGE_DIR, IndexAccess, Observer
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
+from gyre.sandboxes.fdwalk import walk
 from gyre.sandboxes.layout import Mount
 from gyre.sandboxes.local.session import EVAL_USER
 from gyre.sandboxes.process import sandbox_env
@@ -94,7 +96,7 @@ def evaluate_in_place(query: Query, spec: TaskSpec, sandbox, eval_dir: Path, exe
         _fresh_verifier_logs(logs)
     else:
         logs = Path(eval_dir) / "logs"  # no logs slot: a Harbor task without one finds no reward
-    grant_access(sandbox.workspace)
+    grant_access(sandbox.workspace, session.frozen())
     observer = Observer.create(sandbox.slot_root, sandbox.isolation, index, session=session)
     seal(observer.plugin.directory)
     (command,) = query.test_commands
@@ -122,26 +124,26 @@ def seal(root: Path) -> None:
         path.chmod(0o750 if path.is_dir() else 0o640)
 
 
-def grant_access(workspace: Path) -> None:
+def grant_access(workspace: Path, hold: AbstractContextManager) -> None:
     """Give the evaluation's user rwX on the workspace (and on what is created there later) by ACL.
 
-    A filesystem without POSIX ACLs keeps the modes: the tests can then read what is world-readable.
+    Done as root on a tree the agent wrote, beside processes it left running: so on fds, never
+    through a link (`gyre.sandboxes.fdwalk`), and inside `hold`, which keeps every process of the
+    agent's sandbox stopped meanwhile (`Session.frozen`, `DockerSandbox.paused`). A filesystem
+    without POSIX ACLs keeps the modes: the tests can then read what is world-readable.
     """
     default = _acl(file_mode=None)
-    pending = [str(workspace)]  # a stack, not recursion: an agent can nest directories very deep
-    while pending:
-        directory = pending.pop()
+
+    def on_dir(fd: int, st: os.stat_result) -> None:
+        os.setxattr(fd, _ACL_ACCESS, _acl(st.st_mode))
+        os.setxattr(fd, _ACL_DEFAULT, default)
+
+    def on_file(fd: int, st: os.stat_result) -> None:
+        os.setxattr(fd, _ACL_ACCESS, _acl(st.st_mode))
+
+    with hold:
         try:
-            entries = list(os.scandir(directory))
-            os.setxattr(directory, _ACL_ACCESS, _acl(os.lstat(directory).st_mode))
-            os.setxattr(directory, _ACL_DEFAULT, default)
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append(entry.path)
-                elif entry.is_file(follow_symlinks=False):
-                    os.setxattr(entry.path, _ACL_ACCESS, _acl(entry.stat(follow_symlinks=False).st_mode))
-        except FileNotFoundError:  # removed meanwhile by a process the agent left running
-            continue
+            walk(workspace, on_dir=on_dir, on_file=on_file)
         except OSError:  # no ACLs on this filesystem: modes alone
             return
 

@@ -92,10 +92,12 @@ class Isolation:
         extra_ro: Iterable[Path] = (),
         extra_fds: Iterable[int] = (),
         python_dirs: Iterable[Path] | None = None,
+        stdin: bytes | None = None,
     ) -> ExecResult:
         """Run `command` confined; every process it started is dead when this returns.
 
         `extra_fds` stay open into the command (an evaluator's result channel); the caller owns them.
+        `stdin`: the command's standard input (None: empty).
         `python_dirs`: the interpreter directories shown (default gyre's own; evaluations show only the base one).
         """
         if self.bwrap is None and layout.needs_namespaces(workspace):
@@ -121,6 +123,7 @@ class Isolation:
                 nproc_rlimit=self.bwrap is None and os.geteuid() != 0,
                 interrupt_descendants_only=self.bwrap is not None,
                 pass_fds=(*pass_fds, *extra_fds),
+                stdin=stdin,
             )
             if group is not None and result.limit_hit is None:
                 result = _with_cgroup_verdict(result, group, limits)

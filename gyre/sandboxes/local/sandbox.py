@@ -38,14 +38,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gyre.records import Query
+from gyre.sandboxes import file_tools
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.bridge import INSIDE_DIR, ProxyBridge, proxy_address
+from gyre.sandboxes.fdwalk import strip_special_bits
 from gyre.sandboxes.git_history import strip_git_history
 from gyre.sandboxes.layout import Mount, SandboxLayout
 from gyre.sandboxes.local.isolation import Isolation
-from gyre.sandboxes.local.privileges import hand_over
 from gyre.sandboxes.local.session import Session, SessionGone
-from gyre.sandboxes.paths import read_inside, remove_tree, write_inside
+from gyre.sandboxes.paths import remove_tree, resolve_inside
 from gyre.sandboxes.process import kill_group, sandbox_env
 
 SESSION_SUFFIX = ".session"
@@ -128,8 +129,9 @@ class LocalSandbox:
         """The workspace's path as commands see it."""
         return self.layout.inside(self.workspace)
 
-    def exec(self, command: str, timeout_s: float) -> ExecResult:
-        """Run `command` in the workspace; it and everything it started are gone when this returns."""
+    def exec(self, command: str, timeout_s: float, stdin: bytes | None = None) -> ExecResult:
+        """Run `command` in the workspace; it and everything it started are gone when this returns
+        (in session mode, what it leaves running lives on). `stdin`: its standard input."""
         self._check_open()
         self.scratch.mkdir(exist_ok=True)
         spawned: list[int] = []
@@ -141,10 +143,10 @@ class LocalSandbox:
         if self.session_slots is not None:
             try:
                 return self.session().run(command, user=self.isolation.user, env=self.env, timeout_s=timeout_s,
-                                          on_spawn=on_spawn)
+                                          on_spawn=on_spawn, stdin=stdin)
             except SessionGone:  # a command of the agent's own ended the session: start over, processes lost
                 return self.session().run(command, user=self.isolation.user, env=self.env, timeout_s=timeout_s,
-                                          on_spawn=on_spawn)
+                                          on_spawn=on_spawn, stdin=stdin)
             finally:
                 self._live_groups.difference_update(spawned)
         try:
@@ -158,6 +160,7 @@ class LocalSandbox:
                 timeout_s=timeout_s,
                 on_spawn=on_spawn,
                 extra_ro=self.extra_ro,
+                stdin=stdin,
             )
         finally:  # a finished group's id may be reused by an unrelated group: never signal it later
             self._live_groups.difference_update(spawned)
@@ -212,14 +215,17 @@ class LocalSandbox:
         return self._bridge.shell_prefix()
 
     def read_file(self, rel: str) -> str:
-        return read_inside(self.workspace, rel)
+        """A workspace file's text, read by `cat` inside the sandbox as its user (`gyre.sandboxes.file_tools`);
+        ValueError if `rel` leads out of the workspace (checked first, for a clear error: the read
+        itself cannot reach out, whatever a running process swaps meanwhile)."""
+        resolve_inside(self.workspace, rel)
+        return file_tools.read_file(self.exec, rel, self.limits.max_output_bytes)
 
     def write_file(self, rel: str, content: str) -> None:
-        """Write a file as the sandbox's own user would (its commands can then change it)."""
-        target = write_inside(self.workspace, rel, content)
-        while target != self.workspace:
-            hand_over(target, self.isolation.user, recursive=False)
-            target = target.parent
+        """Write a workspace file (parents created) by a command inside the sandbox as its user, so the
+        agent's commands can change it and nothing outside is ever written (`gyre.sandboxes.file_tools`)."""
+        resolve_inside(self.workspace, rel)
+        file_tools.write_file(self.exec, rel, content, stdin=True)
 
     def close(self) -> None:
         """Kill commands still running (from other threads); keep the workspace, drop the scratch dir."""
@@ -232,6 +238,7 @@ class LocalSandbox:
         self._close_bridge()
         remove_tree(self.scratch)
         remove_tree(self.slot_root)
+        strip_special_bits(self.workspace)  # every process is dead: nothing it marked setuid stays runnable
         self.closed = True
 
     def _close_bridge(self) -> None:

@@ -48,6 +48,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,7 @@ from gyre.sandboxes.local.bwrap import SHM_DIR, bound_sources, bwrap_argv, prepa
 from gyre.sandboxes.local.cgroups import create_cgroup
 from gyre.sandboxes.local.cgroups_base import CommandCgroup, sigkill
 from gyre.sandboxes.local.diskwatch import DiskWatch
+from gyre.sandboxes.local.freeze import frozen
 from gyre.sandboxes.local.privileges import SandboxUser, Stage, drop_argv, drop_tools, hand_over
 from gyre.sandboxes.local.seccomp import seccomp_fd
 from gyre.sandboxes.process import run_command, signal_group
@@ -185,9 +187,10 @@ class Session:
     def run(self, command: str, *, user: SandboxUser, env: Mapping[str, str], timeout_s: float,
             limits: SandboxLimits | None = None, own_cgroup: bool = False, interrupt_grace_s: float = 0.0,
             extra_fds: Iterable[int] = (), on_spawn: Callable[[int], None] | None = None,
-            kill_leftovers: bool = False) -> ExecResult:
+            kill_leftovers: bool = False, stdin: bytes | None = None) -> ExecResult:
         """Run `command` as `user` inside the session; processes it leaves behind live on (unless
-        `kill_leftovers`). `own_cgroup`: a fresh cgroup with `limits` instead of the session's."""
+        `kill_leftovers`). `own_cgroup`: a fresh cgroup with `limits` instead of the session's.
+        `stdin`: the command's standard input (None: empty)."""
         if not self.alive():
             raise SessionGone(f"the sandbox session of {self.workspace} has ended (its processes are gone)")
         limits = limits or self.limits
@@ -210,12 +213,17 @@ class Session:
                 interrupt_grace_s=interrupt_grace_s, kill_leftovers=kill_leftovers, on_spawn=spawned,
                 enter=group.enter_argv() if group else (), confine=confine, watch=DiskWatch(
                     [self.workspace, self.scratch], limits.max_workspace_bytes, limits.max_workspace_files),
-                interrupt_descendants_only=True, pass_fds=(seccomp, *extra_fds),
+                interrupt_descendants_only=True, pass_fds=(seccomp, *extra_fds), stdin=stdin,
             )
         finally:
             os.close(seccomp)
             if own_cgroup and group is not None:
                 group.remove()
+
+    def frozen(self) -> AbstractContextManager[set[int]]:
+        """Every process of the session stopped for a block (`gyre.sandboxes.local.freeze`): root work
+        on its workspace (an in-place evaluation's ACL grant) while nothing of the agent runs."""
+        return frozen(self.init_pid)
 
     def close(self) -> None:
         """Kill every process of the session and the keeper; the workspace stays."""

@@ -47,14 +47,35 @@ def defined_tests(source: str) -> set[TestId]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return set()
-    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    classes = {node.name: node for node in _statements(tree.body) if isinstance(node, ast.ClassDef)}
     found: set[TestId] = set()
-    for node in tree.body:
+    for node in _statements(tree.body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
             found.add((node.name,))
         elif isinstance(node, ast.ClassDef):
             found |= _class_tests(node, classes, ())
     return found
+
+
+def _statements(body: list[ast.stmt]) -> list[ast.stmt]:
+    """`body`'s statements, with those of its `if`/`else`, `try`/`except`/`else`/`finally` and `with`
+    blocks in place of the block: a test defined under `if sys.version_info...:` (both branches, the
+    same name) is still the module's (or class's) test; function bodies are not entered."""
+    out: list[ast.stmt] = []
+    stack = list(reversed(body))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If):
+            nested = [*node.body, *node.orelse]
+        elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            nested = [*node.body, *(s for h in node.handlers for s in h.body), *node.orelse, *node.finalbody]
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            nested = list(node.body)
+        else:
+            out.append(node)
+            continue
+        stack += reversed(nested)
+    return out
 
 
 def _class_tests(node: ast.ClassDef, classes: dict[str, ast.ClassDef], outer: TestId) -> set[TestId]:
@@ -63,7 +84,7 @@ def _class_tests(node: ast.ClassDef, classes: dict[str, ast.ClassDef], outer: Te
     prefix = (*outer, node.name)
     found: set[TestId] = set()
     for cls in _lineage(node, classes):
-        for item in cls.body:
+        for item in _statements(cls.body):
             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test"):
                 found.add((*prefix, item.name))
             elif isinstance(item, ast.ClassDef) and cls is node:
@@ -100,10 +121,20 @@ def is_test_module(rel: str) -> bool:
 
 
 def test_id(nodeid: str) -> TestId:
-    """The id inside its file of a pytest node id (`f.py::A::test_x[1]` -> ("A", "test_x"))."""
-    parts = nodeid.split("::")[1:]
-    if parts:
-        parts[-1] = _PARAMS.sub("", parts[-1])
+    """The id inside its file of a pytest node id (`f.py::A::test_x[1]` -> ("A", "test_x")); a parameter id
+    may itself hold `::` (`test_x[a::b]`), so the names end at the first `[` after the file."""
+    parts = full_id(nodeid)
+    return (*parts[:-1], _PARAMS.sub("", parts[-1])) if parts else ()
+
+
+def full_id(nodeid: str) -> TestId:
+    """A node id's parts after its file, parameters kept whole (`f.py::A::test_x[a::b]` -> ("A", "test_x[a::b]"))."""
+    _, sep, rest = nodeid.partition("::")
+    if not sep:
+        return ()
+    names, bracket, params = rest.partition("[")
+    parts = names.split("::")
+    parts[-1] += bracket + params
     return tuple(parts)
 
 

@@ -12,7 +12,8 @@ result on it as it happens, one JSON line each:
     {"event": "collecting"}                        the first node below the session is collected:
                                                    from here on, test modules (and the workspace's
                                                    code they import) may run
-    {"event": "report", "nodeid", "path", "when", "outcome", "xfail"}    each test phase
+    {"event": "report", "nodeid", "path", "when", "outcome", "xfail", "subtest"}    each test phase
+                                                   (and each subtest of its call, `subtest` true)
     {"event": "collect_error", "nodeid", "path"}   a module that failed to import
     {"event": "collected"}                         collection finished (reports may follow)
     {"event": "finish", "exitstatus": ...}         the session ended (0/1: it ran to the end)
@@ -113,7 +114,8 @@ def pytest_collectreport(report):
 
 def pytest_runtest_logreport(report):
     _send(event="report", nodeid=report.nodeid, path=_path(_CONFIG, report.nodeid), when=report.when,
-          outcome=report.outcome, xfail=hasattr(report, "wasxfail"))
+          outcome=report.outcome, xfail=hasattr(report, "wasxfail"),
+          subtest=type(report).__name__ == "SubtestReport")
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -130,6 +132,10 @@ class TestResult:
     outcome: str = "passed"
     """passed | failed | error | skipped."""
     phases: set[str] = field(default_factory=set)
+    subtests: dict[str, int] = field(default_factory=dict)
+    """Outcome -> how many subtests of its call reported it (`unittest.subTest`, the `subtests` fixture).
+    pytest counts them apart from tests ("1 failed, 5 passed, 7 subtests passed"): a test's own
+    outcome is its own call report's, as upstream's "(N) passed" count reads it."""
 
 
 @dataclass
@@ -178,6 +184,9 @@ class ChannelResults:
     def _add_report(self, message: dict) -> None:
         nodeid, when, outcome = (str(message.get(k)) for k in ("nodeid", "when", "outcome"))
         result = self.results.setdefault(nodeid, TestResult(nodeid, str(message.get("path"))))
+        if message.get("subtest") is True:
+            self._add_subtest(nodeid, when, outcome, result)
+            return
         broken = self._out_of_order(nodeid, when, result)
         if broken:
             self.conflicts.append(broken)
@@ -190,6 +199,15 @@ class ChannelResults:
             result.outcome = "skipped"
         if message.get("xfail") and result.outcome == "passed" and when == "call":
             result.outcome = "skipped"  # an xfail-marked test that passed is not a plain pass
+
+    def _add_subtest(self, nodeid: str, when: str, outcome: str, result: TestResult) -> None:
+        """A subtest's report: only inside the running test's call (after its set-up, before its own call
+        report), counted apart; it never changes the test's own outcome."""
+        if not self.collected or self.running != nodeid or result.phases != {"setup"} or when != "call":
+            self.conflicts.append(f"{nodeid}: a subtest reported for {when} outside its test's call")
+            result.outcome = "failed"  # a forged report never turns into a pass
+            return
+        result.subtests[outcome] = result.subtests.get(outcome, 0) + 1
 
     def _out_of_order(self, nodeid: str, when: str, result: TestResult) -> str | None:
         """Why this report cannot come from pytest's own run loop, or None (and the loop state advances).

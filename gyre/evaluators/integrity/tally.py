@@ -5,8 +5,10 @@ defined ids, canaries) and what each test command's plugin sent (`channel.Channe
 Output: a `Tally`. The rules of shared/DESIGN.md's "Reward integrity" live here:
 
 - results are keyed by file and full id, parameters included (`test_x[1]`, `test_x[2]`
-  count as two cases, as pytest's own "N passed" does; NL2RepoBench counts that way); an id
-  counts when its base (parameters dropped) is one the pristine file defines;
+  count as two cases, as pytest's own "N passed" does; NL2RepoBench counts that way; a
+  parameter id may hold `::`); an id counts when its base (parameters dropped) is one the
+  pristine file defines; subtests (`unittest.subTest`, the `subtests` fixture) are counted
+  apart, as pytest counts them: a test's outcome is its own call report's;
 - a pristine test passed iff a command reported its call phase passed with no failing
   phase; a test never reported (the process died, exited early, hung, or the module
   failed to import) is failed: that is the workspace's result, never a dropped sample;
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gyre.evaluators.integrity.canaries import PristineFile, TestId, test_id
+from gyre.evaluators.integrity.canaries import PristineFile, TestId, full_id, test_id
 from gyre.evaluators.integrity.channel import ChannelResults
 
 
@@ -92,7 +94,7 @@ def tally(files: list[PristineFile], runs: list[ChannelResults]) -> Tally:
                 cases.setdefault((pristine.inside, tid), set()).add(result.nodeid)
                 if "teardown" not in result.phases:
                     unfinished.add(pristine.inside)
-                key = (pristine.inside, tuple(result.nodeid.split("::")[1:]))
+                key = (pristine.inside, full_id(result.nodeid))
                 out.reported.add(key)
                 if run.passed(result.nodeid):
                     out.passed.add(key)

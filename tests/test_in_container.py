@@ -21,7 +21,8 @@ from gyre.evaluators import evaluate_query
 from gyre.evaluators.formats.in_container import AGENT_DIRS, RESULT_DIR, container_slots
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT
 from gyre.records import EvalStatus
-from gyre.sandboxes.docker import DockerSandbox, evaluation_user
+from gyre.sandboxes.docker import DockerSandbox
+from gyre.sandboxes.docker_container import evaluation_user
 from tests.docker_fake import fake_sdk, run_script, write_lines
 
 TESTS = '''from pathlib import Path
@@ -232,7 +233,7 @@ def test_coordinator_keeps_the_container_for_its_evaluation(tmp_path, tiny_model
     query = _terminal_bench(tmp_path)
     sdk, made = fake_sdk(_handler())
     monkeypatch.setitem(sys.modules, "docker", sdk)
-    monkeypatch.setattr("gyre.sandboxes.docker.engine_problem", lambda: None)
+    monkeypatch.setattr("gyre.sandboxes.docker_container.engine_problem", lambda: None)
     config = RunConfig.model_validate({
         "cache_dir": str(tmp_path / "cache"), "model": {"path": str(tiny_model_dir)},
         "benchmark": {"kind": "terminal-bench", "path": str(query.root.parent)},

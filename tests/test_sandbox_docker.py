@@ -20,7 +20,8 @@ from gyre.records import Query
 from gyre.runtime.resolve import preflight
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_INSIDE
-from gyre.sandboxes.docker import EXEC_ENV, KILL_EXECS, NO_PYTHON3, DockerSandbox, container_kwargs
+from gyre.sandboxes.docker import EXEC_ENV, KILL_EXECS, NO_PYTHON3, DockerSandbox
+from gyre.sandboxes.docker_container import container_kwargs
 from gyre.sandboxes.factory import SandboxBackendError, check_backend, create_sandbox
 from gyre.sandboxes.local.isolation import Isolation
 from gyre.sandboxes.local.sandbox import LocalSandbox
@@ -95,10 +96,10 @@ def test_preflight_stops_a_docker_run_when_no_engine_answers(tmp_path, monkeypat
 
 def test_cli_harnesses_are_allowed_in_docker(monkeypatch):
     """A CLI harness in a container reaches the proxy through the bridge: only a missing engine stops it."""
-    monkeypatch.setattr("gyre.sandboxes.docker.engine_problem", lambda: None)
+    monkeypatch.setattr("gyre.sandboxes.docker_container.engine_problem", lambda: None)
     check_backend(SandboxConfig(type="docker"), "claude-code")
     check_backend(SandboxConfig(type="docker"), "mini-swe-agent")
-    monkeypatch.setattr("gyre.sandboxes.docker.engine_problem", lambda: "no engine")
+    monkeypatch.setattr("gyre.sandboxes.docker_container.engine_problem", lambda: "no engine")
     with pytest.raises(SandboxBackendError, match="no engine"):
         check_backend(SandboxConfig(type="docker"), "claude-code")
 

@@ -43,23 +43,21 @@ The exact SDK calls (what the unit tests check against the SDK's own signatures)
                                         run_as(): its timeout (then KILL; KILL always after it, for leftovers)
     container.reload(); container.status; container.start()             ensure_running()
     container.kill()                    a command that outlived its kill (the sandbox closes)
+    container.pause(); container.unpause()                              paused()
     container.remove(force=True)                                        close()
 
 `docker exec` has no timeout of its own: a timed-out agent command is ended by killing every
 process whose environment carries its token (`GYRE_EXEC`, unique per command: background
 processes of commands that finished are left alone, as in the local session); only if that
 fails is the whole container killed and the sandbox closed, the workspace kept.
-`container_kwargs` (pure) builds the creation arguments; the SDK is imported only when a
-container is really started.
-
-`engine_problem()` says, before a run starts, why no container could be started here
-(SDK missing, no engine answering), so `sandbox.type: docker` fails at preflight with
-the reason instead of at the first execution.
+What a container is made of (`container_kwargs`, pure; the slots; `engine_problem()`, which says
+before a run starts why no container could be started here) is `gyre.sandboxes.docker_container`;
+the SDK is imported only when a container is really started.
 """
 
 from __future__ import annotations
 
-import os
+import logging
 import secrets
 import shlex
 import shutil
@@ -74,20 +72,17 @@ from typing import Any
 from gyre.records import Query
 from gyre.sandboxes import file_tools
 from gyre.sandboxes.base import ExecResult, SandboxLimits
-from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_DIR
 from gyre.sandboxes.bridge import ProxyBridge, proxy_address
+from gyre.sandboxes.docker_container import (
+    BRIDGE_SLOT, DEFAULT_IMAGE, DEFAULT_WORKDIR, SLOTS_SUFFIX, container_kwargs, evaluation_user, make_slots,
+)
 from gyre.sandboxes.fdwalk import strip_special_bits
 from gyre.sandboxes.git_history import strip_git_history
-from gyre.sandboxes.local.session import EVAL_USER
 from gyre.sandboxes.paths import remove_tree
 from gyre.sandboxes.process import BoundedCapture
 
-DEFAULT_IMAGE = "python:3.11-slim"
-DEFAULT_WORKDIR = "/app"
-PING_TIMEOUT_S = 10
-SLOTS_SUFFIX = ".docker"
-BRIDGE_SLOT = ".bridge"
-READ_ONLY_SLOTS = frozenset({"tests", "plugin"})
+log = logging.getLogger(__name__)
+
 """Evaluation slots the evaluation only reads (bound read-only: even its own user cannot change them)."""
 EXEC_ENV = "GYRE_EXEC"
 STOP_WAIT_S = 10.0
@@ -115,83 +110,6 @@ NO_PYTHON3 = (
     "needs inside the container (gyre.sandboxes.bridge): use an image with python3, or harness.type: "
     "builtin' >&2; exit 127; }; "
 )
-
-
-def engine_problem() -> str | None:
-    """Why no Docker engine can be used from here, or None when one answers a ping."""
-    try:
-        import docker  # the optional extra, imported only here
-    except ImportError:
-        return "the docker SDK is not installed (pip install 'gyre-rl[docker]')"
-    try:
-        docker.from_env(timeout=PING_TIMEOUT_S).ping()
-    except docker.errors.DockerException as exc:
-        return f"no Docker engine answers at {os.environ.get('DOCKER_HOST') or 'the default socket'}: {exc}"
-    return None
-
-
-def evaluation_user() -> tuple[int, int]:
-    """uid/gid an in-container evaluation runs as and its slots belong to: 65533 when gyre is root
-    (it can hand the slots over), else gyre's own (it cannot); never the agent's root."""
-    if os.geteuid() == 0:
-        return EVAL_USER.uid, EVAL_USER.gid
-    return os.geteuid(), os.getegid()
-
-
-def container_kwargs(
-    image: str, workspace: Path, workdir: str, limits: SandboxLimits, env: Mapping[str, str], name: str,
-    binds: Sequence[tuple[Path, str, str]] = (),
-) -> dict[str, Any]:
-    """Arguments for `client.containers.run` (the SDK's names); `binds`: (host, inside, "ro"/"rw")
-    added to the workspace's mount. See the module docstring."""
-    volumes = {str(workspace): {"bind": workdir, "mode": "rw"}}
-    volumes.update({str(host): {"bind": inside, "mode": mode} for host, inside, mode in binds})
-    return {
-        "image": image,
-        "command": ["sleep", "infinity"],
-        "name": name,
-        "detach": True,
-        "network_mode": "none",
-        "pids_limit": limits.max_processes,
-        "mem_limit": limits.memory_bytes,
-        "memswap_limit": limits.memory_bytes,
-        "nano_cpus": int(limits.cpu_cores * 1e9),
-        "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
-        "read_only": True,
-        "tmpfs": {"/tmp": f"size={min(limits.max_workspace_bytes, 1 << 30)}"},
-        "volumes": volumes,
-        "working_dir": workdir,
-        "environment": dict(env),
-        "ulimits": [
-            {"name": "fsize", "soft": limits.max_file_bytes, "hard": limits.max_file_bytes},
-            {"name": "nofile", "soft": limits.max_open_files, "hard": limits.max_open_files},
-            {"name": "cpu", "soft": limits.cpu_s, "hard": limits.cpu_s + 1},
-        ],
-        "auto_remove": False,
-    }
-
-
-def make_slots(slot_root: Path, slots: Mapping[str, str], agent_dirs: Iterable[str],
-               owner: tuple[int, int]) -> list[tuple[Path, str, str]]:
-    """Create the bridge directory and the evaluation slots under `slot_root`; returns their binds."""
-    bridge = slot_root / BRIDGE_SLOT
-    bridge.mkdir(parents=True)
-    bridge.chmod(0o711)  # the agent reaches the socket, lists nothing
-    binds = [(bridge, BRIDGE_DIR, "ro")]
-    agent_dirs = tuple(agent_dirs)
-    for name, inside in slots.items():
-        host = slot_root / name
-        host.mkdir()
-        opened = [slot_root / d for d in agent_dirs if d.split("/", 1)[0] == name]
-        for directory in opened:
-            directory.mkdir(parents=True, exist_ok=True)
-            directory.chmod(0o777)
-        if os.geteuid() == 0:
-            os.chown(host, *owner)
-        host.chmod(0o755 if opened else 0o700)
-        binds.append((host, inside, "ro" if name in READ_ONLY_SLOTS else "rw"))
-    return binds
 
 
 @dataclass
@@ -346,7 +264,11 @@ class DockerSandbox:
                 self.container = None
                 if self.slot_root is not None:
                     remove_tree(self.slot_root)
-                strip_special_bits(self.workspace)  # the container is gone: nothing it marked setuid stays runnable
+                try:  # the container is gone: nothing it marked setuid stays runnable on the host
+                    strip_special_bits(self.workspace)
+                except PermissionError as exc:  # deliberate: gyre not root, a file of the container's root
+                    log.warning("docker sandbox %s: a setuid or setgid file the container left could not be "
+                                "cleared (%s); keep the workspace from other users", self.workspace, exc)
         self.closed = True
 
     def destroy(self) -> None:

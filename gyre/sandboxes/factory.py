@@ -28,7 +28,7 @@ def check_backend(config: SandboxConfig, harness_type: str = "builtin") -> None:
     (`DockerSandbox.open_proxy`; an image without python3 fails its command with that reason)."""
     del harness_type  # kept for callers: no backend refuses a harness type any more
     if config.type == "docker":
-        from gyre.sandboxes.docker import engine_problem
+        from gyre.sandboxes.docker_container import engine_problem
 
         problem = engine_problem()
         if problem is not None:

@@ -6,11 +6,11 @@ image's own tools run them. With `sandbox.type: docker` gyre does the same
 (`coordinator.run_execution` keeps the `DockerSandbox` alive past `end_agent()`):
 
 - the tests reach the container through a host directory bound at creation (an evaluation
-  slot, `docker.make_slots`), not `put_archive`: the container's root filesystem is read-only
+  slot, `docker_container.make_slots`), not `put_archive`: the container's root filesystem is read-only
   (there is nowhere else to put `/tests`), and a slot made by gyre before the agent started
   cannot be prepared by it (links, files in the way). The pristine tests (canaries in each test
   module, + Terminal-Bench's `run-tests.sh`) are written there at evaluation time, owned by the
-  evaluation's user (`docker.evaluation_user()`), mode 0700/0600, bound read-only at `/tests`;
+  evaluation's user (`docker_container.evaluation_user()`), mode 0700/0600, bound read-only at `/tests`;
 - gyre's result plugin goes into its slot the same way; the result channel is a FIFO made at
   evaluation time in a third slot (`channel.FifoChannel`: `docker exec` can pass no fd), owned
   by the evaluation's user, mode 0600;

@@ -1,0 +1,106 @@
+"""What a docker sandbox's container is made of: its creation arguments, its slots, its users, its engine.
+
+`container_kwargs` (pure) builds the arguments of `client.containers.run` (the SDK's names):
+no network, pids / memory / CPU caps and rlimits from `SandboxLimits`, no capabilities, no
+privilege escalation, a read-only root with a tmpfs `/tmp`, the workspace and the slots bound.
+`make_slots` creates the bridge directory and the evaluation slots on the host (owned by the
+evaluation's user, `evaluation_user()`, mode 0700; `agent_dirs` inside them the agent's own).
+`engine_problem()` says, before a run starts, why no container could be started here (SDK
+missing, no engine answering), so `sandbox.type: docker` fails at preflight with the reason
+instead of at the first execution. `gyre.sandboxes.docker` runs the container.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gyre.sandboxes.base import SandboxLimits
+from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_DIR
+from gyre.sandboxes.local.session import EVAL_USER
+
+DEFAULT_IMAGE = "python:3.11-slim"
+DEFAULT_WORKDIR = "/app"
+PING_TIMEOUT_S = 10
+SLOTS_SUFFIX = ".docker"
+BRIDGE_SLOT = ".bridge"
+READ_ONLY_SLOTS = frozenset({"tests", "plugin"})
+
+
+def engine_problem() -> str | None:
+    """Why no Docker engine can be used from here, or None when one answers a ping."""
+    try:
+        import docker  # the optional extra, imported only here
+    except ImportError:
+        return "the docker SDK is not installed (pip install 'gyre-rl[docker]')"
+    try:
+        docker.from_env(timeout=PING_TIMEOUT_S).ping()
+    except docker.errors.DockerException as exc:
+        return f"no Docker engine answers at {os.environ.get('DOCKER_HOST') or 'the default socket'}: {exc}"
+    return None
+
+
+def evaluation_user() -> tuple[int, int]:
+    """uid/gid an in-container evaluation runs as and its slots belong to: 65533 when gyre is root
+    (it can hand the slots over), else gyre's own (it cannot); never the agent's root."""
+    if os.geteuid() == 0:
+        return EVAL_USER.uid, EVAL_USER.gid
+    return os.geteuid(), os.getegid()
+
+
+def container_kwargs(
+    image: str, workspace: Path, workdir: str, limits: SandboxLimits, env: Mapping[str, str], name: str,
+    binds: Sequence[tuple[Path, str, str]] = (),
+) -> dict[str, Any]:
+    """Arguments for `client.containers.run` (the SDK's names); `binds`: (host, inside, "ro"/"rw")
+    added to the workspace's mount. See the module docstring."""
+    volumes = {str(workspace): {"bind": workdir, "mode": "rw"}}
+    volumes.update({str(host): {"bind": inside, "mode": mode} for host, inside, mode in binds})
+    return {
+        "image": image,
+        "command": ["sleep", "infinity"],
+        "name": name,
+        "detach": True,
+        "network_mode": "none",
+        "pids_limit": limits.max_processes,
+        "mem_limit": limits.memory_bytes,
+        "memswap_limit": limits.memory_bytes,
+        "nano_cpus": int(limits.cpu_cores * 1e9),
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "read_only": True,
+        "tmpfs": {"/tmp": f"size={min(limits.max_workspace_bytes, 1 << 30)}"},
+        "volumes": volumes,
+        "working_dir": workdir,
+        "environment": dict(env),
+        "ulimits": [
+            {"name": "fsize", "soft": limits.max_file_bytes, "hard": limits.max_file_bytes},
+            {"name": "nofile", "soft": limits.max_open_files, "hard": limits.max_open_files},
+            {"name": "cpu", "soft": limits.cpu_s, "hard": limits.cpu_s + 1},
+        ],
+        "auto_remove": False,
+    }
+
+
+def make_slots(slot_root: Path, slots: Mapping[str, str], agent_dirs: Iterable[str],
+               owner: tuple[int, int]) -> list[tuple[Path, str, str]]:
+    """Create the bridge directory and the evaluation slots under `slot_root`; returns their binds."""
+    bridge = slot_root / BRIDGE_SLOT
+    bridge.mkdir(parents=True)
+    bridge.chmod(0o711)  # the agent reaches the socket, lists nothing
+    binds = [(bridge, BRIDGE_DIR, "ro")]
+    agent_dirs = tuple(agent_dirs)
+    for name, inside in slots.items():
+        host = slot_root / name
+        host.mkdir()
+        opened = [slot_root / d for d in agent_dirs if d.split("/", 1)[0] == name]
+        for directory in opened:
+            directory.mkdir(parents=True, exist_ok=True)
+            directory.chmod(0o777)
+        if os.geteuid() == 0:
+            os.chown(host, *owner)
+        host.chmod(0o755 if opened else 0o700)
+        binds.append((host, inside, "ro" if name in READ_ONLY_SLOTS else "rw"))
+    return binds

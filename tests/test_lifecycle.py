@@ -95,6 +95,9 @@ def test_kill9_mid_step_then_resume_runs_every_step_once(tmp_path, tiny_model_di
     try:
         pids = _wait_mid_step(proc, run_dir, 1)
         assert len(pids) >= 1  # the Prefect server at least
+        # held where it is, mid step 1, while `gyre sql` starts (seconds at load 10): the kill below then
+        # lands mid step, not after step 1's row and before its checkpoint (a resume would rerun it)
+        os.kill(proc.pid, signal.SIGSTOP)
         # the live run holds gyre.duckdb: gyre sql reads the copy written after step 0
         live = _sql(run_dir, "select step from steps order by step")
         assert live["source"].endswith("live.duckdb") and live["age_s"] >= 0

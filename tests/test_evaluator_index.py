@@ -93,3 +93,38 @@ def test_the_agent_sandbox_reaches_no_index(tmp_path, fake):
     result = sandbox.exec(f"python3 -c \"import urllib.request; urllib.request.urlopen('{fake.url}/simple/', "
                           "timeout=3)\" && echo REACHED || echo refused", timeout_s=30)
     assert "refused" in result.stdout and "REACHED" not in result.stdout
+
+
+def test_the_tasks_image_packages_are_installed_before_its_commands(tmp_path, fake):
+    # NL2RepoBench's start.md lists what the task's image holds; the hidden tests may import it even though
+    # the project never declares it (a test-only dependency)
+    query = _query(tmp_path, name="imaged")
+    start = query.root / "start.md"
+    start.write_text(start.read_text() + "\n### Core Dependency Library Versions\n\n```Plain\n"
+                     "demo-pkg                      1.0\npytest                        8.4.1\n```\n")
+    tests = "import demo_pkg\nfrom app import value\n\n\ndef test_value():\n    assert value() == demo_pkg.VALUE\n"
+    (query.hidden_tests_dir / "tests" / "test_app.py").write_text(tests)
+    (query,) = load_nl2repo(query.root.parent)
+    workspace = _workspace(tmp_path, query, {"app.py": "def value():\n    return 1\n"})
+    score = evaluate_query(query, workspace, tmp_path / "e", "x", timeout_s=120,
+                           index=IndexAccess(upstream=f"{fake.url}/simple/"))
+    assert (score.status, score.score) == (EvalStatus.ok, 1.0), score.detail
+    assert "the image's 2 packages installed" in score.detail
+    offline = evaluate_query(query, workspace, tmp_path / "e2", "x2", timeout_s=60)
+    assert offline.status is EvalStatus.error and "need package-index" in offline.detail  # unscorable, not a 0
+
+
+def test_the_project_itself_among_the_image_packages_is_removed(tmp_path, fake):
+    # jinja's case: the image's list brings the project under another name (Jinja2 for the task `jinja`);
+    # an empty workspace must not pass the hidden tests with the installed copy
+    query = _query(tmp_path, name="pydemo-pkg")
+    start = query.root / "start.md"
+    start.write_text(start.read_text() + "\n### Core Dependency Library Versions\n\n```Plain\ndemo-pkg==1.0\n```\n")
+    (query.hidden_tests_dir / "tests" / "test_app.py").write_text(
+        "def test_value():\n    import demo_pkg\n    assert demo_pkg.VALUE == 1\n")
+    (query,) = load_nl2repo(query.root.parent)
+    empty = _workspace(tmp_path, query, {})
+    score = evaluate_query(query, empty, tmp_path / "e", "x", timeout_s=120,
+                           index=IndexAccess(upstream=f"{fake.url}/simple/"))
+    assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
+    assert "demo-pkg removed (the project itself)" in score.detail

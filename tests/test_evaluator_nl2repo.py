@@ -150,7 +150,11 @@ def test_planted_pytest_config_is_neutralised(tmp_path):
     assert not (repo / "conftest.py").exists() and not (repo / "tests" / "conftest.py").exists()
     assert not (repo / "pytest.py").exists() and not (repo / "tests" / "tox.ini").exists()
     assert "tool.pytest" not in (repo / "tests" / "pyproject.toml").read_text()
-    assert "tool:pytest" not in (repo / "setup.cfg").read_text()
+    # the root setup.cfg stays whole (a build reads it); gyre's pinned pytest.ini, which pytest reads
+    # instead, carries its settings on without the plugin
+    assert "tool:pytest" in (repo / "setup.cfg").read_text()
+    assert "evil" not in (repo / "pytest.ini").read_text()
+    assert "dropped -p evil from setup.cfg's addopts" in (tmp_path / "eval" / "reports" / "neutralised.txt").read_text()
     assert "neutralised" in score.detail
     assert (workspace / "conftest.py").exists()
 
@@ -239,3 +243,33 @@ def test_setup_command_installs_the_workspace_into_the_evaluation_env(tmp_path, 
     score = evaluate(query, workspace, tmp_path / "eval", "exec-1", timeout_s=60)
     assert (score.status, score.score) == (EvalStatus.ok, expected), score.detail
     assert not (workspace / "src" / "calcpkg.egg-info").exists()  # the kept workspace is never touched
+
+
+def test_the_projects_own_pytest_settings_are_kept_less_what_only_forges(tmp_path):
+    # tqdm's shape: its tests are tests_*.py, collected only under the project's python_files; the
+    # same settings also try to load a plugin of the workspace, which must not load
+    hidden = CALC_TESTS
+    project = tmp_path / "bench" / "calc"
+    (project / "hidden_tests" / "tests").mkdir(parents=True)
+    (project / "hidden_tests" / "tests" / "tests_calc.py").write_text(hidden)
+    (project / "start.md").write_text("Create `calc.py` with `add(a, b)` returning a + b.\n")
+    (project / "test_case_count.txt").write_text("4\n")
+    (project / "test_commands.json").write_text(json.dumps(["pytest --continue-on-collection-errors tests"]))
+    (project / "test_files.json").write_text(json.dumps(["tests/tests_calc.py"]))
+    (query,) = load_nl2repo(project.parent)
+    pyproject = ('[project]\nname = "calc"\nversion = "1"\n\n[tool.pytest.ini_options]\n'
+                 'python_files = ["tests_*.py"]\naddopts = "-ra -p evil --rootdir=/ -p no:doctest"\n'
+                 'required_plugins = ["pytest-nonexistent"]\n')
+    workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return a + b\n",
+                                             "pyproject.toml": pyproject, "evil.py": FORCE_PASS_CONFTEST})
+    score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
+    assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 4), score.detail
+    pinned = (tmp_path / "eval" / "repo" / "pytest.ini").read_text()
+    assert "python_files =\n    tests_*.py" in pinned and "addopts = -ra -p no:doctest" in pinned
+    neutralised = (tmp_path / "eval" / "reports" / "neutralised.txt").read_text()
+    assert "dropped -p evil" in neutralised and "dropped --rootdir=/" in neutralised
+    assert "dropped required_plugins" in neutralised
+    wrong = _workspace(tmp_path / "wrong", query, {"calc.py": "def add(a, b):\n    return 1\n",
+                                                   "pyproject.toml": pyproject, "evil.py": FORCE_PASS_CONFTEST})
+    score = evaluate(query, wrong, tmp_path / "eval-wrong", "exec-2")
+    assert score.score < 1.0 and score.status is EvalStatus.ok, score.detail

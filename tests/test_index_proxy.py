@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from importlib import metadata
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
@@ -57,6 +58,20 @@ def _wheel(name: str, version: str) -> tuple[str, bytes, bytes]:
         for path, data in [*files.items(), (f"{info}/RECORD", record.encode())]:
             zf.writestr(path, data)
     return f"{dist}-{version}-py3-none-any.whl", buf.getvalue(), metadata
+
+
+def _installed_wheel(name: str) -> tuple[str, bytes]:
+    """(filename, bytes) of a wheel made from a distribution installed here (its files as RECORD lists them):
+    what pip's isolated build environment fetches from the index (`setuptools`), served offline."""
+    found = metadata.distribution(name)
+    version, dist = found.version, re.sub(r"[-_.]+", "_", found.metadata["Name"])
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for file in found.files or ():
+            path = Path(found.locate_file(file))
+            if ".." not in file.parts and path.is_file() and "__pycache__" not in file.parts:
+                zf.writestr(file.as_posix(), path.read_bytes())
+    return f"{dist}-{version}-py3-none-any.whl", buf.getvalue()
 
 
 def _sha(data: bytes) -> str:
@@ -114,6 +129,10 @@ class FakeIndex:
         self.projects["flaky"] = [{"filename": "flaky-1.0.tar.gz", "url": "/packages/flaky-1.0.tar.gz", "hashes": {}}]
         self.projects[DENIED] = [{"filename": denied, "url": f"/packages/{denied}",
                                   "hashes": {"sha256": _sha(denied_bytes)}}]
+        built, built_bytes = _installed_wheel("setuptools")  # pip's isolated builds fetch their backend
+        self.files[built] = built_bytes
+        self.projects["setuptools"] = [{"filename": built, "url": f"/packages/{built}",
+                                        "hashes": {"sha256": _sha(built_bytes)}}]
 
     def _html(self, name: str) -> str:
         out = ["<!DOCTYPE html><html><body>"]
@@ -222,7 +241,7 @@ def test_listing_is_rewritten_to_the_proxy(proxy, fake):
     assert "dropped 2 link(s)" in rec.detail and "files.example.invalid" in rec.detail
     # the root listing too, without the denied project
     root = _get(base)
-    assert root.status_code == 200 and _hrefs(root.text) == ["demo-pkg/", "flaky/"]
+    assert root.status_code == 200 and _hrefs(root.text) == ["demo-pkg/", "flaky/", "setuptools/"]
 
 
 def test_file_download_streams_the_upstream_bytes(proxy, fake):
@@ -309,7 +328,7 @@ def test_json_api_on_request(proxy, fake):
     assert whl["core-metadata"] == {"sha256": _sha(fake.meta[fake.demo_wheel])}
     assert files["demo-pkg-1.0.tar.gz"]["yanked"] == "broken build"
     root = _get(proxy.base_url, headers={"Accept": JSON_V1})
-    assert root.json()["projects"] == [{"name": "demo-pkg"}, {"name": "flaky"}]
+    assert root.json()["projects"] == [{"name": "demo-pkg"}, {"name": "flaky"}, {"name": "setuptools"}]
 
 
 def test_pip_download_through_the_proxy(fake, tmp_path):

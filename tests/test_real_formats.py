@@ -371,3 +371,24 @@ def test_score_refuses_a_malformed_or_unknown_query_and_bad_arguments(tmp_path):
                                  "--format", "r2e"])
     assert result.exit_code == 2 and said("'toylib_final-broken' is malformed", result.output)
     assert said("field 'expected_output_json'", result.output)
+
+
+def test_check_and_score_take_the_evaluators_network(tmp_path):
+    # a task whose image holds packages is scorable only with the package index: check says so beforehand
+    root = tmp_path / "bench"
+    shutil.copytree(NL2REPO / "mathkit", root / "mathkit")
+    start = root / "mathkit" / "start.md"
+    start.write_text(start.read_text() + "\n### Core Dependency Library Versions\n\n```Plain\nfreezegun==1.5.1\n```\n")
+    result = runner.invoke(app, ["benchmark", "check", str(root), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["unscorable_here"] == [{"id": "mathkit", "needs": ["package-index"]}]
+    result = runner.invoke(app, ["benchmark", "check", str(root), "--json", "--network", "package-index"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["unscorable_here"] == []
+    result = runner.invoke(app, ["benchmark", "check", str(root), "--network", "everywhere"])
+    assert result.exit_code == 2 and said("--network must be none or package-index", result.output)
+    ws = workspace(NL2REPO / "mathkit", tmp_path / "ws")
+    result = runner.invoke(app, ["benchmark", "score", str(root), "mathkit", str(ws), "--network", "everywhere"])
+    assert result.exit_code == 2 and said("network must be none or package-index", result.output)
+    result = runner.invoke(app, ["benchmark", "score", str(root), "mathkit", str(ws), "--json", "--timeout", "30"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["status"] == "error"  # unscorable offline, not a 0
+    assert "need package-index" in json.loads(result.stdout)["reason"]

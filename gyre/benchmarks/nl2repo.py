@@ -41,6 +41,7 @@ from pathlib import Path, PurePosixPath
 
 from gyre.benchmarks.errors import BenchmarkFormatError
 from gyre.benchmarks.files import Problem, files_under, load_each, raise_first, read_text
+from gyre.benchmarks.image_packages import image_packages
 from gyre.benchmarks.spec import NL2REPO, SCORING_RULES, TaskSpec
 from gyre.records import Query
 
@@ -115,9 +116,13 @@ def load_nl2repo_query(project_dir: Path, benchmark: str = "nl2repobench") -> Qu
 
 
 def nl2repo_spec(project_dir: Path) -> TaskSpec:
-    """The format's facts for one project: its scoring rule and the paths its hidden tests replace."""
+    """The format's facts for one project: its scoring rule, the paths its hidden tests replace and
+    the packages its image holds (start.md's dependency block; the project's own name left out)."""
+    project_dir = Path(project_dir)
+    start_md = read_text(project_dir / INSTRUCTION_FILE, "instruction")
     return TaskSpec(format=NL2REPO, scoring=SCORING_RULES[NL2REPO],
-                    replaced_paths=tuple(_test_entries(Path(project_dir))))
+                    replaced_paths=tuple(_test_entries(project_dir)),
+                    image_packages=image_packages(start_md, project_dir.name))
 
 
 def _test_entries(project_dir: Path) -> list[str]:

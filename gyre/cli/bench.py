@@ -330,3 +330,48 @@ def bench_cells(
     console.print(f"switch bound: 3 x {bound['snapshot_bytes'] / 1e6:.1f} MB / memcpy "
                   f"{bound['memcpy_bytes_per_s'] / 1e9:.2f} GB/s + 0.5 s = {bound['bound_s']:.3f} s")
     console.print(f"checks: {result['checks']}")
+
+
+@bench_app.command("fidelity")
+def bench_fidelity(
+    task: list[str] = typer.Option(None, "--task", "-t", help="Only this project (repeatable); default: all 20."),
+    out: Path | None = typer.Option(None, help="Directory for each side's logs (default: runs/fidelity-<time>)."),
+    timeout_s: float = typer.Option(900.0, "--timeout-s", min=1.0, help="Bound on each test command."),
+    as_json: bool = JSON,
+) -> None:
+    """Real NL2RepoBench projects, their real released sources scored by gyre and by a stand-in of
+    upstream's own procedure in the same place, and an empty workspace by gyre (gyre/benches/fidelity.py)."""
+    from gyre.benches.fidelity import run
+
+    out = _out_dir(out, "fidelity")
+
+    def progress(row) -> None:
+        if not as_json:
+            console.print(f"{row.task}: upstream {row.upstream}, gyre {row.gyre} ({row.gyre_status}), "
+                          f"unsolved {row.unsolved} [{row.seconds:.0f} s]"
+                          + (f": {row.detail}" if row.gyre_status == "bench error" else ""))
+
+    try:
+        result = run(task or None, out, timeout_s=timeout_s, on_result=progress)
+    except (*INPUT_ERRORS, ValueError) as exc:  # an unknown --task, a malformed projects file
+        _fail(exc)
+    (out / "fidelity.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if as_json:
+        _print_json(result)
+        return
+    table = Table(title=f"gyre bench fidelity ({out})", box=box.SIMPLE)
+    for col in ("task", "version", "upstream", "gyre", "status", "unsolved", "match", "pins left out"):
+        table.add_column(col, justify="right" if col in ("upstream", "gyre", "unsolved") else "left")
+    for r in result["rows"]:
+        table.add_row(r["task"], r["version"], _num(r["upstream"]), _num(r["gyre"]), r["gyre_status"],
+                      _num(r["unsolved"]), "yes" if r["match"] else "NO" if r["comparable"] else "n/a",
+                      str(len(r["skipped_pins"])))
+    console.print(table)
+    console.print(f"{result['matched']} of {result['comparable']} comparable projects ({result['projects']} in all) "
+                  f"within {result['tolerance']} of the stand-in; {result['unsolved_above_0']} unsolved above 0; "
+                  f"{result['bench_errors']} not set up; not comparable (the stand-in's pytest never ran the tests): "
+                  f"{', '.join(result['not_comparable']) or 'none'}")
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

@@ -43,8 +43,10 @@ def benchmark_check(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
     eval_fraction: float = typer.Option(0.25, min=0.0, max=0.99, help="Held-out share for the split shown."),
     held_out_kind: list[str] = typer.Option([], "--held-out-kind", help="A tiny template held out entirely."),
+    network: str = typer.Option("none", "--network", help="The evaluations' network: none or package-index."),
 ) -> None:
-    """Load every task; list each malformed one with its reason, the tasks unscorable here, and
+    """Load every task; list each malformed one with its reason, the tasks unscorable here (with the
+    evaluations' `--network`, as a run's `evaluator.network` gives them), and
     queries whose instruction, hidden tests or reference solution repeat (with the side of the
     content split each lands on: copies always share a side).
 
@@ -59,12 +61,15 @@ def benchmark_check(
             _fail(ValueError(f"--kind {kind!r} contradicts --format {fmt!r}; --kind is a deprecated alias of --format"))
         err_console.print("[yellow]note:[/] --kind is deprecated; use --format")
         fmt = kind
+    if network not in ("none", "package-index"):
+        _fail(ValueError(f"--network must be none or package-index, got {network!r}"))
     try:
         resolved = resolve_kind(fmt, root)
         queries, malformed = load_benchmark_report(resolved, root)
     except (*INPUT_ERRORS, ValueError) as exc:
         _fail(exc)
-    report = _check_report(root, resolved, queries, malformed, eval_fraction, held_out_kind)
+    report = _check_report(root, resolved, queries, malformed, eval_fraction, held_out_kind,
+                           package_index=network == "package-index")
     if as_json:
         print(json.dumps(report, indent=2))
     else:
@@ -74,7 +79,7 @@ def benchmark_check(
 
 
 def _check_report(root: Path, resolved: str, queries, malformed, eval_fraction: float,
-                  held_out_kind: list[str]) -> dict:
+                  held_out_kind: list[str], package_index: bool = False) -> dict:
     """What `check` says of a loaded benchmark: good and malformed tasks, the tasks this machine
     cannot score (with what they need), the content split and the contents that repeat."""
     from gyre.benchmarks.content import duplicates, split_by_content
@@ -83,7 +88,7 @@ def _check_report(root: Path, resolved: str, queries, malformed, eval_fraction: 
     unscorable = []
     for query in queries:
         try:
-            missing = unmet(task_needs(query), available_here())
+            missing = unmet(task_needs(query), available_here(package_index=package_index))
         except OSError as exc:  # a script it runs cannot be read: say so, do not hide the task
             missing = [f"unreadable script ({exc})"]
         if missing:
@@ -155,8 +160,13 @@ def benchmark_score(
     workspace: Path = typer.Argument(..., help="A workspace (for example a kept one under runs/)."),
     fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+    network: str = typer.Option("none", "--network", help="none, or package-index (a run's evaluator.network)."),
+    index_url: str | None = typer.Option(None, "--index-url", help="The index proxied (evaluator.index_url)."),
+    timeout_s: float = typer.Option(120.0, "--timeout", min=0.001, help="Seconds per test command (evaluator.timeout_s)."),
+    monitor: str = typer.Option("record", "--monitor", help="record, zero or off (evaluator.monitor)."),
 ) -> None:
-    """Score one workspace against a query's hidden tests (rerun an evaluation by hand).
+    """Score one workspace against a query's hidden tests (rerun an evaluation by hand, with the
+    evaluator settings the run had).
 
     Other malformed tasks in ROOT do not matter; a malformed QUERY_ID is refused with its reason.
     """
@@ -165,7 +175,8 @@ def benchmark_score(
     from gyre.evaluators.score_one import score_workspace
 
     try:
-        result = score_workspace(root, query_id, workspace, fmt)
+        result = score_workspace(root, query_id, workspace, fmt, timeout_s=timeout_s, network=network,
+                                 index_url=index_url, monitor=monitor)
     except (*INPUT_ERRORS, ValueError, KeyError) as exc:
         _fail(exc)
     if as_json:

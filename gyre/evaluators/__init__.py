@@ -106,7 +106,8 @@ def evaluate_query(
         spec, spec_error = None, f"{type(exc).__name__}: {exc}"
     eval_dir = Path(eval_dir).resolve()
     in_container = isinstance(live, DockerSandbox) and spec is not None and spec.format in IN_CONTAINER_FORMATS
-    missing = unmet(task_needs(query), available_here(package_index=index is not None and not in_container))
+    missing = [] if spec is None else unmet(task_needs(query),
+                                            available_here(package_index=index is not None and not in_container))
     late = past(deadline_s)
     if late or missing or spec is None:
         eval_dir.mkdir(parents=True, exist_ok=False)

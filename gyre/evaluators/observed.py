@@ -29,27 +29,37 @@ from __future__ import annotations
 
 import os
 import random
+import shlex
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from gyre.evaluators.integrity.canaries import PristineFile, add_canaries, defined_tests, is_test_module
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from gyre.evaluators.common import error, tampering
+from gyre.evaluators.environments.own_project import installed, is_the_project
+from gyre.evaluators.environments.toolenv import (
+    EvalEnv, base_interpreter_dirs, make_env, pytest11_modules, site_packages, tool_distributions,
+)
+from gyre.evaluators.integrity.canaries import (
+    DEFAULT_PYTHON_FILES, PristineFile, add_canaries, defined_tests, is_test_module,
+)
 from gyre.evaluators.integrity.cases import case_counts, dynamic_conftest
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall, ResultChannel
-from gyre.evaluators.common import error, tampering
 from gyre.evaluators.integrity.pytest_guard import clear_shadows
 from gyre.evaluators.integrity.tally import Tally, tally
-from gyre.evaluators.environments.toolenv import EvalEnv, base_interpreter_dirs, make_env
+from gyre.records import Score
+from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_INSIDE_DIR
 from gyre.sandboxes.bridge import ProxyBridge, proxy_address
 from gyre.sandboxes.index.proxy import IndexProxy, IndexProxyConfig, client_env
-from gyre.records import Score
-from gyre.sandboxes.base import ExecResult, SandboxLimits
-from gyre.sandboxes.local.isolation import Isolation
 from gyre.sandboxes.layout import Mount, SandboxLayout
-from gyre.sandboxes.paths import clear_path, remove_tree
+from gyre.sandboxes.local.isolation import Isolation
 from gyre.sandboxes.local.privileges import hand_over
 from gyre.sandboxes.local.session import EVAL_USER, Session
+from gyre.sandboxes.paths import clear_path, remove_tree
 
 BRIDGE_SLOT = "bridge"
 EVAL_BRIDGE_DIR = "/run/gyre-eval"
@@ -60,15 +70,17 @@ INTERRUPT_GRACE_S = 5.0
 
 
 def place_pristine(dest: Path, sources: Mapping[str, bytes], inside: str, rng: random.Random,
-                   num_fail: int = 2, xfail: bool = False) -> list[PristineFile]:
-    """Write `sources` (relative path -> bytes) under `dest`, canaries in test modules; see the module docstring."""
+                   num_fail: int = 2, xfail: bool = False,
+                   python_files: tuple[str, ...] = DEFAULT_PYTHON_FILES) -> list[PristineFile]:
+    """Write `sources` (relative path -> bytes) under `dest`, canaries in test modules (those pytest collects
+    under `python_files`, the project's setting); see the module docstring."""
     placed: list[PristineFile] = []
     clear_shadows(dest, sources)
     capped = not any(PurePosixPath(rel).name == "conftest.py" and dynamic_conftest(data.decode("utf-8", "replace"))
                      for rel, data in sources.items())
     for rel, data in sources.items():
         target = clear_path(dest, rel)
-        if is_test_module(rel):
+        if is_test_module(rel, python_files):
             text = data.decode("utf-8", errors="replace")
             source, canaries = add_canaries(text, rng, num_fail=num_fail, xfail=xfail)
             tests = defined_tests(source) - {(name,) for name in canaries.names}
@@ -107,6 +119,11 @@ class Observer:
     env: EvalEnv
     index: IndexProxy | None = None
     index_url: str | None = None
+    image_denials: frozenset[str] = frozenset()
+    """Projects the index refused while the image's packages installed (gyre's doing, not the workspace's)."""
+    image_plugins: tuple[str, ...] = ()
+    """pytest plugins (`pytest11` entry points) of the task image's packages, loaded by name: autoloading
+    stays off, so a plugin the workspace installs never loads (`install`)."""
     bridge: ProxyBridge | None = None
 
     session: Session | None = None
@@ -156,7 +173,7 @@ class Observer:
             return None
         index.stop()
         counted.tampering += [f"the workspace tried to install {name!r} (the project itself) from the index"
-                              for name in index.denials()]
+                              for name in index.denials() if name not in self.image_denials]
         errors = index.upstream_errors()
         if errors:
             return f"the package index failed during the evaluation: {errors[0].detail or errors[0].status}"
@@ -170,8 +187,9 @@ class Observer:
         extra = dict(env)
         addopts = (*addopts, *([extra.pop("PYTEST_ADDOPTS")] if "PYTEST_ADDOPTS" in extra else []))
         full_env = {**extra, **self.env.env(), **self.plugin.env(plugin_path, addopts), **channel.env()}
-        if self.index_url is not None:
-            del full_env["PIP_NO_INDEX"]
+        if self.index_url is not None:  # as upstream's image does: pip builds in an isolated environment,
+            del full_env["PIP_NO_INDEX"]   # its backend (hatchling, flit_core, poetry-core) fetched through the proxy
+            del full_env["PIP_NO_BUILD_ISOLATION"]
             full_env.pop("UV_OFFLINE", None)
             full_env.update(client_env(self.index_url))
         if self.bridge is not None:
@@ -192,6 +210,41 @@ class Observer:
             results = channel.close()
         results.stopped = result.timed_out or bool(result.limit_hit)
         return result, results
+
+    def install(self, requirements: tuple[str, ...], *, task: str, directory: Path, scratch: Path,
+                limits: SandboxLimits, timeout_s: float) -> tuple[list[str], list[str]]:
+        """Install the task image's packages into the environment from the index, before any workspace code:
+        the command runs in `directory` (empty; the workspace is not shown). All at once first; if pip refuses
+        the set, one at a time. The tool distributions stay the tools' (`tool_distributions`), and whatever
+        turns out to be `task`'s project itself is uninstalled again (`own_project`). Returns the requirements
+        left out (pip could not install them here) and the distributions removed as the project;
+        `timeout_s` bounds all of it. The pytest plugins of what stays are then `image_plugins`."""
+        if self.index_url is None:
+            raise RuntimeError("the task's image packages need the package index (needs.py says so first)")
+        tools = {canonicalize_name(d.metadata["Name"]) for d in tool_distributions()}
+        wanted = [r for r in requirements if canonicalize_name(Requirement(r).name) not in tools]
+        deadline = time.monotonic() + timeout_s
+        layout = SandboxLayout(mounts=self.mounts())
+
+        def pip(action: str, args: list[str]) -> bool:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            result, _ = self.run(f"pip {action} " + shlex.join(args), workspace=directory, scratch=scratch,
+                                 layout=layout, env={"HOME": str(scratch)}, limits=limits, timeout_s=left)
+            return result.exit_code == 0 and not result.timed_out
+
+        left_out = []
+        if wanted and not pip("install --quiet", wanted):
+            left_out = [r for r in wanted if not pip("install --quiet", [r])]
+        self.image_denials = frozenset(self.index.denials()) if self.index is not None else frozenset()
+        site = site_packages(self.env.directory)  # read before any workspace code ran
+        removed = [name for name, modules in installed(site) if is_the_project(task, name, modules)]
+        if removed and not pip("uninstall --yes --quiet", removed):
+            raise RuntimeError(f"could not uninstall {', '.join(removed)} (the task's own project) from the image's "
+                               "packages")
+        self.image_plugins = pytest11_modules(site)
+        return left_out, removed
 
     def run_single(self, command: str, pristine: list[PristineFile], **run_kwargs) -> Observed:
         """A format's one test command (`run`'s arguments), tallied, with the observer finished."""

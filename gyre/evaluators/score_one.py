@@ -16,6 +16,7 @@ from typing import Any
 
 from gyre.benchmarks import load_benchmark_problems
 from gyre.evaluators import evaluate_query
+from gyre.evaluators.observed import IndexAccess
 
 
 def score_workspace(
@@ -25,7 +26,13 @@ def score_workspace(
     kind: str = "auto",
     eval_dir: Path | None = None,
     timeout_s: float = 120,
+    *,
+    network: str = "none",
+    index_url: str | None = None,
+    monitor: str = "record",
 ) -> dict[str, Any]:
+    """`network`, `index_url`, `timeout_s` and `monitor` are a run's `evaluator` settings (`EvaluatorConfig`),
+    so a workspace a run scored can be scored again by hand the same way."""
     loaded, problems = load_benchmark_problems(kind, Path(root))
     queries = {q.query_id: q for q in loaded}
     broken = [p for p in problems if p.query_id == query_id]
@@ -38,5 +45,9 @@ def score_workspace(
         raise FileNotFoundError(f"workspace {workspace} does not exist or is not a directory")
     if eval_dir is None:
         eval_dir = Path(tempfile.mkdtemp(prefix=f"gyre-score-{query_id}-")) / "eval"
-    score = evaluate_query(queries[query_id], Path(workspace), Path(eval_dir), f"score-{query_id}", timeout_s)
+    if network not in ("none", "package-index"):
+        raise ValueError(f"network must be none or package-index, got {network!r}")
+    index = IndexAccess(upstream=index_url) if network == "package-index" else None
+    score = evaluate_query(queries[query_id], Path(workspace), Path(eval_dir), f"score-{query_id}", timeout_s,
+                           monitor=monitor, index=index)
     return {"status": score.status.value, "score": score.score, "reason": score.detail, "eval_dir": str(eval_dir)}

@@ -13,7 +13,9 @@ task's own directory, e.g. `run-tests.sh`, `tests/test.sh`) and every need is na
 - `python:<X.Y>`: a specific interpreter asked of uv or pyenv, other than the one here;
 - `uv`: uv / uvx, when the evaluation's tools do not include it (they do when gyre's `uv`
   dependency is installed: `available_here`);
-- `package-index`: pip or uv installing named packages from an index;
+- `package-index`: pip or uv installing named packages from an index, or an NL2RepoBench task
+  whose image holds packages besides the project (`TaskSpec.image_packages`, from `start.md`):
+  the evaluation installs them from the index before the task's commands, as the image has them;
 - `program:<name>`: a program a test command starts (its first word, after `NAME=value`
   assignments, in each part between `&&`, `||`, `;`, `|`) that the evaluation's PATH lacks
   (`xvfb-run`). Read here, before anything runs: at run time a setup command's "command not
@@ -100,7 +102,8 @@ def task_needs(query: Query) -> list[str]:
                     texts.append(candidate.read_text(encoding="utf-8", errors="replace"))
     clash = _tool_clash(query)
     programs = {f"{PROGRAM}:{name}" for name in command_programs(query.test_commands) if not program_available(name)}
-    return sorted(set().union(*(script_needs(t) for t in texts), programs,
+    image = {PACKAGE_INDEX} if _image_packages(query) else set()  # installed from the index first
+    return sorted(set().union(*(script_needs(t) for t in texts), programs, image,
                               {f"{TOOL_CLASH}:{clash}"} if clash else set()))
 
 
@@ -123,6 +126,19 @@ def program_available(name: str) -> bool:
 
     own = {*_WRAPPERS, *_python_names(), "python3", *(UV_BINARIES if tools_have_uv() else ())}
     return name in own or shutil.which(name, path=SYSTEM_PATH) is not None
+
+
+def _image_packages(query: Query) -> tuple[str, ...]:
+    """The packages an NL2RepoBench task's image holds (`TaskSpec.image_packages`); () for other formats."""
+    from gyre.benchmarks.registry import detect_format, task_spec
+    from gyre.benchmarks.spec import NL2REPO
+
+    try:
+        if detect_format(Path(query.root)) != NL2REPO:
+            return ()
+    except Exception:  # not a task directory this reading knows: no image to reproduce
+        return ()
+    return task_spec(query).image_packages
 
 
 def _tool_clash(query: Query) -> str | None:

@@ -17,7 +17,9 @@ evaluation gets a fresh virtual environment of its own (`make_env`):
 - pip installs without an isolated build environment (the tools' setuptools builds the
   workspace) and without an index: `pip install -e .` of a setuptools project works offline;
   a project whose build needs anything else fails to install, which is the workspace's
-  result (its tests then fail);
+  result (its tests then fail). With the package-index proxy, pip builds in isolation as it
+  does in the benchmark's image: the project's own backend (hatchling, flit_core, ...) and its
+  dependencies come through the proxy (`gyre.evaluators.observed.Observer.run`);
 - uv, likewise, reads no configuration file (the host's, or one under `$HOME`, which is the
   workspace), keeps no cache (a temporary one under the sandbox's /tmp), never downloads an
   interpreter nor uses a "managed" one, and is offline; with the package-index proxy
@@ -37,6 +39,7 @@ Without bubblewrap the same environment is used at its host paths.
 from __future__ import annotations
 
 import compileall
+import configparser
 import hashlib
 import os
 import py_compile
@@ -215,6 +218,21 @@ def make_env(eval_dir: Path, bwrap: bool) -> EvalEnv:
         if (tools / TOOLS_BIN / name).is_file():
             (directory / "bin" / name).symlink_to(f"{tools_inside}/{TOOLS_BIN}/{name}")
     return EvalEnv(directory, tools, inside, tools_inside)
+
+
+def pytest11_modules(site: Path) -> tuple[str, ...]:
+    """The modules of the `pytest11` entry points of the distributions installed in `site` (sorted)."""
+    modules = set()
+    for entry_points in sorted(Path(site).glob("*.dist-info/entry_points.txt")):
+        parser = configparser.ConfigParser(interpolation=None, delimiters=("=",))
+        parser.optionxform = str
+        try:
+            parser.read_string(entry_points.read_text(encoding="utf-8"))
+        except (configparser.Error, UnicodeDecodeError):
+            continue
+        if parser.has_section("pytest11"):
+            modules |= {value.split(":")[0].strip() for value in parser["pytest11"].values()}
+    return tuple(sorted(m for m in modules if m))
 
 
 def tools_have_uv(tools: Path | None = None) -> bool:

@@ -49,7 +49,7 @@ from __future__ import annotations
 import json
 import random
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from gyre.benchmarks.registry import task_spec
@@ -57,7 +57,9 @@ from gyre.evaluators.common import EVAL_LIMITS, error, tail
 from gyre.evaluators.environments.deadline import capped, overall_timeout_error
 from gyre.evaluators.environments.workspace_copy import copy_workspace
 from gyre.evaluators.integrity.channel import ChannelResults
+from gyre.evaluators.integrity.origins import Watch, mismatches
 from gyre.evaluators.integrity.pytest_guard import imported_modules, neutralise_pytest_config, pin_rootdir
+from gyre.evaluators.integrity.pytest_settings import project_settings, python_files, render_ini, sanitise
 from gyre.evaluators.integrity.tally import Tally, tally
 from gyre.evaluators.observed import IndexAccess, Observer, place_pristine, read_sources
 from gyre.records import EvalStatus, Query, Score
@@ -141,29 +143,58 @@ def _score(
         clear_path(repo, rel.rstrip("/"))  # links on the way are removed, never followed
     sources = read_sources(Path(query.hidden_tests_dir), query.test_files)
     project = imported_modules([data.decode("utf-8", errors="replace") for data in sources.values()])
-    neutralised = neutralise_pytest_config(repo, query.test_files, project)
+    settings, source = project_settings(repo)  # the project's own, carried on by gyre's pinned pytest.ini
+    kept, removed = sanitise(settings, source or "")
+    neutralised = [*neutralise_pytest_config(repo, query.test_files, project, keep_root=True), *removed]
     # no workdir is set: commands see the repository at its host path
-    pristine = place_pristine(repo, sources, str(repo), random.Random(secrets.randbits(64)))
-    pin_rootdir(repo, query.test_files)
+    pristine = place_pristine(repo, sources, str(repo), random.Random(secrets.randbits(64)),
+                              python_files=python_files(kept))
+    pinned = pin_rootdir(repo, query.test_files, render_ini(kept))
     isolation.hand_over(repo)
-    protect(repo, [*query.test_files, "pytest.ini"])
+    protect(repo, query.test_files, writable_dirs=True)  # tests may write beside themselves, as upstream's do
+    protect(repo, ["pytest.ini"])
+    watch = Watch.start(repo, query.test_files, (repo / "pytest.ini").read_text(encoding="utf-8") if pinned else None)
     reports.mkdir()
     scratch.mkdir()
     observer = Observer.create(eval_dir, isolation, index, frozenset({query.query_id}))
     try:
+        notes = _install_image(task_spec(query).image_packages, query.query_id, eval_dir, scratch, limits,
+                               capped(timeout_s, deadline_s), observer)
         return _run_and_count(query, repo, reports, scratch, execution_id, timeout_s, limits, deadline_s,
-                              pristine, neutralised, observer)
+                              pristine, neutralised, observer, notes, watch, bool(kept))
     finally:
         observer.finish(Tally())  # idempotent clean-up if counting did not get there
 
 
+def _install_image(packages: tuple[str, ...], task: str, eval_dir: Path, scratch: Path, limits: SandboxLimits,
+                   timeout_s: float, observer: Observer) -> list[str]:
+    """What the task's image has installed (`TaskSpec.image_packages`), installed before any workspace code
+    runs; `reports/image_packages.txt` lists them and what was left out. Returns a note for the score."""
+    if not packages:
+        return []
+    (eval_dir / "image").mkdir()
+    left_out, removed = observer.install(packages, task=task, directory=eval_dir / "image", scratch=scratch,
+                                         limits=limits, timeout_s=timeout_s)
+    (eval_dir / "reports" / "image_packages.txt").write_text(
+        "\n".join([*packages, "", "not installable here:", *left_out, "", "removed (the project itself):", *removed,
+                   "", "pytest plugins loaded:", *observer.image_plugins]) + "\n", encoding="utf-8")
+    return [f"the image's {len(packages)} packages installed" + (
+        f", {len(left_out)} not installable here (reports/image_packages.txt)" if left_out else "")
+        + (f", {', '.join(removed)} removed (the project itself)" if removed else "")
+        + (f", plugins loaded: {', '.join(observer.image_plugins)}" if observer.image_plugins else "")]
+
+
 def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execution_id: str, timeout_s: float,
                    limits: SandboxLimits, deadline_s: float | None, pristine, neutralised: list[str],
-                   observer: Observer) -> Score:
+                   observer: Observer, notes: list[str], watch: Watch, settings_kept: bool) -> Score:
     if neutralised:
         (reports / "neutralised.txt").write_text("\n".join(neutralised) + "\n", encoding="utf-8")
-    ran = _run_commands(query, repo, reports, scratch, execution_id, timeout_s, limits, deadline_s, observer)
-    return ran if isinstance(ran, Score) else _count(query, execution_id, reports, pristine, neutralised, observer, ran)
+    ran = _run_commands(query, repo, reports, scratch, execution_id, timeout_s, limits, deadline_s, observer,
+                        watch, settings_kept=settings_kept)
+    if isinstance(ran, Score):
+        return ran
+    ran.notes[:0] = notes
+    return _count(query, execution_id, reports, pristine, neutralised, observer, ran, watch.present)
 
 
 @dataclass
@@ -176,10 +207,15 @@ class _Ran:
     ran_before: bool
     last: ExecResult
     pristine_conftest: bool
+    settings_refused: bool = False
+    """pytest stopped on the project's own settings (a usage error): the workspace's result, never a drop."""
+    moved: list[str] = field(default_factory=list)
+    """Tampering evidence from `Watch.broken` after each command."""
 
 
 def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execution_id: str, timeout_s: float,
-                  limits: SandboxLimits, deadline_s: float | None, observer: Observer) -> _Ran | Score:
+                  limits: SandboxLimits, deadline_s: float | None, observer: Observer, watch: Watch,
+                  settings_kept: bool = False) -> _Ran | Score:
     """Each test command in turn, watched; an evaluator failure (a command that failed before any
     workspace code ran) or the overall deadline ends it early with that score."""
     layout = SandboxLayout(mounts=observer.mounts())
@@ -187,6 +223,8 @@ def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execut
     notes: list[str] = []
     pristine_conftest = any(PurePosixPath(rel).name == "conftest.py" for rel in query.test_files)
     setup_ran = False  # a command before this one ran the workspace's own build (no plugin in it)
+    refused = False  # pytest stopped on the project's own settings carried by gyre's pytest.ini
+    moved: list[str] = []  # tampering evidence: gyre's pin replaced, a pytest configuration planted
     ran_before = False  # ... before the last command
     for i, command in enumerate(query.test_commands):
         ran_before = setup_ran
@@ -196,15 +234,21 @@ def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execut
         result, said = observer.run(command, workspace=repo, scratch=scratch, layout=layout,
                                     env=sandbox_env(repo, {"GYRE_CWD_ON_PATH": "1"}),  # upstream: PYTHONPATH=/workspace
                                     limits=limits, timeout_s=command_timeout_s,
-                                    addopts=("--continue-on-collection-errors",))
+                                    addopts=("--continue-on-collection-errors",
+                                             *(f"-p {module}" for module in observer.image_plugins)))
         runs.append(said)
         _write_log(reports / f"command_{i}.log", command, result)
+        moved.extend(e for e in watch.broken() if e not in moved)  # checked before the next command reads them
         pytest_said = said.exitstatus if said.finished else None
         # from here on its code may have run in this command, and anything it says or exits with is its own;
         # a command before the last that never loaded the plugin is a setup command (`python install.py`
         # runs the workspace's script): its exit code is the workspace's too
         workspace_ran = said.hello and (pristine_conftest or said.collecting)
         setup_command = not said.hello and i < len(query.test_commands) - 1
+        if settings_kept and said.hello and USAGE_ERROR in (pytest_said, result.exit_code):  # e.g. `--cov` with no pytest-cov
+            refused = True
+            notes.append(f"command {i}: pytest refused the project's own settings (usage error): its result")
+            continue
         if not result.timed_out and not setup_ran and not workspace_ran and not setup_command and (
                 pytest_said == USAGE_ERROR or (
                 not said.session and result.exit_code in EVALUATOR_FAILURE_EXIT_CODES)):
@@ -216,14 +260,15 @@ def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execut
         elif not said.finished and said.hello:
             notes.append(f"command {i}: the test process ended early (exit {result.exit_code}): unreported tests failed")
         setup_ran |= not said.hello
-    return _Ran(runs, notes, ran_before, result, pristine_conftest)
+    return _Ran(runs, notes, ran_before, result, pristine_conftest, refused, moved)
 
 
 def _count(query: Query, execution_id: str, reports: Path, pristine, neutralised: list[str], observer: Observer,
-           ran: _Ran) -> Score:
+           ran: _Ran, present: frozenset[str] = frozenset()) -> Score:
     """The score from what the commands reported: passed pristine cases over `test_case_count`, or
     tampering, or an evaluator failure when pytest never ran before any workspace code did."""
     counted = tally(pristine, ran.runs)
+    counted.tampering += [*mismatches(query.test_files, str(reports.parent / "repo"), ran.runs, present), *ran.moved]
     index_failure = observer.finish(counted)
     (reports / "results.json").write_text(json.dumps({
         "passed": sorted("::".join((path, *tid)) for path, tid in counted.passed),
@@ -231,12 +276,12 @@ def _count(query: Query, execution_id: str, reports: Path, pristine, neutralised
     }, indent=1) + "\n", encoding="utf-8")
     if index_failure is not None and not counted.tampering:
         return error(execution_id, index_failure)
-    if not counted.loaded and not ran.ran_before:
+    if not counted.loaded and not ran.ran_before and not ran.settings_refused:
         return error(execution_id, f"no test command started pytest with gyre's result plugin: {tail(ran.last)}")
-    if not counted.started and not ran.pristine_conftest and not ran.ran_before:  # no workspace code ran before it
+    if not counted.started and not ran.pristine_conftest and not ran.ran_before and not ran.settings_refused:  # no workspace code ran before it
         return error(execution_id, f"pytest did not start a test session (exit {ran.last.exit_code}): {tail(ran.last)}")
     notes = list(ran.notes)
-    if not counted.started:
+    if not counted.started and not ran.settings_refused:
         notes.append("pytest never started a session after the workspace's code ran (its setup commands, or "
                      "the pristine conftest importing it): its result")
     num_passed = len(counted.passed)

@@ -31,6 +31,7 @@ files count as failed; module-level skips skip the canaries too (no verdict then
 from __future__ import annotations
 
 import ast
+import fnmatch
 import random
 import re
 from dataclasses import dataclass, field
@@ -114,10 +115,16 @@ def _is_testcase(node: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> bool:
     return False
 
 
-def is_test_module(rel: str) -> bool:
-    """Whether pytest collects `rel` by default (`python_files = test_*.py *_test.py`)."""
-    name = PurePosixPath(rel).name
-    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
+DEFAULT_PYTHON_FILES = ("test_*.py", "*_test.py")
+"""pytest's default `python_files`."""
+
+
+def is_test_module(rel: str, python_files: tuple[str, ...] = DEFAULT_PYTHON_FILES) -> bool:
+    """Whether pytest collects `rel` under `python_files` (its glob patterns, matched against the file's name,
+    or against its path when a pattern holds a '/', as pytest matches them)."""
+    path = PurePosixPath(rel)
+    return path.suffix == ".py" and any(
+        fnmatch.fnmatch(rel if "/" in pattern else path.name, pattern) for pattern in python_files)
 
 
 def test_id(nodeid: str) -> TestId:

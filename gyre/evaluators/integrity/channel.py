@@ -103,7 +103,17 @@ def pytest_collectstart(collector):
         _send(event="collecting")
 
 
+def _send_modules():
+    """Where each module loaded from under the rootdir came from (`gyre.evaluators.integrity.origins`)."""
+    root = str(_CONFIG.rootpath) + _os.sep
+    found = [[name, f] for name, module in list(_sys.modules.items())
+             if isinstance(f := getattr(module, "__file__", None), str) and f.startswith(root)]
+    for i in range(0, len(found), 40):
+        _send(event="modules", modules=found[i:i + 40])
+
+
 def pytest_collection_finish(session):
+    _send_modules()
     _send(event="collected")
 
 
@@ -119,6 +129,7 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    _send_modules()
     _send(event="finish", exitstatus=int(exitstatus))
 '''
 
@@ -155,6 +166,8 @@ class ChannelResults:
     collect_errors: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     """Phases reported more than once, or messages that do not parse: someone else wrote on the pipe."""
+    modules: dict[str, set[str]] = field(default_factory=dict)
+    """Module name -> the files it was loaded from under the rootdir, as the plugin saw `sys.modules`."""
     truncated: bool = False
     stopped: bool = False
     """Set by the caller: the command was stopped from outside, by its timeout or a limit (the signal
@@ -178,6 +191,10 @@ class ChannelResults:
             self.collect_errors.append(str(message.get("nodeid")))
         elif event == "report":
             self._add_report(message)
+        elif event == "modules" and isinstance(message.get("modules"), list):
+            for pair in message["modules"]:
+                if isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair):
+                    self.modules.setdefault(pair[0], set()).add(pair[1])
         else:
             self.conflicts.append(f"unknown message {str(message)[:120]}")
 

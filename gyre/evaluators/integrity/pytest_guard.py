@@ -12,14 +12,21 @@ configuration file of our own:
   `.pytest.toml`, `tox.ini`, `sitecustomize.py`, `usercustomize.py`;
 - stripped anywhere: `[tool.pytest*]` tables of `pyproject.toml` and `[tool:pytest]` /
   `[pytest]` sections of `setup.cfg`; a file still carrying pytest settings, or one
-  pytest could not parse, is removed;
+  pytest could not parse, is removed. With `keep_root` (NL2RepoBench) the root's
+  `pyproject.toml`, `setup.cfg` and `tox.ini` stay whole instead: their settings were read
+  first and the pin carries them on, less what only serves forging (`pytest_settings`);
 - removed at the top level and in every directory that holds a hidden test file (pytest
   puts those first on `sys.path`): modules (.py, .pyc, .so) or packages that would shadow
   pytest or anything it imports, `shadowing_names()`: derived from the installed pytest's
   own requirements and theirs (iniconfig, pluggy, packaging, pygments, ...), never a
   hand-kept list;
 - `__init__.py` in a hidden test directory, or a directory above one, whose pristine files
-  do not bring one (it would run agent code as the tests' package);
+  do not bring one, is emptied: the tests' relative imports still work (upstream's image keeps
+  the project's `tests/__init__.py`), but no agent code runs as the tests' package (a `__path__`
+  pointing elsewhere would choose their helpers). The project's own package (a top-level
+  directory the hidden tests import, e.g. `cerberus/` above `cerberus/tests/`) keeps its
+  `__init__.py`; a pristine module loaded from anywhere else is caught instead
+  (`gyre.evaluators.integrity.origins`);
 - what Python would import instead of a pristine module (`clear_shadows`, called as the
   pristine files are placed, every format): a package directory, extension module or `.pyc`
   of the same name beside it (`tests/helpers/__init__.py` wins over `tests/helpers.py`), and a
@@ -64,9 +71,12 @@ ROOT_CONFIG_NAMES = frozenset(
     {"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "pyproject.toml", "setup.cfg"}
 )
 ALWAYS_SHADOWING = frozenset({"pytest", "_pytest", "pluggy", "py"})
+KEPT_AT_ROOT = frozenset({"pyproject.toml", "setup.cfg", "tox.ini"})
+"""With `keep_root`: root files whose pytest settings the pin carries on (and which builds need)."""
 GYRE_PYTEST_INI = """\
 # Written by gyre's evaluator: pins pytest's rootdir to this repository, so configuration
-# planted by the agent or lying above the repository is never read.
+# planted by the agent or lying above the repository is never read. The project's own root
+# settings follow, less what only serves forging (gyre.evaluators.integrity.pytest_settings).
 [pytest]
 """
 
@@ -100,12 +110,16 @@ def shadowing_names() -> frozenset[str]:
     return frozenset(n for n in names if not n.startswith("__"))
 
 
-def neutralise_pytest_config(repo: Path, hidden_test_files: list[str] = (), project_modules: set[str] = frozenset()) -> list[str]:
+def neutralise_pytest_config(repo: Path, hidden_test_files: list[str] = (), project_modules: set[str] = frozenset(),
+                             keep_root: bool = False) -> list[str]:
     """Clean `repo` in place as the module docstring says; returns what was done, one line each.
 
     `project_modules`: names the hidden tests import, never removed (a project may BE one
     of pytest's dependencies, e.g. `pygments`; pytest imported its own copy before the
     workspace was on `sys.path`, see `gyre.evaluators.integrity.channel`).
+    `keep_root`: the root's `pyproject.toml`, `setup.cfg` and `tox.ini` stay as they are: their pytest
+    settings were read (`pytest_settings.project_settings`) and gyre's pinned `pytest.ini`, which
+    carries them on, takes precedence over them.
     """
     actions: list[str] = []
     hidden = {PurePosixPath(rel) for rel in hidden_test_files}
@@ -122,10 +136,14 @@ def neutralise_pytest_config(repo: Path, hidden_test_files: list[str] = (), proj
                 clear_path(repo, rel)
                 actions.append(f"removed {rel} (shadows pytest or a module it imports)")
             elif entry.name == "__init__.py" and rel_dir != PurePosixPath(".") and PurePosixPath(rel) not in hidden:
-                clear_path(repo, rel)
-                actions.append(f"removed {rel} (not part of the pristine tests)")
+                if rel_dir.parts[0] in project_modules and _holds_project_code(directory, rel_dir, hidden):
+                    continue  # the project's own package, which the tests import anyway (cerberus/tests/ lies in it)
+                clear_path(repo, rel).write_bytes(b"")
+                actions.append(f"emptied {rel} (not part of the pristine tests; kept as a package marker)")
     for path in _files(repo):
         rel = path.relative_to(repo).as_posix()
+        if keep_root and path.parent == repo and path.name in KEPT_AT_ROOT and not path.is_symlink():
+            continue
         if path.name in PLANTED_FILE_NAMES:
             path.unlink()
             actions.append(f"removed {rel}")
@@ -187,12 +205,34 @@ def imported_modules(sources: list[str]) -> set[str]:
     return names
 
 
-def pin_rootdir(repo: Path, hidden_test_files: list[str]) -> bool:
-    """Write gyre's pytest.ini at the repo root unless the hidden tests bring a root config; True if written."""
+def pin_rootdir(repo: Path, hidden_test_files: list[str], settings: str = "") -> bool:
+    """Write gyre's pytest.ini at the repo root unless the hidden tests bring a root config; True if written.
+    `settings`: the project's own, sanitised (`pytest_settings.render_ini`), carried on under `[pytest]`."""
     if any(rel in ROOT_CONFIG_NAMES for rel in hidden_test_files):
         return False
-    clear_path(repo, "pytest.ini").write_text(GYRE_PYTEST_INI, encoding="utf-8")
+    clear_path(repo, "pytest.ini").write_text(GYRE_PYTEST_INI + settings, encoding="utf-8")
     return True
+
+
+def pin_intact(repo: Path, text: str) -> bool:
+    """Whether gyre's pinned `pytest.ini` (`pin_rootdir`, written as `text`) is still there as written: the
+    repository's root belongs to the sandbox user, who can unlink the root-owned file and put another."""
+    path = Path(repo) / "pytest.ini"
+    try:
+        return not path.is_symlink() and path.stat().st_uid == os.geteuid() and path.read_text(encoding="utf-8") == text
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _holds_project_code(directory: Path, rel_dir: PurePosixPath, hidden: set[PurePosixPath]) -> bool:
+    """Whether `directory` is a package of the project: a real directory holding a module of its own
+    (not `__init__.py`, not hidden, not a test module), beside a regular `__init__.py`."""
+    init = directory / "__init__.py"
+    if directory.is_symlink() or init.is_symlink() or not init.is_file():
+        return False
+    return any(entry.suffix == ".py" and entry.name != "__init__.py" and not entry.name.startswith("test")
+               and rel_dir / entry.name not in hidden and entry.is_file() and not entry.is_symlink()
+               for entry in directory.iterdir())
 
 
 def _is_pytest_table(name: str) -> bool:

@@ -150,30 +150,42 @@ def hand_over(path: Path, user: SandboxUser | None, recursive: bool = True) -> N
                 os.lchown(os.path.join(dirpath, name), user.uid, user.gid)
 
 
-def protect(root: Path, rels: Iterable[str]) -> None:
+def protect(root: Path, rels: Iterable[str], writable_dirs: bool = False) -> None:
     """Make files under `root` (and their directories below `root`) root-owned and read-only to others.
 
     Pristine files (hidden tests) copied into a tree the sandbox owns: the sandbox can read
     them but can neither rewrite them nor replace them inside their directories.
+    `writable_dirs`: the directories are root-owned but sticky and writable by all (1777), as a
+    test that writes beside itself needs (aiofiles writes into `tests/resources/`): new files can be
+    made there, pristine ones still neither rewritten, renamed nor removed. Each gets a root-owned
+    `__pycache__` first, so no bytecode can be put in front of a pristine module; a module written
+    there and imported is caught by `gyre.evaluators.integrity.origins`.
     """
     if os.geteuid() != 0:
         return
     root = Path(root)
+    dir_mode = 0o1777 if writable_dirs else 0o755
     for rel in rels:
         path = root / rel
         if path.is_symlink() or not path.exists():
             continue
         for dirpath, dirnames, filenames in os.walk(path) if path.is_dir() else [(path.parent, [], [path.name])]:
             for name in dirnames:
-                _root_owned(Path(dirpath, name), 0o755)
+                _root_owned(Path(dirpath, name), dir_mode)
             for name in filenames:
                 _root_owned(Path(dirpath, name), 0o644)
-        _root_owned(path, 0o755 if path.is_dir() else 0o644)
+        _root_owned(path, dir_mode if path.is_dir() else 0o644)
         parent = path.parent
         while parent != root and parent.is_relative_to(root):
             os.chown(parent, 0, 0)
-            parent.chmod(0o755)
+            parent.chmod(dir_mode)
             parent = parent.parent
+    if writable_dirs:
+        for directory in {(root / rel).parent for rel in rels if not (root / rel).is_symlink()}:
+            cache = directory / "__pycache__"
+            if directory.is_dir() and not directory.is_symlink() and not cache.is_symlink():
+                cache.mkdir(exist_ok=True)
+                _root_owned(cache, 0o755)
 
 
 def _root_owned(path: Path, mode: int) -> None:

@@ -1,0 +1,189 @@
+"""`gyre bench fidelity`: does gyre's reward give a real solution what the benchmark's own harness gives it?
+
+The evaluator's defences are worth nothing if they score correct work 0. For each real NL2RepoBench
+project (`fidelity_sources`: upstream's task files, the project's real released source), this bench
+scores the real source twice, in the same place:
+
+- the upstream stand-in: upstream's procedure (`openhands/post_processor.py` of NL2RepoBench) as far as
+  it runs without its images: the source as the workspace, `PYTHONPATH` set to it, a virtualenv with the
+  packages the task's image lists, the task's commands in order with `bash -c`, and upstream's count:
+  every line of every command whose text holds "pytest" searched for `(\\d+) passed`, summed, over
+  `test_case_count`, capped at 1;
+- gyre: the task loaded by gyre's NL2RepoBench loader, the source scored by `evaluate_query` as a run
+  scores it (sandbox, package index through gyre's proxy, monitor recording);
+
+and an unsolved workspace (empty) by gyre, which must score 0. A project matches when the two scores
+are within `MATCH_TOLERANCE`; it is comparable only when the stand-in's pytest ran the tests at all
+(`StandIn.ran_tests`: start.md's package list does not always make a working environment here). Everything each side ran is kept under `--out` (the stand-in's command
+logs, gyre's evaluation directories). Both sides run this machine's Python, not the image's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gyre.benches.fidelity_sources import (
+    CACHE_DIR, FidelityProject, fetch_sdist, load_projects, standin_env, unpack, write_task,
+)
+from gyre.benchmarks.nl2repo import load_nl2repo_query, parses_pytest_output
+from gyre.evaluators import evaluate_query
+from gyre.evaluators.observed import IndexAccess
+
+MATCH_TOLERANCE = 0.02
+COMMAND_TIMEOUT_S = 900.0
+PASSED = re.compile(r"(\d+) passed")
+
+
+@dataclass
+class StandIn:
+    """What upstream's procedure gave the real source: passed count, score, each command's exit code."""
+
+    passed: int
+    score: float
+    exit_codes: list[int]
+    ran_tests: bool
+    """A pytest command ran the tests (exit 0 or 1). When none did (pytest could not start with the image's
+    packages as start.md lists them: an unresolvable pin, a plugin of another pytest), the stand-in did not
+    reproduce upstream's image here and the project is not comparable."""
+
+
+@dataclass
+class ProjectResult:
+    """One project's row: both scores, gyre's verdict on the real and on an empty workspace."""
+
+    task: str
+    dist: str
+    version: str
+    upstream: float | None
+    upstream_passed: int | None
+    gyre: float | None
+    gyre_status: str
+    gyre_passed: int | None
+    unsolved: float | None
+    unsolved_status: str
+    comparable: bool
+    """The stand-in ran the tests (`StandIn.ran_tests`)."""
+    match: bool
+    skipped_pins: list[str]
+    detail: str
+    seconds: float
+
+
+def upstream_count(outputs: list[tuple[str, str]]) -> int:
+    """Upstream's passed count over (command, output) pairs: `(\\d+) passed` once per line, pytest commands only."""
+    total = 0
+    for command, output in outputs:
+        if not parses_pytest_output(command):
+            continue
+        for line in output.split("\n"):
+            found = PASSED.search(line)
+            if found:
+                total += int(found.group(1))
+    return total
+
+
+def run_standin(project: FidelityProject, source: Path, venv: Path, work: Path,
+                timeout_s: float = COMMAND_TIMEOUT_S) -> StandIn:
+    """Upstream's procedure on a copy of `source` in `work/repo`; each command's output in `work/command_<i>.log`."""
+    repo = work / "repo"
+    shutil.copytree(source, repo, symlinks=True)
+    home = work / "home"
+    home.mkdir()
+    env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(venv),
+           "PYTHONPATH": str(repo), "HOME": str(home)}
+    env.pop("PYTHONHOME", None)
+    outputs, codes = [], []
+    for i, command in enumerate(project.test_commands):
+        try:
+            done = subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True,
+                                  errors="replace", timeout=timeout_s)
+            output, code = done.stdout + done.stderr, done.returncode
+        except subprocess.TimeoutExpired as exc:
+            output = (_text(exc.stdout) + _text(exc.stderr) + f"\n[timed out after {timeout_s:g}s]")
+            code = -9
+        (work / f"command_{i}.log").write_text(f"command: {command}\nexit_code: {code}\n{output}", encoding="utf-8")
+        outputs.append((command, output))
+        codes.append(code)
+    passed = upstream_count(outputs)
+    ran = any(code in (0, 1) for (command, _), code in zip(outputs, codes) if parses_pytest_output(command))
+    return StandIn(passed=passed, score=min(passed / project.test_case_count, 1.0), exit_codes=codes, ran_tests=ran)
+
+
+def score_with_gyre(project: FidelityProject, task_dir: Path, workspace: Path, eval_dir: Path, name: str,
+                    timeout_s: float, index: IndexAccess | None):
+    """gyre's score of `workspace` on the task, as a run scores it (monitor recording)."""
+    query = load_nl2repo_query(task_dir)
+    return evaluate_query(query, workspace, eval_dir, f"fidelity-{project.task}-{name}", timeout_s,
+                          monitor="record", index=index)
+
+
+def run_project(project: FidelityProject, out: Path, *, cache: Path = CACHE_DIR, source: Path | None = None,
+                venv: Path | None = None, timeout_s: float = COMMAND_TIMEOUT_S,
+                index: IndexAccess | None = None) -> ProjectResult:
+    """Both sides on one project. `source`: a source tree instead of the index's sdist; `venv`: an
+    environment for the stand-in instead of one built from the project's packages (both: offline tests)."""
+    started = time.monotonic()
+    work = out / project.task
+    work.mkdir(parents=True)
+    if source is None:
+        source = unpack(fetch_sdist(project, cache), work / "source")
+    venv, skipped = (venv, []) if venv is not None else standin_env(project, cache)
+    standin = run_standin(project, source, venv, work / "standin", timeout_s)
+    task_dir = write_task(project, source, work / "task")
+    solved = work / "solved"
+    shutil.copytree(source, solved, symlinks=True)
+    empty = work / "empty"
+    empty.mkdir()
+    real = score_with_gyre(project, task_dir, solved, work / "eval-solved", "solved", timeout_s, index)
+    unsolved = score_with_gyre(project, task_dir, empty, work / "eval-unsolved", "unsolved", timeout_s, index)
+    match = standin.ran_tests and real.score is not None and abs(real.score - standin.score) <= MATCH_TOLERANCE
+    return ProjectResult(
+        task=project.task, dist=project.dist, version=project.version, upstream=round(standin.score, 4),
+        upstream_passed=standin.passed, gyre=None if real.score is None else round(real.score, 4),
+        gyre_status=str(real.status.value), gyre_passed=real.tests_passed,
+        unsolved=unsolved.score, unsolved_status=str(unsolved.status.value), comparable=standin.ran_tests,
+        match=match, skipped_pins=skipped,
+        detail=real.detail[:300], seconds=round(time.monotonic() - started, 1))
+
+
+def run(tasks: list[str] | None = None, out: Path = Path("runs/fidelity"), *, cache: Path = CACHE_DIR,
+        timeout_s: float = COMMAND_TIMEOUT_S, on_result: Callable[[ProjectResult], None] | None = None) -> dict:
+    """Every project (or `tasks`), one after another; the summary and each project's row."""
+    projects = load_projects(tasks=tasks)
+    out.mkdir(parents=True, exist_ok=False)
+    rows = []
+    for project in projects:
+        try:
+            result = run_project(project, out, cache=cache, timeout_s=timeout_s, index=IndexAccess())
+        except Exception as exc:  # a project the bench could not set up is reported, and the others still run
+            result = ProjectResult(project.task, project.dist, project.version, None, None, None, "bench error",
+                                   None, None, "bench error", False, False, [], f"{type(exc).__name__}: {exc}"[:300],
+                                   0.0)
+        rows.append(asdict(result))
+        if on_result is not None:
+            on_result(result)
+    scored = [r for r in rows if r["upstream"] is not None]
+    return {
+        "projects": len(rows),
+        "comparable": sum(r["comparable"] for r in rows),
+        "matched": sum(r["match"] for r in rows),
+        "not_comparable": [r["task"] for r in scored if not r["comparable"]],
+        "tolerance": MATCH_TOLERANCE,
+        "unsolved_above_0": sum((r["unsolved"] or 0) > 0 for r in rows),
+        "bench_errors": len(rows) - len(scored),
+        "out": str(out),
+        "rows": rows,
+    }
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else value.decode("utf-8", errors="replace")

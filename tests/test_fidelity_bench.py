@@ -1,0 +1,130 @@
+"""`gyre bench fidelity`'s parts: upstream's count, the image's packages read from start.md, the shipped
+project table, a source unpacked safely, and one project end to end offline (a local source, the stand-in
+in gyre's own environment) where both sides must agree and an empty workspace must score 0."""
+
+from __future__ import annotations
+
+import io
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from gyre.benches.fidelity import MATCH_TOLERANCE, run_project, upstream_count
+from gyre.benches.fidelity_sources import FidelityProject, load_projects, unpack
+from gyre.benchmarks.image_packages import image_packages
+from gyre.benchmarks.nl2repo import load_nl2repo_query, nl2repo_spec
+from gyre.evaluators.environments.own_project import is_the_project
+
+START_MD = """\
+## Environment Configuration
+
+### Core Dependency Library Versions
+
+```Plain
+# Core dependency libraries
+setuptools>=42                    # Project building tool
+attrs                         25.3.0
+pytest-asyncio==1.1.0
+pre - commit >= 2.0.1       # Pre - commit hook tool
+Execution time in seconds
+mylib                         1.0
+python >= 2.7, !=3.0.*
+Jinja2>=3.1 # templating
+```
+
+## Project Architecture
+
+```Plain
+numpy==2.0.0
+```
+"""
+
+
+def test_upstream_counts_passed_lines_of_pytest_commands_only():
+    outputs = [("pip install -e .", "3 passed"),  # not a pytest command: upstream does not read it
+               ("pytest tests", "== 1 failed, 5 passed, 7 subtests passed in 0.1s ==\nprinted 2 passed\n"),
+               ("python -m pytest other", "10 passed")]
+    assert upstream_count(outputs) == 5 + 2 + 10
+
+
+def test_image_packages_reads_the_dependency_block_only():
+    assert image_packages(START_MD, "mylib") == ("attrs==25.3.0", "Jinja2>=3.1", "pytest-asyncio==1.1.0")
+
+
+def test_the_spec_of_a_task_carries_its_image_packages(tmp_path):
+    task = tmp_path / "mylib"
+    (task / "hidden_tests" / "tests").mkdir(parents=True)
+    (task / "hidden_tests" / "tests" / "test_a.py").write_text("def test_a():\n    pass\n")
+    (task / "start.md").write_text(START_MD)
+    (task / "test_case_count.txt").write_text("1\n")
+    (task / "test_commands.json").write_text('["pytest tests"]')
+    (task / "test_files.json").write_text('["tests"]')
+    assert nl2repo_spec(task).image_packages == ("attrs==25.3.0", "Jinja2>=3.1", "pytest-asyncio==1.1.0")
+
+
+def test_the_shipped_projects_are_twenty_real_tasks():
+    projects = load_projects()
+    assert len(projects) == 20 and len({p.task for p in projects}) == 20
+    by_task = {p.task: p for p in projects}
+    assert all(p.test_case_count > 0 and p.test_files and p.version for p in projects)
+    assert by_task["aiofiles"].test_commands == ["pip install -e .", "pytest --continue-on-collection-errors tests"]
+    assert "pytest-asyncio==1.1.0" in by_task["aiofiles"].packages
+    with pytest.raises(ValueError, match="unknown fidelity task"):
+        load_projects(tasks=["no-such-task"])
+
+
+def test_unpack_refuses_a_member_outside_the_archive(tmp_path):
+    sdist = tmp_path / "evil-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as archive:
+        data = b"owned"
+        info = tarfile.TarInfo("evil-1.0/../../escaped.txt")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    with pytest.raises(tarfile.OutsideDestinationError):
+        unpack(sdist, tmp_path / "source")
+    assert not (tmp_path / "escaped.txt").exists()
+
+
+def _source(root: Path) -> Path:
+    """A real-shaped project: a package with its own `__init__`, tests in a package using a relative
+    import, and pytest settings the tests need (`python_files`)."""
+    files = {
+        "pyproject.toml": '[project]\nname = "mylib"\nversion = "1.0"\n\n[tool.pytest.ini_options]\n'
+                          'python_files = ["check_*.py"]\n',
+        "mylib/__init__.py": "from mylib.core import double\n",
+        "mylib/core.py": "def double(x):\n    return 2 * x\n",
+        "tests/__init__.py": "",
+        "tests/util.py": "def cases():\n    return [(1, 2), (3, 6)]\n",
+        "tests/check_core.py": "from mylib import double\nfrom .util import cases\n\n\n"
+                               "def test_cases():\n    assert all(double(a) == b for a, b in cases())\n\n\n"
+                               "def test_zero():\n    assert double(0) == 0\n",
+    }
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+@pytest.mark.slow
+def test_one_project_end_to_end_both_sides_agree(tmp_path):
+    project = FidelityProject(task="mylib", dist="mylib", version="1.0", test_case_count=2,
+                              test_commands=["pytest --continue-on-collection-errors tests"],
+                              test_files=["tests/check_core.py", "tests/util.py"])
+    result = run_project(project, tmp_path / "out", source=_source(tmp_path / "source"), venv=Path(sys.prefix),
+                         timeout_s=120)
+    assert (result.upstream, result.upstream_passed) == (1.0, 2), result
+    assert (result.gyre, result.gyre_status) == (1.0, "ok"), result.detail
+    assert result.comparable and result.match and abs(result.gyre - result.upstream) <= MATCH_TOLERANCE
+    assert (result.unsolved, result.unsolved_status) == (0.0, "ok")
+    query = load_nl2repo_query(tmp_path / "out" / "mylib" / "task" / "mylib")
+    assert query.test_files == ["tests/check_core.py", "tests/util.py"]
+
+
+def test_the_project_is_matched_by_name_as_nl2repobench_names_its_tasks():
+    assert is_the_project("jinja", "Jinja2", ["jinja2"]) and is_the_project("pyjwt", "PyJWT", ["jwt"])
+    assert is_the_project("python-dotenv", "python-dotenv", ["dotenv"])
+    assert is_the_project("schedule-master", "schedule", ["schedule"])
+    assert not is_the_project("six", "sphinx", ["sphinx"]) and not is_the_project("parse", "parse_type", ["parse_type"])
+    assert not is_the_project("pytz", "tzdata", ["tzdata"])

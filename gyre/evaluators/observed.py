@@ -35,14 +35,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
-
 from gyre.evaluators.common import error, tampering
 from gyre.evaluators.environments.own_project import installed, is_the_project
-from gyre.evaluators.environments.toolenv import (
-    EvalEnv, base_interpreter_dirs, make_env, pytest11_modules, site_packages, tool_distributions,
-)
+from gyre.evaluators.environments.toolenv import EvalEnv, base_interpreter_dirs, make_env, pytest11_modules, site_packages
 from gyre.evaluators.integrity.canaries import (
     DEFAULT_PYTHON_FILES, PristineFile, add_canaries, defined_tests, is_test_module,
 )
@@ -215,14 +210,14 @@ class Observer:
                 limits: SandboxLimits, timeout_s: float) -> tuple[list[str], list[str]]:
         """Install the task image's packages into the environment from the index, before any workspace code:
         the command runs in `directory` (empty; the workspace is not shown). All at once first; if pip refuses
-        the set, one at a time. The tool distributions stay the tools' (`tool_distributions`), and whatever
-        turns out to be `task`'s project itself is uninstalled again (`own_project`). Returns the requirements
+        the set, one at a time. A pytest (or pluggy, ...) the image pins is installed too and comes before the
+        tools' copy, as in the image; whatever turns out to be `task`'s project itself is uninstalled again
+        (`own_project`). Returns the requirements
         left out (pip could not install them here) and the distributions removed as the project;
         `timeout_s` bounds all of it. The pytest plugins of what stays are then `image_plugins`."""
         if self.index_url is None:
             raise RuntimeError("the task's image packages need the package index (needs.py says so first)")
-        tools = {canonicalize_name(d.metadata["Name"]) for d in tool_distributions()}
-        wanted = [r for r in requirements if canonicalize_name(Requirement(r).name) not in tools]
+        wanted = list(requirements)  # a pinned pytest too: boltons' conftest needs pytest 8 (its image has 8.4.0)
         deadline = time.monotonic() + timeout_s
         layout = SandboxLayout(mounts=self.mounts())
 

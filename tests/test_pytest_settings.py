@@ -173,3 +173,21 @@ def test_a_setup_command_that_replaces_the_pinned_configuration_is_tampering(tmp
     assert (score.status, score.score) == (EvalStatus.tampering, 0.0), score.detail
     assert any("gyre's pytest.ini" in e for e in score.evidence), score.evidence
     assert any("tests/tox.ini was written beside the hidden tests" in e for e in score.evidence), score.evidence
+
+
+def test_a_module_beside_hidden_tests_at_the_root_is_the_project(tmp_path):
+    # six's shape: test_six.py at the repository root beside the project's six.py; the root is the
+    # workspace's own directory, not one of the hidden tests'
+    project = tmp_path / "bench" / "calc"
+    (project / "hidden_tests").mkdir(parents=True)
+    (project / "hidden_tests" / "test_calc.py").write_text(
+        "from calc import add\n\n\ndef test_small():\n    assert add(1, 2) == 3\n\n\ndef test_large():\n"
+        "    assert add(20, 22) == 42\n")
+    (project / "start.md").write_text("Create `calc.py` with `add(a, b)`.\n")
+    (project / "test_case_count.txt").write_text("2\n")
+    (project / "test_commands.json").write_text(json.dumps(["pytest --continue-on-collection-errors test_calc.py"]))
+    (project / "test_files.json").write_text(json.dumps(["test_calc.py"]))
+    (query,) = load_nl2repo(project.parent)
+    workspace = _workspace(tmp_path, query, {"calc.py": RIGHT})
+    score = evaluate(query, workspace, tmp_path / "eval", "root")
+    assert (score.status, score.score) == (EvalStatus.ok, 1.0), score.detail

@@ -8,19 +8,25 @@ kept afterwards for inspection:
     eval_dir/plugin/               gyre's result plugin under a random name (read-only inside)
     eval_dir/reports/command_<i>.log   its exit code, timing, stdout and stderr
     eval_dir/reports/neutralised.txt   what was removed from the copy (if anything)
+    eval_dir/reports/image_packages.txt  the image's packages, what could not be installed, plugins
     eval_dir/score.json            the returned Score
 
-Steps: copy the workspace; remove pytest configuration and code the agent could use to
-force passes or shadow what pytest imports (`gyre.evaluators.integrity.pytest_guard`); copy the
-pristine hidden tests in LAST, each with a few canary tests appended
+Steps: copy the workspace; read the project's own root pytest settings
+(`gyre.evaluators.integrity.pytest_settings`), then remove the code and configuration the agent
+could use to force passes or shadow what pytest imports (`gyre.evaluators.integrity.pytest_guard`);
+copy the pristine hidden tests in LAST, each with a few canary tests appended
 (`gyre.evaluators.integrity.canaries`), replacing any agent edits (symlinks on their way are
-replaced, never followed); pin pytest's rootdir with gyre's own pytest.ini; hand the copy
-to the sandbox's user and make the pristine files root-owned and read-only
-(`gyre.sandboxes.local.privileges`); run each test command with `bash -c` in `repo/` in a
-fresh sandbox (`gyre.sandboxes.local.isolation`) with gyre's result plugin loaded by a random
-name and autoloading off; results come back over a pipe the evaluator owns
-(`gyre.evaluators.integrity.channel`), never through a file the sandbox can write. Only the
-pristine files' own test ids count, each once across commands (`gyre.evaluators.integrity.tally`).
+replaced, never followed); pin pytest's rootdir with gyre's own pytest.ini, which carries the
+project's settings on less what only forges; hand the copy to the sandbox's user and make the
+pristine files root-owned and read-only, their directories sticky (`gyre.sandboxes.local.privileges`);
+install the packages the task's image holds, before any workspace code (`Observer.install`);
+run each test command with `bash -c` in `repo/` in a fresh sandbox
+(`gyre.sandboxes.local.isolation`) with gyre's result plugin loaded by a random name, the
+image's plugins by theirs and autoloading off, and check after each one that nothing was planted
+beside the hidden tests (`gyre.evaluators.integrity.origins.Watch`); results come back over a pipe
+the evaluator owns (`gyre.evaluators.integrity.channel`), never through a file the sandbox can
+write. Only the pristine files' own test ids count, each once across commands
+(`gyre.evaluators.integrity.tally`); a pristine module loaded from another file is tampering.
 
 Rules: one rule decides what is dropped (shared/DESIGN.md, "Reward integrity").
 - Once pytest has started collecting below its session with the plugin (with no agent

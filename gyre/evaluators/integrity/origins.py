@@ -72,7 +72,7 @@ def mismatches(rels: Iterable[str], inside: str, runs: Iterable[ChannelResults],
     `conftest.py` or `__init__.py` a setup command or an earlier test module planted; not in `present`)."""
     rels = list(rels)
     pristine = {os.path.normpath(os.path.join(inside, rel)) for rel in rels}
-    directories = {os.path.dirname(path) for path in pristine}
+    directories = {os.path.normpath(str(d)) for d in _test_dirs(Path(inside), rels)}  # the repository root is not one
     expected: dict[str, str] = {}
     for rel in rels:
         for name in dotted_names(rel):

@@ -105,6 +105,9 @@ def test_pytest_plugins_are_read_from_entry_points(tmp_path):
     (tmp_path / "click-8.dist-info" / "entry_points.txt").write_text("[console_scripts]\nx = y:z\n")
     (tmp_path / "broken-1.dist-info").mkdir()
     (tmp_path / "broken-1.dist-info" / "entry_points.txt").write_text("[pytest11\n")
+    (tmp_path / "garbled-1.dist-info").mkdir()
+    (tmp_path / "garbled-1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: garbled\nVersion: 1\n")
+    (tmp_path / "garbled-1.dist-info" / "entry_points.txt").write_text("[pytest11]\nnonsense\n")
     assert pytest11_modules(tmp_path) == ("pytest_asyncio.plugin",)
 
 

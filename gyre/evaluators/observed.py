@@ -212,12 +212,11 @@ class Observer:
         the command runs in `directory` (empty; the workspace is not shown). All at once first; if pip refuses
         the set, one at a time. A pytest (or pluggy, ...) the image pins is installed too and comes before the
         tools' copy, as in the image; whatever turns out to be `task`'s project itself is uninstalled again
-        (`own_project`). Returns the requirements
-        left out (pip could not install them here) and the distributions removed as the project;
+        (`own_project`). Returns the requirements left out (pip could not install them here) and the
+        distributions removed as the project;
         `timeout_s` bounds all of it. The pytest plugins of what stays are then `image_plugins`."""
         if self.index_url is None:
             raise RuntimeError("the task's image packages need the package index (needs.py says so first)")
-        wanted = list(requirements)  # a pinned pytest too: boltons' conftest needs pytest 8 (its image has 8.4.0)
         deadline = time.monotonic() + timeout_s
         layout = SandboxLayout(mounts=self.mounts())
 
@@ -230,8 +229,8 @@ class Observer:
             return result.exit_code == 0 and not result.timed_out
 
         left_out = []
-        if wanted and not pip("install --quiet", wanted):
-            left_out = [r for r in wanted if not pip("install --quiet", [r])]
+        if requirements and not pip("install --quiet", list(requirements)):  # a pinned pytest too: boltons needs 8
+            left_out = [r for r in requirements if not pip("install --quiet", [r])]
         self.image_denials = frozenset(self.index.denials()) if self.index is not None else frozenset()
         site = site_packages(self.env.directory)  # read before any workspace code ran
         removed = [name for name, modules in installed(site) if is_the_project(task, name, modules)]

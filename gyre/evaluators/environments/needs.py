@@ -49,7 +49,7 @@ from pathlib import Path, PurePosixPath
 
 from packaging.utils import canonicalize_name
 
-from gyre.evaluators.environments.toolenv import tool_distributions, tools_have_uv
+from gyre.evaluators.environments.toolenv import tool_distributions, tools_have_uv, top_level_modules
 from gyre.records import Query
 
 APT = "apt"
@@ -159,8 +159,7 @@ def _tool_names() -> dict[str, str]:
     """Canonical names of the tool distributions and of the top-level modules they hold -> the distribution."""
     names: dict[str, str] = {}
     for dist in tool_distributions():
-        modules = {f.parts[0].removesuffix(".py") for f in dist.files or () if f.parts}
-        for name in (dist.metadata["Name"], *(m for m in modules if m.isidentifier())):
+        for name in (dist.metadata["Name"], *top_level_modules(dist)):
             names.setdefault(canonicalize_name(name), canonicalize_name(dist.metadata["Name"]))
     return names
 

@@ -14,7 +14,10 @@ What matches is uninstalled before any workspace code runs, and named in the sco
 from __future__ import annotations
 
 import re
+from importlib import metadata
 from pathlib import Path
+
+from gyre.evaluators.environments.toolenv import top_level_modules
 
 _PREFIX = re.compile(r"^(python|py)[-_.]?")
 _SUFFIX = re.compile(r"[-_.]?(master|main|stable)$")
@@ -35,20 +38,7 @@ def is_the_project(task: str, dist: str, modules: list[str]) -> bool:
 
 
 def installed(site: Path) -> list[tuple[str, list[str]]]:
-    """(name, top-level modules) of each distribution installed in `site` (dist-info METADATA and RECORD)."""
-    found = []
-    for info in sorted(Path(site).glob("*.dist-info")):
-        meta = info / "METADATA"
-        if info.is_symlink() or not meta.is_file():
-            continue
-        name = next((line.split(":", 1)[1].strip() for line in meta.read_text(encoding="utf-8", errors="replace")
-                     .splitlines() if line.lower().startswith("name:")), info.name.split("-")[0])
-        record = info / "RECORD"
-        tops = set()
-        if record.is_file() and not record.is_symlink():
-            for line in record.read_text(encoding="utf-8", errors="replace").splitlines():
-                first = line.split(",", 1)[0].split("/", 1)[0]
-                if first and not first.endswith((".dist-info", ".data", ".pth")) and first not in ("..", "__pycache__"):
-                    tops.add(first.removesuffix(".py"))
-        found.append((name, sorted(tops)))
-    return found
+    """(name, top-level modules) of each distribution installed in `site`."""
+    found = [(dist.metadata["Name"], sorted(top_level_modules(dist)))
+             for dist in metadata.distributions(path=[str(site)])]
+    return sorted((name, tops) for name, tops in found if name)

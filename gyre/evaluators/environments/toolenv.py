@@ -39,7 +39,6 @@ Without bubblewrap the same environment is used at its host paths.
 from __future__ import annotations
 
 import compileall
-import configparser
 import hashlib
 import os
 import py_compile
@@ -220,18 +219,21 @@ def make_env(eval_dir: Path, bwrap: bool) -> EvalEnv:
     return EvalEnv(directory, tools, inside, tools_inside)
 
 
+def top_level_modules(dist: metadata.Distribution) -> set[str]:
+    """The importable top-level names a distribution installs (the first part of each file it lists)."""
+    names = {f.parts[0].removesuffix(".py") for f in dist.files or () if f.parts}
+    return {name for name in names if name.isidentifier() and not name.startswith("__")}
+
+
 def pytest11_modules(site: Path) -> tuple[str, ...]:
     """The modules of the `pytest11` entry points of the distributions installed in `site` (sorted)."""
     modules = set()
-    for entry_points in sorted(Path(site).glob("*.dist-info/entry_points.txt")):
-        parser = configparser.ConfigParser(interpolation=None, delimiters=("=",))
-        parser.optionxform = str
+    for dist in metadata.distributions(path=[str(site)]):
         try:
-            parser.read_string(entry_points.read_text(encoding="utf-8"))
-        except (configparser.Error, UnicodeDecodeError):
+            points = dist.entry_points.select(group="pytest11")
+        except (ValueError, TypeError):  # an entry_points.txt that does not parse (`name` with no `=`) names none
             continue
-        if parser.has_section("pytest11"):
-            modules |= {value.split(":")[0].strip() for value in parser["pytest11"].values()}
+        modules |= {point.module for point in points}
     return tuple(sorted(m for m in modules if m))
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from gyre.evaluators.integrity.channel import ChannelResults
-from gyre.evaluators.integrity.pytest_guard import pin_intact
+from gyre.evaluators.integrity.pytest_guard import ROOT_CONFIG_NAMES, pin_intact
 
 
 def dotted_names(rel: str) -> list[str]:
@@ -38,10 +38,6 @@ def dotted_names(rel: str) -> list[str]:
     return [".".join(parts[-k:]) for k in range(2, len(parts) + 1)]
 
 
-CONFIG_NAMES = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
-"""Files pytest reads its configuration from, in any directory from its arguments up."""
-
-
 def _test_dirs(repo: Path, rels: Iterable[str]) -> set[Path]:
     """The pristine files' directories and theirs up to (not including) `repo`: the ones made writable."""
     repo = Path(repo)
@@ -53,7 +49,7 @@ def written_beside(repo: Path, rels: Iterable[str]) -> frozenset[str]:
     before any test command: one found there later that is not in this set was written during the
     evaluation."""
     return frozenset(os.path.normpath(str(p)) for d in _test_dirs(repo, rels) if d.is_dir() and not d.is_symlink()
-                     for p in d.iterdir() if p.suffix == ".py" or p.name in CONFIG_NAMES)
+                     for p in d.iterdir() if p.suffix == ".py" or p.name in ROOT_CONFIG_NAMES)
 
 
 def planted_configs(repo: Path, rels: Iterable[str], present: frozenset[str]) -> list[str]:
@@ -62,7 +58,7 @@ def planted_configs(repo: Path, rels: Iterable[str], present: frozenset[str]) ->
     return sorted(f"{p} was written beside the hidden tests during the evaluation (a pytest configuration)"
                   for d in _test_dirs(repo, rels) if d.is_dir() and not d.is_symlink()
                   for p in map(str, d.iterdir())
-                  if os.path.basename(p) in CONFIG_NAMES and os.path.normpath(p) not in present)
+                  if os.path.basename(p) in ROOT_CONFIG_NAMES and os.path.normpath(p) not in present)
 
 
 def mismatches(rels: Iterable[str], inside: str, runs: Iterable[ChannelResults],

@@ -53,6 +53,7 @@ from pathlib import Path, PurePosixPath
 
 from packaging.requirements import Requirement
 
+from gyre.evaluators.environments.toolenv import top_level_modules
 from gyre.sandboxes.paths import clear_path
 
 PLANTED_FILE_NAMES = frozenset(
@@ -100,9 +101,7 @@ def shadowing_names() -> frozenset[str]:
         except metadata.PackageNotFoundError:
             continue
         top = (found.read_text("top_level.txt") or "").split()
-        files = [f.parts[0].removesuffix(".py") for f in found.files or () if len(f.parts) >= 1
-                 and not f.parts[0].endswith((".dist-info", ".egg-info", ".pth")) and f.parts[0] != ".."]
-        names |= {n for n in [*top, *files] if n.isidentifier()}
+        names |= {n for n in top if n.isidentifier()} | top_level_modules(found)
         for text in found.requires or ():
             req = Requirement(text)
             if req.marker is None or req.marker.evaluate({"extra": ""}):

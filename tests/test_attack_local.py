@@ -237,6 +237,8 @@ def test_editing_tests_and_conftest_to_force_a_pass_earns_nothing(tmp_path):
     assert sandbox.exec(forge, timeout_s=10).exit_code == 0
     sandbox.close()
     score = evaluate_query(query, sandbox.workspace, tmp_path / "evals" / "cheat", "cheat", timeout_s=30)
-    assert score.status is EvalStatus.ok and score.score == 0.0, score.detail
+    # the root conftest is the project's and stays (upstream keeps it); its flipped reports are caught
+    assert score.status is EvalStatus.tampering and score.score == 0.0, score.detail
+    assert "reported passed, but its call raised" in score.detail
     report = json.loads((tmp_path / "evals" / "cheat" / "score.json").read_text())
     assert report["score"] == 0.0

@@ -130,7 +130,6 @@ def test_planted_pytest_config_is_neutralised(tmp_path):
         query,
         {
             "calc.py": "def add(a, b):\n    return 1\n",
-            "conftest.py": FORCE_PASS_CONFTEST,
             "evil.py": FORCE_PASS_CONFTEST,
             "tests/tox.ini": "[pytest]\naddopts = -p evil\n",
             "tests/pyproject.toml": '[project]\nname = "x"\n\n[tool.pytest.ini_options]\naddopts = "-p evil"\n',
@@ -147,7 +146,7 @@ def test_planted_pytest_config_is_neutralised(tmp_path):
     assert host_ini.read_text() == "[pytest]\naddopts = -p evil\n"
     repo = tmp_path / "eval" / "repo"
     assert not (repo / "pytest.ini").is_symlink()
-    assert not (repo / "conftest.py").exists() and not (repo / "tests" / "conftest.py").exists()
+    assert not (repo / "tests" / "conftest.py").exists()
     assert not (repo / "pytest.py").exists() and not (repo / "tests" / "tox.ini").exists()
     assert "tool.pytest" not in (repo / "tests" / "pyproject.toml").read_text()
     # the root setup.cfg stays whole (a build reads it); gyre's pinned pytest.ini, which pytest reads
@@ -156,7 +155,57 @@ def test_planted_pytest_config_is_neutralised(tmp_path):
     assert "evil" not in (repo / "pytest.ini").read_text()
     assert "dropped -p evil from setup.cfg's addopts" in (tmp_path / "eval" / "reports" / "neutralised.txt").read_text()
     assert "neutralised" in score.detail
-    assert (workspace / "conftest.py").exists()
+    assert (workspace / "evil.py").exists()
+
+
+ROOT_FIXTURES_CONFTEST = """\
+import pytest
+
+
+@pytest.fixture
+def pair():
+    return (20, 22)
+"""
+
+FLIP_WHAT_CALLED_ME = """\
+import pytest
+
+import calc
+
+
+def pytest_runtest_setup(item):
+    calc.CALLED.clear()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and calc.CALLED:
+        report.outcome, report.longrepr = "passed", None
+"""
+
+
+def test_the_projects_root_conftest_is_kept(tmp_path):
+    """Upstream keeps the repository as the agent wrote it: a root conftest's fixtures serve the hidden tests."""
+    tests = CALC_TESTS + "\n\ndef test_pair(pair):\n    assert add(*pair) == 42\n"
+    query = _calc_query(tmp_path, tests=tests, count=5)
+    workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return a + b\n",
+                                             "conftest.py": ROOT_FIXTURES_CONFTEST})
+    score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
+    assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 5)
+
+
+@pytest.mark.parametrize("conftest", [FORCE_PASS_CONFTEST, FLIP_WHAT_CALLED_ME])
+def test_a_root_conftest_that_flips_reports_is_tampering(tmp_path, conftest):
+    """Kept, so detected: a test whose call raised but which was reported passed. The second conftest flips
+    only tests that called the workspace's code, which the canaries never do."""
+    query = _calc_query(tmp_path)
+    calc = "CALLED = []\n\n\ndef add(a, b):\n    CALLED.append(1)\n    return 1\n"
+    workspace = _workspace(tmp_path, query, {"calc.py": calc, "conftest.py": conftest})
+    score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
+    assert score.status is EvalStatus.tampering and score.score == 0.0
+    assert "reported passed, but its call raised AssertionError" in score.detail
 
 
 def test_symlinks_cannot_redirect_the_hidden_tests(tmp_path):
@@ -273,3 +322,54 @@ def test_the_projects_own_pytest_settings_are_kept_less_what_only_forges(tmp_pat
                                                    "pyproject.toml": pyproject, "evil.py": FORCE_PASS_CONFTEST})
     score = evaluate(query, wrong, tmp_path / "eval-wrong", "exec-2")
     assert score.score < 1.0 and score.status is EvalStatus.ok, score.detail
+
+
+DATA_TESTS = """\
+import os
+from pathlib import Path
+
+from calc import add
+
+HERE = Path(__file__).parent / "resources"
+
+
+def test_expected():
+    assert add(20, 22) == int((HERE / "expected.txt").read_text())
+
+
+def test_rename_and_back():
+    os.rename(HERE / "expected.txt", HERE / "moved.txt")
+    os.rename(HERE / "moved.txt", HERE / "expected.txt")
+    with open(HERE / "expected.txt", "r+") as handle:  # opened for writing, as aiofiles' tests do
+        assert handle.read() == "42\\n"
+"""
+
+
+def _data_query(tmp_path: Path, commands: list[str]) -> Query:
+    project = tmp_path / "bench" / "calc"
+    (project / "hidden_tests" / "tests" / "resources").mkdir(parents=True)
+    (project / "hidden_tests" / "tests" / "test_data.py").write_text(DATA_TESTS)
+    (project / "hidden_tests" / "tests" / "resources" / "expected.txt").write_text("42\n")
+    (project / "start.md").write_text("Create `calc.py` with `add(a, b)` returning a + b.\n")
+    (project / "test_case_count.txt").write_text("2\n")
+    (project / "test_commands.json").write_text(json.dumps(commands))
+    (project / "test_files.json").write_text(json.dumps(["tests"]))
+    (query,) = load_nl2repo(project.parent)
+    return query
+
+
+def test_the_tests_may_change_their_own_data_files(tmp_path):
+    query = _data_query(tmp_path, ["python -m pytest -q tests"])
+    workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return a + b\n"})
+    score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
+    assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 2), score.detail
+
+
+def test_a_setup_command_that_rewrites_a_data_file_is_tampering(tmp_path):
+    """The build is the workspace's code: it may not make a test vacuous by rewriting its expected output."""
+    query = _data_query(tmp_path, ["python setup.py", "python -m pytest -q tests"])
+    rewrite = "from pathlib import Path\nPath('tests/resources/expected.txt').write_text('7\\n')\n"
+    workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return 7\n", "setup.py": rewrite})
+    score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
+    assert score.status is EvalStatus.tampering and score.score == 0.0
+    assert "data file tests/resources/expected.txt was changed by a command that ran no test" in score.detail

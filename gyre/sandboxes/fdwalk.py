@@ -112,3 +112,36 @@ def strip_special_bits(root: Path) -> int:
 
     walk(root, on_dir=clear, on_file=clear)
     return changed
+
+
+def read_regular(root: Path, rel: str, limit: int) -> bytes | None:
+    """The bytes of the regular file `rel` under `root`, reached one component at a time without following
+    a link; None when a component is a link, the entry is not a regular file, is gone, or holds more than
+    `limit` bytes. Safe as root on a tree the agent can still change."""
+    parts = [p for p in Path(rel).parts if p not in ("", ".")]
+    if not parts or ".." in parts:
+        return None
+    try:
+        fd = os.open(root, DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno in _GONE:
+            return None
+        raise
+    try:
+        for name in parts[:-1]:
+            child, kind = _open_entry(fd, name)
+            os.close(fd)
+            fd = child
+            if fd is None or kind != "dir":
+                return None
+        file_fd, kind = _open_entry(fd, parts[-1])
+        if file_fd is not None and kind != "file":
+            os.close(file_fd)
+        if file_fd is None or kind != "file":
+            return None
+        with os.fdopen(file_fd, "rb") as handle:
+            data = handle.read(limit + 1)
+        return data if len(data) <= limit else None
+    finally:
+        if fd is not None:
+            os.close(fd)

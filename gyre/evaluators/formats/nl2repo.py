@@ -72,7 +72,7 @@ from gyre.records import EvalStatus, Query, Score
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.layout import SandboxLayout
 from gyre.sandboxes.local.isolation import Isolation
-from gyre.sandboxes.local.privileges import protect
+from gyre.sandboxes.local.privileges import CODE_SUFFIXES, protect
 from gyre.sandboxes.paths import clear_path
 from gyre.sandboxes.process import sandbox_env
 
@@ -157,9 +157,11 @@ def _score(
                               python_files=python_files(kept))
     pinned = pin_rootdir(repo, query.test_files, render_ini(kept))
     isolation.hand_over(repo)
-    protect(repo, query.test_files, writable_dirs=True)  # tests may write beside themselves, as upstream's do
-    protect(repo, ["pytest.ini"])
-    watch = Watch.start(repo, query.test_files, (repo / "pytest.ini").read_text(encoding="utf-8") if pinned else None)
+    protect(repo, query.test_files, writable_dirs=True, writable_data=True)  # tests may write beside themselves
+    protect(repo, ["pytest.ini"])  # and change their data files, as upstream's do
+    data = {rel: content for rel, content in sources.items() if PurePosixPath(rel).suffix not in CODE_SUFFIXES}
+    watch = Watch.start(repo, query.test_files, (repo / "pytest.ini").read_text(encoding="utf-8") if pinned else None,
+                        data)
     reports.mkdir()
     scratch.mkdir()
     observer = Observer.create(eval_dir, isolation, index, frozenset({query.query_id}))
@@ -244,7 +246,7 @@ def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execut
                                              *(f"-p {module}" for module in observer.image_plugins)))
         runs.append(said)
         _write_log(reports / f"command_{i}.log", command, result)
-        moved.extend(e for e in watch.broken() if e not in moved)  # checked before the next command reads them
+        moved.extend(e for e in watch.broken(setup=not said.hello) if e not in moved)  # before the next command
         pytest_said = said.exitstatus if said.finished else None
         # from here on its code may have run in this command, and anything it says or exits with is its own;
         # a command before the last that never loaded the plugin is a setup command (`python install.py`

@@ -14,6 +14,8 @@ result on it as it happens, one JSON line each:
                                                    code they import) may run
     {"event": "report", "nodeid", "path", "when", "outcome", "xfail", "subtest"}    each test phase
                                                    (and each subtest of its call, `subtest` true)
+    {"event": "forged", "nodeid", "raised"}       a test whose call raised (seen by a wrapper registered
+                                                   after every conftest, innermost) reported passed
     {"event": "collect_error", "nodeid", "path"}   a module that failed to import
     {"event": "collected"}                         collection finished (reports may follow)
     {"event": "finish", "exitstatus": ...}         the session ended (0/1: it ran to the end)
@@ -34,8 +36,10 @@ workspace on PYTHONPATH) and removes the variable for the processes tests start.
 What this does not stop: agent code in the test process can write to the same pipe, or
 patch pytest. Both are caught, not prevented: a phase reported twice for one test is
 `conflicts` (forging on the pipe), as is any report out of pytest's own order (before
-collection finished, for a second test while one is running, phases out of order), and the canaries (`gyre.evaluators.integrity.canaries`) catch
-a patched runner.
+collection finished, for a second test while one is running, phases out of order), so is a test
+reported passed whose call raised (a `pytest_runtest_makereport` hook in a conftest or found through
+`gc` that flips outcomes: the "forged" message), and the canaries (`gyre.evaluators.integrity.canaries`)
+catch a patched runner.
 """
 
 from __future__ import annotations
@@ -65,9 +69,10 @@ _FD = (int(_os.environ.pop("GYRE_RESULT_FD")) if "GYRE_RESULT_FD" in _os.environ
 _os.environ.pop("PYTHONSAFEPATH", None)
 _ARGV = list(getattr(_sys, "orig_argv", []))
 _M_PYTEST = "-m" in _ARGV and _ARGV[_ARGV.index("-m") + 1 : _ARGV.index("-m") + 2] == ["pytest"]
+import pytest as _pt  # already imported by pytest itself, before the line below
+
 if _M_PYTEST or _os.environ.get("GYRE_CWD_ON_PATH") == "1":
     _sys.path.insert(0, _os.getcwd())  # what `python -m pytest` (or the task's PYTHONPATH) puts first
-
 
 _dumps, _write = _json.dumps, _os.write  # bound now: later patches of json or os do not reach them
 
@@ -112,7 +117,24 @@ def _send_modules():
         _send(event="modules", modules=found[i:i + 40])
 
 
+_RAISED = {}
+
+
+class _Innermost:
+    """Registered after every conftest has loaded, so its trylast wrapper sits closest to the test itself:
+    what the test's call really raised, before any other plugin's wrapper could swallow it."""
+
+    @_pt.hookimpl(hookwrapper=True, trylast=True)
+    def pytest_runtest_call(self, item):
+        _RAISED.pop(item.nodeid, None)
+        outcome = yield
+        error = outcome.excinfo[1] if outcome.excinfo else None
+        if error is not None and not isinstance(error, (_pt.skip.Exception, _pt.xfail.Exception)):
+            _RAISED[item.nodeid] = type(error).__name__
+
+
 def pytest_collection_finish(session):
+    _CONFIG.pluginmanager.register(_Innermost(), "gyre-innermost-" + _os.urandom(6).hex())
     _send_modules()
     _send(event="collected")
 
@@ -123,6 +145,9 @@ def pytest_collectreport(report):
 
 
 def pytest_runtest_logreport(report):
+    raised = _RAISED.get(report.nodeid) if report.when == "call" else None
+    if raised and report.passed and type(report).__name__ != "SubtestReport":
+        _send(event="forged", nodeid=report.nodeid, raised=raised)
     _send(event="report", nodeid=report.nodeid, path=_path(_CONFIG, report.nodeid), when=report.when,
           outcome=report.outcome, xfail=hasattr(report, "wasxfail"),
           subtest=type(report).__name__ == "SubtestReport")
@@ -191,6 +216,9 @@ class ChannelResults:
             self.collect_errors.append(str(message.get("nodeid")))
         elif event == "report":
             self._add_report(message)
+        elif event == "forged":
+            self.conflicts.append(f"{str(message.get('nodeid'))[:200]}: reported passed, but its call raised "
+                                  f"{str(message.get('raised'))[:80]} (a hook or patch changed the report)")
         elif event == "modules" and isinstance(message.get("modules"), list):
             for pair in message["modules"]:
                 if isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair):

@@ -18,6 +18,7 @@ them that was not there when the pristine files were placed (`written_beside`) i
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,6 +26,10 @@ from pathlib import Path, PurePosixPath
 
 from gyre.evaluators.integrity.channel import ChannelResults
 from gyre.evaluators.integrity.pytest_guard import ROOT_CONFIG_NAMES, pin_intact
+from gyre.sandboxes.fdwalk import read_regular
+
+MAX_DATA_BYTES = 256 * 1024 * 1024
+"""A pristine data file is read back (after a setup command) up to this size; a larger one reads as changed."""
 
 
 def dotted_names(rel: str) -> list[str]:
@@ -89,22 +94,33 @@ def mismatches(rels: Iterable[str], inside: str, runs: Iterable[ChannelResults],
 @dataclass(frozen=True)
 class Watch:
     """What the hidden tests' surroundings looked like before the first command, checked after each one: gyre's
-    pinned `pytest.ini` still its own (`pin`, None when the hidden tests bring the root configuration) and no
-    pytest configuration written beside the hidden tests (`present`: the files there before)."""
+    pinned `pytest.ini` still its own (`pin`, None when the hidden tests bring the root configuration), no
+    pytest configuration written beside the hidden tests (`present`: the files there before), and, after a
+    command that ran no test (a setup command: the workspace's build), the pristine data files as placed
+    (`data`: rel -> sha256; they are the tests' to change, `privileges.protect(writable_data=True)`, not the
+    build's: a `setup.py` that rewrites an expected output would make its test vacuous)."""
 
     repo: Path
     rels: tuple[str, ...]
     present: frozenset[str]
     pin: str | None
+    data: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def start(cls, repo: Path, rels: Iterable[str], pin: str | None) -> Watch:
+    def start(cls, repo: Path, rels: Iterable[str], pin: str | None, data: dict[str, bytes] | None = None) -> Watch:
+        """`data`: the pristine data files placed (rel -> content)."""
         rels = tuple(rels)
-        return cls(Path(repo), rels, written_beside(repo, rels), pin)
+        digests = tuple(sorted((rel, hashlib.sha256(content).hexdigest()) for rel, content in (data or {}).items()))
+        return cls(Path(repo), rels, written_beside(repo, rels), pin, digests)
 
-    def broken(self) -> list[str]:
-        """Tampering evidence now (empty when nothing moved)."""
+    def broken(self, setup: bool = False) -> list[str]:
+        """Tampering evidence now (empty when nothing moved); `setup`: the command just run ran no test."""
         found = planted_configs(self.repo, self.rels, self.present)
         if self.pin is not None and not pin_intact(self.repo, self.pin):
             found.append("gyre's pytest.ini at the repository root was replaced or removed during the evaluation")
+        if setup:
+            for rel, digest in self.data:
+                now = read_regular(self.repo, rel, MAX_DATA_BYTES)
+                if now is None or hashlib.sha256(now).hexdigest() != digest:
+                    found.append(f"the hidden tests' data file {rel} was changed by a command that ran no test")
         return found

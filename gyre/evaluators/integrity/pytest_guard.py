@@ -14,7 +14,8 @@ configuration file of our own:
   `[pytest]` sections of `setup.cfg`; a file still carrying pytest settings, or one
   pytest could not parse, is removed. With `keep_root` (NL2RepoBench) the root's
   `pyproject.toml`, `setup.cfg` and `tox.ini` stay whole instead: their settings were read
-  first and the pin carries them on, less what only serves forging (`pytest_settings`);
+  first and the pin carries them on, less what only serves forging (`pytest_settings`); so
+  does the root `conftest.py` (upstream keeps it: the agent's repository is the thing scored);
 - removed at the top level and in every directory that holds a hidden test file (pytest
   puts those first on `sys.path`): modules (.py, .pyc, .so) or packages that would shadow
   pytest or anything it imports, `shadowing_names()`: derived from the installed pytest's
@@ -72,8 +73,11 @@ ROOT_CONFIG_NAMES = frozenset(
     {"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "pyproject.toml", "setup.cfg"}
 )
 ALWAYS_SHADOWING = frozenset({"pytest", "_pytest", "pluggy", "py"})
-KEPT_AT_ROOT = frozenset({"pyproject.toml", "setup.cfg", "tox.ini"})
-"""With `keep_root`: root files whose pytest settings the pin carries on (and which builds need)."""
+KEPT_AT_ROOT = frozenset({"pyproject.toml", "setup.cfg", "tox.ini", "conftest.py"})
+"""With `keep_root`: root files whose pytest settings the pin carries on (and which builds need), and the
+root `conftest.py`: the project's fixtures (deepdiff's tests need the ones its root conftest defines).
+It runs in the pytest process as the project's own modules do; what it could forge is detected, not
+prevented (`channel`'s "forged" message, the canaries)."""
 GYRE_PYTEST_INI = """\
 # Written by gyre's evaluator: pins pytest's rootdir to this repository, so configuration
 # planted by the agent or lying above the repository is never read. The project's own root
@@ -116,9 +120,9 @@ def neutralise_pytest_config(repo: Path, hidden_test_files: list[str] = (), proj
     `project_modules`: names the hidden tests import, never removed (a project may BE one
     of pytest's dependencies, e.g. `pygments`; pytest imported its own copy before the
     workspace was on `sys.path`, see `gyre.evaluators.integrity.channel`).
-    `keep_root`: the root's `pyproject.toml`, `setup.cfg` and `tox.ini` stay as they are: their pytest
-    settings were read (`pytest_settings.project_settings`) and gyre's pinned `pytest.ini`, which
-    carries them on, takes precedence over them.
+    `keep_root`: the root's `pyproject.toml`, `setup.cfg`, `tox.ini` and `conftest.py` stay as they are:
+    their pytest settings were read (`pytest_settings.project_settings`) and gyre's pinned `pytest.ini`,
+    which carries them on, takes precedence over them (`KEPT_AT_ROOT`).
     """
     actions: list[str] = []
     hidden = {PurePosixPath(rel) for rel in hidden_test_files}

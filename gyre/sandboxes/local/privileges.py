@@ -150,7 +150,12 @@ def hand_over(path: Path, user: SandboxUser | None, recursive: bool = True) -> N
                 os.lchown(os.path.join(dirpath, name), user.uid, user.gid)
 
 
-def protect(root: Path, rels: Iterable[str], writable_dirs: bool = False) -> None:
+CODE_SUFFIXES = frozenset({".py", ".pyc", ".pyo", ".pyd", ".so", ".pth", ".ini", ".toml", ".cfg"})
+"""What Python or pytest reads as code or configuration: a pristine file with one of these suffixes is
+always root-owned; with `protect(writable_data=True)` the others (data) are the tests' to change."""
+
+
+def protect(root: Path, rels: Iterable[str], writable_dirs: bool = False, writable_data: bool = False) -> None:
     """Make files under `root` (and their directories below `root`) root-owned and read-only to others.
 
     Pristine files (hidden tests) copied into a tree the sandbox owns: the sandbox can read
@@ -160,6 +165,9 @@ def protect(root: Path, rels: Iterable[str], writable_dirs: bool = False) -> Non
     made there, pristine ones still neither rewritten, renamed nor removed. Each gets a root-owned
     `__pycache__` first, so no bytecode can be put in front of a pristine module; a module written
     there and imported is caught by `gyre.evaluators.integrity.origins`.
+    `writable_data`: pristine data files (no suffix of `CODE_SUFFIXES`) keep the owner they were handed
+    to, as upstream's image leaves them to its tests (aiofiles' tests open theirs `r+`, rename them and
+    rename them back); a setup command that changes one is caught (`origins.Watch`).
     """
     if os.geteuid() != 0:
         return
@@ -173,8 +181,10 @@ def protect(root: Path, rels: Iterable[str], writable_dirs: bool = False) -> Non
             for name in dirnames:
                 _root_owned(Path(dirpath, name), dir_mode)
             for name in filenames:
-                _root_owned(Path(dirpath, name), 0o644)
-        _root_owned(path, dir_mode if path.is_dir() else 0o644)
+                if not (writable_data and Path(name).suffix not in CODE_SUFFIXES):
+                    _root_owned(Path(dirpath, name), 0o644)
+        if path.is_dir() or not (writable_data and path.suffix not in CODE_SUFFIXES):
+            _root_owned(path, dir_mode if path.is_dir() else 0o644)
         parent = path.parent
         while parent != root and parent.is_relative_to(root):
             os.chown(parent, 0, 0)

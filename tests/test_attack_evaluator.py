@@ -109,7 +109,7 @@ def test_runner_patching_is_caught_by_the_canaries(tmp_path):
     workspace = _workspace(tmp_path, query, {"calc.py": PATCH_RUNNER})
     score = evaluate(query, workspace, tmp_path / "eval", "attack", timeout_s=20)
     assert (score.status, score.score) == (EvalStatus.tampering, 0.0), score.detail
-    assert any("must fail and was reported passed" in e for e in score.evidence)
+    assert any("must xfail and was reported failed" in e for e in score.evidence), score.evidence  # strict XPASS
 
 
 def test_forged_messages_on_the_result_pipe_are_tampering(tmp_path):

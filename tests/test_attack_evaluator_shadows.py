@@ -199,7 +199,7 @@ def test_a_workspace_cannot_pass_for_a_broken_evaluator(tmp_path, conftest, calc
     assert score.score == 0.0, score.detail
 
 
-FORGE_ALL_BUT_THE_LAST_FOUR = '''
+FORGE_EVERY_DEFINED_TEST = '''
 import ast, json, os, sys
 
 
@@ -207,7 +207,7 @@ def add(a, b):
     frame = sys._getframe(1)
     path = frame.f_code.co_filename
     names = [n.name for n in ast.parse(open(path).read()).body if isinstance(n, ast.FunctionDef)]
-    real = names[:-4]  # the canaries are appended last: skip them, report the rest passed, die
+    real = names  # the canaries are no text in the file: report every test it defines passed, die
     here = os.path.relpath(path)
     lines = [(frame.f_code.co_name, 'call'), (frame.f_code.co_name, 'teardown')]
     lines += [(n, w) for n in real if n != frame.f_code.co_name for w in ('setup', 'call', 'teardown')]
@@ -223,11 +223,11 @@ def add(a, b):
 '''
 
 
-def test_forging_every_test_but_the_canaries_then_dying_is_tampering(tmp_path):
-    # the real plugin reported collection and test_zero's setup; the forger writes the rest in
-    # pytest's own order and dies before the canaries would have run
+def test_forging_every_defined_test_then_dying_is_tampering(tmp_path):
+    # the real plugin reported collection and test_zero's setup; the forger writes every test the file
+    # defines in pytest's own order and dies: the canaries, collected items it cannot read, never report
     query = _query(tmp_path)
-    workspace = _workspace(tmp_path, query, {"calc.py": FORGE_ALL_BUT_THE_LAST_FOUR})
+    workspace = _workspace(tmp_path, query, {"calc.py": FORGE_EVERY_DEFINED_TEST})
     score = evaluate(query, workspace, tmp_path / "eval", "forger", timeout_s=30)
     assert (score.status, score.score) == (EvalStatus.tampering, 0.0), score.detail
 

@@ -56,6 +56,33 @@ def test_terminal_bench_agent_edits_to_tests_and_conftest_do_not_count(tmp_path)
     assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
 
 
+COPYING_RUN_TESTS = """#!/bin/bash
+# as Terminal-Bench's aider-polyglot tasks do: the tests are copied beside the solution and run there
+cp $TEST_DIR/*test*.py /app/
+cd /app
+python -m pytest -v
+"""
+
+
+@needs_bwrap
+def test_terminal_bench_tests_a_script_copies_into_app_count_with_their_canaries(tmp_path):
+    """The canaries are collected items, not text in the file: the copy is the pristine file byte for byte,
+    found by its content, scored as it; a solved task is 1.0 (it was 0: the copy's results were ignored)."""
+    task = write_terminal_bench(tmp_path / "tb")
+    (task / "run-tests.sh").write_text(COPYING_RUN_TESTS)
+    (query,) = load_benchmark("terminal-bench", task.parent)
+    good = evaluate_query(query, _workspace(tmp_path / "a", {"hello.txt": "hi\n"}), tmp_path / "e1", "x1")
+    assert (good.status, good.score) == (EvalStatus.ok, 1.0), good.detail
+    log = (tmp_path / "e1" / "reports" / "command_0.log").read_text()
+    assert "3 passed, 2 xfailed" in log  # the copy ran in /app (pytest -v there), with its canaries
+    bad = evaluate_query(query, _workspace(tmp_path / "b", {"hello.txt": "bye\n"}), tmp_path / "e2", "x2")
+    assert (bad.status, bad.score) == (EvalStatus.ok, 0.0), bad.detail
+    forged = {"hello.txt": "bye\n", "conftest.py": "import pytest\n@pytest.hookimpl(hookwrapper=True)\n"
+              "def pytest_runtest_makereport(item, call):\n    o = yield\n    o.get_result().outcome = 'passed'\n"}
+    cheat = evaluate_query(query, _workspace(tmp_path / "c", forged), tmp_path / "e3", "x3")
+    assert (cheat.status, cheat.score) == (EvalStatus.tampering, 0.0), cheat.detail
+
+
 @needs_bwrap
 def test_terminal_bench_script_failing_without_report_is_an_evaluator_failure(tmp_path):
     task = write_terminal_bench(tmp_path / "tb")

@@ -1,17 +1,18 @@
 """Run a format's test command with gyre watching: pristine files with canaries, the result channel.
 
 Every format (NL2RepoBench, Terminal-Bench, Harbor, R2E) ends the same way: put the
-pristine test files where the task expects them, each test module with canaries
-appended (`canaries.add_canaries`), then run the task's command in the sandbox with
-gyre's pytest plugin loaded and a result pipe open (`channel`). This module is that shared
-part, so the formats differ only in where files go and how the tally becomes a score:
+pristine test files where the task expects them, byte for byte, plan canaries for each test
+module (`canaries.plan_canaries`: gyre's plugin adds them as collected items), then run the
+task's command in the sandbox with gyre's pytest plugin loaded and a result pipe open
+(`channel`). This module is that shared part, so the formats differ only in where files go
+and how the tally becomes a score:
 
-- `place_pristine(dest, sources, inside, rng, num_fail, xfail)` writes the files under `dest`
+- `place_pristine(dest, sources, inside, rng, num_fail)` writes the files under `dest`
   (symlinks and files in the way removed, never followed; so is what Python would import
   instead of a pristine module: `pytest_guard.clear_shadows`) and returns the `PristineFile`s
-  as the sandbox sees them (`inside` is `dest`'s path inside);
-- `Observer` holds the evaluation's plugin install; `run(...)` runs one command and
-  returns its `ExecResult` with what the plugin said.
+  as the sandbox sees them (`inside` is `dest`'s path inside), their canaries planned;
+- `Observer` holds the evaluation's plugin install; `plant(files)` hands the canaries to the
+  plugin; `run(...)` runs one command and returns its `ExecResult` with what the plugin said.
 
 Evaluation environments: the command's `python` and `pytest` are an interpreter with
 only the test tools (`gyre.evaluators.environments.toolenv`), never gyre's own site-packages.
@@ -27,8 +28,10 @@ distribution, so installing the real upstream package earns nothing) is tamperin
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
+import secrets
 import shlex
 import time
 from collections.abc import Mapping
@@ -39,7 +42,7 @@ from gyre.evaluators.common import error, tampering
 from gyre.evaluators.environments.own_project import installed, is_the_project
 from gyre.evaluators.environments.toolenv import EvalEnv, base_interpreter_dirs, make_env, pytest11_modules, site_packages
 from gyre.evaluators.integrity.canaries import (
-    DEFAULT_PYTHON_FILES, PristineFile, add_canaries, defined_tests, is_test_module,
+    DEFAULT_PYTHON_FILES, PristineFile, defined_tests, is_test_module, plan_canaries,
 )
 from gyre.evaluators.integrity.cases import case_counts, dynamic_conftest
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall, ResultChannel
@@ -65,25 +68,22 @@ INTERRUPT_GRACE_S = 5.0
 
 
 def place_pristine(dest: Path, sources: Mapping[str, bytes], inside: str, rng: random.Random,
-                   num_fail: int = 2, xfail: bool = False,
-                   python_files: tuple[str, ...] = DEFAULT_PYTHON_FILES) -> list[PristineFile]:
-    """Write `sources` (relative path -> bytes) under `dest`, canaries in test modules (those pytest collects
-    under `python_files`, the project's setting); see the module docstring."""
+                   num_fail: int = 2, python_files: tuple[str, ...] = DEFAULT_PYTHON_FILES) -> list[PristineFile]:
+    """Write `sources` (relative path -> bytes) under `dest` as they are, and plan canaries for the test
+    modules (those pytest collects under `python_files`, the project's setting); `Observer.plant` hands
+    the plan to gyre's plugin. See the module docstring."""
     placed: list[PristineFile] = []
     clear_shadows(dest, sources)
     capped = not any(PurePosixPath(rel).name == "conftest.py" and dynamic_conftest(data.decode("utf-8", "replace"))
                      for rel, data in sources.items())
     for rel, data in sources.items():
-        target = clear_path(dest, rel)
+        clear_path(dest, rel).write_bytes(data)
         if is_test_module(rel, python_files):
             text = data.decode("utf-8", errors="replace")
-            source, canaries = add_canaries(text, rng, num_fail=num_fail, xfail=xfail)
-            tests = defined_tests(source) - {(name,) for name in canaries.names}
-            placed.append(PristineFile(str(PurePosixPath(inside) / rel), tests, canaries,
-                                       case_counts(text) if capped else {}))
-            target.write_text(source, encoding="utf-8")
-        else:
-            target.write_bytes(data)
+            placed.append(PristineFile(str(PurePosixPath(inside) / rel), defined_tests(text),
+                                       canaries=plan_canaries(text, rng, num_fail=num_fail),
+                                       cases=case_counts(text) if capped else {},
+                                       sha256=hashlib.sha256(data).hexdigest()))
     return placed
 
 
@@ -148,6 +148,11 @@ class Observer:
             elif isolation.bwrap:
                 observer.bridge = ProxyBridge(proxy_address(observer.index_url)).start()
         return observer
+
+    def plant(self, files: list[PristineFile], seed: int | None = None) -> None:
+        """Give gyre's plugin the canaries of the pristine test modules placed (`place_pristine`): it adds
+        them as collected items, at places drawn with `seed` (random when None)."""
+        self.plugin.write_plan(files, secrets.randbits(63) if seed is None else seed)
 
     def mounts(self) -> tuple[Mount, ...]:
         """The plugin's, the environment's and the index bridge's mounts (none without bubblewrap)."""
@@ -241,8 +246,10 @@ class Observer:
         return left_out, removed
 
     def run_single(self, command: str, pristine: list[PristineFile], **run_kwargs) -> Observed:
-        """A format's one test command (`run`'s arguments), tallied, with the observer finished."""
+        """A format's one test command (`run`'s arguments), with the canaries of `pristine`, tallied, with the
+        observer finished."""
         try:
+            self.plant(pristine)
             result, said = self.run(command, **run_kwargs)
         except BaseException:
             self.finish(Tally())

@@ -5,7 +5,7 @@ Dockerfile's WORKDIR), the tests copied to `/tests`, one script that runs them. 
 evaluation recreates that in a fresh sandbox (bubblewrap needed for the fixed paths):
 
     eval_dir/repo/      copy of the kept workspace, shown at the task's workdir (writable)
-    eval_dir/tests/     the pristine tests, canaries in each test module (+ Terminal-Bench's
+    eval_dir/tests/     the pristine tests, byte for byte (+ Terminal-Bench's
                         run-tests.sh), root-owned and read-only at /tests
     eval_dir/logs/      Harbor only: fresh /logs with verifier/ and agent/ (writable)
     eval_dir/reports/   the command log
@@ -19,9 +19,9 @@ results come back over a pipe gyre owns, never from a file in the sandbox.
   passed (an unreported one failed: the process died, exited or hung).
 - Harbor: the reward the verifier wrote: `verifier/reward.json` (`{"reward": x}` or a single
   numeric entry; read first, as upstream does) or `verifier/reward.txt` (one float), in [0, 1]. Its
-  `test.sh` turns pytest's exit code into the reward, so Harbor's must-fail canaries are
-  marked `xfail(strict=True)` (xfailed, the exit code stays 0; a patched runner XPASSes them,
-  which fails the run and is tampering); a reward above 0 while a pristine test did not pass is
+  `test.sh` turns pytest's exit code into the reward; the must-fail canaries are marked
+  `xfail(strict=True)` (xfailed, the exit code stays 0; a patched runner XPASSes them, which
+  fails the run and is tampering); a reward above 0 while a pristine test did not pass is
   tampering, and so is
   one from a verifier that runs pytest when pytest never started with gyre's plugin (the
   `pytest` it ran was the workspace's: `uv run` takes a `.venv/bin/pytest` it finds there).
@@ -103,13 +103,11 @@ def evaluate_container_task(
 
 
 def place_task_tests(query: Query, spec: TaskSpec, dest: Path, inside: str) -> list[PristineFile]:
-    """The task's pristine tests under `dest` (shown at `inside`), canaries in each test module (must-pass
-    only for Harbor, whose `test.sh` turns pytest's exit code into the reward), plus Terminal-Bench's
-    `run-tests.sh`; the same for a fresh sandbox, an in-place session and a container."""
+    """The task's pristine tests under `dest` (shown at `inside`), canaries planned for each test module, plus
+    Terminal-Bench's `run-tests.sh`; the same for a fresh sandbox, an in-place session and a container."""
     hidden = Path(query.hidden_tests_dir)
     rels = sorted(p.relative_to(hidden).as_posix() for p in hidden.rglob("*") if p.is_file() and not p.is_symlink())
-    pristine = place_pristine(dest, read_sources(hidden, rels), inside, random.Random(secrets.randbits(64)),
-                              xfail=spec.format == HARBOR)
+    pristine = place_pristine(dest, read_sources(hidden, rels), inside, random.Random(secrets.randbits(64)))
     if spec.format == TERMINAL_BENCH:
         shutil.copyfile(query.root / RUN_TESTS, dest / RUN_TESTS)
     return pristine

@@ -101,6 +101,7 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     if os.geteuid() == 0:
         grant_access(sandbox.workspace, sandbox.paused())
     plugin = PluginInstall.write(sandbox.slot(PLUGIN_SLOT))
+    plugin.write_plan(pristine, secrets.randbits(63))
     own(plugin.directory, owner)
     name = f"{secrets.token_hex(8)}.fifo"
     channel = FifoChannel(sandbox.slot(RESULT_SLOT) / name, f"{sandbox.eval_slots[RESULT_SLOT]}/{name}", owner)

@@ -165,6 +165,7 @@ def _score(
     reports.mkdir()
     scratch.mkdir()
     observer = Observer.create(eval_dir, isolation, index, frozenset({query.query_id}))
+    observer.plant(pristine)
     try:
         notes = _install_image(task_spec(query).image_packages, query.query_id, eval_dir, scratch, limits,
                                capped(timeout_s, deadline_s), observer)

@@ -12,8 +12,10 @@ result on it as it happens, one JSON line each:
     {"event": "collecting"}                        the first node below the session is collected:
                                                    from here on, test modules (and the workspace's
                                                    code they import) may run
-    {"event": "report", "nodeid", "path", "when", "outcome", "xfail", "subtest"}    each test phase
-                                                   (and each subtest of its call, `subtest` true)
+    {"event": "report", "nodeid", "path", "when", "outcome", "xfail", "subtest", "copy"}
+                                                   each test phase (and each subtest of its call,
+                                                   `subtest` true); `path` is the pristine file's when
+                                                   the module is one, or a copy of one (`copy` true)
     {"event": "forged", "nodeid", "raised"}       a test whose call raised (seen by a wrapper registered
                                                    after every conftest, innermost) reported passed
     {"event": "collect_error", "nodeid", "path"}   a module that failed to import
@@ -87,7 +89,70 @@ _send(event="hello", pid=_os.getpid())
 
 
 def _path(config, nodeid):
-    return str(config.rootpath / nodeid.split("::", 1)[0])
+    origin = _ORIGIN.get(nodeid)
+    return origin[0] if origin else str(config.rootpath / nodeid.split("::", 1)[0])
+
+
+def _load_plan():
+    """The canaries gyre planned, by the sha256 of the pristine module they belong to (read once, now)."""
+    try:
+        with open(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), __name__ + ".json"), "rb") as f:
+            plan = _json.loads(f.read())
+    except FileNotFoundError:
+        return {}, 0
+    by_hash = {}
+    for entry in plan["files"]:
+        by_hash.setdefault(entry["sha256"], []).append(entry)
+    return by_hash, plan["seed"]
+
+
+_PLAN, _SEED = _load_plan()
+_ORIGIN = {}  # node id -> (the pristine file's path as placed, whether this module is a copy of it)
+
+
+def _pristine(path):
+    """The plan's entry for the module at `path` (found by its content: a task script may copy it), or None."""
+    import hashlib
+    try:
+        with open(path, "rb") as f:
+            entries = _PLAN.get(hashlib.sha256(f.read()).hexdigest())
+    except OSError:
+        return None
+    if not entries:
+        return None
+    return next((e for e in entries if e["inside"] == str(path)), entries[0])
+
+
+@_pt.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    """The canaries, as collected items at random places among their module's tests (after every other
+    plugin chose and ordered them); the must-fail ones xfail(strict=True)."""
+    import builtins
+    import random
+    rng = random.Random(_SEED)
+    spans = {}
+    for index, item in enumerate(items):
+        module = item.getparent(_pt.Module) if isinstance(item, _pt.Function) else None
+        if module is not None:
+            spans.setdefault(module, []).append(index)
+    inserts = []
+    for module, indices in spans.items():
+        entry = _pristine(module.path) if _PLAN else None
+        if entry is None:
+            continue
+        origin = (entry["inside"], entry["inside"] != str(module.path))
+        for index in indices:
+            _ORIGIN[items[index].nodeid] = origin
+        for name, source in entry["canaries"]:
+            namespace = {}
+            exec(compile(source, str(module.path), "exec"), {"__builtins__": builtins}, namespace)
+            canary = _pt.Function.from_parent(module, name=name, callobj=namespace[name])
+            if name in entry["must_fail"]:
+                canary.add_marker(_pt.mark.xfail(strict=True))
+            _ORIGIN[canary.nodeid] = origin
+            inserts.append((rng.randint(indices[0], indices[-1] + 1), canary))
+    for position, canary in sorted(inserts, key=lambda pair: -pair[0]):
+        items.insert(position, canary)
 
 
 def pytest_configure(config):
@@ -148,9 +213,10 @@ def pytest_runtest_logreport(report):
     raised = _RAISED.get(report.nodeid) if report.when == "call" else None
     if raised and report.passed and type(report).__name__ != "SubtestReport":
         _send(event="forged", nodeid=report.nodeid, raised=raised)
+    origin = _ORIGIN.get(report.nodeid)
     _send(event="report", nodeid=report.nodeid, path=_path(_CONFIG, report.nodeid), when=report.when,
           outcome=report.outcome, xfail=hasattr(report, "wasxfail"),
-          subtest=type(report).__name__ == "SubtestReport")
+          subtest=type(report).__name__ == "SubtestReport", copy=bool(origin and origin[1]))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -168,6 +234,9 @@ class TestResult:
     outcome: str = "passed"
     """passed | failed | error | skipped."""
     phases: set[str] = field(default_factory=set)
+    copy: bool = False
+    """Its module is a copy of the pristine file `path` elsewhere (a task script copied it: Terminal-Bench's
+    `run-tests.sh` runs `/tests`' files from `/app`); found by the plugin by its content."""
     subtests: dict[str, int] = field(default_factory=dict)
     """Outcome -> how many subtests of its call reported it (`unittest.subTest`, the `subtests` fixture).
     pytest counts them apart from tests ("1 failed, 5 passed, 7 subtests passed"): a test's own
@@ -228,7 +297,8 @@ class ChannelResults:
 
     def _add_report(self, message: dict) -> None:
         nodeid, when, outcome = (str(message.get(k)) for k in ("nodeid", "when", "outcome"))
-        result = self.results.setdefault(nodeid, TestResult(nodeid, str(message.get("path"))))
+        result = self.results.setdefault(nodeid, TestResult(nodeid, str(message.get("path")),
+                                                            copy=message.get("copy") is True))
         if message.get("subtest") is True:
             self._add_subtest(nodeid, when, outcome, result)
             return
@@ -376,6 +446,14 @@ class PluginInstall:
         directory.mkdir(parents=True, exist_ok=True)  # a session's slot exists already (empty)
         (directory / f"{name}.py").write_text(PLUGIN_SOURCE, encoding="utf-8")
         return cls(name, directory)
+
+    def write_plan(self, files: Iterable, seed: int) -> None:
+        """The canaries of the pristine test modules (`canaries.PristineFile`), read by the plugin at load:
+        `<name>.json` beside it, by each module's sha256."""
+        plan = {"seed": seed, "files": [
+            {"inside": f.inside, "sha256": f.sha256, "canaries": [list(pair) for pair in f.canaries.sources],
+             "must_fail": sorted(f.canaries.must_fail)} for f in files if f.canaries.sources]}
+        (self.directory / f"{self.name}.json").write_text(json.dumps(plan), encoding="utf-8")
 
     def env(self, path: str = PLUGIN_MOUNT, extra_addopts: Iterable[str] = ()) -> dict[str, str]:
         """Environment for a test command: our plugin only, by name, from `path` (the read-only mount)."""

@@ -13,12 +13,15 @@ Output: a `Tally`. The rules of shared/DESIGN.md's "Reward integrity" live here:
   phase; a test never reported (the process died, exited early, hung, or the module
   failed to import) is failed: that is the workspace's result, never a dropped sample;
 - reports of ids the pristine files do not define are ignored and listed (`ignored`);
-- tampering evidence: a must-fail canary reported passed (marked xfail: not reported
-  xfailed); a must-pass canary reported failed
-  (its literal arithmetic holds); a must-pass canary missing from a command that finished by
-  itself and reported other tests of its file, or from one whose process ended (not stopped by
-  a timeout or limit) after every other test of the file ran to its teardown (canaries are
-  appended last: "report every test but the last few passed, then `os._exit`" is this); a
+- a module that is a copy of a pristine file (the plugin found it by its content: Terminal-Bench's
+  `run-tests.sh` copies `/tests`' files into `/app` and runs them there) reports for that file,
+  but a case the pristine file itself reported counts from it alone (a copy beside helpers of the
+  workspace's cannot outvote it);
+- tampering evidence: a must-fail canary (marked xfail strict) not reported xfailed; a must-pass
+  canary reported failed (its literal arithmetic holds); a must-pass canary missing from a
+  command that finished by itself and reported other tests of its file, or from one whose
+  process ended (not stopped by a timeout or limit) after every other test of the file ran to
+  its teardown ("report every test but the canaries passed, then `os._exit`" is this); a
   phase reported twice or a line that is not the plugin's (someone else wrote on the pipe);
   more cases of a test than its pristine `parametrize` lists make (`gyre.evaluators.integrity.cases`);
 - `loaded`: some command's plugin said hello (the tools work); `started`: some command
@@ -61,6 +64,8 @@ def base_id(tid: TestId) -> TestId:
 def tally(files: list[PristineFile], runs: list[ChannelResults]) -> Tally:
     by_path = {f.inside: f for f in files}
     out = Tally()
+    copies_reported: set[tuple[str, TestId]] = set()  # cases reported from copies of pristine files
+    copies_passed: set[tuple[str, TestId]] = set()
     for i, run in enumerate(runs):
         out.loaded |= run.hello
         out.started |= run.session
@@ -80,12 +85,10 @@ def tally(files: list[PristineFile], runs: list[ChannelResults]) -> Tally:
                 out.ignored.append(result.nodeid)
             elif len(tid) == 1 and tid[0] in pristine.canaries.names:
                 seen_canaries.add((pristine.inside, tid[0]))
-                if tid[0] in pristine.canaries.must_fail and pristine.canaries.xfail:
+                if tid[0] in pristine.canaries.must_fail:
                     if "call" in result.phases and result.outcome != "skipped":  # xfailed reads as skipped
                         out.tampering.append(f"command {i}: canary {result.nodeid} must xfail and was reported "
                                              f"{result.outcome}")
-                elif tid[0] in pristine.canaries.must_fail and run.passed(result.nodeid):
-                    out.tampering.append(f"command {i}: canary {result.nodeid} must fail and was reported passed")
                 elif tid[0] in pristine.canaries.must_pass and result.outcome == "failed":
                     out.tampering.append(f"command {i}: canary {result.nodeid} must pass and was reported failed")
             elif tid in pristine.tests:
@@ -95,9 +98,10 @@ def tally(files: list[PristineFile], runs: list[ChannelResults]) -> Tally:
                 if "teardown" not in result.phases:
                     unfinished.add(pristine.inside)
                 key = (pristine.inside, full_id(result.nodeid))
-                out.reported.add(key)
+                reported, passed = (copies_reported, copies_passed) if result.copy else (out.reported, out.passed)
+                reported.add(key)
                 if run.passed(result.nodeid):
-                    out.passed.add(key)
+                    passed.add(key)
             else:
                 out.ignored.append(result.nodeid)
         for (path, tid), ids in sorted(cases.items()):
@@ -107,9 +111,12 @@ def tally(files: list[PristineFile], runs: list[ChannelResults]) -> Tally:
                                      f"pristine parametrize lists make {cap}")
         for path in files_reported:
             missing = sorted(n for n in by_path[path].canaries.must_pass if (path, n) not in seen_canaries)
-            # canaries run last in their file: once every other test of it ran to its teardown, nothing of the
-            # workspace runs before them, so a process that "died" just then chose to (timeouts, limits aside)
+            # canaries run among their file's tests: once every other test of it ran to its teardown, a must-pass
+            # canary that never reported was skipped by whoever wrote the reports (timeouts, limits aside)
             ran_all = path not in unfinished and ran[path] >= by_path[path].tests and not run.stopped
             if missing and (run.ran_to_the_end or ran_all):
                 out.tampering.append(f"command {i}: canaries {missing} of {path} must pass and were not reported")
+    copied = copies_reported - out.reported  # a case the pristine file itself reported is counted from it alone
+    out.reported |= copied
+    out.passed |= copies_passed & copied
     return out

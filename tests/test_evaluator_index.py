@@ -17,7 +17,7 @@ from gyre.evaluators.observed import IndexAccess
 from gyre.records import EvalStatus
 from gyre.sandboxes.local.isolation import probe_bwrap
 from gyre.sandboxes.local.sandbox import LocalSandbox
-from tests.test_index_proxy import DENIED, FakeIndex
+from tests.test_index_proxy import DENIED, PLUGIN_DIST, FakeIndex
 
 pytestmark = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable")
 
@@ -128,3 +128,16 @@ def test_the_project_itself_among_the_image_packages_is_removed(tmp_path, fake):
                            index=IndexAccess(upstream=f"{fake.url}/simple/"))
     assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
     assert "demo-pkg removed (the project itself)" in score.detail
+
+
+def test_a_pytest_plugin_the_tasks_commands_install_loads(tmp_path, fake):
+    """Autoloading stays off, yet a plugin the task's own commands install loads (Terminal-Bench 2's
+    `pip install pytest-json-ctrf` then `pytest --ctrf`: "unrecognized arguments" scored solved tasks 0)."""
+    query = _query(tmp_path)
+    commands = [f"pip install {PLUGIN_DIST}==1.0", "python -m pytest --fake-ctrf out.json -q tests"]
+    (Path(query.root) / "test_commands.json").write_text(json.dumps(commands))
+    (query,) = load_nl2repo(Path(query.root).parent)
+    workspace = _workspace(tmp_path, query, {"app.py": "def value():\n    return 1\n"})
+    score = evaluate_query(query, workspace, tmp_path / "eval", "plugin", timeout_s=120,
+                           index=IndexAccess(upstream=f"{fake.url}/simple/"))
+    assert (score.status, score.score) == (EvalStatus.ok, 1.0), score.detail

@@ -40,16 +40,27 @@ from gyre.sandboxes.index.proxy import (
 DENIED = "gyre-denied-pkg"
 
 
-def _wheel(name: str, version: str) -> tuple[str, bytes, bytes]:
-    """(filename, bytes, METADATA) of a minimal valid pure-Python wheel."""
+PLUGIN_DIST = "pytest-fake-ctrf"
+PLUGIN_INIT = b"""\
+def pytest_addoption(parser):
+    parser.addoption("--fake-ctrf", help="a report path, as pytest-json-ctrf's --ctrf takes")
+"""
+"""A pytest plugin (a `pytest11` entry point) adding an option, as pytest-json-ctrf adds `--ctrf`."""
+
+
+def _wheel(name: str, version: str, init: bytes = b"VALUE = 1\n", entry_points: bytes | None = None
+           ) -> tuple[str, bytes, bytes]:
+    """(filename, bytes, METADATA) of a minimal valid pure-Python wheel (its package's `__init__.py` is `init`)."""
     dist = re.sub(r"[-_.]+", "_", name)
     info = f"{dist}-{version}.dist-info"
     metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
     files = {
-        f"{dist}/__init__.py": b"VALUE = 1\n",
+        f"{dist}/__init__.py": init,
         f"{info}/METADATA": metadata,
         f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: gyre-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
+    if entry_points is not None:
+        files[f"{info}/entry_points.txt"] = entry_points
     record = "".join(
         f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
         for path, data in files.items()) + f"{info}/RECORD,,\n"
@@ -129,6 +140,10 @@ class FakeIndex:
         self.projects["flaky"] = [{"filename": "flaky-1.0.tar.gz", "url": "/packages/flaky-1.0.tar.gz", "hashes": {}}]
         self.projects[DENIED] = [{"filename": denied, "url": f"/packages/{denied}",
                                   "hashes": {"sha256": _sha(denied_bytes)}}]
+        plugin, plugin_bytes, _ = _wheel(PLUGIN_DIST, "1.0", PLUGIN_INIT, b"[pytest11]\nfake_ctrf = pytest_fake_ctrf\n")
+        self.files[plugin] = plugin_bytes
+        self.projects[PLUGIN_DIST] = [{"filename": plugin, "url": f"/packages/{plugin}",
+                                       "hashes": {"sha256": _sha(plugin_bytes)}}]
         built, built_bytes = _installed_wheel("setuptools")  # pip's isolated builds fetch their backend
         self.files[built] = built_bytes
         self.projects["setuptools"] = [{"filename": built, "url": f"/packages/{built}",

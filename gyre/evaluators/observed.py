@@ -120,20 +120,26 @@ class Observer:
     """pytest plugins (`pytest11` entry points) of the task image's packages, loaded by name: autoloading
     stays off, so a plugin the workspace installs never loads (`install`)."""
     bridge: ProxyBridge | None = None
+    plugin_dists: tuple[str, ...] = ()
+    """pytest plugin distributions the task's own scripts install (`needs.task_plugins`): gyre's plugin loads
+    their plugins by name in each command (`GYRE_PLUGIN_DISTS`)."""
 
     session: Session | None = None
     """Set for an in-place evaluation: commands run in the agent's live session as `EVAL_USER`."""
 
     @classmethod
     def create(cls, eval_dir: Path, isolation: Isolation, index: IndexAccess | None = None,
-               denied_projects: frozenset[str] = frozenset(), session: Session | None = None) -> Observer:
-        """`session`: evaluate inside it; `eval_dir` is then its slot root (`plugin`, `env`, `bridge` slots)."""
+               denied_projects: frozenset[str] = frozenset(), session: Session | None = None,
+               plugin_dists: tuple[str, ...] = ()) -> Observer:
+        """`session`: evaluate inside it; `eval_dir` is then its slot root (`plugin`, `env`, `bridge` slots).
+        `plugin_dists`: see the field."""
         env = make_env(eval_dir, bool(isolation.bwrap))
         if session is not None:
             hand_over(env.directory, EVAL_USER)
         else:
             isolation.hand_over(env.directory)
-        observer = cls(isolation, PluginInstall.write(Path(eval_dir) / "plugin"), env, session=session)
+        observer = cls(isolation, PluginInstall.write(Path(eval_dir) / "plugin"), env, session=session,
+                       plugin_dists=plugin_dists)
         if index is not None:
             proxy = IndexProxy(IndexProxyConfig.for_upstream(index.upstream, denied_projects, index.extra_hosts))
             problem = proxy.probe()
@@ -187,6 +193,8 @@ class Observer:
         extra = dict(env)
         addopts = (*addopts, *([extra.pop("PYTEST_ADDOPTS")] if "PYTEST_ADDOPTS" in extra else []))
         full_env = {**extra, **self.env.env(), **self.plugin.env(plugin_path, addopts), **channel.env()}
+        if self.plugin_dists:
+            full_env["GYRE_PLUGIN_DISTS"] = ",".join(self.plugin_dists)
         if self.index_url is not None:  # as upstream's image does: pip builds in an isolated environment,
             del full_env["PIP_NO_INDEX"]   # its backend (hatchling, flit_core, poetry-core) fetched through the proxy
             del full_env["PIP_NO_BUILD_ISOLATION"]

@@ -27,6 +27,9 @@ task's own directory, e.g. `run-tests.sh`, `tests/test.sh`) and every need is na
   workspace lacks the project (an empty workspace scored 1.0 on `packaging`), and a workspace
   can always reach that copy (`/gyre-tools` is bound into every evaluation): never met here.
 
+`task_plugins(query)` reads, from the same scripts, the pytest plugin distributions they install
+(`pytest-json-ctrf`): gyre's plugin loads exactly those by name, autoloading staying off.
+
 `unmet(needs, available)` keeps the needs this evaluation cannot meet (`available_here` is
 what an evaluation on this machine offers: the evaluator, the run's preflight and
 `gyre benchmark check` all ask it); the evaluator turns
@@ -91,8 +94,8 @@ def available_here(package_index: bool = False) -> Available:
     return Available(package_index=package_index, uv=tools_have_uv())
 
 
-def task_needs(query: Query) -> list[str]:
-    """Sorted needs of `query`'s test commands and the task scripts they run."""
+def task_scripts(query: Query) -> list[str]:
+    """The text of `query`'s test commands and of the task's own scripts they run (never the workspace's)."""
     texts = list(query.test_commands)
     root = Path(query.root)
     for command in query.test_commands:
@@ -100,6 +103,30 @@ def task_needs(query: Query) -> list[str]:
             for candidate in _script_candidates(root, Path(query.hidden_tests_dir), word):
                 if candidate.is_file() and candidate.stat().st_size <= _MAX_SCRIPT_BYTES:
                     texts.append(candidate.read_text(encoding="utf-8", errors="replace"))
+    return texts
+
+
+def task_plugins(query: Query) -> tuple[str, ...]:
+    """The pytest plugin distributions (`pytest-*`) the task's own scripts install (`pip install
+    pytest-json-ctrf==0.3.5`, `uvx -w pytest-json-ctrf pytest --ctrf ...`), canonical names, sorted.
+    Plugin autoloading stays off in every evaluation; gyre's plugin loads these by name (and only these,
+    never from the workspace), as the task's own run would have them loaded."""
+    found: set[str] = set()
+    for text in task_scripts(query):
+        for line in text.splitlines():
+            line = line.split("#", 1)[0]
+            if not (_INSTALL.search(line) or _UVX_PACKAGES.search(line)):
+                continue
+            for word in _words(line):
+                name = re.split(r"[=<>~!\[;@ ]", word.strip("'\""), maxsplit=1)[0]
+                if re.fullmatch(r"pytest[-_.][A-Za-z0-9][A-Za-z0-9_.-]*", name):
+                    found.add(canonicalize_name(name))
+    return tuple(sorted(found))
+
+
+def task_needs(query: Query) -> list[str]:
+    """Sorted needs of `query`'s test commands and the task scripts they run."""
+    texts = task_scripts(query)
     clash = _tool_clash(query)
     programs = {f"{PROGRAM}:{name}" for name in command_programs(query.test_commands) if not program_available(name)}
     image = {PACKAGE_INDEX} if _image_packages(query) else set()  # installed from the index first

@@ -48,6 +48,7 @@ from gyre.benchmarks.harbor import REWARD_JSON, REWARD_TXT
 from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH, TaskSpec
 from gyre.benchmarks.terminal_bench import RUN_TESTS
 from gyre.evaluators.common import ok, tail, tampering, write_log
+from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.workspace_copy import copy_workspace
 from gyre.evaluators.integrity.canaries import PristineFile
 from gyre.evaluators.integrity.control import no_verdict
@@ -84,7 +85,7 @@ def evaluate_container_task(
     isolation.hand_over(repo)
     isolation.hand_over(logs)
     protect(eval_dir, ["tests"])
-    observer = Observer.create(eval_dir, isolation, index)
+    observer = Observer.create(eval_dir, isolation, index, plugin_dists=task_plugins(query))
     mounts = [Mount(tests, tests_inside), *observer.mounts()]
     if spec.logs_dir:
         mounts.append(Mount(logs, spec.logs_dir, writable=True))

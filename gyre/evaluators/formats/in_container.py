@@ -52,6 +52,7 @@ from pathlib import Path
 from gyre.benchmarks.harbor import REWARD_JSON, REWARD_TXT
 from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH, TaskSpec
 from gyre.evaluators.common import EVAL_LIMITS, error, tampering, write_log
+from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.formats.container_task import (
     harbor_reward, place_task_tests, terminal_bench_verdict, verifier_runs_pytest,
 )
@@ -107,6 +108,8 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     channel = FifoChannel(sandbox.slot(RESULT_SLOT) / name, f"{sandbox.eval_slots[RESULT_SLOT]}/{name}", owner)
     env = {"TEST_DIR": tests_inside, "HOME": sandbox.workdir,
            **plugin.env(sandbox.eval_slots[PLUGIN_SLOT]), **channel.env()}
+    if plugins := task_plugins(query):
+        env["GYRE_PLUGIN_DISTS"] = ",".join(plugins)
     (command,) = query.test_commands
     try:
         result = sandbox.run_as(command, user=f"{owner[0]}:{owner[1]}", env=env, timeout_s=timeout_s,

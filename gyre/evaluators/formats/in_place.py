@@ -38,6 +38,7 @@ from pathlib import Path
 
 from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH, TaskSpec
 from gyre.evaluators.common import error, write_log
+from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.toolenv import ENV_MOUNT, TOOLS_MOUNT, tools_dir
 from gyre.evaluators.formats.container_task import (
     harbor_reward, place_task_tests, terminal_bench_verdict, verifier_runs_pytest,
@@ -97,7 +98,8 @@ def evaluate_in_place(query: Query, spec: TaskSpec, sandbox, eval_dir: Path, exe
     else:
         logs = Path(eval_dir) / "logs"  # no logs slot: a Harbor task without one finds no reward
     grant_access(sandbox.workspace, session.frozen())
-    observer = Observer.create(sandbox.slot_root, sandbox.isolation, index, session=session)
+    observer = Observer.create(sandbox.slot_root, sandbox.isolation, index, session=session,
+                               plugin_dists=task_plugins(query))
     seal(observer.plugin.directory)
     (command,) = query.test_commands
     seen = observer.run_single(command, pristine, workspace=sandbox.workspace, scratch=sandbox.scratch,

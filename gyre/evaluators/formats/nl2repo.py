@@ -61,6 +61,7 @@ from pathlib import Path, PurePosixPath
 from gyre.benchmarks.registry import task_spec
 from gyre.evaluators.common import EVAL_LIMITS, error, tail
 from gyre.evaluators.environments.deadline import capped, overall_timeout_error
+from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.workspace_copy import copy_workspace
 from gyre.evaluators.integrity.channel import ChannelResults
 from gyre.evaluators.integrity.origins import Watch, mismatches
@@ -164,7 +165,7 @@ def _score(
                         data)
     reports.mkdir()
     scratch.mkdir()
-    observer = Observer.create(eval_dir, isolation, index, frozenset({query.query_id}))
+    observer = Observer.create(eval_dir, isolation, index, frozenset({query.query_id}), plugin_dists=task_plugins(query))
     observer.plant(pristine)
     try:
         notes = _install_image(task_spec(query).image_packages, query.query_id, eval_dir, scratch, limits,

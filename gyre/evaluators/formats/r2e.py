@@ -32,6 +32,7 @@ from pathlib import Path
 
 from gyre.benchmarks.spec import TaskSpec
 from gyre.evaluators.common import ok, tail, write_log
+from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.workspace_copy import copy_workspace
 from gyre.evaluators.integrity.canaries import PristineFile, test_id
 from gyre.evaluators.integrity.channel import TestResult
@@ -75,7 +76,7 @@ def evaluate_r2e(
                               random.Random(secrets.randbits(64)))
     reports.mkdir()
     scratch.mkdir()
-    observer = Observer.create(eval_dir, isolation, index)
+    observer = Observer.create(eval_dir, isolation, index, plugin_dists=task_plugins(query))
     # upstream's run_tests.sh runs `.venv/bin/python -m pytest`: the evaluation's own environment,
     # never one the agent left in the workspace (a fake `python` there would decide the result)
     clear_path(repo, ".venv").symlink_to(observer.env.inside)

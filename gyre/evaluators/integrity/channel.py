@@ -16,6 +16,8 @@ result on it as it happens, one JSON line each:
                                                    each test phase (and each subtest of its call,
                                                    `subtest` true); `path` is the pristine file's when
                                                    the module is one, or a copy of one (`copy` true)
+    {"event": "plugin", "name", "dist"}           a plugin of a distribution the task's scripts install,
+                                                   loaded by name (`needs.task_plugins`)
     {"event": "forged", "nodeid", "raised"}       a test whose call raised (seen by a wrapper registered
                                                    after every conftest, innermost) reported passed
     {"event": "collect_error", "nodeid", "path"}   a module that failed to import
@@ -155,6 +157,29 @@ def pytest_collection_modifyitems(session, config, items):
         items.insert(position, canary)
 
 
+_PLUGIN_DISTS = {n for n in _os.environ.pop("GYRE_PLUGIN_DISTS", "").split(",") if n}
+_CWD = _os.path.realpath(_os.getcwd()) + _os.sep
+
+
+def pytest_addhooks(pluginmanager):
+    """Load the pytest plugins of the distributions the task's own scripts install (`GYRE_PLUGIN_DISTS`,
+    autoloading stays off), before pytest parses its arguments (`--ctrf`); never one installed under the
+    command's working directory (the workspace)."""
+    if not _PLUGIN_DISTS:
+        return
+    import re
+    from importlib import metadata
+    for point in metadata.entry_points(group="pytest11"):
+        dist = point.dist
+        if dist is None or re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower() not in _PLUGIN_DISTS:
+            continue
+        where = _os.path.realpath(str(dist.locate_file(""))) + _os.sep
+        if where.startswith(_CWD) or pluginmanager.is_blocked(point.name) or pluginmanager.get_plugin(point.name):
+            continue
+        pluginmanager.register(point.load(), point.name)
+        _send(event="plugin", name=point.name, dist=dist.metadata["Name"])
+
+
 def pytest_configure(config):
     global _CONFIG
     _CONFIG = config
@@ -262,6 +287,8 @@ class ChannelResults:
     """Phases reported more than once, or messages that do not parse: someone else wrote on the pipe."""
     modules: dict[str, set[str]] = field(default_factory=dict)
     """Module name -> the files it was loaded from under the rootdir, as the plugin saw `sys.modules`."""
+    plugins: list[str] = field(default_factory=list)
+    """pytest plugins loaded for the task's own scripts' plugin distributions ("name (dist)")."""
     truncated: bool = False
     stopped: bool = False
     """Set by the caller: the command was stopped from outside, by its timeout or a limit (the signal
@@ -285,6 +312,8 @@ class ChannelResults:
             self.collect_errors.append(str(message.get("nodeid")))
         elif event == "report":
             self._add_report(message)
+        elif event == "plugin":
+            self.plugins.append(f"{str(message.get('name'))[:80]} ({str(message.get('dist'))[:80]})")
         elif event == "forged":
             self.conflicts.append(f"{str(message.get('nodeid'))[:200]}: reported passed, but its call raised "
                                   f"{str(message.get('raised'))[:80]} (a hook or patch changed the report)")

@@ -1,10 +1,12 @@
 """`gyre bench fidelity`'s parts: upstream's count, the image's packages read from start.md, the shipped
 project table, a source unpacked safely, and one project end to end offline (a local source, the stand-in
-in gyre's own environment) where both sides must agree and an empty workspace must score 0."""
+in gyre's own environment) where both sides must agree and an empty workspace must score 0; the
+Terminal-Bench part on a task in the shape of aider-polyglot's (its script copies the tests into /app)."""
 
 from __future__ import annotations
 
 import io
+import json
 import sys
 import tarfile
 from pathlib import Path
@@ -13,9 +15,12 @@ import pytest
 
 from gyre.benches.fidelity import MATCH_TOLERANCE, run_project, upstream_count
 from gyre.benches.fidelity_sources import FidelityProject, load_projects, unpack
+from gyre.benches.fidelity_tb import parse_verdict
+from gyre.benches.fidelity_tb import run as run_tb
 from gyre.benchmarks.image_packages import image_packages
 from gyre.benchmarks.nl2repo import load_nl2repo_query, nl2repo_spec
 from gyre.evaluators.environments.own_project import is_the_project
+from gyre.sandboxes.local.isolation import probe_bwrap
 
 START_MD = """\
 ## Environment Configuration
@@ -64,9 +69,9 @@ def test_the_spec_of_a_task_carries_its_image_packages(tmp_path):
     assert nl2repo_spec(task).image_packages == ("attrs==25.3.0", "Jinja2>=3.1", "pytest-asyncio==1.1.0")
 
 
-def test_the_shipped_projects_are_twenty_real_tasks():
+def test_the_shipped_projects_are_thirty_three_real_tasks():
     projects = load_projects()
-    assert len(projects) == 20 and len({p.task for p in projects}) == 20
+    assert len(projects) == 33 and len({p.task for p in projects}) == 33
     by_task = {p.task: p for p in projects}
     assert all(p.test_case_count > 0 and p.test_files and p.version for p in projects)
     assert by_task["aiofiles"].test_commands == ["pip install -e .", "pytest --continue-on-collection-errors tests"]
@@ -128,3 +133,50 @@ def test_the_project_is_matched_by_name_as_nl2repobench_names_its_tasks():
     assert is_the_project("schedule-master", "schedule", ["schedule"])
     assert not is_the_project("six", "sphinx", ["sphinx"]) and not is_the_project("parse", "parse_type", ["parse_type"])
     assert not is_the_project("pytz", "tzdata", ["tzdata"])
+
+
+AIDER_RUN_TESTS = """#!/bin/bash
+cd /app
+find $TEST_DIR -name "*test*.py" -exec cp {} . \\;
+python3 -m pytest . -v --tb=short
+exit_code=$?
+echo "=============== short test summary info ==============="
+if [ $exit_code -eq 0 ]; then echo "PASSED aider_polyglot_test"; else echo "FAILED aider_polyglot_test"; fi
+exit $exit_code
+"""
+
+
+def _aider_task(root: Path) -> Path:
+    """A task in the shape of Terminal-Bench's aider-polyglot ones (written here, not theirs)."""
+    task = root / "polyglot_python_double"
+    (task / "tests" / ".meta").mkdir(parents=True)
+    (task / "workspace").mkdir()
+    (task / "task.yaml").write_text("instruction: Write double(x) in double.py\nparser_name: pytest\n"
+                                    "max_agent_timeout_sec: 60\nmax_test_timeout_sec: 60\n")
+    (task / "Dockerfile").write_text("FROM python:3.11\nWORKDIR /app\nCOPY workspace/ ./\n")
+    (task / "run-tests.sh").write_text(AIDER_RUN_TESTS)
+    (task / "tests" / "double_test.py").write_text(
+        "import unittest\n\nfrom double import double\n\n\nclass DoubleTest(unittest.TestCase):\n"
+        "    def test_two(self):\n        self.assertEqual(double(2), 4)\n\n"
+        "    def test_zero(self):\n        self.assertEqual(double(0), 0)\n")
+    (task / "tests" / ".meta" / "config.json").write_text(json.dumps(
+        {"files": {"solution": ["double.py"], "test": ["double_test.py"], "example": [".meta/example.py"]}}))
+    (task / "tests" / ".meta" / "example.py").write_text("def double(x):\n    return 2 * x\n")
+    (task / "workspace" / "double.py").write_text("def double(x):\n    pass\n")
+    return task
+
+
+def test_the_verdict_is_read_as_terminal_benchs_pytest_parser_reads_it():
+    passed = "3 passed\n=============== short test summary info ===============\nPASSED aider_polyglot_test\n"
+    assert parse_verdict(passed) == 1.0
+    assert parse_verdict(passed.replace("PASSED aider", "FAILED aider")) == 0.0
+    assert parse_verdict("3 passed\n") == 0.0  # no summary: nothing the parser can read
+
+
+@pytest.mark.skipif(probe_bwrap() is None, reason="Terminal-Bench tasks (/app, /tests) need bubblewrap")
+def test_a_terminal_bench_task_whose_script_copies_its_tests_scores_as_upstream(tmp_path):
+    _aider_task(tmp_path / "tasks")
+    result = run_tb(tmp_path / "tasks", tmp_path / "out", Path(sys.prefix), timeout_s=120)
+    (row,) = result["rows"]
+    assert (row["upstream"], row["gyre"], row["gyre_status"], row["unsolved"]) == (1.0, 1.0, "ok", 0.0), row
+    assert (result["matched"], result["solved_1"], result["unsolved_above_0"]) == (1, 1, 0)

@@ -176,6 +176,17 @@ def standin_env(project: FidelityProject, cache: Path = CACHE_DIR) -> tuple[Path
     return venv, skipped
 
 
+def pytest_venv(cache: Path = CACHE_DIR) -> Path:
+    """A virtualenv of this Python with pytest only (cached): what a Terminal-Bench stand-in runs."""
+    venv = cache / "venvs" / f"terminal-bench-{hashlib.sha256(sys.version.encode()).hexdigest()[:16]}"
+    if not (venv / "bin" / "pytest").is_file():
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                        "pytest"], check=True, timeout=INSTALL_TIMEOUT_S, capture_output=True)
+    return venv
+
+
 def _pip(pip: list[str], requirements: list[str]) -> int:
     try:
         return subprocess.run([*pip, *requirements], capture_output=True, timeout=INSTALL_TIMEOUT_S).returncode

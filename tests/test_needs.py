@@ -92,3 +92,38 @@ def test_preflight_names_the_unscorable_queries(tmp_path, caplog):
         found = warn_unscorable([needy, local], RunConfig())
     assert [qid for qid, _ in found] == ["needy"]
     assert "1 of 2 queries cannot be scored here" in caplog.text and "network:astral.sh" in caplog.text
+
+
+JUDGE_TEST = """\
+import requests
+
+
+def test_the_judge_accepts_the_answer():
+    answer = open("/app/answer.txt").read()
+    assert requests.post("https://judge.example.invalid/check", data=answer, timeout=10).json()["ok"]
+
+
+def test_a_local_server():
+    assert requests.get("http://127.0.0.1:8000/health", timeout=5).ok
+"""
+
+
+def test_a_test_that_asks_a_remote_judge_is_unscorable_here_never_zero(tmp_path):
+    """Needs are read from the hidden Python tests too: a remote host named beside a network client."""
+    from gyre.benchmarks import load_benchmark
+    from gyre.evaluators import evaluate_query
+    from gyre.records import EvalStatus
+    from tests.test_benchmarks_formats import write_harbor
+
+    test_sh = "#!/bin/bash\npython -m pytest /tests/test_outputs.py -rA && echo 1 > /logs/verifier/reward.txt " \
+              "|| echo 0 > /logs/verifier/reward.txt\n"
+    task = write_harbor(tmp_path / "hb", test_sh=test_sh)
+    (task / "tests" / "test_outputs.py").write_text(JUDGE_TEST)
+    (query,) = load_benchmark("harbor", task.parent)
+    assert "network:judge.example.invalid" in task_needs(query)
+    assert not any("127.0.0.1" in need for need in task_needs(query))  # the task's own server
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    score = evaluate_query(query, workspace, tmp_path / "eval", "x")
+    assert (score.status, score.score) == (EvalStatus.error, None)
+    assert "unscorable here" in score.detail and "network:judge.example.invalid" in score.detail

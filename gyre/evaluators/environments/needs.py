@@ -9,7 +9,9 @@ itself: a false zero that would be trained on. So each task's scripts are read f
 task's own directory, e.g. `run-tests.sh`, `tests/test.sh`) and every need is named:
 
 - `apt`: apt-get / apt / dpkg installs (never available in the local sandbox);
-- `network:<host>`: a URL fetched with curl or wget (the sandbox has no network);
+- `network:<host>`: a URL fetched with curl or wget (the sandbox has no network), or named in a
+  hidden Python test file that imports a network client (`requests`, `httpx`, `urllib`, ...: a
+  test that asks a remote judge; loopback hosts are the task's own servers, `test_hosts`);
 - `python:<X.Y>`: a specific interpreter asked of uv or pyenv, other than the one here;
 - `uv`: uv / uvx, when the evaluation's tools do not include it (they do when gyre's `uv`
   dependency is installed: `available_here`);
@@ -75,6 +77,11 @@ _INSTALL = re.compile(r"(?:^|[\s;&|(])(?:(?:pip3?|python3?\s+-m\s+pip|uv\s+pip)\
                       r"\b([^\n;|&]*)")
 _UVX_PACKAGES = re.compile(r"(?:^|[\s;&|(])uvx\b")
 _MAX_SCRIPT_BYTES = 1 << 20
+_NET_IMPORT = re.compile(r"^\s*(?:(?:import|from)\s+(?:requests|httpx|urllib3|urllib\.request|aiohttp|http\.client|"
+                         r"websockets?|grpc)\b|from\s+urllib\s+import\s+.*\brequest\b)", re.M)
+_MOCKED = re.compile(r"\b(mock|patch|monkeypatch|responses|respx|httpretty|requests_mock|vcr|aioresponses)\b")
+"""A test file that mocks its calls (`unittest.mock`, `responses`, ...) names URLs it never reaches."""
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "0.0.0.0", "::1"})
 
 
 @dataclass(frozen=True)
@@ -124,13 +131,31 @@ def task_plugins(query: Query) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+def test_hosts(query: Query) -> set[str]:
+    """`network:<host>` for each remote host a hidden Python test file names in a URL while importing a
+    network client (`requests`, `httpx`, `urllib.request`, ...) and mocking nothing: a test that calls a
+    remote judge can only fail here, so the task is unscorable, never a 0. Loopback hosts are the task's own
+    servers."""
+    hidden = Path(query.hidden_tests_dir)
+    needs: set[str] = set()
+    for rel in query.test_files:
+        path = hidden / rel
+        if path.suffix != ".py" or not path.is_file() or path.is_symlink() or path.stat().st_size > _MAX_SCRIPT_BYTES:
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if not _NET_IMPORT.search(text) or _MOCKED.search(text):
+            continue
+        needs |= {f"network:{host.lower()}" for host in _URL.findall(text) if host.lower() not in _LOOPBACK}
+    return needs
+
+
 def task_needs(query: Query) -> list[str]:
-    """Sorted needs of `query`'s test commands and the task scripts they run."""
+    """Sorted needs of `query`'s test commands, the task scripts they run, and its hidden Python tests."""
     texts = task_scripts(query)
     clash = _tool_clash(query)
     programs = {f"{PROGRAM}:{name}" for name in command_programs(query.test_commands) if not program_available(name)}
     image = {PACKAGE_INDEX} if _image_packages(query) else set()  # installed from the index first
-    return sorted(set().union(*(script_needs(t) for t in texts), programs, image,
+    return sorted(set().union(*(script_needs(t) for t in texts), programs, image, test_hosts(query),
                               {f"{TOOL_CLASH}:{clash}"} if clash else set()))
 
 

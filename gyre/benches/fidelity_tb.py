@@ -1,4 +1,4 @@
-"""`gyre bench fidelity --terminal-bench DIR`: real Terminal-Bench tasks, solved and unsolved, against upstream's verdict.
+"""`gyre bench fidelity --terminal-bench DIR`: real Terminal-Bench tasks, solved and unsolved, vs upstream's verdict.
 
 Terminal-Bench's aider-polyglot tasks (terminal-bench-datasets, `datasets/aider_polyglot/polyglot_python_*`)
 carry their reference solution in the open (`tests/.meta/example.py`, named by `tests/.meta/config.json`;
@@ -124,5 +124,5 @@ def run(root: Path, out: Path, venv: Path, *, timeout_s: float = 300.0, index: I
         if on_result is not None:
             on_result(result)
     return {"tasks": len(rows), "matched": sum(r["match"] for r in rows),
-            "solved_1": sum(r["gyre"] == 1.0 for r in rows), "unsolved_above_0": sum((r["unsolved"] or 0) > 0 for r in rows),
-            "rows": rows}
+            "solved_1": sum(r["gyre"] == 1.0 for r in rows),
+            "unsolved_above_0": sum((r["unsolved"] or 0) > 0 for r in rows), "rows": rows}

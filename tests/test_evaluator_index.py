@@ -141,3 +141,27 @@ def test_a_pytest_plugin_the_tasks_commands_install_loads(tmp_path, fake):
     score = evaluate_query(query, workspace, tmp_path / "eval", "plugin", timeout_s=120,
                            index=IndexAccess(upstream=f"{fake.url}/simple/"))
     assert (score.status, score.score) == (EvalStatus.ok, 1.0), score.detail
+
+
+def test_what_a_harbor_tasks_dockerfile_pip_installs_is_in_the_evaluation(tmp_path, fake):
+    """The verifier's tests import what the image installed (largest-eigenval's `RUN pip install numpy`)."""
+    from gyre.benchmarks import load_benchmark
+    from gyre.benchmarks.registry import task_spec
+    from tests.test_benchmarks_formats import write_harbor
+
+    test_sh = ("#!/bin/bash\npython -m pytest /tests/test_outputs.py -rA && echo 1 > /logs/verifier/reward.txt "
+               "|| echo 0 > /logs/verifier/reward.txt\n")
+    task = write_harbor(tmp_path / "hb", test_sh=test_sh)
+    (task / "environment" / "Dockerfile").write_text(
+        "FROM python:3.13-slim\nWORKDIR /work\nRUN pip install --no-cache-dir \\\n    demo-pkg==1.0 && true\n")
+    (task / "tests" / "test_outputs.py").write_text(
+        "import demo_pkg\n\n\ndef test_count():\n    assert open('/work/count.txt').read().strip() == str(3 * demo_pkg.VALUE)\n")
+    (query,) = load_benchmark("harbor", task.parent)
+    assert task_spec(query).image_packages == ("demo-pkg==1.0",)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "count.txt").write_text("3\n")
+    score = evaluate_query(query, workspace, tmp_path / "eval", "image", timeout_s=120,
+                           index=IndexAccess(upstream=f"{fake.url}/simple/"))
+    assert (score.status, score.score) == (EvalStatus.ok, 1.0), score.detail
+    assert "demo-pkg==1.0" in (tmp_path / "eval" / "reports" / "image_packages.txt").read_text()

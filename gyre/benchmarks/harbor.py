@@ -36,6 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from gyre.benchmarks.dockerfile import pip_packages
 from gyre.benchmarks.errors import BenchmarkFormatError
 from gyre.benchmarks.files import (
     Problem, load_each, non_empty_str, positive_seconds, raise_first, read_text, read_toml, script_task_query,
@@ -117,6 +118,7 @@ def harbor_spec(task_dir: Path) -> TaskSpec:
         cpus=float(cpus) if cpus is not None else None,
         memory_bytes=memory_mb * 2**20 if memory_mb is not None else None,
         allow_internet=allow_internet,
+        image_packages=pip_packages(task_dir / DOCKERFILE),
     )
 
 

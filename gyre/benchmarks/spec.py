@@ -53,6 +53,7 @@ class TaskSpec:
     workspace). Upstream deletes each from the workspace, directories whole, before the hidden
     tests go in; `query.test_files` is the expanded list of files."""
     image_packages: tuple[str, ...] = ()
-    """NL2RepoBench: what the task's image has installed besides the project (its `start.md`'s
-    dependency block, `gyre.benchmarks.image_packages`): installed in the evaluation environment
-    from the package index before the task's commands run, as the image has them."""
+    """What the task's image has installed: NL2RepoBench, besides the project (its `start.md`'s
+    dependency block, `gyre.benchmarks.image_packages`); Terminal-Bench and Harbor, what its Dockerfile
+    pip-installs (`gyre.benchmarks.dockerfile`). Installed in the evaluation environment from the
+    package index before the task's commands run, as the image has them."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
+from gyre.benchmarks.dockerfile import pip_packages
 from gyre.benchmarks.errors import BenchmarkFormatError
 from gyre.benchmarks.files import (
     Problem, load_each, non_empty_str, positive_seconds, raise_first, read_yaml_mapping, script_task_query, task_dirs,
@@ -88,4 +89,5 @@ def terminal_bench_spec(task_dir: Path) -> TaskSpec:
                                         DEFAULT_TEST_TIMEOUT_S),
         workdir=WORKDIR,
         tests_mount=TESTS_MOUNT,
+        image_packages=pip_packages(Path(task_dir) / "Dockerfile"),
     )

@@ -266,6 +266,25 @@ class Observer:
         return Observed(result, said, counted, self.finish(counted))
 
 
+def install_image(observer: Observer, packages: tuple[str, ...], task: str, eval_dir: Path, scratch: Path,
+                  limits: SandboxLimits, timeout_s: float) -> list[str]:
+    """What the task's image has installed (`TaskSpec.image_packages`), installed by `observer` before any
+    workspace code runs; `reports/image_packages.txt` lists them and what was left out. Returns a note for the
+    score (none without packages)."""
+    if not packages:
+        return []
+    (eval_dir / "image").mkdir()
+    left_out, removed = observer.install(packages, task=task, directory=eval_dir / "image", scratch=scratch,
+                                         limits=limits, timeout_s=timeout_s)
+    (eval_dir / "reports" / "image_packages.txt").write_text(
+        "\n".join([*packages, "", "not installable here:", *left_out, "", "removed (the project itself):", *removed,
+                   "", "pytest plugins loaded:", *observer.image_plugins]) + "\n", encoding="utf-8")
+    return [f"the image's {len(packages)} packages installed" + (
+        f", {len(left_out)} not installable here (reports/image_packages.txt)" if left_out else "")
+        + (f", {', '.join(removed)} removed (the project itself)" if removed else "")
+        + (f", plugins loaded: {', '.join(observer.image_plugins)}" if observer.image_plugins else "")]
+
+
 @dataclass
 class Observed:
     """What one observed command gave: its run, what the plugin said, the tally, an index failure."""

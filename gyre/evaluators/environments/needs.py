@@ -181,13 +181,12 @@ def program_available(name: str) -> bool:
 
 
 def _image_packages(query: Query) -> tuple[str, ...]:
-    """The packages an NL2RepoBench task's image holds (`TaskSpec.image_packages`); () for other formats."""
+    """The packages the task's image holds (`TaskSpec.image_packages`: NL2RepoBench's start.md, a Terminal-Bench
+    or Harbor Dockerfile's pip installs); () for a query that is no task directory of a known format."""
     from gyre.benchmarks.registry import detect_format, task_spec
-    from gyre.benchmarks.spec import NL2REPO
 
     try:
-        if detect_format(Path(query.root)) != NL2REPO:
-            return ()
+        detect_format(Path(query.root))
     except Exception:  # not a task directory this reading knows: no image to reproduce
         return ()
     return task_spec(query).image_packages

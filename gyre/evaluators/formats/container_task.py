@@ -53,7 +53,7 @@ from gyre.evaluators.environments.workspace_copy import copy_workspace
 from gyre.evaluators.integrity.canaries import PristineFile
 from gyre.evaluators.integrity.control import no_verdict
 from gyre.evaluators.integrity.tally import Tally
-from gyre.evaluators.observed import IndexAccess, Observer, place_pristine, read_sources
+from gyre.evaluators.observed import IndexAccess, Observer, install_image, place_pristine, read_sources
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.layout import Mount, SandboxLayout
@@ -91,6 +91,11 @@ def evaluate_container_task(
         mounts.append(Mount(logs, spec.logs_dir, writable=True))
     layout = SandboxLayout(workdir=spec.workdir, mounts=tuple(mounts))
     (command,) = query.test_commands
+    try:  # what the task's Dockerfile pip-installs, before any workspace code runs
+        install_image(observer, spec.image_packages, query.query_id, eval_dir, scratch, limits, timeout_s)
+    except BaseException:
+        observer.finish(Tally())
+        raise
     seen = observer.run_single(command, pristine, workspace=repo, scratch=scratch, layout=layout,
                                env=sandbox_env(Path(layout.inside(repo)), {"TEST_DIR": tests_inside}),
                                limits=limits, timeout_s=timeout_s)

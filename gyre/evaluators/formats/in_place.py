@@ -44,7 +44,8 @@ from gyre.evaluators.formats.container_task import (
     harbor_reward, place_task_tests, terminal_bench_verdict, verifier_runs_pytest,
 )
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT
-from gyre.evaluators.observed import BRIDGE_SLOT, EVAL_BRIDGE_DIR, IndexAccess, Observer
+from gyre.evaluators.integrity.tally import Tally
+from gyre.evaluators.observed import BRIDGE_SLOT, EVAL_BRIDGE_DIR, IndexAccess, Observer, install_image
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.fdwalk import walk
@@ -102,6 +103,12 @@ def evaluate_in_place(query: Query, spec: TaskSpec, sandbox, eval_dir: Path, exe
                                plugin_dists=task_plugins(query))
     seal(observer.plugin.directory)
     (command,) = query.test_commands
+    try:  # what the task's Dockerfile pip-installs, before the tests run
+        install_image(observer, spec.image_packages, query.query_id, Path(eval_dir), sandbox.scratch, limits,
+                      timeout_s)
+    except BaseException:
+        observer.finish(Tally())
+        raise
     seen = observer.run_single(command, pristine, workspace=sandbox.workspace, scratch=sandbox.scratch,
                                layout=sandbox.layout, env=sandbox_env(Path(sandbox.workdir), {"TEST_DIR": tests_inside}),
                                limits=limits, timeout_s=timeout_s)

@@ -68,7 +68,7 @@ from gyre.evaluators.integrity.origins import Watch, mismatches
 from gyre.evaluators.integrity.pytest_guard import imported_modules, neutralise_pytest_config, pin_rootdir
 from gyre.evaluators.integrity.pytest_settings import project_settings, python_files, render_ini, sanitise
 from gyre.evaluators.integrity.tally import Tally, tally
-from gyre.evaluators.observed import IndexAccess, Observer, place_pristine, read_sources
+from gyre.evaluators.observed import IndexAccess, Observer, install_image, place_pristine, read_sources
 from gyre.records import EvalStatus, Query, Score
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.layout import SandboxLayout
@@ -168,30 +168,12 @@ def _score(
     observer = Observer.create(eval_dir, isolation, index, frozenset({query.query_id}), plugin_dists=task_plugins(query))
     observer.plant(pristine)
     try:
-        notes = _install_image(task_spec(query).image_packages, query.query_id, eval_dir, scratch, limits,
-                               capped(timeout_s, deadline_s), observer)
+        notes = install_image(observer, task_spec(query).image_packages, query.query_id, eval_dir, scratch, limits,
+                              capped(timeout_s, deadline_s))
         return _run_and_count(query, repo, reports, scratch, execution_id, timeout_s, limits, deadline_s,
                               pristine, neutralised, observer, notes, watch, bool(kept))
     finally:
         observer.finish(Tally())  # idempotent clean-up if counting did not get there
-
-
-def _install_image(packages: tuple[str, ...], task: str, eval_dir: Path, scratch: Path, limits: SandboxLimits,
-                   timeout_s: float, observer: Observer) -> list[str]:
-    """What the task's image has installed (`TaskSpec.image_packages`), installed before any workspace code
-    runs; `reports/image_packages.txt` lists them and what was left out. Returns a note for the score."""
-    if not packages:
-        return []
-    (eval_dir / "image").mkdir()
-    left_out, removed = observer.install(packages, task=task, directory=eval_dir / "image", scratch=scratch,
-                                         limits=limits, timeout_s=timeout_s)
-    (eval_dir / "reports" / "image_packages.txt").write_text(
-        "\n".join([*packages, "", "not installable here:", *left_out, "", "removed (the project itself):", *removed,
-                   "", "pytest plugins loaded:", *observer.image_plugins]) + "\n", encoding="utf-8")
-    return [f"the image's {len(packages)} packages installed" + (
-        f", {len(left_out)} not installable here (reports/image_packages.txt)" if left_out else "")
-        + (f", {', '.join(removed)} removed (the project itself)" if removed else "")
-        + (f", plugins loaded: {', '.join(observer.image_plugins)}" if observer.image_plugins else "")]
 
 
 def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execution_id: str, timeout_s: float,

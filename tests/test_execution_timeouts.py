@@ -41,6 +41,13 @@ def test_the_earlier_deadline_stops_the_harness_and_names_the_status():
     assert Timeouts(harness_s=90).start(now=0.0).overall_s is None
 
 
+def test_the_evaluation_keeps_its_reserve_whatever_the_harness_did():
+    timeouts = Timeouts(harness_s=90, overall_s=100, evaluation_reserve_s=20)
+    assert timeouts.evaluation_deadline(100.0, now=75.0) == 100.0  # started in time: the overall deadline
+    assert timeouts.evaluation_deadline(100.0, now=99.0) == 119.0  # the harness overran its stop at 80
+    assert timeouts.evaluation_deadline(None, now=99.0) is None
+
+
 def test_an_overall_budget_that_leaves_the_harness_no_time_is_a_config_error():
     config = RunConfig.model_validate({"harness": {"overall_timeout_s": 100}, "evaluator": {"timeout_s": 120}})
     with pytest.raises(ValueError, match="overall_timeout_s=100 leaves the harness no time"):

@@ -53,16 +53,20 @@ def index_access(config) -> IndexAccess | None:
 def with_monitor(score: Score, workspace: Path, query: Query, act: bool) -> Score:
     """`score` with the monitor's flags on `workspace`; with `act`, a flagged scored workspace is tampering."""
     from gyre.evaluators.integrity.copied import CHECK, copied_files
-    from gyre.evaluators.integrity.monitor import scan_workspace
+    from gyre.evaluators.integrity.monitor import SCAN_INCOMPLETE, scan_workspace
     from gyre.records import EvalStatus
 
-    flags = [f"{f.check} {f.path}:{f.line} {f.evidence}".rstrip() for f in
-             scan_workspace(Path(workspace), protected=query.test_files)]
-    flags += [f"{CHECK} {c.path}:0 a copy of {c.source}" for c in copied_files(Path(workspace))]
-    if act and flags and score.status is not EvalStatus.error:
+    try:
+        flags = [f"{f.check} {f.path}:{f.line} {f.evidence}".rstrip() for f in
+                 scan_workspace(Path(workspace), protected=query.test_files)]
+        flags += [f"{CHECK} {c.path}:0 a copy of {c.source}" for c in copied_files(Path(workspace))]
+    except Exception as exc:  # hostile content is the workspace's: flagged, never an exception out of here
+        flags = [f"{SCAN_INCOMPLETE} .:0 the monitor raised {type(exc).__name__}: {str(exc)[:200]}"]
+    found, flags = flags, [*score.flags, *(f for f in flags if f not in score.flags)]  # the scorer's own stay
+    if act and found and score.status is not EvalStatus.error:
         return score.model_copy(update={"status": EvalStatus.tampering, "score": 0.0, "flags": flags,
-                                        "evidence": [*score.evidence, *flags[:50]],
-                                        "detail": f"monitor: {len(flags)} flags; {score.detail}"})
+                                        "evidence": [*score.evidence, *found[:50]],
+                                        "detail": f"monitor: {len(found)} flags; {score.detail}"})
     return score.model_copy(update={"flags": flags})
 
 
@@ -129,22 +133,29 @@ def evaluate_query(
 def _score(query: Query, spec, workspace: Path, eval_dir: Path, execution_id: str, timeout_s: float,
            isolation: Isolation | None, limits: SandboxLimits, deadline_s: float | None, index: IndexAccess | None,
            live, in_container: bool) -> Score:
-    """The format's own scorer; Terminal-Bench, Harbor and R2E in a fresh sandbox (or the live one),
-    checked by a control run when the runner gave no verdict. An exception is an evaluator failure."""
+    """The format's own scorer; Terminal-Bench, Harbor and R2E in a fresh sandbox (or the live one). When the
+    runner gave no verdict or the evaluation raised, a control run on the task's starting files decides whose
+    failure it was (`integrity.control`): the evaluator's only if it fails there too."""
     from gyre.benchmarks.spec import NL2REPO, R2E
-    from gyre.evaluators.common import error
     from gyre.evaluators.environments.deadline import capped
     from gyre.evaluators.formats.container_task import evaluate_container_task
     from gyre.evaluators.formats.in_container import evaluate_in_container
     from gyre.evaluators.formats.in_place import IN_PLACE_FORMATS, evaluate_in_place
     from gyre.evaluators.formats.nl2repo import evaluate
     from gyre.evaluators.formats.r2e import evaluate_r2e
-    from gyre.evaluators.integrity.control import with_control
+    from gyre.evaluators.integrity.control import after_crash, crashed, is_crash, with_control
     from gyre.sandboxes.docker import DockerSandbox
 
     if spec.format == NL2REPO:
-        return evaluate(query, workspace, eval_dir, execution_id, timeout_s, isolation=isolation, limits=limits,
-                        deadline_s=deadline_s, index=index)
+        def nl2repo(ws: Path, directory: Path) -> Score:
+            return evaluate(query, ws, directory, execution_id, timeout_s, isolation=isolation, limits=limits,
+                            deadline_s=deadline_s, index=index)
+
+        score = nl2repo(workspace, eval_dir)  # records its own crash (`score.json`)
+        control = lambda ws, d: nl2repo(ws, d / "eval")  # noqa: E731  (the task's starting files: none, empty)
+        if is_crash(score):  # the workspace's 0 if the starting files evaluate, else the evaluator's failure
+            return after_crash(score, query, eval_dir, control)
+        return with_control(score, query, eval_dir, control)  # pytest never ran the tests: did the workspace stop it?
     eval_dir.mkdir(parents=True, exist_ok=False)
     scorer = evaluate_r2e if spec.format == R2E else evaluate_container_task
     test_timeout_s = max(capped(spec.test_timeout_s or timeout_s, deadline_s), 0.01)
@@ -160,6 +171,8 @@ def _score(query: Query, spec, workspace: Path, eval_dir: Path, execution_id: st
             score = evaluate_in_place(query, spec, live, eval_dir, execution_id, test_timeout_s, limits, index)
         else:
             score = fresh(workspace, eval_dir)
-        return with_control(score, query, eval_dir, fresh)  # a runner that gave no verdict: did the workspace break it?
-    except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
-        return error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
+    except Exception as exc:  # a recorded error, never an exception: but whose?
+        score = crashed(execution_id, exc)
+    if is_crash(score):  # the workspace's 0 if the task's starting files evaluate, else the evaluator's failure
+        return after_crash(score, query, eval_dir, fresh)
+    return with_control(score, query, eval_dir, fresh)  # a runner that gave no verdict: did the workspace break it?

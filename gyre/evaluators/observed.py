@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from gyre.evaluators.common import error, tampering
+from gyre.evaluators.environments.needs import beyond_tools
 from gyre.evaluators.environments.own_project import installed, is_the_project
 from gyre.evaluators.environments.toolenv import EvalEnv, base_interpreter_dirs, make_env, pytest11_modules, site_packages
 from gyre.evaluators.integrity.canaries import (
@@ -271,6 +272,8 @@ def install_image(observer: Observer, packages: tuple[str, ...], task: str, eval
     """What the task's image has installed (`TaskSpec.image_packages`), installed by `observer` before any
     workspace code runs; `reports/image_packages.txt` lists them and what was left out. Returns a note for the
     score (none without packages)."""
+    if observer.index_url is None:  # no index: only test tools the evaluation holds anyway (needs.beyond_tools)
+        packages = beyond_tools(packages)
     if not packages:
         return []
     (eval_dir / "image").mkdir()

@@ -6,10 +6,13 @@
 - The **overall timeout** bounds the whole execution: sandbox, harness, waiting for an
   evaluation slot, and evaluation (the paper: 0.87 %). The harness is stopped
   `evaluation_reserve_s` before it, so the workspace can still be scored inside the
-  budget; an execution stopped that way ends as `overall_timeout` (and is scored). An
-  evaluation still running at the overall deadline is cut there and recorded as an
-  evaluator failure whose detail starts with `overall_timeout` (dropped from its group,
-  retryable with a fresh budget, never a zero): `gyre.evaluators.evaluate_query(deadline_s=)`.
+  budget; an execution stopped that way ends as `overall_timeout` (and is scored). The
+  evaluation always keeps its reserve, whatever the harness did: its deadline is the overall
+  one or the reserve from its start, whichever is later (`Timeouts.evaluation_deadline`; a
+  harness that overran its stop left the tests no time before). An evaluation still running
+  at that deadline is cut there and recorded as an evaluator failure whose detail starts with
+  `overall_timeout` (dropped from its group, retryable with a fresh budget, never a zero):
+  `gyre.evaluators.evaluate_query(deadline_s=)`.
 
 A format's own agent timeout (Terminal-Bench's `max_agent_timeout_sec`) tightens the
 harness timeout. Deadlines are `time.monotonic()` values of the process that runs the
@@ -63,6 +66,15 @@ class Timeouts:
         overall = now + self.overall_s
         stop_for_overall = overall - self.evaluation_reserve_s
         return Deadlines(min(harness, stop_for_overall), overall, stop_for_overall < harness)
+
+
+    def evaluation_deadline(self, overall_s: float | None, now: float | None = None) -> float | None:
+        """When an evaluation starting `now` must end: the overall deadline, but never less than the reserve
+        from now. A harness (or a sandbox teardown) that overran its stop cannot leave the evaluation no time:
+        that would turn the workspace's score into an `overall_timeout` failure, a dropped sample."""
+        if overall_s is None:
+            return None
+        return max(overall_s, (time.monotonic() if now is None else now) + self.evaluation_reserve_s)
 
 
 def execution_timeouts(config: RunConfig) -> Timeouts:

@@ -232,7 +232,8 @@ class Coordinator:
     def _evaluate(self, result: ExecutionResult, live) -> Score:
         execution_id = result.execution.execution_id
         return self.evaluator.evaluate(result.query, result.execution.workspace, self.run_dir / "evals" / execution_id,
-                                       execution_id, deadline_s=result.overall_deadline_s, live=live)
+                                       execution_id, live=live,
+                                       deadline_s=self.timeouts.evaluation_deadline(result.overall_deadline_s))
 
     def train(
         self, step: int, results: list[ExecutionResult], scores: list[Score], started_at,

@@ -154,7 +154,7 @@ def task_needs(query: Query) -> list[str]:
     texts = task_scripts(query)
     clash = _tool_clash(query)
     programs = {f"{PROGRAM}:{name}" for name in command_programs(query.test_commands) if not program_available(name)}
-    image = {PACKAGE_INDEX} if _image_packages(query) else set()  # installed from the index first
+    image = {PACKAGE_INDEX} if beyond_tools(_image_packages(query)) else set()  # installed from the index first
     return sorted(set().union(*(script_needs(t) for t in texts), programs, image, test_hosts(query),
                               {f"{TOOL_CLASH}:{clash}"} if clash else set()))
 
@@ -178,6 +178,13 @@ def program_available(name: str) -> bool:
 
     own = {*_WRAPPERS, *_python_names(), "python3", *(UV_BINARIES if tools_have_uv() else ())}
     return name in own or shutil.which(name, path=SYSTEM_PATH) is not None
+
+
+def beyond_tools(requirements: tuple[str, ...]) -> tuple[str, ...]:
+    """The requirements that name no distribution the evaluation's tools already hold (pytest, pluggy, ...):
+    an image that only pins pytest is scorable without an index (with one, its pin is installed)."""
+    tools = {canonicalize_name(d.metadata["Name"]) for d in tool_distributions()}
+    return tuple(r for r in requirements if canonicalize_name(re.split(r"[\s\[=<>!~;@]", r, maxsplit=1)[0]) not in tools)
 
 
 def _image_packages(query: Query) -> tuple[str, ...]:

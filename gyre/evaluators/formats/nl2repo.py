@@ -64,6 +64,7 @@ from gyre.evaluators.environments.deadline import capped, overall_timeout_error
 from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.workspace_copy import copy_workspace
 from gyre.evaluators.integrity.channel import ChannelResults
+from gyre.evaluators.integrity.control import crashed, no_verdict
 from gyre.evaluators.integrity.origins import Watch, mismatches
 from gyre.evaluators.integrity.pytest_guard import imported_modules, neutralise_pytest_config, pin_rootdir
 from gyre.evaluators.integrity.pytest_settings import project_settings, python_files, render_ini, sanitise
@@ -122,8 +123,8 @@ def evaluate(
         isolation = isolation or Isolation.detect()
         score = _score(query, Path(workspace).resolve(), eval_dir, execution_id, timeout_s, isolation, limits,
                        deadline_s, index)
-    except Exception as exc:  # an evaluator failure must become a recorded error, never a zero
-        score = error(execution_id, f"evaluator failed: {type(exc).__name__}: {exc}")
+    except Exception as exc:  # a recorded error, never a zero; `evaluate_query` asks a control run whose it is
+        score = crashed(execution_id, exc)
     (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return score
 
@@ -165,7 +166,8 @@ def _score(
                         data)
     reports.mkdir()
     scratch.mkdir()
-    observer = Observer.create(eval_dir, isolation, index, frozenset({query.query_id}), plugin_dists=task_plugins(query))
+    observer = Observer.create(eval_dir, isolation, index, frozenset({query.query_id}),
+                               plugin_dists=task_plugins(query))
     observer.plant(pristine)
     try:
         notes = install_image(observer, task_spec(query).image_packages, query.query_id, eval_dir, scratch, limits,
@@ -180,7 +182,8 @@ def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execu
                    limits: SandboxLimits, deadline_s: float | None, pristine, neutralised: list[str],
                    observer: Observer, notes: list[str], watch: Watch, settings_kept: bool) -> Score:
     if neutralised:
-        (reports / "neutralised.txt").write_text("\n".join(neutralised) + "\n", encoding="utf-8")
+        (reports / "neutralised.txt").write_text("\n".join(neutralised) + "\n", encoding="utf-8",
+                                                 errors="backslashreplace")  # a name that is not UTF-8
     ran = _run_commands(query, repo, reports, scratch, execution_id, timeout_s, limits, deadline_s, observer,
                         watch, settings_kept=settings_kept)
     if isinstance(ran, Score):
@@ -245,7 +248,7 @@ def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execut
                 pytest_said == USAGE_ERROR or (
                 not said.session and result.exit_code in EVALUATOR_FAILURE_EXIT_CODES)):
             code = pytest_said if pytest_said == USAGE_ERROR else result.exit_code
-            return error(execution_id, f"command {i} {command!r} exited {code} "
+            return no_verdict(execution_id, f"command {i} {command!r} exited {code} "
                                         f"({EVALUATOR_FAILURE_EXIT_CODES[code]}): {tail(result)}")
         if result.timed_out:
             notes.append(f"command {i} timed out after {command_timeout_s:g}s: counted what passed before")
@@ -269,9 +272,10 @@ def _count(query: Query, execution_id: str, reports: Path, pristine, neutralised
     if index_failure is not None and not counted.tampering:
         return error(execution_id, index_failure)
     if not counted.loaded and not ran.ran_before and not ran.settings_refused:
-        return error(execution_id, f"no test command started pytest with gyre's result plugin: {tail(ran.last)}")
+        return no_verdict(execution_id, f"no test command started pytest with gyre's result plugin: {tail(ran.last)}")
     if not counted.started and not ran.pristine_conftest and not ran.ran_before and not ran.settings_refused:  # no workspace code ran before it
-        return error(execution_id, f"pytest did not start a test session (exit {ran.last.exit_code}): {tail(ran.last)}")
+        return no_verdict(execution_id,
+                          f"pytest did not start a test session (exit {ran.last.exit_code}): {tail(ran.last)}")
     notes = list(ran.notes)
     if not counted.started and not ran.settings_refused:
         notes.append("pytest never started a session after the workspace's code ran (its setup commands, or "

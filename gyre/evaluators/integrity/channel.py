@@ -78,6 +78,30 @@ import pytest as _pt  # already imported by pytest itself, before the line below
 if _M_PYTEST or _os.environ.get("GYRE_CWD_ON_PATH") == "1":
     _sys.path.insert(0, _os.getcwd())  # what `python -m pytest` (or the task's PYTHONPATH) puts first
 
+
+def _stdlib_dirs():
+    import sysconfig
+    dirs = [d for d in dict.fromkeys(sysconfig.get_path(k) for k in ("stdlib", "platstdlib")) if d]
+    return dirs + [_os.path.join(d, "lib-dynload") for d in dirs if _os.path.isdir(_os.path.join(d, "lib-dynload"))]
+
+
+class _StdlibFirst:
+    """A standard library module is always the standard library's: a workspace's `pdb.py` (or one on a
+    directory pytest puts first later) never loads in its place (PEP 451 finder, before the path finder)."""
+
+    _DIRS = _stdlib_dirs()
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if path is None and name in _sys.stdlib_module_names and name != "test":  # `test/`: a project's tests
+            import importlib.machinery
+            return importlib.machinery.PathFinder.find_spec(name, cls._DIRS)
+        return None
+
+
+_sys.meta_path.insert(next((i for i, f in enumerate(_sys.meta_path) if getattr(f, "__name__", "") == "PathFinder"),
+                           len(_sys.meta_path)), _StdlibFirst)
+
 _dumps, _write = _json.dumps, _os.write  # bound now: later patches of json or os do not reach them
 
 

@@ -19,6 +19,12 @@ failure stands. The control costs a second run only when the first failed this w
 for docker executions tested in their own container (the control would need the image: their
 failures stand) nor for NL2RepoBench, whose setup commands are the workspace's build and are
 handled by `nl2repo` itself.
+
+The same control decides when the evaluator itself raised while reading, copying, scanning or running a
+workspace (`after_crash`, every format: a module shadowing one pytest imports, a name that is not UTF-8,
+a path past PATH_MAX, a recursion bomb in a configuration file, a hostile `# coding:` line): if the
+starting files evaluate without raising, the workspace broke the evaluator, a valid 0 with the reason
+and a flag; if they raise too, it is the evaluator's failure.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from gyre.evaluators.common import error, ok
 from gyre.records import EvalStatus, Query, Score
 
 NO_VERDICT = "the task's runner gave no verdict"
+BROKE_RUNNER_FLAG = "broke-runner"
+"""The flag of a workspace on which the task's runner gave no verdict while it gives one on the starting files."""
 CONTROL_DIR = "control"
 
 
@@ -47,17 +55,57 @@ def with_control(score: Score, query: Query, eval_dir: Path, run) -> Score:
     the task's starting files) gave a verdict."""
     if not is_no_verdict(score):
         return score
-    control_dir = Path(eval_dir) / CONTROL_DIR
-    control_dir.mkdir()
-    start = Path(query.start_dir) if query.start_dir is not None and Path(query.start_dir).is_dir() else None
-    if start is None:
-        start = control_dir / "start"
-        start.mkdir()
     try:
-        control = run(start, control_dir)
+        control = _control_run(query, eval_dir, run)
     except Exception as exc:  # the control could not say: the failure stands
         return score.model_copy(update={"detail": f"{score.detail}; control run failed: {type(exc).__name__}: {exc}"})
     if control.status is EvalStatus.error:
         return score.model_copy(update={"detail": f"{score.detail}; on the task's starting files too"})
-    return ok(score.execution_id, 0.0, f"{score.detail.removeprefix(NO_VERDICT + ': ')}; the runner gives a verdict "
-              "on the task's starting files: this workspace broke it (its result)")
+    why = score.detail.removeprefix(NO_VERDICT + ": ")
+    zero = ok(score.execution_id, 0.0, f"{why}; the runner gives a verdict on the task's starting files: this "
+              "workspace broke it (its result)", total=query.test_case_count)
+    return zero.model_copy(update={"flags": [f"{BROKE_RUNNER_FLAG} {why[:200]}"]})
+
+
+def _control_run(query: Query, eval_dir: Path, run) -> Score:
+    """`run(workspace, control_dir)` on the task's starting files (`query.start_dir`, or an empty directory),
+    in a fresh `control` directory under `eval_dir`."""
+    control_dir = Path(eval_dir) / CONTROL_DIR
+    control_dir.mkdir(parents=True)
+    start = Path(query.start_dir) if query.start_dir is not None and Path(query.start_dir).is_dir() else None
+    if start is None:
+        start = control_dir / "start"
+        start.mkdir()
+    return run(start, control_dir)
+
+
+CRASH_FLAG = "evaluator-crash"
+"""The flag of a workspace that made the evaluator raise (`after_crash`)."""
+CRASHED = "evaluator failed: "
+"""How a format's evaluation that raised is recorded (`crashed`), read back by `is_crash`."""
+
+
+def crashed(execution_id: str, exc: BaseException) -> Score:
+    """The recorded error of an evaluation that raised `exc` (`evaluate_query` then asks `after_crash`)."""
+    return error(execution_id, f"{CRASHED}{type(exc).__name__}: {str(exc)[:500]}")
+
+
+def is_crash(score: Score) -> bool:
+    return score.status is EvalStatus.error and score.detail.startswith(CRASHED)
+
+
+def after_crash(score: Score, query: Query, eval_dir: Path, run) -> Score:
+    """`score` (an evaluation that raised, `is_crash`) stands when `run(workspace, control_dir)` on the task's
+    starting files raises too; otherwise the workspace broke the evaluator: a valid 0, flagged."""
+    reason = score.detail.removeprefix(CRASHED)
+    try:
+        control = _control_run(query, eval_dir, run)
+    except Exception as again:
+        control = crashed(score.execution_id, again)
+    if is_crash(control):  # the evaluator fails on the task's own files too: its failure
+        return score.model_copy(update={"detail": f"{score.detail[:400]}; on the task's starting files too: "
+                                                  f"{control.detail.removeprefix(CRASHED)[:200]}"})
+    zero = ok(score.execution_id, 0.0, f"the workspace made the evaluator raise {reason[:300]}; the task's starting "
+                                       "files evaluate without it: this workspace's result",
+              total=query.test_case_count)
+    return zero.model_copy(update={"flags": [f"{CRASH_FLAG} {reason[:200]}"]})

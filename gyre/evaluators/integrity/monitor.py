@@ -37,6 +37,7 @@ import posixpath
 import re
 import stat
 import tokenize
+import sys
 import warnings
 from collections import Counter
 from collections.abc import Collection, Iterable
@@ -49,6 +50,9 @@ from gyre.evaluators.integrity.pytest_guard import PLANTED_FILE_NAMES
 
 TEST_INFRASTRUCTURE = "test-infrastructure"
 SCAN_INCOMPLETE = "scan-incomplete"
+SHADOWS_STDLIB = "shadows-stdlib"
+"""A top-level module or package named like a standard library module (`pdb.py`): gyre's result plugin
+never lets it load in the standard library's place (`channel._StdlibFirst`), and it is flagged."""
 _SECTIONS = {  # file name -> pattern of a section header that configures pytest
     "pyproject.toml": re.compile(r"""^\s*\[\[?\s*["']?tool["']?\s*\.\s*["']?pytest"""),
     "setup.cfg": re.compile(r"^\s*\[\s*(tool:pytest|pytest)\s*\]"),
@@ -129,6 +133,10 @@ def _infrastructure(entry: os.DirEntry, rel: str, shown: str, guarded: set[str],
         found.append(Flag(TEST_INFRASTRUCTURE, shown, 0, "a protected test path, written by the agent"))
     elif entry.is_symlink() and any(g.startswith(rel + "/") for g in guarded):
         found.append(Flag(TEST_INFRASTRUCTURE, shown, 0, "a symlink on the way to a protected test path"))
+    module = entry.name.removesuffix(".py") if not is_dir else entry.name
+    if "/" not in rel and module in sys.stdlib_module_names and module != "test" and (
+            entry.name.endswith(".py") or is_dir):  # a project's `test/` is its tests (CPython's own is left alone)
+        found.append(Flag(SHADOWS_STDLIB, shown, 0, f"named like the standard library's {module}"))
     if not is_dir and (entry.name in PLANTED_FILE_NAMES or entry.name.endswith(".pth")):
         found.append(Flag(TEST_INFRASTRUCTURE, shown, 0, f"{posixpath.basename(shown)} present"[:EVIDENCE_CHARS]))
     header = _SECTIONS.get(entry.name)
@@ -164,8 +172,8 @@ def _read(path: str, limit: int, python: bool = False) -> str | None:
             pass
     try:
         return data.decode(encoding, errors="replace")
-    except LookupError:  # a codec that is no text encoding (`rot13`): Python refuses it too
-        return data.decode("utf-8-sig", errors="replace")
+    except (LookupError, UnicodeError):  # a codec that is no text encoding (`rot13`), or one that refuses
+        return data.decode("utf-8-sig", errors="replace")  # `errors="replace"` (`idna`): read as UTF-8
 
 
 def _finish(flags: list[Flag]) -> list[Flag]:

@@ -22,7 +22,7 @@ run: $(STAMP) system-deps
 	$(VENV)/bin/gyre run --config configs/tiny-cpu.yaml
 
 test: $(STAMP) system-deps
-	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest -q
+	PREFECT_SERVER_ANALYTICS_ENABLED=false GYRE_REQUIRE_SANDBOX=1 $(PY) -m pytest -q
 
 clean:
 	rm -rf $(VENV) .gyre-cache runs

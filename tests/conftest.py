@@ -28,6 +28,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+REQUIRE_SANDBOX = os.environ.get("GYRE_REQUIRE_SANDBOX") == "1"
+"""Set by `make test` (and so CI): a test skipped because bubblewrap cannot be built fails instead. The
+attack suite is what such a skip would hide."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_SANDBOX and report.skipped and not hasattr(report, "wasxfail"):
+        reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)
+        if "bubblewrap" in reason or "bwrap" in reason:
+            report.outcome = "failed"
+            report.longrepr = f"GYRE_REQUIRE_SANDBOX=1, but the sandbox cannot be built here: {reason}"
+
+
 def pytest_unconfigure(config):
     """Prefect's test server (`prefect_test_harness`) also stops from an `atexit` hook, which logs
     "Stopping temporary server" to a console bound to pytest's captured output, closed by then:

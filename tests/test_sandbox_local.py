@@ -227,3 +227,15 @@ def test_a_sandbox_whose_paths_anyone_can_reach_runs_without_staging_them(tmp_pa
     assert result.stdout.split() == ["hi", "s"]
     if os.geteuid() == 0:  # dropped: the files belong to the sandbox user on the host
         assert (sandbox.workspace / "out.txt").stat().st_uid == 65534
+
+
+def test_auto_isolation_refuses_to_run_agent_code_as_root_unconfined(monkeypatch):
+    """A sandbox that cannot be built is loud: as root, `auto` without bubblewrap is an error naming the fix,
+    and only an explicit `none` runs unconfined."""
+    from gyre.sandboxes.local import isolation as module
+
+    monkeypatch.setattr(module, "probe_bwrap", lambda: None)
+    monkeypatch.setattr(module.os, "geteuid", lambda: 0)
+    with pytest.raises(RuntimeError, match="runs as root.*sandbox.isolation: none"):
+        module.Isolation.detect("auto")
+    assert module.Isolation.detect("none").bwrap is None

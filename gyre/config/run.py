@@ -144,8 +144,9 @@ class SandboxConfig(Section):
     memory_bytes: int = Field(default=2 * 2**30, gt=0)
     """Address-space limit per sandboxed process."""
     isolation: Literal["auto", "bwrap", "none"] = "auto"
-    """`auto`: bubblewrap namespaces when `bwrap` works, else plain processes with a loud warning;
-    `bwrap`: refuse to run without it; `none`: plain processes (trusted models only)."""
+    """`auto`: bubblewrap namespaces when `bwrap` works, else plain processes with a loud warning, and an
+    error instead when gyre runs as root (agent code would run as root, unconfined); `bwrap`: refuse to run
+    without it; `none`: plain processes (trusted models only; as root, only when asked for by name)."""
     max_processes: int = Field(default=256, gt=0)
     """Processes + threads of one command's whole tree (cgroup pids.max, where cgroups work)."""
     tree_memory_bytes: int = Field(default=4 * 2**30, gt=0)

@@ -73,6 +73,10 @@ class Isolation:
         if mode == "bwrap" and bwrap is None:
             raise RuntimeError("sandbox isolation 'bwrap' asked for, but bwrap is missing or unusable "
                                "(apt-get install -y bubblewrap util-linux; it needs user namespaces)")
+        if mode == "auto" and bwrap is None and os.geteuid() == 0:
+            raise RuntimeError("sandbox isolation 'auto' found no usable bubblewrap, and gyre runs as root: agent "
+                               "code would run as root with no confinement. Install it (bash scripts/system-deps.sh; "
+                               "it needs user namespaces), or set sandbox.isolation: none to run it so on purpose")
         isolation = cls(bwrap=bwrap, cgroups=cgroups, user=sandbox_user() if bwrap else None)
         _warn_once(isolation)
         return isolation

@@ -373,3 +373,69 @@ def test_a_setup_command_that_rewrites_a_data_file_is_tampering(tmp_path):
     score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
     assert score.status is EvalStatus.tampering and score.score == 0.0
     assert "data file tests/resources/expected.txt was changed by a command that ran no test" in score.detail
+
+
+CASES_CONFTEST = '''\
+import pytest
+
+from calc import add
+
+
+def pytest_collect_file(file_path, parent):
+    if file_path.suffix == ".cases":
+        return CasesFile.from_parent(parent, path=file_path)
+
+
+class CasesFile(pytest.File):
+    def collect(self):
+        for line in self.path.read_text().splitlines():
+            a, b, want = map(int, line.split())
+            yield Case.from_parent(self, name="case", args=(a, b, want))  # every item named alike, as docopt-ng's
+
+
+class Case(pytest.Item):
+    def __init__(self, *, args, **kwargs):
+        super().__init__(**kwargs)
+        self.args = args
+
+    def runtest(self):
+        a, b, want = self.args
+        assert add(a, b) == want
+'''
+
+
+def _cases_query(tmp_path: Path) -> Query:
+    """A pristine conftest that collects a `.cases` file into items sharing one node id (docopt-ng's shape)."""
+    project = tmp_path / "bench" / "calc"
+    (project / "hidden_tests" / "tests").mkdir(parents=True)
+    (project / "hidden_tests" / "tests" / "conftest.py").write_text(CASES_CONFTEST)
+    (project / "hidden_tests" / "tests" / "calc.cases").write_text("1 2 3\n20 22 42\n0 0 0\n")
+    (project / "hidden_tests" / "tests" / "test_calc.py").write_text(CALC_TESTS)
+    (project / "start.md").write_text("Create `calc.py` with `add(a, b)` returning a + b.\n")
+    (project / "test_case_count.txt").write_text("7\n")
+    (project / "test_commands.json").write_text(json.dumps(["python -m pytest -q tests"]))
+    (project / "test_files.json").write_text(json.dumps(["tests"]))
+    (query,) = load_nl2repo(project.parent)
+    return query
+
+
+def test_items_a_pristine_conftest_collects_count_each_as_pytest_counts_them(tmp_path):
+    """Three `.cases` items share one node id: each is its own case (docopt-ng: 436 of 614 and
+    "reported twice" tampering before; upstream's "(\\\\d+) passed" counts 614)."""
+    query = _cases_query(tmp_path)
+    right = evaluate(query, _workspace(tmp_path / "a", query, {"calc.py": "def add(a, b):\n    return a + b\n"}),
+                     tmp_path / "e1", "right")
+    assert (right.status, right.score, right.tests_passed) == (EvalStatus.ok, 1.0, 7), right.detail
+    wrong = evaluate(query, _workspace(tmp_path / "b", query, {"calc.py": "def add(a, b):\n    return 0\n"}),
+                     tmp_path / "e2", "wrong")
+    assert (wrong.status, wrong.tests_passed) == (EvalStatus.ok, 3), wrong.detail  # zero, opposites, 0 0 0
+
+
+def test_a_workspace_collector_of_a_pristine_file_counts_nothing(tmp_path):
+    """The kept root conftest may not turn a pristine file into passing items of its own."""
+    query = _cases_query(tmp_path)
+    planted = CASES_CONFTEST.replace("assert add(a, b) == want", "pass").replace('"case"', '"extra"').replace(
+        "from calc import add\n", "")
+    workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return 0\n", "conftest.py": planted})
+    score = evaluate(query, workspace, tmp_path / "eval", "planted")
+    assert score.tests_passed <= 3 and score.score < 0.5, score.detail

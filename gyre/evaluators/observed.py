@@ -77,9 +77,14 @@ def place_pristine(dest: Path, sources: Mapping[str, bytes], inside: str, rng: r
     clear_shadows(dest, sources)
     capped = not any(PurePosixPath(rel).name == "conftest.py" and dynamic_conftest(data.decode("utf-8", "replace"))
                      for rel, data in sources.items())
+    collectors = frozenset(str(PurePosixPath(inside) / rel) for rel, data in sources.items()
+                           if PurePosixPath(rel).name == "conftest.py" and b"pytest_collect_file" in data)
     for rel, data in sources.items():
         clear_path(dest, rel).write_bytes(data)
-        if is_test_module(rel, python_files):
+        if PurePosixPath(rel).suffix not in (".py", ".pyc") and any(
+                (PurePosixPath(inside) / rel).is_relative_to(PurePosixPath(c).parent) for c in collectors):
+            placed.append(PristineFile(str(PurePosixPath(inside) / rel), set(), collected_by=collectors))
+        elif is_test_module(rel, python_files):
             text = data.decode("utf-8", errors="replace")
             placed.append(PristineFile(str(PurePosixPath(inside) / rel), defined_tests(text),
                                        canaries=plan_canaries(text, rng, num_fail=num_fail),

@@ -210,5 +210,9 @@ class PristineFile:
     canaries: Canaries = field(default_factory=Canaries)
     sha256: str = ""
     """Of its bytes as placed: gyre's plugin finds the module (or a copy of it) by it."""
+    collected_by: frozenset[str] = frozenset()
+    """Not a Python test module but a file a pristine conftest's collector turns into tests (docopt-ng's
+    `tests/testcases.docopt`): those conftests (paths as placed). Every case such an item reports counts, as
+    pytest counts it, when its class comes from one of them."""
     cases: dict[TestId, int] = field(default_factory=dict)
     """Tests whose number of cases the source fixes (`gyre.evaluators.integrity.cases`): more reported is tampering."""

@@ -12,16 +12,19 @@ result on it as it happens, one JSON line each:
     {"event": "collecting"}                        the first node below the session is collected:
                                                    from here on, test modules (and the workspace's
                                                    code they import) may run
-    {"event": "report", "nodeid", "path", "when", "outcome", "xfail", "subtest", "copy"}
+    {"event": "report", "nodeid", "path", "when", "outcome", "xfail", "subtest", "copy", "index", "maker"}
                                                    each test phase (and each subtest of its call,
                                                    `subtest` true); `path` is the pristine file's when
-                                                   the module is one, or a copy of one (`copy` true)
+                                                   the module is one, or a copy of one (`copy` true);
+                                                   `index`: the item's place among the collected ones
+                                                   (a custom collector may give several one node id);
+                                                   `maker`: where a non-function item's class is from
     {"event": "plugin", "name", "dist"}           a plugin of a distribution the task's scripts install,
                                                    loaded by name (`needs.task_plugins`)
     {"event": "forged", "nodeid", "raised"}       a test whose call raised (seen by a wrapper registered
                                                    after every conftest, innermost) reported passed
     {"event": "collect_error", "nodeid", "path"}   a module that failed to import
-    {"event": "collected"}                         collection finished (reports may follow)
+    {"event": "collected", "items"}                collection finished (reports may follow)
     {"event": "finish", "exitstatus": ...}         the session ended (0/1: it ran to the end)
 
 Where no fd can be inherited (a `docker exec` into the task's container), the pipe is a FIFO
@@ -247,10 +250,31 @@ class _Innermost:
             _RAISED[item.nodeid] = type(error).__name__
 
 
+def _maker(cls):
+    """The file a class's own functions were compiled from (conftests share the module name `conftest`)."""
+    for value in vars(cls).values():
+        code = getattr(getattr(value, "__func__", value), "__code__", None)
+        if code is not None:
+            return code.co_filename
+    return None
+
+
+_INDEX = {}  # id(item) -> its place in the session's items
+_MAKER = {}  # node id of an item no Python test module made -> the file of the module defining its class
+_CURRENT = []  # the place of the item running now
+
+
 def pytest_collection_finish(session):
     _CONFIG.pluginmanager.register(_Innermost(), "gyre-innermost-" + _os.urandom(6).hex())
+    _INDEX.update((id(item), i) for i, item in enumerate(session.items))
+    _MAKER.update((item.nodeid, _maker(type(item))) for item in session.items if not isinstance(item, _pt.Function))
     _send_modules()
-    _send(event="collected")
+    _send(event="collected", items=len(session.items))
+
+
+@_pt.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    _CURRENT[:] = [_INDEX.get(id(item))]
 
 
 def pytest_collectreport(report):
@@ -265,7 +289,8 @@ def pytest_runtest_logreport(report):
     origin = _ORIGIN.get(report.nodeid)
     _send(event="report", nodeid=report.nodeid, path=_path(_CONFIG, report.nodeid), when=report.when,
           outcome=report.outcome, xfail=hasattr(report, "wasxfail"),
-          subtest=type(report).__name__ == "SubtestReport", copy=bool(origin and origin[1]))
+          subtest=type(report).__name__ == "SubtestReport", copy=bool(origin and origin[1]),
+          index=_CURRENT[0] if _CURRENT else None, maker=_MAKER.get(report.nodeid))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -283,6 +308,11 @@ class TestResult:
     outcome: str = "passed"
     """passed | failed | error | skipped."""
     phases: set[str] = field(default_factory=set)
+    key: str = ""
+    """Its key in `ChannelResults.results`: the node id, or `nodeid#index` for a second item of the same id."""
+    maker: str | None = None
+    """For an item that is no test function (a custom collector's: docopt-ng's `.docopt` cases), the file its
+    class's functions were compiled from: it counts only when that is a pristine conftest."""
     copy: bool = False
     """Its module is a copy of the pristine file `path` elsewhere (a task script copied it: Terminal-Bench's
     `run-tests.sh` runs `/tests`' files from `/app`); found by the plugin by its content."""
@@ -311,6 +341,10 @@ class ChannelResults:
     """Phases reported more than once, or messages that do not parse: someone else wrote on the pipe."""
     modules: dict[str, set[str]] = field(default_factory=dict)
     """Module name -> the files it was loaded from under the rootdir, as the plugin saw `sys.modules`."""
+    items: int | None = None
+    """How many items the session collected (the "collected" message)."""
+    _owners: dict[str, int] = field(default_factory=dict)
+    """Node id -> the item index its first report came with (`_key`)."""
     plugins: list[str] = field(default_factory=list)
     """pytest plugins loaded for the task's own scripts' plugin distributions ("name (dist)")."""
     truncated: bool = False
@@ -324,11 +358,13 @@ class ChannelResults:
             self.hello = True
         elif event == "session":
             self.session = True
-            self.collected, self.running = False, None
+            self.collected, self.running, self._owners = False, None, {}
         elif event == "collecting":
             self.collecting = True
         elif event == "collected":
             self.collected = True
+            items = message.get("items")
+            self.items = items if isinstance(items, int) and not isinstance(items, bool) else None
         elif event == "finish":
             self.finished = True
             self.exitstatus = message.get("exitstatus")
@@ -350,12 +386,15 @@ class ChannelResults:
 
     def _add_report(self, message: dict) -> None:
         nodeid, when, outcome = (str(message.get(k)) for k in ("nodeid", "when", "outcome"))
-        result = self.results.setdefault(nodeid, TestResult(nodeid, str(message.get("path")),
-                                                            copy=message.get("copy") is True))
+        key = self._key(nodeid, message.get("index"))
+        maker = message.get("maker")
+        result = self.results.setdefault(key, TestResult(nodeid, str(message.get("path")),
+                                                         copy=message.get("copy") is True, key=key,
+                                                         maker=maker if isinstance(maker, str) else None))
         if message.get("subtest") is True:
-            self._add_subtest(nodeid, when, outcome, result)
+            self._add_subtest(key, when, outcome, result)
             return
-        broken = self._out_of_order(nodeid, when, result)
+        broken = self._out_of_order(key, when, result)
         if broken:
             self.conflicts.append(broken)
             result.outcome = "failed"  # a forged report never turns into a pass
@@ -367,6 +406,16 @@ class ChannelResults:
             result.outcome = "skipped"
         if message.get("xfail") and result.outcome == "passed" and when == "call":
             result.outcome = "skipped"  # an xfail-marked test that passed is not a plain pass
+
+    def _key(self, nodeid: str, index) -> str:
+        """Where a report of `nodeid` goes: its own entry, unless another collected item of the same node id
+        (a custom collector's: docopt-ng's `.docopt` cases) was reported first: then `nodeid#index`. An
+        index must be one of the session's items, and each stays one item's: a second item claiming it is
+        "reported twice" (`_out_of_order`)."""
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < (self.items or 0):
+            return nodeid
+        owner = self._owners.setdefault(nodeid, index)
+        return nodeid if owner == index else f"{nodeid}#{index}"
 
     def _add_subtest(self, nodeid: str, when: str, outcome: str, result: TestResult) -> None:
         """A subtest's report: only inside the running test's call (after its set-up, before its own call
@@ -410,8 +459,9 @@ class ChannelResults:
         """The session finished by itself with "all passed" or "some failed" (not interrupted)."""
         return self.finished and self.exitstatus in (0, 1)
 
-    def passed(self, nodeid: str) -> bool:
-        result = self.results.get(nodeid)
+    def passed(self, key: str) -> bool:
+        """Whether the result under `key` (`TestResult.key`: its node id, unless a duplicate) passed its call."""
+        result = self.results.get(key)
         return result is not None and result.outcome == "passed" and "call" in result.phases
 
 

@@ -91,6 +91,14 @@ def tally(files: list[PristineFile], runs: list[ChannelResults]) -> Tally:
                                              f"{result.outcome}")
                 elif tid[0] in pristine.canaries.must_pass and result.outcome == "failed":
                     out.tampering.append(f"command {i}: canary {result.nodeid} must pass and was reported failed")
+            elif pristine.collected_by and not pristine.tests:  # a pristine conftest's collector's items
+                if result.maker not in pristine.collected_by:
+                    out.ignored.append(result.nodeid)
+                    continue
+                key = (pristine.inside, (*full_id(result.nodeid)[:-1], result.key.split("::")[-1]))
+                out.reported.add(key)
+                if run.passed(result.key):
+                    out.passed.add(key)
             elif tid in pristine.tests:
                 files_reported.add(pristine.inside)
                 ran.setdefault(pristine.inside, set()).add(tid)
@@ -100,7 +108,7 @@ def tally(files: list[PristineFile], runs: list[ChannelResults]) -> Tally:
                 key = (pristine.inside, full_id(result.nodeid))
                 reported, passed = (copies_reported, copies_passed) if result.copy else (out.reported, out.passed)
                 reported.add(key)
-                if run.passed(result.nodeid):
+                if run.passed(result.key or result.nodeid):
                     passed.add(key)
             else:
                 out.ignored.append(result.nodeid)

@@ -20,7 +20,7 @@ COPY src/eigen.py /app/eigen.py
 def test_the_named_requirements_of_every_pip_install(tmp_path):
     path = tmp_path / "Dockerfile"
     path.write_text(DOCKERFILE)
-    assert pip_packages(path) == ("numpy==2.3.0", "pandas==2.2.3", "pyarrow==17.0.0", "scipy>=1.15")
+    assert pip_packages(path) == ("numpy==2.3.0", "pandas==2.2.3", "pyarrow==17.0.0", "setuptools==80.9.0", "scipy>=1.15")
 
 
 def test_no_dockerfile_no_packages(tmp_path):

@@ -55,7 +55,7 @@ def test_upstream_counts_passed_lines_of_pytest_commands_only():
 
 
 def test_image_packages_reads_the_dependency_block_only():
-    assert image_packages(START_MD, "mylib") == ("attrs==25.3.0", "Jinja2>=3.1", "pytest-asyncio==1.1.0")
+    assert image_packages(START_MD, "mylib") == ("attrs==25.3.0", "Jinja2>=3.1", "pytest-asyncio==1.1.0", "setuptools>=42")
 
 
 def test_the_spec_of_a_task_carries_its_image_packages(tmp_path):
@@ -66,7 +66,7 @@ def test_the_spec_of_a_task_carries_its_image_packages(tmp_path):
     (task / "test_case_count.txt").write_text("1\n")
     (task / "test_commands.json").write_text('["pytest tests"]')
     (task / "test_files.json").write_text('["tests"]')
-    assert nl2repo_spec(task).image_packages == ("attrs==25.3.0", "Jinja2>=3.1", "pytest-asyncio==1.1.0")
+    assert nl2repo_spec(task).image_packages == ("attrs==25.3.0", "Jinja2>=3.1", "pytest-asyncio==1.1.0", "setuptools>=42")
 
 
 def test_the_shipped_projects_are_thirty_three_real_tasks():

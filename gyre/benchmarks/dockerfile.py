@@ -6,8 +6,8 @@ The verifier's tests run in the task's image, so they may import what the Docker
 tests run (`TaskSpec.image_packages`, as NL2RepoBench's `start.md` packages are). Read here: every
 `pip install` / `pip3 install` / `python -m pip install` / `uv pip install` of a RUN instruction
 (continuation lines joined), its named requirements only: options and their values, requirement
-files, local paths and URLs are left out (they name nothing the index serves), and so are pip,
-setuptools and wheel (the evaluation's own tools; NL2RepoBench's packages leave them out too).
+files, local paths and URLs are left out (they name nothing the index serves), and so are pip and
+wheel (the evaluation's own tools; NL2RepoBench's packages leave them out too).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 
 _RUN = re.compile(r"^\s*RUN\s+(.*)$", re.I | re.M)
 _INSTALL = re.compile(r"(?:^|\s)(?:pip3?|python3?(?:\.\d+)?\s+-m\s+pip|uv\s+pip)\s+install\s+(.*)$")
-TOOLS = frozenset({"pip", "setuptools", "wheel"})
+TOOLS = frozenset({"pip", "wheel"})
 _VALUED = frozenset({"-r", "--requirement", "-c", "--constraint", "-i", "--index-url", "--extra-index-url", "-f",
                      "--find-links", "-t", "--target", "--prefix", "--root", "--python", "-e", "--editable",
                      "--platform", "--python-version", "--implementation", "--abi", "--trusted-host"})

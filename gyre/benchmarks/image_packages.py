@@ -8,8 +8,9 @@ in a fenced block, in several shapes: `pip freeze` columns (`attrs   25.3.0`), r
 (`pytest>=6.2.4`, `Babel>=2.17`), with `#` comments and prose lines mixed in. `image_packages` reads
 that block into requirement strings and keeps only lines that parse as one requirement; prose, code
 and bare words that are not names (`Execution time in seconds`) are dropped, so a line is either a
-real requirement or nothing. Python itself, pip, setuptools and wheel are left out (the evaluation
-brings its own).
+real requirement or nothing. Python itself, pip and wheel are left out (the evaluation brings its own);
+setuptools stays: the image's pin is what the tests import at run time (`pkg_resources`, which cerberus
+1.3.4 imports, is gone from the setuptools gyre's tools hold; 25 of the 33 fidelity projects pin 53-80).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ _HEADING = re.compile(r"^#+\s.*(Dependenc|Librar|Environment)", re.IGNORECASE)
 _COLUMNS = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*(\[[^\]]*\])?)\s+([0-9][0-9A-Za-z.+!\-]*)$")
 _REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(\[[^\]]*\])?\s*"
                           r"((==|>=|<=|~=|!=|<|>)\s*[0-9][0-9A-Za-z.*+!\-]*\s*,?\s*)*$")
-_LEFT_OUT = frozenset({"python", "pip", "setuptools", "wheel"})
+_LEFT_OUT = frozenset({"python", "pip", "wheel"})
 
 
 def image_packages(start_md: str, project: str | None = None) -> tuple[str, ...]:

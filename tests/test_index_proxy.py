@@ -256,7 +256,7 @@ def test_listing_is_rewritten_to_the_proxy(proxy, fake):
     assert "dropped 2 link(s)" in rec.detail and "files.example.invalid" in rec.detail
     # the root listing too, without the denied project
     root = _get(base)
-    assert root.status_code == 200 and _hrefs(root.text) == ["demo-pkg/", "flaky/", "setuptools/"]
+    assert root.status_code == 200 and _hrefs(root.text) == ["demo-pkg/", "flaky/", "pytest-fake-ctrf/", "setuptools/"]
 
 
 def test_file_download_streams_the_upstream_bytes(proxy, fake):
@@ -343,7 +343,8 @@ def test_json_api_on_request(proxy, fake):
     assert whl["core-metadata"] == {"sha256": _sha(fake.meta[fake.demo_wheel])}
     assert files["demo-pkg-1.0.tar.gz"]["yanked"] == "broken build"
     root = _get(proxy.base_url, headers={"Accept": JSON_V1})
-    assert root.json()["projects"] == [{"name": "demo-pkg"}, {"name": "flaky"}, {"name": "setuptools"}]
+    assert root.json()["projects"] == [{"name": "demo-pkg"}, {"name": "flaky"}, {"name": "pytest-fake-ctrf"},
+                                       {"name": "setuptools"}]
 
 
 def test_pip_download_through_the_proxy(fake, tmp_path):

@@ -110,6 +110,9 @@ class IndexAccess:
 class IndexUnreachable(RuntimeError):
     """The package index failed a probe made before the workspace was involved."""
 
+    before_workspace = True
+    """An evaluator failure whatever the workspace holds: no control run asks whose it is (`control.crashed`)."""
+
 
 @dataclass
 class Observer:

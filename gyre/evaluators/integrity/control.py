@@ -86,7 +86,12 @@ CRASHED = "evaluator failed: "
 
 
 def crashed(execution_id: str, exc: BaseException) -> Score:
-    """The recorded error of an evaluation that raised `exc` (`evaluate_query` then asks `after_crash`)."""
+    """The recorded error of an evaluation that raised `exc` (`evaluate_query` then asks `after_crash`), or,
+    for a failure before the workspace was involved (`exc.before_workspace`: an unreachable package index),
+    an evaluator failure outright: a control run could only reach the index again, not say whose it was."""
+    if getattr(exc, "before_workspace", False):
+        return error(execution_id, f"evaluator failed before the workspace was involved: {type(exc).__name__}: "
+                                   f"{str(exc)[:500]}")
     return error(execution_id, f"{CRASHED}{type(exc).__name__}: {str(exc)[:500]}")
 
 

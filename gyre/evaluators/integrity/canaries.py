@@ -16,8 +16,10 @@ test functions to a hidden module at import time. Two defences, both decided her
   beside `test_add_0`) and their bodies (some must pass, some must fail, the same shape, so neither
   names nor bodies tell them apart), the plugin finds the module by its content's sha256 (a task
   script that copies the pristine file elsewhere, as Terminal-Bench's `run-tests.sh` copies
-  `/tests/*test*.py` into `/app`, runs a copy with canaries too) and inserts them at random places
-  among the module's collected tests, after every other plugin has chosen and ordered them. The
+  `/tests/*test*.py` into `/app`, runs a copy with canaries too) and inserts them among the module's
+  collected tests, after every other plugin has chosen and ordered them: one must-pass canary after
+  the module's last test (reports forged for the rest of a file, then an exit, leave it missing), the
+  others at random places (a forger that spares the last few tests misses them). The
   must-fail ones are marked `xfail(strict=True)`: a genuine run xfails them without changing pytest's
   exit code (Harbor's `test.sh` turns it into the reward; `-x` does not stop at them), a patched
   runner that passes them fails them (strict XPASS). A must-fail canary not reported xfailed, a

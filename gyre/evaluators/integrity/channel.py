@@ -172,14 +172,17 @@ def pytest_collection_modifyitems(session, config, items):
         origin = (entry["inside"], entry["inside"] != str(module.path))
         for index in indices:
             _ORIGIN[items[index].nodeid] = origin
-        for name, source in entry["canaries"]:
+        for k, (name, source) in enumerate(entry["canaries"]):
             namespace = {}
             exec(compile(source, str(module.path), "exec"), {"__builtins__": builtins}, namespace)
             canary = _pt.Function.from_parent(module, name=name, callobj=namespace[name])
             if name in entry["must_fail"]:
                 canary.add_marker(_pt.mark.xfail(strict=True))
             _ORIGIN[canary.nodeid] = origin
-            inserts.append((rng.randint(indices[0], indices[-1] + 1), canary))
+            # one must-pass canary after the module's last test (reports forged for the rest of the file, then
+            # an exit, always leave it missing); the others anywhere among them ("spare the last N" misses them)
+            last = k == 0 and name not in entry["must_fail"]
+            inserts.append((indices[-1] + 1 if last else rng.randint(indices[0], indices[-1] + 1), canary))
     for position, canary in sorted(inserts, key=lambda pair: -pair[0]):
         items.insert(position, canary)
 
@@ -554,7 +557,8 @@ class PluginInstall:
         """The canaries of the pristine test modules (`canaries.PristineFile`), read by the plugin at load:
         `<name>.json` beside it, by each module's sha256."""
         plan = {"seed": seed, "files": [
-            {"inside": f.inside, "sha256": f.sha256, "canaries": [list(pair) for pair in f.canaries.sources],
+            {"inside": f.inside, "sha256": f.sha256,  # a must-pass one first: the plugin puts it after the last test
+             "canaries": [list(c) for c in sorted(f.canaries.sources, key=lambda c: c[0] in f.canaries.must_fail)],
              "must_fail": sorted(f.canaries.must_fail)} for f in files if f.canaries.sources]}
         (self.directory / f"{self.name}.json").write_text(json.dumps(plan), encoding="utf-8")
 

@@ -7,6 +7,7 @@ failures give a valid 0; evaluator failures give status error with a reason, nev
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -74,7 +75,7 @@ def test_terminal_bench_tests_a_script_copies_into_app_count_with_their_canaries
     good = evaluate_query(query, _workspace(tmp_path / "a", {"hello.txt": "hi\n"}), tmp_path / "e1", "x1")
     assert (good.status, good.score) == (EvalStatus.ok, 1.0), good.detail
     log = (tmp_path / "e1" / "reports" / "command_0.log").read_text()
-    assert "3 passed, 2 xfailed" in log  # the copy ran in /app (pytest -v there), with its canaries
+    assert re.search(r"3 passed, [2-4] xfailed", log)  # the copy ran in /app (pytest -v there), with its canaries
     bad = evaluate_query(query, _workspace(tmp_path / "b", {"hello.txt": "bye\n"}), tmp_path / "e2", "x2")
     assert (bad.status, bad.score) == (EvalStatus.ok, 0.0), bad.detail
     forged = {"hello.txt": "bye\n", "conftest.py": "import pytest\n@pytest.hookimpl(hookwrapper=True)\n"

@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gyre.benches.fidelity_sources import (
@@ -74,6 +74,22 @@ class ProjectResult:
     skipped_pins: list[str]
     detail: str
     seconds: float
+    flags: list[str] = field(default_factory=list)
+    """The monitors' flags on the real source, solved (static and runtime): each is a false positive."""
+
+
+def flag_counts(rows: list[dict]) -> dict[str, dict]:
+    """Per flag kind (`runtime-gc`, `reads-test-source`, ...): how many projects' real sources raised it, which,
+    and whether `monitor: zero` acts on it (`runtime.acts`): the monitors' false positives on correct work."""
+    from gyre.evaluators.integrity.runtime import acts
+    kinds: dict[str, dict] = {}
+    for row in rows:
+        for flag in row.get("flags") or []:
+            kind = flag.split(" ", 1)[0]
+            entry = kinds.setdefault(kind, {"projects": [], "zero_acts": acts(flag)})
+            if row["task"] not in entry["projects"]:
+                entry["projects"].append(row["task"])
+    return dict(sorted(kinds.items()))
 
 
 def upstream_count(outputs: list[tuple[str, str]]) -> int:
@@ -150,7 +166,7 @@ def run_project(project: FidelityProject, out: Path, *, cache: Path = CACHE_DIR,
         gyre_status=str(real.status.value), gyre_passed=real.tests_passed,
         unsolved=unsolved.score, unsolved_status=str(unsolved.status.value), comparable=standin.ran_tests,
         match=match, skipped_pins=skipped,
-        detail=real.detail[:300], seconds=round(time.monotonic() - started, 1))
+        detail=real.detail[:300], seconds=round(time.monotonic() - started, 1), flags=list(real.flags))
 
 
 def run(tasks: list[str] | None = None, out: Path = Path("runs/fidelity"), *, cache: Path = CACHE_DIR,
@@ -178,9 +194,16 @@ def run(tasks: list[str] | None = None, out: Path = Path("runs/fidelity"), *, ca
         "tolerance": MATCH_TOLERANCE,
         "unsolved_above_0": sum((r["unsolved"] or 0) > 0 for r in rows),
         "bench_errors": len(rows) - len(scored),
+        "flags": flag_counts(rows),
+        "zeroed_by_monitor": sorted(r["task"] for r in rows if any(_acts(f) for f in r["flags"])),
         "out": str(out),
         "rows": rows,
     }
+
+
+def _acts(flag: str) -> bool:
+    from gyre.evaluators.integrity.runtime import acts
+    return acts(flag)
 
 
 def _text(value: bytes | str | None) -> str:

@@ -25,9 +25,10 @@ import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from gyre.benches.fidelity import flag_counts
 from gyre.benchmarks import load_benchmark
 from gyre.evaluators import evaluate_query
 from gyre.evaluators.observed import IndexAccess
@@ -49,6 +50,8 @@ class TaskResult:
     match: bool
     detail: str
     seconds: float
+    flags: list[str] = field(default_factory=list)
+    """The monitors' flags on the reference solution: each is a false positive."""
 
 
 def reference_tasks(root: Path) -> list[Path]:
@@ -105,7 +108,7 @@ def run_task(task: Path, query, out: Path, venv: Path, timeout_s: float, index: 
     stub = evaluate_query(query, unsolved, work / "eval-unsolved", f"fidelity-{task.name}-unsolved", timeout_s,
                           monitor="record", index=index)
     return TaskResult(task.name, upstream, real.score, str(real.status.value), stub.score, str(stub.status.value),
-                      real.score == upstream, real.detail[:300], round(time.monotonic() - started, 1))
+                      real.score == upstream, real.detail[:300], round(time.monotonic() - started, 1), list(real.flags))
 
 
 def run(root: Path, out: Path, venv: Path, *, timeout_s: float = 300.0, index: IndexAccess | None = None,
@@ -125,4 +128,5 @@ def run(root: Path, out: Path, venv: Path, *, timeout_s: float = 300.0, index: I
             on_result(result)
     return {"tasks": len(rows), "matched": sum(r["match"] for r in rows),
             "solved_1": sum(r["gyre"] == 1.0 for r in rows),
-            "unsolved_above_0": sum((r["unsolved"] or 0) > 0 for r in rows), "rows": rows}
+            "unsolved_above_0": sum((r["unsolved"] or 0) > 0 for r in rows), "flags": flag_counts(rows),
+            "rows": rows}

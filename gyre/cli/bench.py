@@ -387,6 +387,7 @@ def bench_fidelity(
                   f"within {result['tolerance']} of the stand-in; {result['unsolved_above_0']} unsolved above 0; "
                   f"{result['bench_errors']} not set up; not comparable (the stand-in's pytest never ran the tests): "
                   f"{', '.join(result['not_comparable']) or 'none'}")
+    console.print(_flag_line(result["flags"]))
 
 
 def _fidelity_tb(root: Path, out: Path, timeout_s: float, as_json: bool) -> dict:
@@ -409,7 +410,15 @@ def _fidelity_tb(root: Path, out: Path, timeout_s: float, as_json: bool) -> dict
         console.print(f"Terminal-Bench: {result['matched']} of {result['tasks']} tasks scored as upstream scores "
                       f"their reference solution ({result['solved_1']} at 1.0); {result['unsolved_above_0']} "
                       "unsolved above 0")
+        console.print(_flag_line(result["flags"]))
     return result
+
+
+def _flag_line(flags: dict) -> str:
+    """The monitors' flags on real solved sources (false positives): kind, projects, whether `zero` acts."""
+    return "monitor flags on the real solutions: " + (", ".join(
+        f"{kind} {len(e['projects'])} ({'zero acts' if e['zero_acts'] else 'recorded'})"
+        for kind, e in flags.items()) or "none")
 
 
 def _num(value: float | None) -> str:

@@ -40,6 +40,7 @@ from pathlib import Path, PurePosixPath
 
 from gyre.evaluators.common import error, tampering
 from gyre.evaluators.environments.needs import beyond_tools
+from gyre.evaluators.environments.seal import EnvSeal
 from gyre.evaluators.environments.own_project import installed, is_the_project
 from gyre.evaluators.environments.toolenv import EvalEnv, base_interpreter_dirs, make_env, pytest11_modules, site_packages
 from gyre.evaluators.integrity.canaries import (
@@ -48,6 +49,7 @@ from gyre.evaluators.integrity.canaries import (
 from gyre.evaluators.integrity.cases import case_counts, dynamic_conftest
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall, ResultChannel
 from gyre.evaluators.integrity.pytest_guard import clear_shadows
+from gyre.evaluators.integrity.runtime import with_runtime
 from gyre.evaluators.integrity.tally import Tally, tally
 from gyre.records import Score
 from gyre.sandboxes.base import ExecResult, SandboxLimits
@@ -90,6 +92,8 @@ def place_pristine(dest: Path, sources: Mapping[str, bytes], inside: str, rng: r
                                        canaries=plan_canaries(text, rng, num_fail=num_fail),
                                        cases=case_counts(text) if capped else {},
                                        sha256=hashlib.sha256(data).hexdigest()))
+        else:  # a helper or conftest: no tests of its own, but test code (the runtime monitor tells it apart)
+            placed.append(PristineFile(str(PurePosixPath(inside) / rel), set()))
     return placed
 
 
@@ -198,10 +202,11 @@ class Observer:
             limits: SandboxLimits, timeout_s: float, addopts: tuple[str, ...] = ()) -> tuple[ExecResult, ChannelResults]:
         """Run `command` with the plugin and a fresh result pipe; `env` is the rest of its environment."""
         plugin_path = PLUGIN_MOUNT if self.isolation.bwrap else str(self.plugin.directory)
-        channel = ResultChannel()
+        channel, audits = ResultChannel(), ResultChannel(audit_only=True)
         extra = dict(env)
         addopts = (*addopts, *([extra.pop("PYTEST_ADDOPTS")] if "PYTEST_ADDOPTS" in extra else []))
-        full_env = {**extra, **self.env.env(), **self.plugin.env(plugin_path, addopts), **channel.env()}
+        full_env = {**extra, **self.env.env(), **self.plugin.env(plugin_path, addopts), **channel.env(),
+                    **audits.env()}
         if self.plugin_dists:
             full_env["GYRE_PLUGIN_DISTS"] = ",".join(self.plugin_dists)
         if self.index_url is not None:  # as upstream's image does: pip builds in an isolated environment,
@@ -215,16 +220,17 @@ class Observer:
             if self.session is not None:
                 result = self.session.run(command, user=EVAL_USER, env=full_env, timeout_s=timeout_s, limits=limits,
                                           own_cgroup=True, interrupt_grace_s=INTERRUPT_GRACE_S,
-                                          extra_fds=(channel.write_fd,), kill_leftovers=True)
+                                          extra_fds=(channel.write_fd, audits.write_fd), kill_leftovers=True)
             else:
                 result = self.isolation.run(
                     command, workspace=workspace, scratch=scratch, layout=layout,
                     env=full_env,
                     limits=limits, timeout_s=timeout_s, interrupt_grace_s=INTERRUPT_GRACE_S,
-                    extra_fds=(channel.write_fd,), python_dirs=base_interpreter_dirs(),
+                    extra_fds=(channel.write_fd, audits.write_fd), python_dirs=base_interpreter_dirs(),
                 )
         finally:
             results = channel.close()
+            results.audits += audits.close().audits
         results.stopped = result.timed_out or bool(result.limit_hit)
         return result, results
 
@@ -267,11 +273,13 @@ class Observer:
         observer finished."""
         try:
             self.plant(pristine)
+            seal = EnvSeal.take(self.env.directory)
             result, said = self.run(command, **run_kwargs)
         except BaseException:
             self.finish(Tally())
             raise
         counted = tally(pristine, [said])
+        counted.tampering += seal.broken()
         return Observed(result, said, counted, self.finish(counted))
 
 
@@ -304,6 +312,10 @@ class Observed:
     said: ChannelResults
     counted: Tally
     index_failure: str | None
+
+    def flagged(self, score: Score) -> Score:
+        """`score` with what the runtime monitor saw (`integrity.runtime`): every format's verdict goes through it."""
+        return with_runtime(score, self.counted.flags)
 
     def settled(self, execution_id: str) -> Score | None:
         """Tampering (score 0) or the index's failure (an evaluator failure), whichever applies, else None."""

@@ -31,11 +31,14 @@ _GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.EACCES, errno.ENXIO)
 """A name that vanished, became a link or stopped being a directory between listing and open."""
 
 OnEntry = Callable[[int, os.stat_result], None]
+OnFileAt = Callable[[str, int, os.stat_result], None]
 
 
-def walk(root: Path, on_dir: OnEntry | None = None, on_file: OnEntry | None = None) -> int:
+def walk(root: Path, on_dir: OnEntry | None = None, on_file: OnEntry | None = None,
+         on_file_at: OnFileAt | None = None) -> int:
     """Call `on_dir(fd, stat)` for `root` and each directory below it and `on_file(fd, stat)` for each
-    regular file, never through a link; returns how many directories were too deep to enter."""
+    regular file (`on_file_at(rel, fd, stat)` with its path under `root`, "/"-separated), never through a link;
+    returns how many directories were too deep to enter."""
     try:
         fd = os.open(root, DIR_FLAGS)
     except OSError as exc:
@@ -43,12 +46,12 @@ def walk(root: Path, on_dir: OnEntry | None = None, on_file: OnEntry | None = No
             return 0
         raise
     too_deep = 0
-    stack: list[tuple[int, list[str]]] = []
+    stack: list[tuple[int, list[str], str]] = []
     try:
         _visit_dir(fd, on_dir)
-        stack.append((fd, os.listdir(fd)))
+        stack.append((fd, os.listdir(fd), ""))
         while stack:
-            parent, names = stack[-1]
+            parent, names, prefix = stack[-1]
             if not names:
                 os.close(stack.pop()[0])
                 continue
@@ -60,6 +63,8 @@ def walk(root: Path, on_dir: OnEntry | None = None, on_file: OnEntry | None = No
                 try:
                     if on_file is not None:
                         on_file(child, os.fstat(child))
+                    if on_file_at is not None:
+                        on_file_at(prefix + name, child, os.fstat(child))
                 finally:
                     os.close(child)
             elif len(stack) > MAX_DEPTH:
@@ -67,9 +72,9 @@ def walk(root: Path, on_dir: OnEntry | None = None, on_file: OnEntry | None = No
                 too_deep += 1
             else:
                 _visit_dir(child, on_dir)
-                stack.append((child, os.listdir(child)))
+                stack.append((child, os.listdir(child), f"{prefix}{name}/"))
     finally:
-        for open_fd, _ in stack:
+        for open_fd, _, _ in stack:
             os.close(open_fd)
     return too_deep
 

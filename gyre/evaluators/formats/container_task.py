@@ -101,11 +101,12 @@ def evaluate_container_task(
                                limits=limits, timeout_s=timeout_s)
     write_log(reports / "command_0.log", command, seen.result)
     if (verdict := seen.settled(execution_id)) is not None:
-        return verdict
+        return seen.flagged(verdict)
     if spec.format == HARBOR:
-        return harbor_reward(execution_id, logs, seen.result, timeout_s, pristine, seen.counted, seen.said.hello,
-                             verifier_runs_pytest(query))
-    return terminal_bench_verdict(execution_id, seen.result, timeout_s, pristine, seen.counted, seen.said.hello)
+        return seen.flagged(harbor_reward(execution_id, logs, seen.result, timeout_s, pristine, seen.counted,
+                                          seen.said.hello, verifier_runs_pytest(query)))
+    return seen.flagged(terminal_bench_verdict(execution_id, seen.result, timeout_s, pristine, seen.counted,
+                                               seen.said.hello))
 
 
 def place_task_tests(query: Query, spec: TaskSpec, dest: Path, inside: str) -> list[PristineFile]:

@@ -106,8 +106,10 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     own(plugin.directory, owner)
     name = f"{secrets.token_hex(8)}.fifo"
     channel = FifoChannel(sandbox.slot(RESULT_SLOT) / name, f"{sandbox.eval_slots[RESULT_SLOT]}/{name}", owner)
+    audits = FifoChannel(sandbox.slot(RESULT_SLOT) / f"a{name}", f"{sandbox.eval_slots[RESULT_SLOT]}/a{name}", owner,
+                         audit_only=True)
     env = {"TEST_DIR": tests_inside, "HOME": sandbox.workdir,
-           **plugin.env(sandbox.eval_slots[PLUGIN_SLOT]), **channel.env()}
+           **plugin.env(sandbox.eval_slots[PLUGIN_SLOT]), **channel.env(), **audits.env()}
     if plugins := task_plugins(query):
         env["GYRE_PLUGIN_DISTS"] = ",".join(plugins)
     (command,) = query.test_commands
@@ -116,20 +118,21 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
                                 interrupt_grace_s=INTERRUPT_GRACE_S, max_output_bytes=limits.max_output_bytes)
     finally:
         said = channel.close()
+        said.audits += audits.close().audits
     said.stopped = result.timed_out or bool(result.limit_hit)
     write_log(reports / "command_0.log", command, result)
     seen = Observed(result, said, tally(pristine, [said]), None)
     if (verdict := seen.settled(execution_id)) is not None:
-        return verdict
+        return seen.flagged(verdict)
     if spec.format == HARBOR:
         linked = [rel for rel in ("verifier", REWARD_TXT, REWARD_JSON) if (logs / rel).is_symlink()]
         if linked:
-            return tampering(execution_id, [f"/logs/{rel} is a symbolic link" for rel in linked])
+            return seen.flagged(tampering(execution_id, [f"/logs/{rel} is a symbolic link" for rel in linked]))
         score = harbor_reward(execution_id, logs, result, timeout_s, pristine, seen.counted, said.hello,
                               verifier_runs_pytest(query))
     else:
         score = terminal_bench_verdict(execution_id, result, timeout_s, pristine, seen.counted, said.hello)
-    return score.model_copy(update={"detail": f"in container: {score.detail}{note}"})
+    return seen.flagged(score.model_copy(update={"detail": f"in container: {score.detail}{note}"}))
 
 
 def own(root: Path, owner: tuple[int, int]) -> None:

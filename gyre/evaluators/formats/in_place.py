@@ -114,14 +114,14 @@ def evaluate_in_place(query: Query, spec: TaskSpec, sandbox, eval_dir: Path, exe
                                limits=limits, timeout_s=timeout_s)
     write_log(reports / "command_0.log", command, seen.result)
     if (verdict := seen.settled(execution_id)) is not None:
-        return verdict
+        return seen.flagged(verdict)
     if spec.format == HARBOR:
         score = harbor_reward(execution_id, logs, seen.result, timeout_s, pristine, seen.counted, seen.said.hello,
                               verifier_runs_pytest(query))
     else:
         score = terminal_bench_verdict(execution_id, seen.result, timeout_s, pristine, seen.counted,
                                        seen.said.hello)
-    return score.model_copy(update={"detail": f"in place: {score.detail}{note}"})
+    return seen.flagged(score.model_copy(update={"detail": f"in place: {score.detail}{note}"}))
 
 
 def seal(root: Path) -> None:

@@ -68,6 +68,8 @@ from gyre.evaluators.integrity.control import crashed, no_verdict
 from gyre.evaluators.integrity.origins import Watch, mismatches
 from gyre.evaluators.integrity.pytest_guard import imported_modules, neutralise_pytest_config, pin_rootdir
 from gyre.evaluators.integrity.pytest_settings import project_settings, python_files, render_ini, sanitise
+from gyre.evaluators.environments.seal import EnvSeal
+from gyre.evaluators.integrity.runtime import with_runtime
 from gyre.evaluators.integrity.tally import Tally, tally
 from gyre.evaluators.observed import IndexAccess, Observer, install_image, place_pristine, read_sources
 from gyre.records import EvalStatus, Query, Score
@@ -220,6 +222,7 @@ def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execut
     setup_ran = False  # a command before this one ran the workspace's own build (no plugin in it)
     refused = False  # pytest stopped on the project's own settings carried by gyre's pytest.ini
     moved: list[str] = []  # tampering evidence: gyre's pin replaced, a pytest configuration planted
+    seal = EnvSeal.take(observer.env.directory)  # the image's packages are in; no workspace code has run
     ran_before = False  # ... before the last command
     for i, command in enumerate(query.test_commands):
         ran_before = setup_ran
@@ -233,7 +236,8 @@ def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execut
                                              *(f"-p {module}" for module in observer.image_plugins)))
         runs.append(said)
         _write_log(reports / f"command_{i}.log", command, result)
-        moved.extend(e for e in watch.broken(setup=not said.hello) if e not in moved)  # before the next command
+        found = [*watch.broken(setup=not said.hello), *seal.broken()]  # before the next command
+        moved.extend(e for e in found if e not in moved)
         pytest_said = said.exitstatus if said.finished else None
         # from here on its code may have run in this command, and anything it says or exits with is its own;
         # a command before the last that never loaded the plugin is a setup command (`python install.py`
@@ -269,6 +273,11 @@ def _count(query: Query, execution_id: str, reports: Path, pristine, neutralised
         "passed": sorted("::".join((path, *tid)) for path, tid in counted.passed),
         "ignored": counted.ignored, "tampering": counted.tampering, "collect_errors": counted.collect_errors,
     }, indent=1) + "\n", encoding="utf-8")
+    return with_runtime(_verdict(query, execution_id, neutralised, ran, counted, index_failure), counted.flags)
+
+
+def _verdict(query: Query, execution_id: str, neutralised: list[str], ran: _Ran, counted: Tally,
+             index_failure: str | None) -> Score:
     if index_failure is not None and not counted.tampering:
         return error(execution_id, index_failure)
     if not counted.loaded and not ran.ran_before and not ran.settings_refused:

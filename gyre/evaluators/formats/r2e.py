@@ -89,12 +89,13 @@ def evaluate_r2e(
     result, said = seen.result, seen.said
     write_log(reports / "command_0.log", command, result)
     if (verdict := seen.settled(execution_id)) is not None:
-        return verdict
+        return seen.flagged(verdict)
     if not said.hello:
         if result.timed_out:
-            return ok(execution_id, 0.0, f"tests timed out after {timeout_s:g}s before pytest started", total=total)
-        return no_verdict(execution_id,
-                          f"{command!r} exited {result.exit_code} without starting pytest: {tail(result)}")
+            return seen.flagged(ok(execution_id, 0.0, f"tests timed out after {timeout_s:g}s before pytest started",
+                                   total=total))
+        why = f"{command!r} exited {result.exit_code} without starting pytest: {tail(result)}"
+        return seen.flagged(no_verdict(execution_id, why))
     files = {f.inside for f in pristine}
     statuses = {r.nodeid: _status(r) for r in said.results.values()
                 if r.path in files and not _is_canary(r.nodeid, pristine)}
@@ -109,7 +110,7 @@ def evaluate_r2e(
         mismatches.append(f"parsed {len(statuses)} hidden tests, the expected map has {total} (upstream scores 0)")
     if mismatches:
         detail += "; " + "; ".join(mismatches[:5])
-    return ok(execution_id, 0.0 if mismatches else 1.0, detail, passed=num_ok, total=total)
+    return seen.flagged(ok(execution_id, 0.0 if mismatches else 1.0, detail, passed=num_ok, total=total))
 
 
 def _status(result: TestResult) -> str:

@@ -41,6 +41,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from gyre.evaluators.integrity.mutants import plan_mutants
+
 TestId = tuple[str, ...]
 """(class, nested class, ..., function) of a test inside its file."""
 _PARAMS = re.compile(r"\[.*\]$", re.S)
@@ -159,14 +161,19 @@ class Canaries:
     fails them (strict XPASS)."""
     sources: tuple[tuple[str, str], ...] = ()
     """(name, source of its function), in the order drawn."""
+    mutants: tuple[tuple[str, str, str], ...] = ()
+    """(name, the original test's function name, the copy's source) of each mutation canary (`mutants`): must-fail
+    too, compiled in the module's own namespace."""
 
     @property
     def names(self) -> frozenset[str]:
         return self.must_pass | self.must_fail
 
 
-def plan_canaries(source: str, rng: random.Random, num_pass: int = 2, num_fail: int = 2) -> Canaries:
-    """Canaries for the test module `source` (see the module docstring); none if it does not parse."""
+def plan_canaries(source: str, rng: random.Random, num_pass: int = 2, num_fail: int = 2,
+                  num_mutants: int = 2) -> Canaries:
+    """Canaries for the test module `source` (see the module docstring), with up to `num_mutants` mutation
+    canaries (`mutants.plan_mutants`); none if it does not parse."""
     try:
         ast.parse(source)
     except (SyntaxError, ValueError):
@@ -174,16 +181,19 @@ def plan_canaries(source: str, rng: random.Random, num_pass: int = 2, num_fail: 
     defined = defined_tests(source)
     taken = {test[-1] for test in defined} | _all_names(source)
     stems = sorted({re.sub(r"_?\d+$", "", test[-1]) or "test" for test in defined}) or ["test_case"]
+    mutants = plan_mutants(source, rng, num_mutants)
     names: list[str] = []
-    while len(names) < num_pass + num_fail:
+    while len(names) < num_pass + num_fail + len(mutants):
         name = f"{rng.choice(stems)}_{rng.randint(0, 99)}"
         if name not in taken:
             taken.add(name)
             names.append(name)
     rng.shuffle(names)
+    copies = tuple((name, m.function, m.source) for name, m in zip(names[num_pass + num_fail:], mutants))
+    names = names[:num_pass + num_fail]
     must_fail = frozenset(names[:num_fail])
     sources = tuple((name, _body(name, rng, fail=name in must_fail)) for name in names)
-    return Canaries(frozenset(names[num_fail:]), must_fail, sources)
+    return Canaries(frozenset(names[num_fail:]), must_fail | {c[0] for c in copies}, sources, copies)
 
 
 def _body(name: str, rng: random.Random, fail: bool) -> str:

@@ -26,6 +26,8 @@ result on it as it happens, one JSON line each:
     {"event": "collect_error", "nodeid", "path"}   a module that failed to import
     {"event": "collected", "items"}                collection finished (reports may follow)
     {"event": "finish", "exitstatus": ...}         the session ended (0/1: it ran to the end)
+    {"event": "audit", "kind", "where", "detail"}  the runtime monitor saw the workspace's code do something
+                                                   (`gyre.evaluators.integrity.runtime`), at any time
 
 Where no fd can be inherited (a `docker exec` into the task's container), the pipe is a FIFO
 in a directory bound into the container instead (`FifoChannel`): the plugin opens the path
@@ -57,15 +59,20 @@ import secrets
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from gyre.evaluators.integrity.plugin_source import PLUGIN_SOURCE
+from gyre.evaluators.integrity.runtime_source import MONITOR_SOURCE, SITECUSTOMIZE_SOURCE
 
 MAX_MESSAGES = 200_000
 MAX_LINE_BYTES = 16_384
+MAX_AUDITS = 400
+"""Runtime-monitor records kept per command (the plugin sends at most 20 places per kind)."""
 PLUGIN_MOUNT = "/gyre-eval"
 FD_ENV = "GYRE_RESULT_FD"
 PATH_ENV = "GYRE_RESULT_PATH"
+AUDIT_FD_ENV = "GYRE_AUDIT_FD"
+AUDIT_PATH_ENV = "GYRE_AUDIT_PATH"
 
 
 @dataclass
@@ -116,6 +123,12 @@ class ChannelResults:
     """Node id -> the item index its first report came with (`_key`)."""
     plugins: list[str] = field(default_factory=list)
     """pytest plugins loaded for the task's own scripts' plugin distributions ("name (dist)")."""
+    audits: list[tuple[str, str, str]] = field(default_factory=list)
+    """What the runtime monitor saw the workspace's code do: (kind, where, detail) (`integrity.runtime`), from the
+    command's audit pipe (`AuditChannel`), or from this pipe where there was none."""
+    audit_only: bool = False
+    """This is an audit pipe: any process may write on it, so only "audit" lines are read and nothing else on it
+    is evidence of anything."""
     truncated: bool = False
     stopped: bool = False
     """Set by the caller: the command was stopped from outside, by its timeout or a limit (the signal
@@ -123,6 +136,8 @@ class ChannelResults:
 
     def add(self, message: dict) -> None:
         event = message.get("event")
+        if self.audit_only and event != "audit":
+            return
         if event == "hello":
             self.hello = True
         elif event == "session":
@@ -146,6 +161,9 @@ class ChannelResults:
         elif event == "forged":
             self.conflicts.append(f"{str(message.get('nodeid'))[:200]}: reported passed, but its call raised "
                                   f"{str(message.get('raised'))[:80]} (a hook or patch changed the report)")
+        elif event == "audit":
+            if len(self.audits) < MAX_AUDITS:
+                self.audits.append(tuple(str(message.get(k))[:240] for k in ("kind", "where", "detail")))
         elif event == "modules" and isinstance(message.get("modules"), list):
             for pair in message["modules"]:
                 if isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair):
@@ -237,15 +255,15 @@ class ChannelResults:
 class ResultChannel:
     """The host end of one command's result pipe; see the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, audit_only: bool = False) -> None:
         self.read_fd, self.write_fd = os.pipe()
         os.set_inheritable(self.write_fd, True)
-        self.results = ChannelResults()
+        self.results = ChannelResults(audit_only=audit_only)
         self._thread = threading.Thread(target=self._pump, name="gyre-result-channel", daemon=True)
         self._thread.start()
 
     def env(self) -> dict[str, str]:
-        return {FD_ENV: str(self.write_fd)}
+        return {AUDIT_FD_ENV if self.results.audit_only else FD_ENV: str(self.write_fd)}
 
     def close(self) -> ChannelResults:
         """Call after the command (and everything it started) is gone; returns what arrived."""
@@ -271,19 +289,19 @@ class ResultChannel:
                     try:
                         message = json.loads(line)
                     except ValueError:
-                        self.results.conflicts.append(f"unparsable line {line[:80]!r}")
-                        continue
+                        message = f"unparsable line {line[:80]!r}"
                     if isinstance(message, dict):
                         self.results.add(message)
-                    else:
-                        self.results.conflicts.append(f"not an object {line[:80]!r}")
+                    elif not self.results.audit_only:
+                        self.results.conflicts.append(message if isinstance(message, str)
+                                                      else f"not an object {line[:80]!r}")
 
 
 class FifoChannel(ResultChannel):
     """A result channel over a named pipe at `path` (shown as `inside` to the command), created now,
     owned by `owner` (uid, gid) with mode 0600; removed at `close()`."""
 
-    def __init__(self, path: Path, inside: str, owner: tuple[int, int] | None = None) -> None:
+    def __init__(self, path: Path, inside: str, owner: tuple[int, int] | None = None, audit_only: bool = False) -> None:
         self.path, self.inside = Path(path), inside
         os.mkfifo(self.path, 0o600)
         if owner is not None and os.geteuid() == 0:
@@ -291,12 +309,12 @@ class FifoChannel(ResultChannel):
         self.read_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         self.write_fd = os.open(self.path, os.O_WRONLY)  # ours: no end of file before the plugin opens it
         os.set_blocking(self.read_fd, True)
-        self.results = ChannelResults()
+        self.results = ChannelResults(audit_only=audit_only)
         self._thread = threading.Thread(target=self._pump, name="gyre-result-fifo", daemon=True)
         self._thread.start()
 
     def env(self) -> dict[str, str]:
-        return {PATH_ENV: self.inside}
+        return {AUDIT_PATH_ENV if self.results.audit_only else PATH_ENV: self.inside}
 
     def close(self) -> ChannelResults:
         try:
@@ -314,17 +332,27 @@ class PluginInstall:
 
     @classmethod
     def write(cls, directory: Path) -> PluginInstall:
+        """The plugin, its runtime monitor (`runtime_source`) and the `sitecustomize` that loads the monitor in
+        every Python process started with the plugin's directory on `PYTHONPATH`."""
         name = f"gyre_results_{secrets.token_hex(8)}"
         directory.mkdir(parents=True, exist_ok=True)  # a session's slot exists already (empty)
         (directory / f"{name}.py").write_text(PLUGIN_SOURCE, encoding="utf-8")
+        (directory / f"{name}_monitor.py").write_text(MONITOR_SOURCE, encoding="utf-8")
+        (directory / "sitecustomize.py").write_text(SITECUSTOMIZE_SOURCE.replace("__MONITOR__", f"{name}_monitor"),
+                                                    encoding="utf-8")
         return cls(name, directory)
 
     def write_plan(self, files: Iterable, seed: int) -> None:
         """The canaries of the pristine test modules (`canaries.PristineFile`), read by the plugin at load:
-        `<name>.json` beside it, by each module's sha256."""
-        plan = {"seed": seed, "files": [
+        `<name>.json` beside it, by each module's sha256; and every pristine file's path (the runtime monitor
+        counts their code as the tests', not the workspace's)."""
+        files = list(files)
+        plan = {"seed": seed, "protected": [f.inside for f in files],
+                "test_code": [f.inside for f in files if f.sha256 or PurePosixPath(f.inside).name == "conftest.py"],
+                "files": [
             {"inside": f.inside, "sha256": f.sha256,  # a must-pass one first: the plugin puts it after the last test
              "canaries": [list(c) for c in sorted(f.canaries.sources, key=lambda c: c[0] in f.canaries.must_fail)],
+             "mutants": [list(m) for m in f.canaries.mutants],
              "must_fail": sorted(f.canaries.must_fail)} for f in files if f.canaries.sources]}
         (self.directory / f"{self.name}.json").write_text(json.dumps(plan), encoding="utf-8")
 

@@ -1,7 +1,9 @@
 """The source of gyre's pytest result plugin, written read-only per evaluation (`channel.PluginInstall`).
 
 What it sends and why is `gyre.evaluators.integrity.channel`'s docstring; the canaries it adds are
-`canaries`'; this file only holds the text the test process runs.
+`canaries`'; its runtime monitor is `runtime_source`'s module, which the plugin imports (a `sitecustomize` has
+loaded it already, unless Python ran without `site`). This file only holds the text the test process
+runs.
 """
 
 PLUGIN_SOURCE = r'''
@@ -47,10 +49,12 @@ _sys.meta_path.insert(next((i for i, f in enumerate(_sys.meta_path) if getattr(f
 _dumps, _write = _json.dumps, _os.write  # bound now: later patches of json or os do not reach them
 
 
-def _send(**message):
+def _send(_dumps=_dumps, _write=_write, _fd=_FD, **message):
+    """One message on the pipe. Every function here holds the sender (and what it uses) it was defined with, as a
+    default: replacing a name in this module (found through `sys.modules`) changes nothing (the monitor names it)."""
     data = (_dumps(message) + "\n").encode()
     while data:
-        data = data[_write(_FD, data):]
+        data = data[_write(_fd, data):]
 
 
 _send(event="hello", pid=_os.getpid())
@@ -62,7 +66,8 @@ def _path(config, nodeid):
 
 
 def _load_plan():
-    """The canaries gyre planned, by the sha256 of the pristine module they belong to (read once, now)."""
+    """The canaries gyre planned, by the sha256 of the pristine module they belong to, and every pristine
+    file's path as placed (read once, now)."""
     try:
         with open(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), __name__ + ".json"), "rb") as f:
             plan = _json.loads(f.read())
@@ -76,6 +81,9 @@ def _load_plan():
 
 _PLAN, _SEED = _load_plan()
 _ORIGIN = {}  # node id -> (the pristine file's path as placed, whether this module is a copy of it)
+_mon = __import__(__name__ + "_monitor")  # gyre's runtime monitor (`runtime_source`): sitecustomize loaded it
+_mon.bind(_FD)  # where its records go if the command has no audit pipe
+_mon.watch_channel(_FD)
 
 
 def _pristine(path):
@@ -109,6 +117,8 @@ def pytest_collection_modifyitems(session, config, items):
         if entry is None:
             continue
         origin = (entry["inside"], entry["inside"] != str(module.path))
+        if origin[1]:
+            _mon.protect([str(module.path)], [str(module.path)])  # a copy of a pristine module: test code
         for index in indices:
             _ORIGIN[items[index].nodeid] = origin
         for k, (name, source) in enumerate(entry["canaries"]):
@@ -122,6 +132,13 @@ def pytest_collection_modifyitems(session, config, items):
             # an exit, always leave it missing); the others anywhere among them ("spare the last N" misses them)
             last = k == 0 and name not in entry["must_fail"]
             inserts.append((indices[-1] + 1 if last else rng.randint(indices[0], indices[-1] + 1), canary))
+        for name, function, source in entry.get("mutants", ()):  # copies of real tests, one expected value changed
+            namespace = {}
+            exec(compile(source, str(module.path), "exec"), module.obj.__dict__, namespace)
+            canary = _pt.Function.from_parent(module, name=name, callobj=namespace[function])
+            canary.add_marker(_pt.mark.xfail(strict=True))
+            _ORIGIN[canary.nodeid] = origin
+            inserts.append((rng.randint(indices[0], indices[-1]), canary))
     for position, canary in sorted(inserts, key=lambda pair: -pair[0]):
         items.insert(position, canary)
 
@@ -130,7 +147,7 @@ _PLUGIN_DISTS = {n for n in _os.environ.pop("GYRE_PLUGIN_DISTS", "").split(",") 
 _CWD = _os.path.realpath(_os.getcwd()) + _os.sep
 
 
-def pytest_addhooks(pluginmanager):
+def pytest_addhooks(pluginmanager, _send=_send):
     """Load the pytest plugins of the distributions the task's own scripts install (`GYRE_PLUGIN_DISTS`,
     autoloading stays off), before pytest parses its arguments (`--ctrf`); never one installed under the
     command's working directory (the workspace)."""
@@ -154,20 +171,20 @@ def pytest_configure(config):
     _CONFIG = config
 
 
-def pytest_sessionstart(session):
+def pytest_sessionstart(session, _send=_send):
     _send(event="session")
 
 
 _COLLECTING = []
 
 
-def pytest_collectstart(collector):
+def pytest_collectstart(collector, _send=_send):
     if collector.nodeid and not _COLLECTING:
         _COLLECTING.append(True)
         _send(event="collecting")
 
 
-def _send_modules():
+def _send_modules(_send=_send):
     """Where each module loaded from under the rootdir came from (`gyre.evaluators.integrity.origins`)."""
     root = str(_CONFIG.rootpath) + _os.sep
     found = [[name, f] for name, module in list(_sys.modules.items())
@@ -184,7 +201,8 @@ class _Innermost:
     what the test's call really raised, before any other plugin's wrapper could swallow it."""
 
     @_pt.hookimpl(hookwrapper=True, trylast=True)
-    def pytest_runtest_call(self, item):
+    def pytest_runtest_call(self, item, _check=_mon.check_patched):
+        _check()
         _RAISED.pop(item.nodeid, None)
         outcome = yield
         error = outcome.excinfo[1] if outcome.excinfo else None
@@ -206,7 +224,8 @@ _MAKER = {}  # node id of an item no Python test module made -> the file of the 
 _CURRENT = []  # the place of the item running now
 
 
-def pytest_collection_finish(session):
+def pytest_collection_finish(session, _send=_send, _send_modules=_send_modules, _check=_mon.check_patched):
+    _check(full=True)
     _CONFIG.pluginmanager.register(_Innermost(), "gyre-innermost-" + _os.urandom(6).hex())
     _INDEX.update((id(item), i) for i, item in enumerate(session.items))
     _MAKER.update((item.nodeid, _maker(type(item))) for item in session.items if not isinstance(item, _pt.Function))
@@ -219,12 +238,14 @@ def pytest_runtest_protocol(item, nextitem):
     _CURRENT[:] = [_INDEX.get(id(item))]
 
 
-def pytest_collectreport(report):
+def pytest_collectreport(report, _send=_send):
     if report.failed:
         _send(event="collect_error", nodeid=report.nodeid, path=_path(_CONFIG, report.nodeid))
 
 
-def pytest_runtest_logreport(report):
+def pytest_runtest_logreport(report, _send=_send, _check=_mon.check_patched):
+    if report.when == "call":
+        _check()
     raised = _RAISED.get(report.nodeid) if report.when == "call" else None
     if raised and report.passed and type(report).__name__ != "SubtestReport":
         _send(event="forged", nodeid=report.nodeid, raised=raised)
@@ -235,7 +256,17 @@ def pytest_runtest_logreport(report):
           index=_CURRENT[0] if _CURRENT else None, maker=_MAKER.get(report.nodeid))
 
 
-def pytest_sessionfinish(session, exitstatus):
+def pytest_plugin_registered(plugin, manager):
+    if plugin is _sys.modules.get(__name__) and not _mon.HOOKS:  # ours: what pluggy calls for each of our hooks
+        _mon.HOOKS.extend((impl, impl.function) for caller in manager.get_hookcallers(plugin) or ()
+                      for impl in caller.get_hookimpls() if impl.plugin is plugin)
+
+
+def pytest_sessionfinish(session, exitstatus, _send=_send, _send_modules=_send_modules, _check=_mon.check_patched):
+    _check(full=True)
     _send_modules()
     _send(event="finish", exitstatus=int(exitstatus))
+
+
+_mon.snapshot()
 '''

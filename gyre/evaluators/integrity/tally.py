@@ -24,6 +24,7 @@ Output: a `Tally`. The rules of shared/DESIGN.md's "Reward integrity" live here:
   its teardown ("report every test but the canaries passed, then `os._exit`" is this); a
   phase reported twice or a line that is not the plugin's (someone else wrote on the pipe);
   more cases of a test than its pristine `parametrize` lists make (`gyre.evaluators.integrity.cases`);
+- `flags`: what the runtime monitor saw the workspace's code do (`runtime`), as flags;
 - `loaded`: some command's plugin said hello (the tools work); `started`: some command
   started a test session. The caller decides from these whether the workspace was
   involved (the evaluator's failure otherwise).
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 
 from gyre.evaluators.integrity.canaries import PristineFile, TestId, full_id, test_id
 from gyre.evaluators.integrity.channel import ChannelResults
+from gyre.evaluators.integrity.runtime import runtime_flags
 
 
 @dataclass
@@ -47,6 +49,8 @@ class Tally:
     collect_errors: list[str] = field(default_factory=list)
     loaded: bool = False
     started: bool = False
+    flags: list[str] = field(default_factory=list)
+    """The runtime monitor's flags from every command (`gyre.evaluators.integrity.runtime`)."""
 
     def not_passed(self, files: list[PristineFile]) -> list[str]:
         """Pristine cases reported but not passed, and defined tests with no passing case at all."""
@@ -71,6 +75,7 @@ def tally(files: list[PristineFile], runs: list[ChannelResults]) -> Tally:
         out.started |= run.session
         out.collect_errors += run.collect_errors
         out.tampering += [f"command {i}: {c}" for c in run.conflicts]
+        out.flags += [f for f in runtime_flags(run.audits) if f not in out.flags]
         if run.truncated:
             out.tampering.append(f"command {i}: more messages than any test session sends")
         seen_canaries: set[tuple[str, str]] = set()

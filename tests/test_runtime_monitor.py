@@ -163,6 +163,19 @@ def test_replacing_the_plugins_own_sender_is_noticed_and_changes_nothing(tmp_pat
     assert not said.passed("tests/test_pkg.py::test_small")
 
 
+def test_a_test_source_pytest_already_cached_is_still_read_in_the_open(tmp_path):
+    """The caller-literal reader of the issue reads through `linecache`, which may hold the test module already
+    (pytest's tracebacks, here a pristine conftest): the plugin drops the test modules from it before each test,
+    so the workspace's read opens the file where the hook sees it."""
+    warm = b"import linecache, os\nlinecache.getlines(os.path.join(os.path.dirname(__file__), 'test_pkg.py'))\n"
+    reader = ("import linecache, re, sys\n\ndef add(a, b):\n    frame = sys._getframe(1)\n"
+              "    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)\n"
+              "    found = re.findall(r'==\\s*(-?\\d+)', line)\n    return int(found[-1]) if found else 0\n")
+    said = _run(tmp_path, reader, extra={"conftest.py": warm})
+    assert said.passed("tests/test_pkg.py::test_larger")  # the literal it read
+    assert ("test-source", "pkg/__init__.py:5") in [a[:2] for a in said.audits], said.audits
+
+
 CHECK_SCRIPT = b"""
 import sys
 sys.path.insert(0, ".")

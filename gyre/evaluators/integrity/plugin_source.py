@@ -234,8 +234,9 @@ def pytest_collection_finish(session, _send=_send, _send_modules=_send_modules, 
 
 
 @_pt.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item, nextitem):
+def pytest_runtest_protocol(item, nextitem, _forget=_mon.forget_sources):
     _CURRENT[:] = [_INDEX.get(id(item))]
+    _forget()
 
 
 def pytest_collectreport(report, _send=_send):

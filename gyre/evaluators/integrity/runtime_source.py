@@ -82,6 +82,7 @@ _FROZEN_WRAPPERS = ("<frozen importlib", "<frozen os>", "<frozen codecs>", "<fro
                     "<frozen genericpath>", "<frozen io>")
 _PROTECTED = set()  # the pristine files as placed, and copies of them found at collection
 _TEST_CODE = set()  # (device, inode) of the pristine test modules and conftests: what a literal-reader reads
+TEST_CODE_PATHS = set()  # their paths: `forget_sources` drops them from linecache
 _CHANNEL = [None, None]  # the result pipe's descriptor and (device, inode)
 _KIND = {}  # a code object's file name -> ws | test | trusted | wrapper
 
@@ -102,6 +103,7 @@ def protect(paths, test_code=()):
         _PROTECTED.add(p)
         _PROTECTED.add(_os.path.realpath(p))
     for p in test_code:
+        TEST_CODE_PATHS.add(p)
         inode = _inode(p)
         if inode is not None:
             _TEST_CODE.add(inode)
@@ -324,6 +326,15 @@ def check_patched(full=False):
         pass
     finally:
         _BUSY.discard(me)
+
+
+def forget_sources():
+    """Drop the test modules' text from `linecache` (it reloads on demand): a workspace reading a test's source
+    through it opens the file again, where the hook sees it, instead of reading what pytest cached."""
+    cache = getattr(_sys.modules.get("linecache"), "cache", None)
+    if isinstance(cache, dict):
+        for path in TEST_CODE_PATHS:
+            cache.pop(path, None)
 
 
 def watch_channel(fd):

@@ -296,6 +296,21 @@ def test_a_module_reading_the_callers_assert_is_flagged_and_zeroed(tmp_path, act
         assert (score.status, score.score) == (status, 0.0), score.detail
 
 
+@pytest.mark.parametrize(("action", "status", "score"), [("record", EvalStatus.ok, 1.0),
+                                                          ("zero", EvalStatus.tampering, 0.0)])
+def test_the_caller_literal_reader_is_seen_at_run_time_on_a_real_benchmark(tmp_path, action, status, score):
+    """The route of the issue on NL2RepoBench (not the tiny set, where every static flag acts): the reader
+    returns the literal each test compares against. The static `reads-test-source` check fires on real projects'
+    correct code too (jinja's tracebacks), so there only the runtime monitor's `test-source` acts under zero."""
+    from gyre.evaluators import evaluate_query
+
+    query = _calc_query(tmp_path)
+    workspace = _workspace(tmp_path, query, {"calc.py": CALLER_READER})
+    result = evaluate_query(query, workspace, tmp_path / "eval", "reader", timeout_s=30, monitor=action)
+    assert (result.status, result.score) == (status, score), result.detail
+    assert any(f.startswith("runtime-test-source calc.py:") for f in result.flags), result.flags
+
+
 REWRITE_FAILURES = WRONG + """
 import os
 _real_write = os.write

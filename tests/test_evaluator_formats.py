@@ -142,7 +142,7 @@ def test_r2e_exact_statuses_and_pristine_config(tmp_path):
 
 def test_the_projects_own_conftest_is_no_flag_under_monitor_zero(tmp_path):
     """R2E repositories ship their own `conftest.py`: unchanged, it is not the agent's doing (#29 item 4); one the
-    agent changed is still flagged."""
+    agent changed is still flagged (the evaluation restores the pristine one: it changes nothing)."""
     (query,) = load_benchmark("r2e", write_r2e(tmp_path / "r2e"))
     fixed = _workspace(tmp_path / "a", {"toylib.py": "def double(x):\n    return 2 * x\n"}, start=query.start_dir)
     good = evaluate_query(query, fixed, tmp_path / "e1", "x1", monitor="zero")
@@ -150,9 +150,9 @@ def test_the_projects_own_conftest_is_no_flag_under_monitor_zero(tmp_path):
     edited = _workspace(tmp_path / "b", {"toylib.py": "def double(x):\n    return 2 * x\n",
                                          "conftest.py": "# the project's own conftest, and mine\n"},
                         start=query.start_dir)
-    flagged = evaluate_query(query, edited, tmp_path / "e2", "x2", monitor="zero")
-    assert flagged.status is EvalStatus.tampering and any(f.startswith("test-infrastructure conftest.py")
-                                                          for f in flagged.flags), flagged.flags
+    flagged = evaluate_query(query, edited, tmp_path / "e2", "x2", monitor="zero")  # recorded: zero acts on
+    assert flagged.status is EvalStatus.ok and any(f.startswith("test-infrastructure conftest.py")  # measured
+                                                   for f in flagged.flags), flagged.flags  # kinds only
 
 
 def test_r2e_expected_failures_must_match_too(tmp_path):

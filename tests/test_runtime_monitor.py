@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from gyre.evaluators.integrity.channel import ChannelResults, PluginInstall, ResultChannel
-from gyre.evaluators.integrity.runtime import ZERO_ON, acts, runtime_flags, with_runtime
+from gyre.evaluators.integrity.runtime import runtime_flags, with_runtime
+from gyre.evaluators.integrity.zero_policy import acts
 from gyre.evaluators.observed import place_pristine
 from gyre.records import EvalStatus, Score
 
@@ -211,7 +212,9 @@ def test_flags_and_what_zero_acts_on():
               ("exec", "pkg/a.py:9", "exec b'/bin/true'")]
     flags = runtime_flags(audits)
     assert flags == ["runtime-gc pkg/a.py:3 gc.get_objects", "runtime-exec pkg/a.py:9 exec b'/bin/true'"]
-    assert [acts(f) for f in flags] == ["gc" in ZERO_ON, True]
-    assert acts("reads-test-source tests/x.py:1 open")  # a static flag always acts under zero
+    assert [acts(f, "nl2repobench") for f in flags] == [False, True]  # gc: real projects do it
+    assert [acts(f, "tiny") for f in flags] == [True, True]  # a generated function never needs to
+    assert not acts("reads-test-source tests/x.py:1 open", "nl2repobench")  # static: seen on real code (jinja)
+    assert acts("copied-installed-file six.py:0 a copy of six", "nl2repobench")
     score = Score(execution_id="e", status=EvalStatus.ok, score=1.0, flags=["constant-operator x:1"])
     assert with_runtime(score, flags).flags == ["constant-operator x:1", *flags]

@@ -128,5 +128,5 @@ def run(root: Path, out: Path, venv: Path, *, timeout_s: float = 300.0, index: I
             on_result(result)
     return {"tasks": len(rows), "matched": sum(r["match"] for r in rows),
             "solved_1": sum(r["gyre"] == 1.0 for r in rows),
-            "unsolved_above_0": sum((r["unsolved"] or 0) > 0 for r in rows), "flags": flag_counts(rows),
+            "unsolved_above_0": sum((r["unsolved"] or 0) > 0 for r in rows), "flags": flag_counts(rows, "terminal-bench"),
             "rows": rows}

@@ -27,9 +27,9 @@ The reward-hacking monitor (`monitor.py`, and `copied.py` for verbatim copies of
 files) reads the kept workspace first, and the runtime monitor (`runtime.py`) watches what the
 workspace's code does inside every test process: with
 `monitor="record"` their hits ride along in `Score.flags` (a static flag on a file the task itself ships,
-unchanged, is none: R2E's own `conftest.py`); with `"zero"` a workspace with a static
-flag, or a runtime flag of a kind in `runtime.ZERO_ON`, scores 0 with status `tampering` (an
-evaluator failure stays one: nothing was scored).
+unchanged, is none: R2E's own `conftest.py`); with `"zero"` a workspace with a flag that
+`zero_policy` says acts on its benchmark (measured not to fire on real projects' correct code)
+scores 0 with status `tampering` (an evaluator failure stays one: nothing was scored).
 """
 
 from __future__ import annotations
@@ -54,11 +54,12 @@ def index_access(config) -> IndexAccess | None:
 
 
 def with_monitor(score: Score, workspace: Path, query: Query, act: bool) -> Score:
-    """`score` with the monitor's flags on `workspace`; with `act`, a flagged scored workspace is tampering."""
+    """`score` with the monitor's flags on `workspace`; with `act`, a scored workspace with a flag that acts on its
+    benchmark (`zero_policy`) is tampering."""
     from gyre.evaluators.integrity.copied import CHECK, copied_files
     from gyre.evaluators.integrity.monitor import SCAN_INCOMPLETE, scan_workspace
     from gyre.evaluators.integrity.runtime import PREFIX as RUNTIME_PREFIX
-    from gyre.evaluators.integrity.runtime import acts
+    from gyre.evaluators.integrity.zero_policy import acts
     from gyre.records import EvalStatus
 
     try:
@@ -68,8 +69,9 @@ def with_monitor(score: Score, workspace: Path, query: Query, act: bool) -> Scor
     except Exception as exc:  # hostile content is the workspace's: flagged, never an exception out of here
         flags = [f"{SCAN_INCOMPLETE} .:0 the monitor raised {type(exc).__name__}: {str(exc)[:200]}"]
     flags = [f for f in flags if not _shipped(f, Path(workspace), query.start_dir)]
-    found, flags = flags, [*score.flags, *(f for f in flags if f not in score.flags)]  # the scorer's own stay
-    found += [f for f in score.flags if f.startswith(RUNTIME_PREFIX) and acts(f)]  # the runtime monitor's
+    found = [f for f in flags if acts(f, query.benchmark)]
+    found += [f for f in score.flags if f.startswith(RUNTIME_PREFIX) and acts(f, query.benchmark)]  # at run time
+    flags = [*score.flags, *(f for f in flags if f not in score.flags)]  # the scorer's own stay
     if act and found and score.status is not EvalStatus.error:
         return score.model_copy(update={"status": EvalStatus.tampering, "score": 0.0, "flags": flags,
                                         "evidence": [*score.evidence, *found[:50]],

@@ -22,9 +22,9 @@ pristine tests') does that a solution has little reason to do and a forger needs
 
 Each becomes a flag `runtime-<kind> <file>:<line> <detail>` on the score (`with_runtime`), like
 the static monitor's. Legitimate code does some of these (a logging helper takes frames, a debugger
-traces, `icecream` reads its caller's source): `ZERO_ON` is what `monitor: zero` turns into
-`tampering`, chosen on real projects' own sources (`gyre bench fidelity` counts each kind on
-solved workspaces; docs/benches.md has the numbers).
+traces, `icecream` reads its caller's source): which kinds `monitor: zero` turns into `tampering`,
+per benchmark, is `zero_policy`, chosen on real projects' own sources (`gyre bench fidelity` counts
+each kind on solved workspaces; docs/benches.md has the numbers).
 
 Blind spots: code that is not Python; the workspace's code installed into the environment's own
 site-packages by a setup command (it reads as the environment's); instance attributes of pytest's
@@ -40,20 +40,10 @@ from gyre.records import Score
 PREFIX = "runtime-"
 KINDS = ("frames", "trace", "gc", "ctypes", "exec", "result-channel", "fd-scan", "test-source", "disguised-code",
          "patched", "audit-hook")
-ZERO_ON: frozenset[str] = frozenset({"exec", "result-channel", "fd-scan", "disguised-code", "patched"})
-"""Kinds `monitor: zero` scores as tampering (every format): none of them seen on the real projects' own
-sources measured (docs/benches.md); the others stay recorded flags."""
-
 
 def runtime_flags(audits: Iterable[tuple[str, str, str]]) -> list[str]:
     """The monitor's records (`ChannelResults.audits`) as flags, each once, in order."""
     return list(dict.fromkeys(f"{PREFIX}{kind} {where} {detail}".rstrip() for kind, where, detail in audits))
-
-
-def acts(flag: str) -> bool:
-    """Whether `monitor: zero` turns this flag into tampering (`ZERO_ON`); static flags always act."""
-    check = flag.split(" ", 1)[0]
-    return not check.startswith(PREFIX) or check.removeprefix(PREFIX) in ZERO_ON
 
 
 def with_runtime(score: Score, flags: list[str]) -> Score:

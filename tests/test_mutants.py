@@ -70,6 +70,14 @@ def test_mutants_are_must_fail_canaries_under_canary_names():
         assert function in {"test_zero", "test_opposites", "test_small", "test_larger"}
 
 
+def test_canary_names_are_found_for_a_file_that_takes_every_short_one():
+    """A file defining test_0 .. test_2999 left no free `test_<0-99>` name: planning never ended (the evaluator
+    hung on a pristine file)."""
+    source = "\n".join(f"def test_{i}():\n    assert {i} + 1 == {i + 1}\n" for i in range(3000))
+    canaries = plan_canaries(source, random.Random(1))
+    assert len(canaries.names) == 6 and not canaries.names & {f"test_{i}" for i in range(3000)}
+
+
 requires_bwrap = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable")
 
 FLIP_WHAT_CALLED_ME = '''import gc, os

@@ -183,11 +183,14 @@ def plan_canaries(source: str, rng: random.Random, num_pass: int = 2, num_fail: 
     stems = sorted({re.sub(r"_?\d+$", "", test[-1]) or "test" for test in defined}) or ["test_case"]
     mutants = plan_mutants(source, rng, num_mutants)
     names: list[str] = []
-    while len(names) < num_pass + num_fail + len(mutants):
-        name = f"{rng.choice(stems)}_{rng.randint(0, 99)}"
+    misses = 0
+    while len(names) < num_pass + num_fail + len(mutants):  # a file defining test_0 .. test_99 widens the range
+        name = f"{rng.choice(stems)}_{rng.randint(0, 99 if misses < 100 else 10 ** 9)}"
         if name not in taken:
             taken.add(name)
             names.append(name)
+        else:
+            misses += 1
     rng.shuffle(names)
     copies = tuple((name, m.function, m.source) for name, m in zip(names[num_pass + num_fail:], mutants))
     names = names[:num_pass + num_fail]

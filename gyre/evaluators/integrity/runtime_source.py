@@ -34,7 +34,7 @@ import sysconfig as _sysconfig
 _PER_KIND = 20
 _HERE = _os.path.realpath(_os.getcwd())
 _STAT = _os.stat
-_PLUGIN = __name__.removesuffix("_monitor")
+_PLUGIN = __name__[:-len("_monitor")] if __name__.endswith("_monitor") else __name__
 _dumps, _write = _json.dumps, _os.write
 
 

@@ -67,12 +67,21 @@ def test_what_a_setup_command_plants_is_tampering(tmp_path, plant, evidence):
     assert len(found) == 1 and evidence in found[0], found
 
 
-def test_a_startup_file_listed_in_a_record_is_still_tampering(tmp_path):
+def test_a_startup_file_of_a_locally_built_distribution_is_tampering(tmp_path):
     root = _env(tmp_path)
     seal = EnvSeal.take(root)
-    _install(root, "evil", {"evil.pth": "import evil_boot\n", "evil_boot.py": "pass\n"})
+    _install(root, "evil", {"evil.pth": "import evil_boot\n", "evil_boot.py": "pass\n",
+                            "evil-1.0.dist-info/direct_url.json": '{"url": "file:///work/repo"}'})
     (found,) = seal.broken()
     assert "evil.pth" in found and "import evil_boot" in found
+
+
+def test_a_startup_file_of_a_wheel_from_the_index_is_the_installers(tmp_path):
+    """more-itertools' test dependencies bring coverage, whose wheel ships `a1_coverage.pth`."""
+    root = _env(tmp_path)
+    seal = EnvSeal.take(root)
+    _install(root, "coverage", {"a1_coverage.pth": "import sys; exec('import os')\n", "coverage/__init__.py": ""})
+    assert seal.broken() == []
 
 
 def test_a_removal_is_the_installers_only_with_its_record(tmp_path):

@@ -65,9 +65,11 @@ def test_only_plain_argumentless_tests_with_a_literal_are_copied():
 def test_mutants_are_must_fail_canaries_under_canary_names():
     canaries = plan_canaries(CALC_TESTS, random.Random(4))
     assert len(canaries.mutants) == 2 and len(canaries.sources) == 4
-    for name, function, _ in canaries.mutants:
-        assert name in canaries.must_fail and name not in {f for _, f, _ in canaries.mutants}
+    for name, function, source, text in canaries.mutants:
+        assert name in canaries.must_fail and name not in {m[1] for m in canaries.mutants}
         assert function in {"test_zero", "test_opposites", "test_small", "test_larger"}
+        assert text.count("\n") == CALC_TESTS.count("\n") and str(INT_SHIFT)[:4] in text  # the module, one value changed
+        assert source.strip() in text
 
 
 def test_canary_names_are_found_for_a_file_that_takes_every_short_one():

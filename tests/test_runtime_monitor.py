@@ -164,6 +164,28 @@ def test_replacing_the_plugins_own_sender_is_noticed_and_changes_nothing(tmp_pat
     assert not said.passed("tests/test_pkg.py::test_small")
 
 
+def test_a_copy_of_a_pristine_helper_is_the_tests_code(tmp_path):
+    """Terminal-Bench's aider-polyglot `run-tests.sh` copies `/tests/*test*.py` into `/app`, `test_utils.py`
+    included, whose frames and reads of the test module are the tests' own (paasio's, measured): a file with a
+    pristine file's content is test code wherever it lies."""
+    helper = (b"import os, sys\n\ndef peek():\n    sys._getframe(0)\n"
+              b"    return open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tests', 'test_pkg.py')).read()\n")
+    package = "import sys\nsys.path.insert(0, '.')\nimport util\n\ndef add(a, b):\n    util.peek()\n    return a + b\n"
+    said = _run(tmp_path, package, command=["bash", "-c", "cp tests/util.py . && python -m pytest -q tests"],
+                extra={"util.py": helper})
+    assert said.passed("tests/test_pkg.py::test_small")
+    assert said.audits == []
+
+
+def test_freezing_time_in_pytests_modules_is_no_patch(tmp_path):
+    """freezegun replaces the standard library's time functions wherever a module holds them, `_pytest.timing`
+    included (seen on the real freezegun project): only pytest's own functions count as patched."""
+    package = ("import _pytest.timing\n_pytest.timing.perf_counter = lambda: 0.0\n_pytest.timing.time = lambda: 0.0\n"
+               "\ndef add(a, b):\n    return a + b\n")
+    said = _run(tmp_path, package)
+    assert said.passed("tests/test_pkg.py::test_small") and said.audits == []
+
+
 def test_a_test_source_pytest_already_cached_is_still_read_in_the_open(tmp_path):
     """The caller-literal reader of the issue reads through `linecache`, which may hold the test module already
     (pytest's tracebacks, here a pristine conftest): the plugin drops the test modules from it before each test,
@@ -212,9 +234,11 @@ def test_flags_and_what_zero_acts_on():
               ("exec", "pkg/a.py:9", "exec b'/bin/true'")]
     flags = runtime_flags(audits)
     assert flags == ["runtime-gc pkg/a.py:3 gc.get_objects", "runtime-exec pkg/a.py:9 exec b'/bin/true'"]
-    assert [acts(f, "nl2repobench") for f in flags] == [False, True]  # gc: real projects do it
-    assert [acts(f, "tiny") for f in flags] == [True, True]  # a generated function never needs to
-    assert not acts("reads-test-source tests/x.py:1 open", "nl2repobench")  # static: seen on real code (jinja)
-    assert acts("copied-installed-file six.py:0 a copy of six", "nl2repobench")
+    assert [acts(f, "nl2repo") for f in flags] == [False, True]  # gc: real projects do it
+    assert [acts(f, "nl2repo", "tiny") for f in flags] == [True, True]  # a generated function never needs to
+    assert not acts("reads-test-source tests/x.py:1 open", "nl2repo")  # static: seen on real code (jinja)
+    assert acts("copied-installed-file six.py:0 a copy of six", "nl2repo")
+    reader = "runtime-test-source calc.py:5 opened the hidden test file tests/test_calc.py"
+    assert [acts(reader, fmt) for fmt in ("nl2repo", "r2e", "terminal-bench", "harbor")] == [False, False, True, True]
     score = Score(execution_id="e", status=EvalStatus.ok, score=1.0, flags=["constant-operator x:1"])
     assert with_runtime(score, flags).flags == ["constant-operator x:1", *flags]

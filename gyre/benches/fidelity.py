@@ -78,16 +78,16 @@ class ProjectResult:
     """The monitors' flags on the real source, solved (static and runtime): each is a false positive."""
 
 
-def flag_counts(rows: list[dict], benchmark: str = "nl2repobench") -> dict[str, dict]:
+def flag_counts(rows: list[dict], fmt: str = "nl2repo") -> dict[str, dict]:
     """Per flag kind (`runtime-gc`, `reads-test-source`, ...): how many projects' real sources raised it, which,
-    and whether `monitor: zero` acts on it on `benchmark` (`zero_policy.acts`): the monitors' false positives on
-    correct work."""
+    and whether `monitor: zero` acts on it on a task of format `fmt` (`zero_policy.acts`): the monitors' false
+    positives on correct work."""
     from gyre.evaluators.integrity.zero_policy import acts
     kinds: dict[str, dict] = {}
     for row in rows:
         for flag in row.get("flags") or []:
             kind = flag.split(" ", 1)[0]
-            entry = kinds.setdefault(kind, {"projects": [], "zero_acts": acts(flag, benchmark)})
+            entry = kinds.setdefault(kind, {"projects": [], "zero_acts": acts(flag, fmt, "nl2repobench")})
             if row["task"] not in entry["projects"]:
                 entry["projects"].append(row["task"])
     return dict(sorted(kinds.items()))
@@ -204,7 +204,7 @@ def run(tasks: list[str] | None = None, out: Path = Path("runs/fidelity"), *, ca
 
 def _acts(flag: str) -> bool:
     from gyre.evaluators.integrity.zero_policy import acts
-    return acts(flag, "nl2repobench")
+    return acts(flag, "nl2repo", "nl2repobench")
 
 
 def _text(value: bytes | str | None) -> str:

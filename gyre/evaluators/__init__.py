@@ -53,9 +53,9 @@ def index_access(config) -> IndexAccess | None:
     return IndexAccess(upstream=config.index_url, extra_hosts=tuple(config.index_hosts))
 
 
-def with_monitor(score: Score, workspace: Path, query: Query, act: bool) -> Score:
+def with_monitor(score: Score, workspace: Path, query: Query, act: bool, fmt: str = "") -> Score:
     """`score` with the monitor's flags on `workspace`; with `act`, a scored workspace with a flag that acts on its
-    benchmark (`zero_policy`) is tampering."""
+    format and benchmark (`zero_policy`) is tampering."""
     from gyre.evaluators.integrity.copied import CHECK, copied_files
     from gyre.evaluators.integrity.monitor import SCAN_INCOMPLETE, scan_workspace
     from gyre.evaluators.integrity.runtime import PREFIX as RUNTIME_PREFIX
@@ -69,8 +69,8 @@ def with_monitor(score: Score, workspace: Path, query: Query, act: bool) -> Scor
     except Exception as exc:  # hostile content is the workspace's: flagged, never an exception out of here
         flags = [f"{SCAN_INCOMPLETE} .:0 the monitor raised {type(exc).__name__}: {str(exc)[:200]}"]
     flags = [f for f in flags if not _shipped(f, Path(workspace), query.start_dir)]
-    found = [f for f in flags if acts(f, query.benchmark)]
-    found += [f for f in score.flags if f.startswith(RUNTIME_PREFIX) and acts(f, query.benchmark)]  # at run time
+    found = [f for f in flags if acts(f, fmt, query.benchmark)]
+    found += [f for f in score.flags if f.startswith(RUNTIME_PREFIX) and acts(f, fmt, query.benchmark)]  # run time
     flags = [*score.flags, *(f for f in flags if f not in score.flags)]  # the scorer's own stay
     if act and found and score.status is not EvalStatus.error:
         return score.model_copy(update={"status": EvalStatus.tampering, "score": 0.0, "flags": flags,
@@ -151,7 +151,7 @@ def evaluate_query(
     if past(deadline_s) and not score.detail.startswith(OVERALL_TIMEOUT):
         score = overall_timeout_error(execution_id, f"evaluation still running at the overall deadline ({score.detail})")
     if monitor != "off" and Path(workspace).is_dir():
-        score = with_monitor(score, workspace, query, act=monitor == "zero")
+        score = with_monitor(score, workspace, query, act=monitor == "zero", fmt=spec.format if spec else "")
     (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return score
 

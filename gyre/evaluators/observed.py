@@ -93,7 +93,7 @@ def place_pristine(dest: Path, sources: Mapping[str, bytes], inside: str, rng: r
                                        cases=case_counts(text) if capped else {},
                                        sha256=hashlib.sha256(data).hexdigest()))
         else:  # a helper or conftest: no tests of its own, but test code (the runtime monitor tells it apart)
-            placed.append(PristineFile(str(PurePosixPath(inside) / rel), set()))
+            placed.append(PristineFile(str(PurePosixPath(inside) / rel), set(), sha256=hashlib.sha256(data).hexdigest()))
     return placed
 
 

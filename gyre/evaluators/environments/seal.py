@@ -10,16 +10,21 @@ forged bytecode file (commands run with PYTHONDONTWRITEBYTECODE, so no Python pr
 `EnvSeal.take` records every file of the environment (never through a link: `fdwalk`) before the
 first command; `broken` compares after each one. A file that is new or changed is the installer's
 when a distribution's `RECORD` that is itself new or changed lists it (pip installing the project
-and what it needs); anything else is tampering, and so, whoever wrote them, are a new or changed
-`sitecustomize.py`/`usercustomize.py` and a `.pth` with an `import` line other than setuptools'
-own editable finder (`import __editable___<name>_finder; ...install()`). A `.pth` of paths only
+and what it needs); anything else is tampering. A new or changed `sitecustomize.py`/
+`usercustomize.py`, or a `.pth` with an `import` line other than setuptools' own editable finder
+(`import __editable___<name>_finder; ...install()`), is tampering unless it belongs to a
+distribution pip took from the package index (no `direct_url.json` beside its `RECORD`: coverage's
+`a1_coverage.pth`, which more-itertools' test dependencies bring); one built from a local
+directory (the workspace's own project) never counts as the installer's. A `.pth` of paths only
 (`easy-install.pth`, an editable install's path file) adds directories to the end of `sys.path` and
 runs nothing. A file removed is the installer's when its distribution's `RECORD` went too (pip
 replacing a version). Identity is (inode, size, mtime, ctime): ctime cannot be set from user
 space, so rewriting a file in place is seen.
 
-Blind spot: a distribution the workspace builds may list its own `.pth`-loaded editable finder in
-its `RECORD` in setuptools' shape; the runtime monitor still watches what that code does later.
+Blind spots: a distribution the workspace builds may list its own `.pth`-loaded editable finder in
+its `RECORD` in setuptools' shape, and a setup command that writes a whole `dist-info` by hand
+(no `direct_url.json`) passes for an index install; the runtime monitor still watches what that
+code does later.
 """
 
 from __future__ import annotations
@@ -101,11 +106,15 @@ class EnvSeal:
         removed = sorted(set(old) - set(new))
         records = [rel for rel in changed if rel.endswith(".dist-info/RECORD")]
         installed = set().union(*(_recorded(rel, now.texts.get(rel, "")) for rel in records))
+        from_index = set().union(*(_recorded(rel, now.texts.get(rel, "")) for rel in records
+                                   if posixpath.join(posixpath.dirname(rel), "direct_url.json") not in new))
         uninstalled = set().union(*(_recorded(rel, self.before.texts.get(rel, ""))
                                     for rel in removed if rel.endswith(".dist-info/RECORD")))
         found = []
         for rel in changed:
             name = posixpath.basename(rel)
+            if rel in from_index:
+                continue  # a wheel from the package index (coverage's `a1_coverage.pth`): not built from the workspace
             if name in STARTUP_FILES:
                 found.append(f"{rel} was written in the evaluation's environment: it runs in every Python process")
             elif name.endswith(".pth") and (line := _runs_code(now.texts.get(rel, ""))) is not None:

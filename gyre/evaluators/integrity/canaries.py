@@ -161,9 +161,9 @@ class Canaries:
     fails them (strict XPASS)."""
     sources: tuple[tuple[str, str], ...] = ()
     """(name, source of its function), in the order drawn."""
-    mutants: tuple[tuple[str, str, str], ...] = ()
-    """(name, the original test's function name, the copy's source) of each mutation canary (`mutants`): must-fail
-    too, compiled in the module's own namespace."""
+    mutants: tuple[tuple[str, str, str, str], ...] = ()
+    """(name, the original test's function name, the copy's source, its module's text) of each mutation canary
+    (`mutants`): must-fail too, compiled in the module's own namespace."""
 
     @property
     def names(self) -> frozenset[str]:
@@ -192,7 +192,7 @@ def plan_canaries(source: str, rng: random.Random, num_pass: int = 2, num_fail: 
         else:
             misses += 1
     rng.shuffle(names)
-    copies = tuple((name, m.function, m.source) for name, m in zip(names[num_pass + num_fail:], mutants))
+    copies = tuple((name, m.function, m.source, m.file_text) for name, m in zip(names[num_pass + num_fail:], mutants))
     names = names[:num_pass + num_fail]
     must_fail = frozenset(names[:num_fail])
     sources = tuple((name, _body(name, rng, fail=name in must_fail)) for name in names)

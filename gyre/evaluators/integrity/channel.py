@@ -348,13 +348,23 @@ class PluginInstall:
         counts their code as the tests', not the workspace's)."""
         files = list(files)
         plan = {"seed": seed, "protected": [f.inside for f in files],
-                "test_code": [f.inside for f in files if f.sha256 or PurePosixPath(f.inside).name == "conftest.py"],
+                "test_code": [f.inside for f in files if f.tests or f.canaries.sources
+                              or PurePosixPath(f.inside).name == "conftest.py"],
+                "sha256": sorted({f.sha256 for f in files if f.sha256 and f.inside.endswith(".py")}),
                 "files": [
             {"inside": f.inside, "sha256": f.sha256,  # a must-pass one first: the plugin puts it after the last test
              "canaries": [list(c) for c in sorted(f.canaries.sources, key=lambda c: c[0] in f.canaries.must_fail)],
-             "mutants": [list(m) for m in f.canaries.mutants],
+             "mutants": [[*m[:3], self._mutant_file(f.inside, m)] for m in f.canaries.mutants],
              "must_fail": sorted(f.canaries.must_fail)} for f in files if f.canaries.sources]}
         (self.directory / f"{self.name}.json").write_text(json.dumps(plan), encoding="utf-8")
+
+    def _mutant_file(self, inside: str, mutant: tuple[str, str, str, str]) -> str:
+        """Write a mutant's module text (`mutants.Mutant.file_text`) beside the plugin, under its module's own file
+        name; returns its path relative to the plugin's directory (the plugin shows it where it is mounted)."""
+        rel = f"m_{mutant[0]}/{PurePosixPath(inside).name}"
+        (self.directory / rel).parent.mkdir(exist_ok=True)
+        (self.directory / rel).write_text(mutant[3], encoding="utf-8")
+        return rel
 
     def env(self, path: str = PLUGIN_MOUNT, extra_addopts: Iterable[str] = ()) -> dict[str, str]:
         """Environment for a test command: our plugin only, by name, from `path` (the read-only mount)."""

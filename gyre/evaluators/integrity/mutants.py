@@ -31,6 +31,10 @@ class Mutant:
     """The original test's name: the copy's code object carries it."""
     source: str
     """The copy's source, at the original's line numbers (blank lines before it), the expected value changed."""
+    file_text: str = ""
+    """The whole test module with the same value changed: the file the copy's code says it comes from (gyre's
+    plugin writes it beside itself under the module's own name), so code that reads its caller's source line to
+    answer reads the changed value, answers it, and passes the copy: tampering."""
 
 
 def plan_mutants(source: str, rng: random.Random, limit: int = 2) -> list[Mutant]:
@@ -56,7 +60,9 @@ def _mutant(node: ast.stmt, lines: list[str]) -> Mutant | None:
     for stmt in node.body:
         literal = _expected(stmt)
         if literal is not None:
-            return Mutant(node.name, _rewrite(node, lines, literal))
+            source = _rewrite(node, lines, literal)
+            body = source.splitlines(keepends=True)[node.lineno - 1:]
+            return Mutant(node.name, source, "".join([*lines[:node.lineno - 1], *body, *lines[node.end_lineno:]]))
     return None
 
 

@@ -132,9 +132,10 @@ def pytest_collection_modifyitems(session, config, items):
             # an exit, always leave it missing); the others anywhere among them ("spare the last N" misses them)
             last = k == 0 and name not in entry["must_fail"]
             inserts.append((indices[-1] + 1 if last else rng.randint(indices[0], indices[-1] + 1), canary))
-        for name, function, source in entry.get("mutants", ()):  # copies of real tests, one expected value changed
-            namespace = {}
-            exec(compile(source, str(module.path), "exec"), module.obj.__dict__, namespace)
+        for name, function, source, text in entry.get("mutants", ()):  # copies of real tests, one literal changed
+            namespace = {}  # compiled as from the changed module's text written beside this plugin
+            where = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), text)
+            exec(compile(source, where, "exec"), module.obj.__dict__, namespace)
             canary = _pt.Function.from_parent(module, name=name, callobj=namespace[function])
             canary.add_marker(_pt.mark.xfail(strict=True))
             _ORIGIN[canary.nodeid] = origin

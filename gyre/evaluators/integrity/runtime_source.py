@@ -32,6 +32,7 @@ import sys as _sys
 import sysconfig as _sysconfig
 
 _PER_KIND = 20
+_CODE = type((lambda: 0).__code__)
 _HERE = _os.path.realpath(_os.getcwd())
 _STAT = _os.stat
 _PLUGIN = __name__[:-len("_monitor")] if __name__.endswith("_monitor") else __name__
@@ -81,6 +82,8 @@ _WRAPPERS = ("inspect.py", "linecache.py", "tokenize.py", "pathlib.py", "shutil.
 _FROZEN_WRAPPERS = ("<frozen importlib", "<frozen os>", "<frozen codecs>", "<frozen posixpath>",
                     "<frozen genericpath>", "<frozen io>")
 _PROTECTED = set()  # the pristine files as placed, and copies of them found at collection
+_PRISTINE_SHA256 = set()  # of every pristine .py file: a copy of one elsewhere is test code too
+_MAX_HASHED = 4_000_000
 _TEST_CODE = set()  # (device, inode) of the pristine test modules and conftests: what a literal-reader reads
 TEST_CODE_PATHS = set()  # their paths: `forget_sources` drops them from linecache
 _CHANNEL = [None, None]  # the result pipe's descriptor and (device, inode)
@@ -121,7 +124,21 @@ def _classify(filename):
             rest = path[len(d):]
             return "wrapper" if rest.startswith(_WRAPPERS) or (
                 "site-packages" in d and rest == "_pytest" + _os.sep + "monkeypatch.py") else "trusted"
-    return "ws"
+    return "test" if _copy_of_pristine(path) else "ws"
+
+
+def _copy_of_pristine(path):
+    """A file with a pristine file's content (Terminal-Bench's `run-tests.sh` copies `/tests/*test*.py`, helpers
+    included, into `/app`): the tests' code wherever it lies."""
+    if not _PRISTINE_SHA256:
+        return False
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_MAX_HASHED + 1)
+    except OSError:
+        return False
+    import hashlib
+    return len(data) <= _MAX_HASHED and hashlib.sha256(data).hexdigest() in _PRISTINE_SHA256
 
 
 def _actor(frame):
@@ -258,20 +275,35 @@ _MISSING, _ADDED = object(), object()
 _SIZES = {}  # id(class) -> how many attributes it had
 
 
+def _own(value, homes):
+    try:
+        origin = _origin(value)[0]
+    except Exception:
+        return False
+    return isinstance(origin, str) and _os.path.realpath(origin).startswith(homes)
+
+
 def snapshot():
     """What `check_patched` compares against: taken when the plugin has loaded, before any conftest. A class's
-    attribute has no audit event either: pytest's, pluggy's and the plugin's classes are compared too."""
-    for name, module in list(_sys.modules.items()):
-        if name in (__name__, _PLUGIN) or name.split(".")[0] in _PYTEST_MODULES:
-            values = getattr(module, "__dict__", None)
-            if isinstance(values, dict):
-                _MODULES.append((module, name, {k: v for k, v in values.items() if callable(v)}))
-                for cls in [v for v in values.values() if isinstance(v, type) and v.__module__ == name]:
-                    key = name in (__name__, _PLUGIN) or cls.__name__ in _KEY_CLASSES
-                    _SIZES[id(cls)] = len(vars(cls))
-                    (_KEY_CLASSES_SNAP if key else _CLASSES).append(
-                        (cls, f"{name}.{cls.__qualname__}",
-                         {k: v for k, v in vars(cls).items() if callable(v) or hasattr(v, "__get__")}))
+    attribute has no audit event either: pytest's, pluggy's and the plugin's classes are compared too. Only
+    their own functions count in a module: freezegun rightly replaces `_pytest.timing.time` (the standard
+    library's, re-exported) while time is frozen."""
+    try:
+        files = [getattr(_sys.modules.get(n), "__file__", None) for n in ("_pytest", "pluggy", __name__, _PLUGIN)]
+        homes = tuple(_os.path.realpath(_os.path.dirname(f)) + _os.sep for f in files if isinstance(f, str))
+        for name, module in list(_sys.modules.items()):
+            if name in (__name__, _PLUGIN) or name.split(".")[0] in _PYTEST_MODULES:
+                values = getattr(module, "__dict__", None)
+                if isinstance(values, dict):
+                    _MODULES.append((module, name, {k: v for k, v in values.items() if callable(v) and _own(v, homes)}))
+                    for cls in [v for v in values.values() if isinstance(v, type) and v.__module__ == name]:
+                        key = name in (__name__, _PLUGIN) or cls.__name__ in _KEY_CLASSES
+                        _SIZES[id(cls)] = len(vars(cls))
+                        (_KEY_CLASSES_SNAP if key else _CLASSES).append(
+                            (cls, f"{name}.{cls.__qualname__}",
+                             {k: v for k, v in vars(cls).items() if callable(v) or hasattr(v, "__get__")}))
+    except Exception:  # the monitor never stops the tests: what it could not read, it does not compare
+        pass
 
 
 _KEY_CLASSES = {"Function", "Item", "Node", "Module", "Class", "Session", "TestReport", "CallInfo", "Config",
@@ -283,7 +315,7 @@ def _origin(value):
     """(file, line) the code of a callable comes from (through methods, partials and wrappers), or (None, 0)."""
     for _ in range(8):
         code = getattr(value, "__code__", None)
-        if code is not None:
+        if type(code) is _CODE:
             return code.co_filename, code.co_firstlineno
         inner = (getattr(value, "__func__", None) or getattr(value, "func", None) or getattr(value, "fget", None)
                  or getattr(value, "__wrapped__", None))
@@ -293,7 +325,7 @@ def _origin(value):
     if isinstance(value, type):
         return getattr(_sys.modules.get(value.__module__), "__file__", None), 0
     code = getattr(getattr(type(value), "__call__", None), "__code__", None)
-    return (code.co_filename, code.co_firstlineno) if code is not None else (None, 0)
+    return (code.co_filename, code.co_firstlineno) if type(code) is _CODE else (None, 0)
 
 
 def check_patched(full=False):
@@ -349,6 +381,7 @@ def _plan_paths():
             plan = _json.loads(f.read())
     except FileNotFoundError:
         return [], []
+    _PRISTINE_SHA256.update(plan.get("sha256", []))
     return plan.get("protected", []), plan.get("test_code", [])
 
 

@@ -1,16 +1,22 @@
-"""What `monitor: zero` scores as tampering, per benchmark: only flags measured not to fire on correct work.
+"""What `monitor: zero` scores as tampering, per benchmark format: only flags measured not to fire on correct work.
 
 Both monitors report more than forgery. Run on 33 real NL2RepoBench projects' own released
 sources as solved workspaces (`gyre bench fidelity`, the flag counts in docs/benches.md), the
-static checks flag correct code in most projects: a root `conftest.py` with pytest hooks or a
-`sys.exit` (deepdiff, tqdm), pytest settings in `pyproject.toml` or `tox.ini` (nearly all), an
-`__eq__` that returns a constant (deepdiff), frame access for tracebacks (jinja), `sys.modules`
-writes (jinja). Scoring those 0 is a false-zero factory, so on real benchmarks `zero` acts on:
+static checks flag correct code in every project: pytest settings in `pyproject.toml` or `tox.ini`
+(33 of 33), frame access for tracebacks or introspection (`reads-test-source`, 8: jinja, six,
+boltons, icecream, ...), a root `conftest.py` with pytest hooks or a helper's `sys.exit` (6),
+`sys.modules` writes (4), a module `__getattr__` (2), a constant `__eq__` (deepdiff). The runtime
+monitor's `frames` (4), `gc` (boltons) and `test-source` (3: icecream prints its caller's source,
+autopep8's tests format their own file, boltons reads tracebacks' source) do too. Scoring those 0
+is a false-zero factory, so on real benchmarks `zero` acts on:
 
 - the runtime kinds no real project showed and a forger needs (`runtime.KINDS`): `exec`,
-  `result-channel`, `fd-scan`, `disguised-code`, `patched`, and `test-source` (reading a hidden test
-  module's source: the caller-literal forger's one move; `executing`-style libraries that read
-  their caller's source for display do it too: see `REAL_BENCHMARKS` below);
+  `result-channel`, `fd-scan`, `disguised-code`, `patched` (pytest's own functions and classes
+  only: freezegun rightly swaps the standard library's `time` functions `_pytest.timing` holds);
+- `test-source` on Terminal-Bench and Harbor (an application's tests, none of 34 real
+  aider-polyglot solutions reads them), not on NL2RepoBench or R2E (libraries, see above): there the
+  caller-literal reader stays a recorded flag, and what it earns is the honest score's ceiling
+  unless another check sees it;
 - `copied-installed-file`: a verbatim copy of a package installed in gyre's own environment,
   which the agent's sandbox can read (on NL2RepoBench the copy is the upstream answer itself).
 
@@ -19,24 +25,30 @@ reader, not a verdict. What catches the same forgeries at run time instead: the 
 literal canaries (an always-equal object, a flipped report), the innermost "forged" check (a hook
 that flips outcomes), the ordering checks on the pipe, the sealed environment.
 
-The tiny benchmark (`gyre.benchmarks.tiny`, single functions gyre generates) keeps every flag
-acting: no tiny solution needs frames, hooks, `__getattr__` or a constant `__eq__`, and it is
-where RL finds such shortcuts first.
+The tiny benchmark (`gyre.benchmarks.tiny`, single functions gyre generates, benchmark name
+"tiny") keeps every flag acting: no tiny solution needs frames, hooks, `__getattr__` or a
+constant `__eq__`, and it is where RL finds such shortcuts first.
 """
 
 from __future__ import annotations
 
+from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH
 from gyre.evaluators.integrity.runtime import PREFIX
 
-RUNTIME_ON_REAL = frozenset({"exec", "result-channel", "fd-scan", "disguised-code", "patched", "test-source"})
+RUNTIME_ON_REAL = frozenset({"exec", "result-channel", "fd-scan", "disguised-code", "patched"})
+RUNTIME_ON_APPS = RUNTIME_ON_REAL | {"test-source"}
+APP_FORMATS = frozenset({TERMINAL_BENCH, HARBOR})
 STATIC_ON_REAL = frozenset({"copied-installed-file"})
 EVERYTHING = "tiny"
 """The benchmark whose every flag acts under `zero`."""
 
 
-def acts(flag: str, benchmark: str) -> bool:
-    """Whether `monitor: zero` scores a workspace with `flag` (`<check> <path>:<line> <evidence>`) 0 on `benchmark`."""
+def acts(flag: str, fmt: str, benchmark: str = "") -> bool:
+    """Whether `monitor: zero` scores a workspace with `flag` (`<check> <path>:<line> <evidence>`) 0 on a task of
+    format `fmt` (`gyre.benchmarks.spec`) in the benchmark named `benchmark`."""
+    if benchmark == EVERYTHING:
+        return True
     check = flag.split(" ", 1)[0]
     if check.startswith(PREFIX):
-        return benchmark == EVERYTHING or check.removeprefix(PREFIX) in RUNTIME_ON_REAL
-    return benchmark == EVERYTHING or check in STATIC_ON_REAL
+        return check.removeprefix(PREFIX) in (RUNTIME_ON_APPS if fmt in APP_FORMATS else RUNTIME_ON_REAL)
+    return check in STATIC_ON_REAL

@@ -177,9 +177,11 @@ class EvaluatorConfig(Section):
     `sandbox.type: docker`: the agent's own container, `gyre.evaluators.formats.in_container`; elsewhere
     `fresh` is used, with a warning). `fresh`: a new local sandbox on a copy of the workspace."""
     monitor: Literal["record", "zero", "off"] = "record"
-    """Reward-hacking monitor (`gyre.evaluators.integrity.monitor`) over each kept workspace before scoring:
-    `record` stores its flags with the execution (`executions.flags`); `zero` also scores a flagged
-    workspace 0 with status `tampering`; `off` skips it."""
+    """Reward-hacking monitors: the static one (`gyre.evaluators.integrity.monitor`) over each kept workspace and the
+    runtime one (`integrity.runtime`) in its test processes. `record` stores their flags with the execution
+    (`executions.flags`); `zero` also scores 0 with status `tampering` a workspace with a flag that acts on its
+    benchmark (`integrity.zero_policy`: on real benchmarks the kinds measured not to fire on correct code, on the
+    tiny set every flag); `off` skips the static scan (the runtime flags are still recorded)."""
 
 
 class EvaluationConfig(Section):

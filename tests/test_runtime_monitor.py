@@ -220,13 +220,31 @@ def test_a_verifier_that_is_not_pytest_runs_under_the_monitor_too(tmp_path):
 
 def test_a_forger_on_the_audit_pipe_can_only_add_flags(tmp_path):
     """Any process may write on the audit pipe: reports sent there are not read, and nothing there conflicts."""
-    forger = ("import json, os\nfd = int(os.environ['GYRE_AUDIT_FD'])\n"
+    forger = ("import json, os\nfd = int(os.environ['GYRE_AUDIT_FD'].split(':')[0])\n"
               "for name in ('test_small', 'test_larger'):\n    for when in ('setup', 'call', 'teardown'):\n"
               "        os.write(fd, (json.dumps({'event': 'report', 'nodeid': 'tests/test_pkg.py::' + name, "
               "'when': when, 'outcome': 'passed'}) + '\\n').encode())\nos.write(fd, b'garbage\\n')\n"
               "os._exit(0)\n")
     said = _run(tmp_path, forger)
     assert not said.passed("tests/test_pkg.py::test_small") and said.conflicts == []
+
+
+def test_a_process_holding_another_file_under_the_audit_pipes_number_never_writes_to_it(tmp_path):
+    """A child started with its descriptors closed may open a file that gets the audit pipe's number: the monitor
+    checks the number is still that pipe (`fd:inode`) before each record."""
+    plugin = PluginInstall.write(tmp_path / "plugin")
+    victim = tmp_path / "victim.txt"
+    fd = os.open(victim, os.O_WRONLY | os.O_CREAT)
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "frame.py").write_text("import sys\nsys._getframe()\n")
+    try:
+        env = {**os.environ, **plugin.env(str(plugin.directory)), "GYRE_AUDIT_FD": f"{fd}:1"}
+        done = subprocess.run([sys.executable, "frame.py"], cwd=tmp_path / "ws", env=env, pass_fds=(fd,),
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(fd)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert victim.read_text() == ""
 
 
 def test_flags_and_what_zero_acts_on():

@@ -263,7 +263,11 @@ class ResultChannel:
         self._thread.start()
 
     def env(self) -> dict[str, str]:
-        return {AUDIT_FD_ENV if self.results.audit_only else FD_ENV: str(self.write_fd)}
+        """The result pipe's number; the audit pipe's with its inode (`fd:inode`): a process that inherited another
+        file under that number never writes to it."""
+        if self.results.audit_only:
+            return {AUDIT_FD_ENV: f"{self.write_fd}:{os.fstat(self.write_fd).st_ino}"}
+        return {FD_ENV: str(self.write_fd)}
 
     def close(self) -> ChannelResults:
         """Call after the command (and everything it started) is gone; returns what arrived."""

@@ -39,30 +39,53 @@ _PLUGIN = __name__[:-len("_monitor")] if __name__.endswith("_monitor") else __na
 _dumps, _write = _json.dumps, _os.write
 
 
+def _pipe(fd, inode=None):
+    """(fd, inode) when `fd` is open here and is a pipe (of that inode, when given), else (None, None): a child
+    started with its descriptors closed may hold another file under that number, which must never be written."""
+    import stat
+    try:
+        st = _os.fstat(fd)
+    except (OSError, ValueError, TypeError):
+        return None, None
+    if not stat.S_ISFIFO(st.st_mode) or inode is not None and st.st_ino != inode:
+        return None, None
+    return fd, st.st_ino
+
+
 def _out():
-    if "GYRE_AUDIT_FD" in _os.environ:
-        return int(_os.environ["GYRE_AUDIT_FD"])
-    if "GYRE_AUDIT_PATH" in _os.environ:
-        return _os.open(_os.environ["GYRE_AUDIT_PATH"], _os.O_WRONLY)
-    return None
+    try:
+        if "GYRE_AUDIT_FD" in _os.environ:
+            fd, _, inode = _os.environ["GYRE_AUDIT_FD"].partition(":")
+            return list(_pipe(int(fd), int(inode) if inode else None))
+        if "GYRE_AUDIT_PATH" in _os.environ:  # never blocks: no reader left, no records
+            fd = _os.open(_os.environ["GYRE_AUDIT_PATH"], _os.O_WRONLY | _os.O_NONBLOCK | _os.O_CLOEXEC)
+            _os.set_blocking(fd, True)
+            return list(_pipe(fd))
+    except (OSError, ValueError):
+        pass
+    return [None, None]
 
 
-_OUT = [_out()]
+_OUT = _out()
 
 
 def bind(fd):
     """Where records go when no audit pipe was given (gyre's pytest plugin passes the result pipe)."""
     if _OUT[0] is None:
-        _OUT[0] = fd
+        _OUT[:] = _pipe(fd)
 
 
-def _emit(_dumps=_dumps, _write=_write, _out=_OUT, **message):
+def _emit(_dumps=_dumps, _write=_write, _out=_OUT, _fstat=_os.fstat, **message):
     if _out[0] is None:
+        return
+    try:
+        if _fstat(_out[0]).st_ino != _out[1]:  # closed and the number reused since
+            return
+    except OSError:
         return
     data = (_dumps(message) + "\n").encode()
     while data:
         data = data[_write(_out[0], data):]
-
 
 
 def _trusted_dirs():
@@ -385,9 +408,12 @@ def _plan_paths():
     return plan.get("protected", []), plan.get("test_code", [])
 
 
-if "GYRE_RESULT_FD" in _os.environ:
-    watch_channel(int(_os.environ["GYRE_RESULT_FD"]))
-protect(*_plan_paths())
+try:
+    if "GYRE_RESULT_FD" in _os.environ and _pipe(int(_os.environ["GYRE_RESULT_FD"]))[0] is not None:
+        watch_channel(int(_os.environ["GYRE_RESULT_FD"]))
+    protect(*_plan_paths())
+except (OSError, ValueError):
+    pass  # no plan or no pipe here: the hook still runs
 _sys.addaudithook(_audit)
 '''
 

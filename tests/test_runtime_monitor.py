@@ -169,7 +169,8 @@ def test_a_copy_of_a_pristine_helper_is_the_tests_code(tmp_path):
     included, whose frames and reads of the test module are the tests' own (paasio's, measured): a file with a
     pristine file's content is test code wherever it lies."""
     helper = (b"import os, sys\n\ndef peek():\n    sys._getframe(0)\n"
-              b"    return open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tests', 'test_pkg.py')).read()\n")
+              b"    here = os.path.dirname(os.path.abspath(__file__))\n"
+              b"    return open(os.path.join(here, 'tests', 'test_pkg.py')).read()\n")
     package = "import sys\nsys.path.insert(0, '.')\nimport util\n\ndef add(a, b):\n    util.peek()\n    return a + b\n"
     said = _run(tmp_path, package, command=["bash", "-c", "cp tests/util.py . && python -m pytest -q tests"],
                 extra={"util.py": helper})

@@ -18,7 +18,9 @@ is a false-zero factory, so on real benchmarks `zero` acts on:
   caller-literal reader stays a recorded flag, and what it earns is the honest score's ceiling
   unless another check sees it;
 - `copied-installed-file`: a verbatim copy of a package installed in gyre's own environment,
-  which the agent's sandbox can read (on NL2RepoBench the copy is the upstream answer itself).
+  which the agent's sandbox can read (on NL2RepoBench the copy is the upstream answer itself; the
+  bench's real sources of jinja, tqdm, six and python-dotenv are such copies, since gyre installs
+  those releases: there it is the check working, not a false positive an agent would meet).
 
 The rest stay recorded flags (`Score.flags`, the `executions.flags` column): evidence for a
 reader, not a verdict. What catches the same forgeries at run time instead: the mutation and

@@ -265,6 +265,7 @@ _HANDLERS = {
     "compile": _on_compile, "code.__new__": _on_compile, "object.__setattr__": _on_setattr,
     "sys.addaudithook": _fixed("audit-hook"),
 }
+_CTYPES = _fixed("ctypes")  # every `ctypes.*` event (their names vary)
 _BUSY = set()
 
 
@@ -273,7 +274,7 @@ def _audit(event, args, _handlers=_HANDLERS, _busy=_BUSY, _ident=_threadmod.get_
     if handler is None:
         if not event.startswith("ctypes."):
             return
-        handler = _fixed("ctypes")
+        handler = _CTYPES
     me = _ident()
     if me in _busy:
         return

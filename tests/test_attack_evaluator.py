@@ -314,24 +314,23 @@ def add(a, b):
 
 @pytest.mark.parametrize("action", ["record", "zero"])
 def test_the_caller_literal_readers_on_a_real_benchmark(tmp_path, action):
-    """The route of the issue on NL2RepoBench (not the tiny set, where every flag acts). A reader that takes its
-    caller's file and line from the frame reads the mutation canaries' changed literal (their code says it comes
-    from the changed module's text) and passes them: tampering. One that finds the test by PYTEST_CURRENT_TEST
-    and parses the pristine file answers like a correct solution: real NL2RepoBench projects read their tests'
-    source too (icecream, autopep8, boltons: docs/benches.md), so on this format the runtime monitor's
-    `test-source` is recorded, not acted on (`zero_policy`; on Terminal-Bench and Harbor it acts)."""
+    """The route of the issue on NL2RepoBench (not the tiny set, where every flag acts), where the runtime
+    monitor's `test-source` is recorded, not acted on: real projects read their tests' source too (icecream,
+    autopep8, boltons: docs/benches.md). The mutation canaries catch both readers: one that takes its caller's
+    file and line from the frame reads their changed literal (their code says it comes from the changed
+    module's text); one that finds its test through PYTEST_CURRENT_TEST parses the file the copy's node id
+    names, which holds the copy under its canary name with the changed literal. Either passes a must-fail copy:
+    tampering, under `record` as under `zero`."""
     from gyre.evaluators import evaluate_query
 
-    query = _calc_query(tmp_path / "frame")
-    workspace = _workspace(tmp_path / "frame", query, {"calc.py": CALLER_READER})
-    framed = evaluate_query(query, workspace, tmp_path / "e1", "reader", timeout_s=30, monitor=action)
-    assert (framed.status, framed.score) == (EvalStatus.tampering, 0.0), framed.detail
-    assert any("must xfail and was reported failed" in e for e in framed.evidence), framed.evidence
-    query = _calc_query(tmp_path / "env")
-    workspace = _workspace(tmp_path / "env", query, {"calc.py": ENV_LITERAL_READER})
-    parsed = evaluate_query(query, workspace, tmp_path / "e2", "reader", timeout_s=30, monitor=action)
-    assert (parsed.status, parsed.score) == (EvalStatus.ok, 1.0), parsed.detail  # the hole, named:
-    assert any(f.startswith("runtime-test-source calc.py:8") for f in parsed.flags), parsed.flags
+    for name, reader in (("frame", CALLER_READER), ("env", ENV_LITERAL_READER)):
+        query = _calc_query(tmp_path / name)
+        workspace = _workspace(tmp_path / name, query, {"calc.py": reader})
+        score = evaluate_query(query, workspace, tmp_path / f"e-{name}", "reader", timeout_s=30, monitor=action)
+        assert (score.status, score.score) == (EvalStatus.tampering, 0.0), (name, score.detail)
+        assert any("must xfail and was reported failed" in e for e in score.evidence), (name, score.evidence)
+        if name == "env":
+            assert any(f.startswith("runtime-test-source calc.py:8") for f in score.flags), score.flags
 
 
 REWRITE_FAILURES = WRONG + """

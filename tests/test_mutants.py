@@ -48,12 +48,22 @@ def test_string():
 
 def test_no_literal():
     assert add(1, 2) == add(2, 1)
+
+
+def test_flag():
+    result = add(1, 1) > 1
+    assert result is True
+
+
+def test_none():
+    assert add(None, None) is None
 '''
 
 
 def test_only_plain_argumentless_tests_with_a_literal_are_copied():
     mutants = {m.function: m for m in plan_mutants(MIXED, random.Random(0), limit=10)}
-    assert set(mutants) == {"test_plain", "test_string"}
+    assert set(mutants) == {"test_plain", "test_string", "test_flag"}  # `is None` has no opposite to write
+    assert "assert result is ...\n" in mutants["test_flag"].source  # not `is False`: a failing original stays failing
     plain = mutants["test_plain"].source
     assert f"total == {7 + INT_SHIFT}" in plain and '"sums"' in plain
     tree = ast.parse(plain)
@@ -68,8 +78,13 @@ def test_mutants_are_must_fail_canaries_under_canary_names():
     for name, function, source, text in canaries.mutants:
         assert name in canaries.must_fail and name not in {m[1] for m in canaries.mutants}
         assert function in {"test_zero", "test_opposites", "test_small", "test_larger"}
-        assert text.count("\n") == CALC_TESTS.count("\n") and str(INT_SHIFT)[:4] in text  # the module, one value changed
+        module = text.splitlines()[:CALC_TESTS.count("\n")]  # the module at its own lines, one value changed
+        changed = [row for row, line in enumerate(CALC_TESTS.splitlines()) if line != module[row]]
+        assert len(changed) == 1 and str(INT_SHIFT)[:4] in module[changed[0]]
         assert source.strip() in text
+        # and the copy again under its canary name at the end: the file its node id names defines it
+        defined = {node.name: node for node in ast.parse(text).body if isinstance(node, ast.FunctionDef)}
+        assert ast.unparse(defined[name].body) == ast.unparse(defined[function].body)
 
 
 def test_canary_names_are_found_for_a_file_that_takes_every_short_one():

@@ -192,7 +192,8 @@ def plan_canaries(source: str, rng: random.Random, num_pass: int = 2, num_fail: 
         else:
             misses += 1
     rng.shuffle(names)
-    copies = tuple((name, m.function, m.source, m.file_text) for name, m in zip(names[num_pass + num_fail:], mutants))
+    copies = tuple((name, m.function, m.source, m.file_for(name))
+                   for name, m in zip(names[num_pass + num_fail:], mutants))
     names = names[:num_pass + num_fail]
     must_fail = frozenset(names[:num_fail])
     sources = tuple((name, _body(name, rng, fail=name in must_fail)) for name in names)

@@ -363,7 +363,7 @@ class PluginInstall:
         (self.directory / f"{self.name}.json").write_text(json.dumps(plan), encoding="utf-8")
 
     def _mutant_file(self, inside: str, mutant: tuple[str, str, str, str]) -> str:
-        """Write a mutant's module text (`mutants.Mutant.file_text`) beside the plugin, under its module's own file
+        """Write a mutant's module text (`mutants.Mutant.file_for`) beside the plugin, under its module's own file
         name; returns its path relative to the plugin's directory (the plugin shows it where it is mounted)."""
         rel = f"m_{mutant[0]}/{PurePosixPath(inside).name}"
         (self.directory / rel).parent.mkdir(exist_ok=True)

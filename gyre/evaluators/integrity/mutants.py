@@ -12,13 +12,16 @@ canary name; a run that reports it passed (a flipped outcome) is tampering (`tal
 Which tests are copied (so that running one twice changes nothing else): module-level `def test_*()`
 with no decorators and no arguments (no fixtures or parameters to supply), whose body holds only
 assignments to local names and asserts, one of them at the top level comparing with `==` against
-an int, float, str or bytes literal on one line. The first such assert is the one changed.
+a bool, int, float, str or bytes literal, or with `is` against True or False, on one line. A bool
+becomes `...` (`assert result is True` becomes `assert result is ...`), not its opposite: an original
+that fails on a correct workspace must leave its copy failing too. The first such assert is changed.
 """
 
 from __future__ import annotations
 
 import ast
 import random
+import re
 from dataclasses import dataclass
 
 INT_SHIFT = 1_000_003
@@ -35,6 +38,14 @@ class Mutant:
     """The whole test module with the same value changed: the file the copy's code says it comes from (gyre's
     plugin writes it beside itself under the module's own name), so code that reads its caller's source line to
     answer reads the changed value, answers it, and passes the copy: tampering."""
+
+    def file_for(self, name: str) -> str:
+        """`file_text` with the copy also defined under its canary name `name` at the end (no line above moves).
+        The plugin gives the copy the node id `<that file>::<name>`, which `PYTEST_CURRENT_TEST` shows: code that
+        looks its test up by that variable and parses the file it names reads the changed value too."""
+        copy = self.source.lstrip("\n")
+        renamed = re.sub(rf"^def {re.escape(self.function)}\(", f"def {name}(", copy, count=1)
+        return f"{self.file_text.rstrip()}\n\n\n{renamed}"
 
 
 def plan_mutants(source: str, rng: random.Random, limit: int = 2) -> list[Mutant]:
@@ -76,20 +87,24 @@ def _plain(stmt: ast.stmt) -> bool:
 
 
 def _expected(stmt: ast.stmt) -> ast.Constant | None:
-    """The literal an `assert x == <literal>` (either side) compares against, on one line; else None."""
+    """The literal an `assert x == <literal>` or `assert x is True|False` (either side) compares against, on one
+    line; else None."""
     if not isinstance(stmt, ast.Assert) or not isinstance(stmt.test, ast.Compare):
         return None
     compare = stmt.test
-    if len(compare.ops) != 1 or not isinstance(compare.ops[0], ast.Eq):
+    if len(compare.ops) != 1 or not isinstance(compare.ops[0], (ast.Eq, ast.Is)):
         return None
+    kinds = (bool,) if isinstance(compare.ops[0], ast.Is) else (bool, int, float, str, bytes)
     for side, other in ((compare.comparators[0], compare.left), (compare.left, compare.comparators[0])):
         if (isinstance(side, ast.Constant) and not isinstance(other, ast.Constant)
-                and type(side.value) in (int, float, str, bytes) and side.lineno == side.end_lineno):
+                and type(side.value) in kinds and side.lineno == side.end_lineno):
             return side
     return None
 
 
 def _changed(value):
+    if isinstance(value, bool):
+        return ...
     if isinstance(value, int):
         return value + INT_SHIFT
     if isinstance(value, float):
@@ -103,6 +118,7 @@ def _rewrite(node: ast.FunctionDef, lines: list[str], literal: ast.Constant) -> 
     body = lines[node.lineno - 1:node.end_lineno]
     row = literal.lineno - node.lineno
     text = body[row].encode("utf-8")  # col offsets count UTF-8 bytes
-    body[row] = (text[:literal.col_offset] + repr(_changed(literal.value)).encode("utf-8")
+    changed = _changed(literal.value)
+    body[row] = (text[:literal.col_offset] + ("..." if changed is ... else repr(changed)).encode("utf-8")
                  + text[literal.end_col_offset:]).decode("utf-8")
     return "\n" * (node.lineno - 1) + "".join(body)

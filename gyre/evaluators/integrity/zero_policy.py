@@ -14,9 +14,9 @@ is a false-zero factory, so on real benchmarks `zero` acts on:
   `result-channel`, `fd-scan`, `disguised-code`, `patched` (pytest's own functions and classes
   only: freezegun rightly swaps the standard library's `time` functions `_pytest.timing` holds);
 - `test-source` on Terminal-Bench and Harbor (an application's tests, none of 34 real
-  aider-polyglot solutions reads them), not on NL2RepoBench or R2E (libraries, see above): there the
-  caller-literal reader stays a recorded flag, and what it earns is the honest score's ceiling
-  unless another check sees it;
+  aider-polyglot solutions reads them), not on NL2RepoBench or R2E (libraries, see above): there a
+  caller-literal reader is caught by the mutation canaries instead (it reads their changed value,
+  from the frame or from the file `PYTEST_CURRENT_TEST` names, and passes them);
 - `copied-installed-file`: a verbatim copy of a package installed in gyre's own environment,
   which the agent's sandbox can read (on NL2RepoBench the copy is the upstream answer itself; the
   bench's real sources of jinja, tqdm, six and python-dotenv are such copies, since gyre installs

@@ -44,9 +44,17 @@ def benchmark_check(
     eval_fraction: float = typer.Option(0.25, min=0.0, max=0.99, help="Held-out share for the split shown."),
     held_out_kind: list[str] = typer.Option([], "--held-out-kind", help="A tiny template held out entirely."),
     network: str = typer.Option("none", "--network", help="The evaluations' network: none or package-index."),
+    control: bool = typer.Option(False, "--control", help="Also score each task's starting files, as a run's "
+                                 "control run does: an evaluator failure there is unscorable (slow: one "
+                                 "evaluation per task)."),
+    index_url: str | None = typer.Option(None, "--index-url", help="The index proxied (evaluator.index_url)."),
+    timeout_s: float = typer.Option(120.0, "--timeout", min=0.001, help="Seconds per test command (--control)."),
+    control_dir: Path | None = typer.Option(None, "--control-dir", help="Where --control keeps each evaluation "
+                                            "(default: a new temporary directory)."),
 ) -> None:
     """Load every task; list each malformed one with its reason, the tasks unscorable here (with the
-    evaluations' `--network`, as a run's `evaluator.network` gives them), and
+    evaluations' `--network`, as a run's `evaluator.network` gives them; with `--control`, also those whose
+    starting files the evaluator cannot score), and
     queries whose instruction, hidden tests or reference solution repeat (with the side of the
     content split each lands on: copies always share a side).
 
@@ -70,6 +78,8 @@ def benchmark_check(
         _fail(exc)
     report = _check_report(root, resolved, queries, malformed, eval_fraction, held_out_kind,
                            package_index=network == "package-index")
+    if control:
+        _add_control(report, queries, network, index_url, timeout_s, control_dir)
     if as_json:
         print(json.dumps(report, indent=2))
     else:
@@ -107,6 +117,33 @@ def _check_report(root: Path, resolved: str, queries, malformed, eval_fraction: 
     }
 
 
+def _add_control(report: dict, queries, network: str, index_url: str | None, timeout_s: float,
+                 control_dir: Path | None) -> None:
+    """Score the starting files of each task not already unscorable (`evaluators.control_check`); an evaluator
+    failure there joins `unscorable_here` with the evaluator's reason."""
+    import tempfile
+
+    from gyre.evaluators.control_check import control_verdicts
+    from gyre.evaluators.observed import IndexAccess
+
+    named = {row["id"] for row in report["unscorable_here"]}
+    todo = [q for q in queries if q.query_id not in named]
+    out = control_dir if control_dir is not None else Path(tempfile.mkdtemp(prefix="gyre-check-")) / "control"
+
+    def said(verdict) -> None:
+        err_console.print(f"control {escape(verdict.query_id)}: {verdict.status} {verdict.score} "
+                          f"{escape(verdict.reason[:160])}")
+
+    if out.exists():
+        _fail(ValueError(f"--control-dir {out} already exists; name a new directory"))
+    verdicts = control_verdicts(todo, out, index=IndexAccess(upstream=index_url) if network == "package-index"
+                                else None, timeout_s=timeout_s, on_done=said)
+    report["control"] = {"dir": str(out), "verdicts": [v.as_dict() for v in verdicts]}
+    report["unscorable_here"] += [{"id": v.query_id, "needs": [f"an evaluation its starting files do not break "
+                                                               f"(control run: {v.reason})"]}
+                                  for v in verdicts if v.unscorable]
+
+
 def _print_check(report: dict, eval_fraction: float) -> None:
     malformed, split, repeats = report["malformed"], report["split"], report["duplicates"]
     console.print(f"{len(report['ok'])} queries OK in {escape(report['root'])} ({report['format']})"
@@ -115,6 +152,10 @@ def _print_check(report: dict, eval_fraction: float) -> None:
         console.print(f"[red]malformed[/] {escape(row['task'])}: {escape(row['reason'])}")
     for row in report["unscorable_here"]:
         console.print(f"[yellow]unscorable here[/] {escape(row['id'])}: needs {escape(', '.join(row['needs']))}")
+    if "control" in report:
+        verdicts = report["control"]["verdicts"]
+        console.print(f"control runs on the starting files: {sum(v['status'] != 'error' for v in verdicts)} of "
+                      f"{len(verdicts)} scorable (kept in {escape(report['control']['dir'])})")
     console.print(f"content split (eval_fraction {eval_fraction:g}): {split['train']} train, {split['eval']} "
                   f"eval, {split['generalisation']} generalisation; {len(repeats)} repeated contents, "
                   f"{report['duplicates_across_split']} across the split")

@@ -1,0 +1,66 @@
+"""The evaluator's verdict on each task's starting files, before any run (`gyre benchmark check --control`).
+
+Reading a task's scripts (`environments.needs`) finds what it asks for by name; it cannot see a
+package list that resolves to a pytest plugin the evaluation's pytest cannot load (NL2RepoBench's
+schedule-master lists `pytest-flake8`), an image list that does not install, or an R2E instance
+whose tests expected to pass before the fix fail here. The evaluator itself can: scoring the
+task's starting files (its `start_dir`, or nothing) is the control run every execution of the task
+would meet. An evaluator failure there (status `error`) is a task this machine cannot score, named
+with the evaluator's reason; a 0 or a partial score is normal (the work is the agent's to do).
+
+Each task is scored as a run would score it (`evaluate_query`, with the run's `evaluator` settings:
+the package-index proxy, the per-command timeout), into its own directory under `out_dir`, kept.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gyre.evaluators.observed import IndexAccess
+from gyre.records import EvalStatus, Query
+
+
+@dataclass(frozen=True)
+class ControlVerdict:
+    """The evaluator's verdict on one task's starting files."""
+
+    query_id: str
+    status: str
+    """`ok` or `tampering` (the evaluator ran), or `error` (it could not: unscorable here)."""
+    score: float | None
+    reason: str
+    eval_dir: str
+
+    @property
+    def unscorable(self) -> bool:
+        return self.status == EvalStatus.error.value
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def control_verdicts(queries: Iterable[Query], out_dir: Path, *, index: IndexAccess | None = None,
+                     timeout_s: float = 120.0,
+                     on_done: Callable[[ControlVerdict], None] | None = None) -> list[ControlVerdict]:
+    """Score each query's starting files under `out_dir` (which must not exist); `on_done` sees each verdict."""
+    from gyre.evaluators import evaluate_query
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True)
+    verdicts = []
+    for number, query in enumerate(queries):
+        where = out_dir / f"{number:04d}"  # query ids may hold '/' or names a file system refuses
+        workspace = where / "start"
+        if query.start_dir is not None and Path(query.start_dir).is_dir():
+            shutil.copytree(query.start_dir, workspace, symlinks=True)
+        else:
+            workspace.mkdir(parents=True)
+        score = evaluate_query(query, workspace, where / "eval", f"control-{number:04d}", timeout_s, index=index)
+        verdict = ControlVerdict(query.query_id, score.status.value, score.score, score.detail, str(where / "eval"))
+        verdicts.append(verdict)
+        if on_done is not None:
+            on_done(verdict)
+    return verdicts

@@ -41,15 +41,30 @@ def _config(tmp_path: Path, model_dir: Path, extra: str = "") -> Path:
     return path
 
 
-def _env() -> dict[str, str]:
+def _env(prefect_home: Path | None = None) -> dict[str, str]:
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", COLUMNS="160")
     env.pop("PREFECT_API_URL", None)  # gyre starts its own server
+    if prefect_home is not None:  # the server's database, read after the run (`_prefect_states`)
+        env["PREFECT_HOME"] = str(prefect_home)
     return env
 
 
 def _start(config: Path, cwd: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([*GYRE, "run", "--config", str(config), "--run-dir", "run", *extra], cwd=cwd,
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=_env(cwd / "prefect-home"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _prefect_states(cwd: Path) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """What the Prefect server of the runs started in `cwd` recorded (its database, the server being gone
+    with its run): each flow run's id, state type and message in start order; the state types of task runs
+    that are still open."""
+    import sqlite3
+
+    with sqlite3.connect(cwd / "prefect-home" / "prefect.db") as db:
+        flows = db.execute("select id, state_type, state_name from flow_run order by created").fetchall()
+        tasks = [row[0] for row in db.execute("select state_type from task_run where state_type in "
+                                             "('SCHEDULED', 'PENDING', 'RUNNING')").fetchall()]
+    return flows, tasks
 
 
 def _sql(run_dir: Path, query: str) -> dict:
@@ -115,6 +130,12 @@ def test_kill9_mid_step_then_resume_runs_every_step_once(tmp_path, tiny_model_di
     assert resumed.returncode == 0, out + err
     con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
     assert con.execute("select step, policy_version from steps order by step").fetchall() == [(0, 1), (1, 2), (2, 3)]
+    # the start killed outright is crashed, in the run file and in Prefect, from the resume on
+    starts = con.execute("select status, status_reason from runs order by started_at").fetchall()
+    assert [s for s, _ in starts] == ["crashed", "completed"] and "kill -9" in starts[0][1]
+    flows, open_tasks = _prefect_states(tmp_path)
+    assert [state for _, state, _ in flows] == ["CRASHED", "COMPLETED"], flows
+    assert open_tasks == []
     # the rerun step 1 was dispatched with the checkpoint's policy (version 1)
     assert con.execute("select distinct policy_version_dispatched from executions where step = 1 "
                        "and purpose = 'train'").fetchall() == [(1,)]
@@ -184,6 +205,10 @@ def test_sigterm_stops_the_run_promptly_and_leaves_nothing(tmp_path, tiny_model_
     assert con.execute("select step from steps").fetchall() == [(0,)]
     status, finished = con.execute("select status, finished_at from runs").fetchone()
     assert status == "stopped" and finished is not None
+    # and Prefect says so: the flow run Cancelled, no task run of it left open
+    flows, open_tasks = _prefect_states(tmp_path)
+    assert [state for _, state, _ in flows] == ["CANCELLED"], flows
+    assert open_tasks == []
 
 
 def test_an_unreachable_prefect_server_is_one_clear_error_before_any_work(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ err_console = Console(stderr=True)
 INPUT_ERRORS = (ConfigError, ModelDirError, BenchmarkFormatError, FileNotFoundError, FileExistsError)
 
 
-def _fail(exc: Exception) -> None:
-    """One-line error naming what is wrong, exit code 2."""
+def _fail(exc: Exception, code: int = 2) -> None:
+    """One-line error naming what is wrong, exit code `code` (2: bad input)."""
     err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
-    raise typer.Exit(code=2)
+    raise typer.Exit(code=code)

@@ -121,7 +121,7 @@ def run(
     if not resume and (run_dir / "gyre.duckdb").exists():
         _fail(ValueError(f"{run_dir} already holds a run (gyre.duckdb); choose another --run-dir or --resume"))
     total = steps or cfg.steps
-    records, last_eval = _run_flow(config, run_dir, total, resume)
+    records, last_eval, failed = _run_flow(config, run_dir, total, resume)
     _print_steps(records, run_dir)
     _print_gspo_summary(records)
     if cfg.evaluation.every_steps:
@@ -132,6 +132,8 @@ def run(
             gain = quarter_gain(read_eval_rounds(run_dir / "gyre.duckdb"), total)
             console.print(f"held-out eval pass rate, {gain.describe()}")
     console.print(f"results: {run_dir / 'gyre.duckdb'}  (duckdb {run_dir / 'gyre.duckdb'} \"select * from steps\")")
+    if failed:
+        _fail(RuntimeError(f"the run failed: {failed}"), code=1)
 
 
 def _prepare(config: Path):
@@ -170,6 +172,10 @@ def _run_flow(config: Path, run_dir: Path, total: int, resume: bool):
     StopOnSignal(server, lambda signum: _stop_message(signum, run_dir)).install()
     if server is not None:
         server.start()
+    from gyre.flows.states import reconcile
+    from gyre.runtime.run_status import run_dirs
+
+    reconcile(run_dirs(run_dir.resolve().parent))  # runs killed outright before: Crashed in Prefect now
     from gyre.flows.rl_run import rl_run
 
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -179,8 +185,11 @@ def _run_flow(config: Path, run_dir: Path, total: int, resume: bool):
             listener = _RichProgress(bar, total)
             unsubscribe = progress_events.subscribe(listener)
             try:
-                records = _in_worker_thread(rl_run, config_path=str(config), run_dir=str(run_dir), steps=total,
-                                            resume=resume)
+                state = _in_worker_thread(rl_run, config_path=str(config), run_dir=str(run_dir.resolve()),
+                                          steps=total, resume=resume, return_state=True)
+                records = state.result(raise_on_failure=False)
+                if isinstance(records, BaseException):  # the flow raised: as a plain call would
+                    raise records
             except INPUT_ERRORS as exc:
                 _fail(exc)
             finally:
@@ -188,7 +197,7 @@ def _run_flow(config: Path, run_dir: Path, total: int, resume: bool):
     finally:
         if server is not None:
             server.stop()
-    return records, listener.last_eval
+    return records, listener.last_eval, (state.message if state.is_failed() else None)
 
 
 def _print_steps(records, run_dir: Path) -> None:

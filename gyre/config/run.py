@@ -176,6 +176,10 @@ class EvaluatorConfig(Section):
     the tests copied in then (`gyre.evaluators.formats.in_place`; local sandbox with bubblewrap, gyre as root;
     `sandbox.type: docker`: the agent's own container, `gyre.evaluators.formats.in_container`; elsewhere
     `fresh` is used, with a warning). `fresh`: a new local sandbox on a copy of the workspace."""
+    max_dropped_share: float = Field(default=0.5, ge=0.0, le=1.0)
+    """A run whose evaluator failures (dropped executions, never counted as zeros) exceed this share of its
+    executions ends `failed` (DuckDB `runs.status`, its Prefect flow run Failed) with the counts as its reason,
+    as does a run that scored nothing at all (`gyre.runtime.run_status.verdict`)."""
     monitor: Literal["record", "zero", "off"] = "record"
     """Reward-hacking monitors: the static one (`gyre.evaluators.integrity.monitor`) over each kept workspace and the
     runtime one (`integrity.runtime`) in its test processes. `record` stores their flags with the execution

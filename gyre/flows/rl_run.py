@@ -21,16 +21,22 @@ from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from prefect.states import Failed
+
 from gyre.config.run import ConfigError, RunConfig, load_config
 from gyre.runtime.coordinator import Coordinator
+from gyre.flows.states import end_flow_run
 from gyre.flows.ui import RunObserver, rename_flow_run, run_name
 from gyre.runtime.lifecycle import attach, on_stop
 from gyre.runtime.live.cells import LiveCells
 from gyre.metrics import MetricsFanout, make_sinks
 from gyre.runtime.progress import ProgressEvent, emit
-from gyre.records import EvalRecord, StepRecord, utc_now
+from gyre.records import EvalRecord, EvalStatus, StepRecord, utc_now
+from gyre.runtime.run_status import crashed_starts, start_counts, verdict
+from gyre.tasks.events import emit_run_event, prefect_logger
 from gyre.tasks.step import (
-    cell, checkpoint, evaluate, execute, launch_cell_command, prepare_model, publish_weights, record, record_eval, train,
+    cell, checkpoint, evaluate, execute, launch_cell_command, prepare_model, publish_weights, record, record_eval,
+    scores_of, train,
 )
 
 MAX_CONCURRENT_TASKS = 256
@@ -54,8 +60,13 @@ def eval_round(coord: Coordinator, step: int, splits: tuple[str, ...] = EVAL_SPL
     records = []
     for name, executions, evaluations in submitted:
         with tags(f"step:{step}", "purpose:eval", f"split:{name}"):
-            records.append(record_eval(coord, step, [e.result() for e in executions],
-                                       [e.result() for e in evaluations], started_at, name))
+            scores = scores_of(evaluations)
+            if scores and all(s.status is EvalStatus.error for s in scores):  # a pass rate of nothing
+                prefect_logger().warning("eval round before step %d (%s): all %d evaluations failed (dropped); "
+                                         "no pass rate", step, name, len(scores))
+                emit_run_event("gyre.evaluation.round-failed", coord.run_id, coord.config.name,
+                               {"step": step, "split": name, "executions": len(scores)})
+            records.append(record_eval(coord, step, [e.result() for e in executions], scores, started_at, name))
     return records[0]
 
 
@@ -68,7 +79,7 @@ def rl_step(coord: Coordinator, step: int, eval_pass_rate: float | None = None) 
         executions = [execute.submit(coord, q, step, g) for q in queries for g in range(group_size)]
         evaluations = [evaluate.submit(coord, e) for e in executions]
         results = [e.result() for e in executions]
-        scores = [e.result() for e in evaluations]
+        scores = scores_of(evaluations)
         outcome = train(coord, step, results, scores, started_at, eval_pass_rate)
         if outcome.record.skipped_reason is None:
             publish_weights(coord, outcome.record.policy_version)
@@ -138,13 +149,18 @@ def rl_run(
     total = steps or config.steps
     flow_run_id = flow_run.id
     mark_run(coord, "running", flow_run_id)
-    unmark = on_stop(lambda: mark_run(coord, "stopped", flow_run_id))  # SIGTERM/SIGINT: before the store closes
+    for dead in crashed_starts(coord.store, coord.run_id):  # an earlier start killed outright: Crashed now
+        end_flow_run(dead.flow_run_id, "Crashed", dead.reason)
+    unmark = on_stop(lambda: stopped(coord, flow_run_id))  # SIGTERM/SIGINT: before the store closes
     metrics = MetricsFanout(make_sinks(config.metrics.sinks, coord.run_dir, config.metrics.project, coord.run_id))
     observer = RunObserver(coord.run_id, config.name, coord.run_dir, total, metrics)
-    status = "failed"
+    status, reason = "failed", None
     try:
         records = train_run(coord, total, resume, run_dir)
-        status = "completed"
+        status, reason = verdict(*start_counts(coord.store, coord.run_id), config.evaluator.max_dropped_share)
+        if reason is not None:  # a green Completed would say the run worked
+            prefect_logger().error("run failed: %s", reason)
+            return Failed(message=reason, data=records)
         return records
     except TerminationSignal:  # a flow run cancelled through Prefect (worker runs): SIGTERM raised here
         status = "stopped"
@@ -152,9 +168,18 @@ def rl_run(
     finally:
         observer.close()
         unmark()
-        mark_run(coord, status, flow_run_id)
+        mark_run(coord, status, flow_run_id, reason)
         detach()
         coord.close()
+
+
+STOPPED_MESSAGE = "stopped by a signal (Ctrl-C, SIGTERM): the current step abandoned; `gyre run --resume` continues"
+
+
+def stopped(coord: Coordinator, flow_run_id: str | None) -> None:
+    """A stop signal's closer: the run's row `stopped`, its flow run and open task runs Cancelled."""
+    mark_run(coord, "stopped", flow_run_id, STOPPED_MESSAGE)
+    end_flow_run(flow_run_id, "Cancelled", STOPPED_MESSAGE, live=True)
 
 
 def train_run(coord: Coordinator, total: int, resume: bool, run_dir: str) -> list[StepRecord]:
@@ -180,8 +205,9 @@ def train_run(coord: Coordinator, total: int, resume: bool, run_dir: str) -> lis
     return records
 
 
-def mark_run(coord: Coordinator, status: str, flow_run_id: str | None) -> None:
-    """The run's row in DuckDB's `runs`: its status, the Prefect flow run, the finish time."""
+def mark_run(coord: Coordinator, status: str, flow_run_id: str | None, reason: str | None = None) -> None:
+    """The run's row in DuckDB's `runs`: its status (and why, when not completed), the Prefect flow run, the
+    finish time."""
     finished_at = None if status == "running" else utc_now()
-    coord.store.query("UPDATE runs SET status = ?, finished_at = ?, prefect_flow_run_id = ? WHERE run_id = ?",
-                      [status, finished_at, flow_run_id, coord.run_id])
+    coord.store.query("UPDATE runs SET status = ?, status_reason = ?, finished_at = ?, prefect_flow_run_id = ? "
+                      "WHERE run_id = ?", [status, reason, finished_at, flow_run_id, coord.run_id])

@@ -42,9 +42,10 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("name", "VARCHAR"),
         ("config_json", "VARCHAR"),
         ("started_at", "TIMESTAMPTZ"),
-        ("status", "VARCHAR"),  # running | completed | failed | stopped (set by the run flow)
+        ("status", "VARCHAR"),  # running | completed | failed | stopped | crashed (gyre.runtime.run_status)
         ("finished_at", "TIMESTAMPTZ"),
         ("prefect_flow_run_id", "VARCHAR"),
+        ("status_reason", "VARCHAR"),  # why a start failed, stopped or crashed
     ],
     "steps": [
         ("step", "INTEGER"),

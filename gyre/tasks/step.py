@@ -13,7 +13,9 @@ from datetime import datetime
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
+from prefect.client.schemas.objects import State
 from prefect.futures import PrefectFuture
+from prefect.states import Failed
 
 from gyre.config.run import RunConfig
 from gyre.runtime.coordinator import Coordinator, ExecutionResult, StepOutcome
@@ -56,8 +58,9 @@ def execute(coord: Coordinator, query: Query, step: int, group_index: int, purpo
 @task(name="evaluate", cache_policy=NONE,
       task_run_name="step{result.execution.step}-{result.execution.purpose}-evaluate-{result.query.query_id}"
                     "-sample{result.execution.group_index}")
-def evaluate(coord: Coordinator, result: ExecutionResult) -> Score:
-    """Score one kept workspace; an evaluator failure or a tampering verdict is also a Prefect event."""
+def evaluate(coord: Coordinator, result: ExecutionResult) -> Score | State:
+    """Score one kept workspace; an evaluator failure or a tampering verdict is also a Prefect event. An
+    evaluator failure ends the task run Failed, the score its data (`scores_of`): the flow goes on."""
     score = coord.evaluate(result)
     if score.status in (EvalStatus.error, EvalStatus.tampering):
         kind = "failed" if score.status is EvalStatus.error else "tampering"
@@ -65,7 +68,21 @@ def evaluate(coord: Coordinator, result: ExecutionResult) -> Score:
             "step": result.execution.step, "purpose": result.execution.purpose, "query_id": result.query.query_id,
             "execution_id": result.execution.execution_id, "detail": score.detail[-2000:],
             "evidence": score.evidence})
+    if score.status is EvalStatus.error:
+        return Failed(message=f"evaluator failure (dropped, not a 0): {score.detail[-500:]}", data=score)
     return score
+
+
+def scores_of(evaluations: list[PrefectFuture]) -> list[Score]:
+    """The scores of `evaluate` task runs, those ended Failed by an evaluator failure included; an exception
+    raised inside one is raised here."""
+    scores = []
+    for future in evaluations:
+        value = future.result(raise_on_failure=False)
+        if isinstance(value, BaseException):
+            raise value
+        scores.append(value)
+    return scores
 
 
 @task(name="train", task_run_name="train-step-{step}", cache_policy=NONE)

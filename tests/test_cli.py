@@ -55,3 +55,26 @@ def test_bench_rollout_reports_single_and_concurrent_throughput(tiny_model_dir):
     # every call sampled exactly --new-tokens (no stop token cut one short): tokens/s counts what it claims
     assert data["tokens_sampled"] == {"single": 8, "concurrent": 4 * 8}
     assert abs(data["speedup"] - data["tokens_per_s_4"] / data["tokens_per_s_1"]) < 0.02
+
+
+def test_run_checks_its_run_directory_before_any_work(tmp_path, monkeypatch):
+    """`--resume` on a directory without checkpoints, or a new run into a used one, is one line (exit 2)
+    before the model or warm start is built: `preflight` is never reached."""
+    from typer.testing import CliRunner
+
+    from gyre.cli.main import app
+
+    def no_work(*_args, **_kwargs):
+        raise AssertionError("preflight ran before the run directory was checked")
+
+    monkeypatch.setattr("gyre.runtime.resolve.preflight", no_work)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    missing = CliRunner().invoke(app, ["run", "-c", "configs/tiny-cpu.yaml", "--resume", "--run-dir",
+                                       str(tmp_path / "none")])
+    assert missing.exit_code == 2 and "has no checkpoints" in " ".join(missing.output.split()), missing.output
+    no_dir = CliRunner().invoke(app, ["run", "-c", "configs/tiny-cpu.yaml", "--resume"])
+    assert no_dir.exit_code == 2 and "--resume needs --run-dir" in " ".join(no_dir.output.split()), no_dir.output
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "gyre.duckdb").write_bytes(b"")
+    used = CliRunner().invoke(app, ["run", "--config", "configs/tiny-cpu.yaml", "--run-dir", str(tmp_path / "used")])
+    assert used.exit_code == 2 and "already holds a run" in " ".join(used.output.split()), used.output

@@ -200,6 +200,19 @@ def test_cli_report_prints_the_summary_and_the_paths(tmp_path):
         assert text in result.output, text
 
 
+def test_cli_report_json_is_one_document_with_the_summary_and_the_files(tmp_path):
+    import json
+
+    run_dir = _write_run(tmp_path / "run")
+    result = CliRunner().invoke(app, ["report", str(run_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    labels = {row["label"] for row in doc["summary"]}
+    assert {"run id", "evaluator failure rate"} <= labels
+    assert doc["html"] == str(run_dir / "report" / "index.html")
+    assert str(run_dir / "report" / "gspo.png") in {p["path"] for p in doc["plots"]}
+
+
 def test_cli_report_on_a_bad_directory_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     for path, message in ((tmp_path / "missing", "does not exist"), (tmp_path / "empty", "holds no gyre.duckdb")):

@@ -10,6 +10,7 @@ failures: dropped, never zeros. Then the index is up; the rerun scores them with
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -130,9 +131,9 @@ def test_rerun_scores_evaluator_failures_without_any_new_rollout(failed_run, tmp
     assert _rows(run, "select count(*) from eval_attempts") == [(3,)]
 
 
-def _rerun_cli(run_dir: Path) -> subprocess.CompletedProcess:
+def _rerun_cli(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", COLUMNS="400")
-    return subprocess.run([sys.executable, "-m", "gyre.cli.main", "rerun-failed", str(run_dir)], env=env,
+    return subprocess.run([sys.executable, "-m", "gyre.cli.main", "rerun-failed", str(run_dir), *extra], env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -152,6 +153,10 @@ def test_gone_workspaces_are_reported_unrecoverable_and_the_rest_proceed(failed_
     shutil.rmtree(run / "workspaces")  # every workspace gone: a report, and nothing written
     proc = _rerun_cli(run)
     assert proc.returncode == 1 and "0 rescored, 0 failed again, 1 unrecoverable" in proc.stdout, proc.stdout
+    as_json = _rerun_cli(run, "--json")  # the same rerun as one document
+    assert as_json.returncode == 1, as_json.stdout + as_json.stderr
+    doc = json.loads(as_json.stdout)
+    assert doc["rescored"] == [] and [u["failed"]["execution_id"] for u in doc["unrecoverable"]] == [train_failure]
     assert "is gone: it cannot be scored again without rerunning the execution" in proc.stdout
     assert _rows(run, "select count(*) from eval_attempts") == [(2,)]
 

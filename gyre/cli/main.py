@@ -112,7 +112,10 @@ def simulate(
 
 
 @app.command()
-def report(run_dir: Path = typer.Argument(..., help="A run directory (holds gyre.duckdb).")) -> None:
+def report(
+    run_dir: Path = typer.Argument(..., help="A run directory (holds gyre.duckdb)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary and the files written as one JSON document."),
+) -> None:
     """Plots, one self-contained HTML page and a summary of a run, into RUN_DIR/report/ (gyre/report/)."""
     import duckdb
 
@@ -123,6 +126,14 @@ def report(run_dir: Path = typer.Argument(..., help="A run directory (holds gyre
         result = write_report(run_dir)
     except (*INPUT_ERRORS, duckdb.IOException) as exc:  # not a run dir; the file held by a live run
         _fail(exc)
+    if as_json:
+        import json
+
+        print(json.dumps({"title": result.title, "summary": [{"label": k, "value": v} for k, v in result.rows],
+                          "html": str(result.html_path),
+                          "plots": [{"name": p.name, "path": str(p.path), "no_data": p.no_data} for p in result.plots]},
+                         indent=2))
+        return
     console.print(summary_table(result.rows, result.title))
     console.print(f"wrote {result.html_path}", soft_wrap=True, markup=False)
     console.print(f"plots ({len(result.plots)}): " + ", ".join(str(p.path) for p in result.plots), soft_wrap=True,

@@ -2,8 +2,9 @@
 
 Runs the `rerun-failed-evaluations` flow (`gyre.flows.rerun`, logic in `gyre.runtime.rescore`) and
 prints what was rescored (old and new status and score), what could not be (with why), and the
-eval pass rates that changed. Exit code: 0 when no failed evaluation is left, 1 when some is
-(unrecoverable, or failed again), 2 when RUN_DIR is not a run directory or a live run holds it.
+eval pass rates that changed (`--json`: the same as one JSON document). Exit code: 0 when no failed
+evaluation is left, 1 when some is (unrecoverable, or failed again), 2 when RUN_DIR is not a run
+directory or a live run holds it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ def _short(text: str) -> str:
     return escape(text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS - 3] + "...")
 
 
-def rerun_failed(run_dir: Path = typer.Argument(..., help="A run directory (holds gyre.duckdb and config.yaml).")) -> None:
+def rerun_failed(
+    run_dir: Path = typer.Argument(..., help="A run directory (holds gyre.duckdb and config.yaml)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rerun as one JSON document instead of tables."),
+) -> None:
     """Score again, from their kept workspaces, the executions whose evaluation failed (evaluator
     failures only: never a genuine 0 or a tampering verdict); no execution is rerun. Every attempt
     stays in DuckDB (`eval_attempts`); eval pass rates are recomputed (`eval_rate_changes`)."""
@@ -52,6 +56,16 @@ def rerun_failed(run_dir: Path = typer.Argument(..., help="A run directory (hold
         report = rerun_failed_evaluations(str(run_dir))
     except (*INPUT_ERRORS, duckdb.IOException) as exc:  # the file held by a live run names its holder
         _fail(exc)
+    left = len(report.unrecoverable) + len(report.still_failing)
+    if as_json:
+        from pydantic import TypeAdapter
+
+        from gyre.runtime.rescore import RerunReport
+
+        print(TypeAdapter(RerunReport).dump_json(report, indent=2).decode())
+        if left:
+            raise typer.Exit(code=1)
+        return
     if not report.rescored and not report.unrecoverable:
         console.print(f"no failed evaluations in {escape(str(run_dir))}: nothing to rerun")
         return
@@ -78,7 +92,6 @@ def rerun_failed(run_dir: Path = typer.Argument(..., help="A run directory (hold
             rates.add_row(str(c.step), c.split, str(c.policy_version), _num(c.old_pass_rate), _num(c.new_pass_rate),
                           f"{c.old_num_dropped} -> {c.new_num_dropped}")
         console.print(rates)
-    left = len(report.unrecoverable) + len(report.still_failing)
     console.print(f"{len(report.rescored)} rescored, {len(report.still_failing)} failed again, "
                   f"{len(report.unrecoverable)} unrecoverable, {len(report.rate_changes)} eval pass rates changed")
     if left:

@@ -19,11 +19,13 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gyre.cli.common import INPUT_ERRORS, _fail, console
+from gyre.cli.common import INPUT_ERRORS, _fail, console, err_console
 from gyre.config.run import load_config
 from gyre.flows.prefect_server import STARTUP_TIMEOUT_S, PrefectServer, check_prefect_api
 from gyre.runtime.lifecycle import StopOnSignal
 
+TABLE_WIDTH_OFF_TERMINAL = 200
+"""The step table's width when stdout is not a terminal (its 14 columns need about 150)."""
 JOIN_POLL_S = 0.2
 """How often the main thread wakes while the flow runs (signal handlers run between waits)."""
 
@@ -104,50 +106,81 @@ class _RichProgress:
 
 
 def run(
-    config: Path = typer.Option(Path("configs/tiny-cpu.yaml"), help="Run configuration (YAML)."),
+    config: Path = typer.Option(Path("configs/tiny-cpu.yaml"), "--config", "-c", help="Run configuration (YAML)."),
     steps: int | None = typer.Option(None, min=1, help="Optimizer steps (overrides the config)."),
     run_dir: Path | None = typer.Option(None, help="Where results land (default runs/<name>-<time>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue --run-dir from its newest checkpoint."),
+    as_json: bool = typer.Option(False, "--json", help="Progress on stderr; at the end, one JSON document on stdout "
+                                 "(run directory, status, reason, steps, eval pass rates)."),
 ) -> None:
     """Run online RL: rollouts through the proxy, evaluation, GSPO steps, all into DuckDB."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # rich shows progress; transformers' bars would interleave
     hf_logging.set_verbosity_error()
-    cfg = _prepare(config)
+    cfg = _load(config)
+    if resume and run_dir is None:
+        _fail(ValueError("--resume needs --run-dir: the run directory to continue"))
     run_dir = run_dir or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    if resume and not (run_dir / "checkpoints").is_dir():
+    if resume and not (run_dir / "checkpoints").is_dir():  # checked before any model or warm start is built
         _fail(ValueError(f"--resume: {run_dir} has no checkpoints/ (set train.checkpoint_every)"))
     if not resume and (run_dir / "gyre.duckdb").exists():
         _fail(ValueError(f"{run_dir} already holds a run (gyre.duckdb); choose another --run-dir or --resume"))
+    out = err_console if as_json else console
+    _prepare(cfg, out)
     total = steps or cfg.steps
-    records, last_eval, failed = _run_flow(config, run_dir, total, resume)
-    _print_steps(records, run_dir)
-    _print_gspo_summary(records)
-    if cfg.evaluation.every_steps:
+    records, last_eval, failed = _run_flow(config, run_dir, total, resume, out)
+    gain = None
+    if cfg.evaluation.every_steps and total:
         from gyre.report.learning_curve import quarter_gain, read_eval_rounds
 
-        console.print(f"eval pass rate after the last step: {last_eval}  (table `evals`)")
-        if total:
-            gain = quarter_gain(read_eval_rounds(run_dir / "gyre.duckdb"), total)
-            console.print(f"held-out eval pass rate, {gain.describe()}")
-    console.print(f"results: {run_dir / 'gyre.duckdb'}  (duckdb {run_dir / 'gyre.duckdb'} \"select * from steps\")")
+        gain = quarter_gain(read_eval_rounds(run_dir / "gyre.duckdb"), total)
+    if as_json:
+        _print_json(run_dir, records, last_eval, failed, gain)
+    else:
+        _print_steps(records, run_dir)
+        _print_gspo_summary(records)
+        if cfg.evaluation.every_steps:
+            console.print(f"eval pass rate after the last step: {last_eval}  (table `evals`)")
+            if gain is not None:
+                console.print(f"held-out eval pass rate, {gain.describe()}")
+        console.print(f"results: {run_dir / 'gyre.duckdb'}  (gyre sql {run_dir} \"select * from steps\")",
+                      soft_wrap=True)
     if failed:
         _fail(RuntimeError(f"the run failed: {failed}"), code=1)
 
 
-def _prepare(config: Path):
-    """The run's config, checked, with its model and warm start built (once; cached) under a
-    progress bar; bad input ends here with one clear line."""
+def _print_json(run_dir: Path, records, last_eval: str, failed: str | None, gain) -> None:
+    import json
+
+    print(json.dumps({
+        "run_dir": str(run_dir), "duckdb": str(run_dir / "gyre.duckdb"),
+        "status": "failed" if failed else "completed", "reason": failed,
+        "steps": [r.model_dump(mode="json") for r in records],
+        "eval_pass_rate_last": None if last_eval == "n/a" else float(last_eval),
+        "held_out_gain": None if gain is None else gain.describe(),
+    }, indent=2))
+
+
+def _load(config: Path):
+    """The run's config, checked, and the Prefect server a user named answering; one clear line otherwise."""
+    try:
+        if os.environ.get("PREFECT_API_URL"):
+            check_prefect_api(os.environ["PREFECT_API_URL"])
+        return load_config(config)
+    except (*INPUT_ERRORS, ValueError, ConnectionError) as exc:
+        _fail(exc)
+
+
+def _prepare(cfg, out) -> None:
+    """The run's model and warm start built (once; cached) under a progress bar on `out`; bad input ends
+    here with one clear line."""
     from gyre.runtime import progress as progress_events
     from gyre.runtime.resolve import preflight
 
     try:
-        if os.environ.get("PREFECT_API_URL"):
-            check_prefect_api(os.environ["PREFECT_API_URL"])
-        cfg = load_config(config)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.fields[info]}"), console=console, transient=True) as bar:
+                      TextColumn("{task.fields[info]}"), console=out, transient=True) as bar:
             unsubscribe = progress_events.subscribe(_WarmstartProgress(bar))
             try:
                 preflight(cfg)  # builds the cached tiny model, benchmark and warm start once
@@ -155,10 +188,9 @@ def _prepare(config: Path):
                 unsubscribe()
     except (*INPUT_ERRORS, ValueError, ConnectionError) as exc:
         _fail(exc)
-    return cfg
 
 
-def _run_flow(config: Path, run_dir: Path, total: int, resume: bool):
+def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console):
     """The RL flow in a worker thread (signals stay with this one), against gyre's own Prefect
     server unless PREFECT_API_URL names one; returns the step records and the last eval line."""
     from gyre.runtime import progress as progress_events
@@ -181,7 +213,7 @@ def _run_flow(config: Path, run_dir: Path, total: int, resume: bool):
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[info]}")]
     try:
-        with Progress(*columns, console=console) as bar:
+        with Progress(*columns, console=out) as bar:
             listener = _RichProgress(bar, total)
             unsubscribe = progress_events.subscribe(listener)
             try:
@@ -217,7 +249,8 @@ def _print_steps(records, run_dir: Path) -> None:
             num(r.sampled_entropy, ".2f"), num(r.mean_response_tokens, ".0f"),
             num(r.loss, "+.4f"), num(r.grad_norm, ".3f"), str(r.tokens_trained),
         )
-    console.print(table)
+    # off a terminal (a file, a CI log) rich would cut the table to 80 columns: every column stays readable
+    console.print(table, width=None if console.is_terminal else TABLE_WIDTH_OFF_TERMINAL)
 
 
 def _print_gspo_summary(records) -> None:

@@ -29,6 +29,12 @@ def _record(step: int, dropped: int, tampering: int = 0) -> dict:
             "skipped_reason": None, "started_at": now, "finished_at": now}
 
 
+def _eval(step: int, rate: float | None) -> dict:
+    now = datetime.now(timezone.utc).isoformat()
+    return {"step": step, "policy_version": step, "split": "in_distribution", "pass_rate": rate,
+            "num_executions": 8, "num_dropped": 1 if rate is not None else 8, "started_at": now, "finished_at": now}
+
+
 def test_the_step_table_and_markdown_carry_the_step_record():
     record = _record(3, dropped=2, tampering=1)
     rows = {row["metric"]: row["value"] for row in step_table(record)}
@@ -90,12 +96,14 @@ def test_a_step_shows_as_artifacts_events_and_a_warning(prefect_server, tmp_path
         try:
             emit(ProgressEvent("cells", 0, {"roles": ["rollout", "train"]}))
             emit(ProgressEvent("cells", 1, {"roles": ["rollout", "rollout"]}))
+            emit(ProgressEvent("eval_finished", 0, _eval(0, 0.375)))
             emit(ProgressEvent("step_finished", 0, _record(0, dropped=5, tampering=1)))
+            emit(ProgressEvent("eval_finished", 2, _eval(2, None)))  # the round after the last step
         finally:
             observer.close()
         return flow_run.id
 
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         state = observed(str(ROOT / "configs/tiny-cpu.yaml"), str(tmp_path / "run-7"), return_state=True)
     flow_run_id = state.result()
     events_worker.drain()
@@ -108,7 +116,14 @@ def test_a_step_shows_as_artifacts_events_and_a_warning(prefect_server, tmp_path
     by_type = {a.type: a for a in artifacts}
     assert set(by_type) == {"table", "markdown", "progress"}
     assert by_type["progress"].data == 50.0  # one step of two
-    assert "dropped: 5 of 8" in by_type["markdown"].data
+    pages = [a.data for a in artifacts if a.type == "markdown"]
+    (step_page,) = [p for p in pages if p.startswith("# Step 0")]
+    assert "dropped: 5 of 8" in step_page
+    assert "eval pass rate (in_distribution, round before step 0): 0.375 over 8 executions, 1 dropped" in step_page
+    rounds = sorted(p.splitlines()[0] for p in pages if p.startswith("# Eval round"))
+    assert rounds == ["# Eval round before step 0 (in_distribution, policy v0)",
+                      "# Eval round before step 2 (in_distribution, policy v2)"], rounds
+    assert any("none (every evaluation failed)" in p for p in pages)
     assert (tmp_path / "run-7" / "report" / "steps" / "step-00000.png").stat().st_size > 1000
 
     ours = [e for e in events_worker._client.events if e.event.startswith("gyre.")]
@@ -119,7 +134,11 @@ def test_a_step_shows_as_artifacts_events_and_a_warning(prefect_server, tmp_path
     assert failed.resource.id == "gyre.run.abc123" and failed.payload["share"] == 5 / 8
     assert any(r.id == f"prefect.flow-run.{flow_run_id}" for r in failed.related)
     assert any("5 of 8 evaluations failed" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
-    assert logged and logged[0][1] == 0 and logged[0][0]["train/num_dropped"] == 5
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any(m.startswith("step 0 (policy v1): reward mean 0.25, 5 of 8 executions dropped") for m in said), said
+    assert any(m.startswith("eval round before step 2 (in_distribution): pass rate None") for m in said), said
+    assert any(step == 0 and scalars.get("train/num_dropped") == 5 for scalars, step in logged), logged
+    assert any(step == 2 and scalars.get("eval/in_distribution/num_dropped") == 8 for scalars, step in logged)
 
 
 def test_the_automation_in_docs_is_one_prefect_accepts():

@@ -4,8 +4,11 @@ The flows wire this in; domain modules stay free of Prefect. `RunObserver` liste
 run's progress events (`gyre.runtime.progress`) and turns them into Prefect objects:
 
 - per step, a table artifact (scores, drops, staleness, GSPO diagnostics from the step
-  record) and a markdown artifact with the run's curves so far (PNG, also written under
-  `<run_dir>/report/steps/`);
+  record) and a markdown artifact with the latest eval pass rate of each held-out split and the
+  run's curves so far, eval pass rates among them (PNG, also written under `<run_dir>/report/steps/`);
+- per eval round (the one after the last step too), a markdown artifact: its split, pass rate,
+  executions and drops;
+- gyre's own log lines in the flow run's Logs: one INFO line per step and per eval round;
 - one progress artifact for the run (`gyre-<run_id>-progress`), updated after every step;
 - Prefect events: `gyre.step.dropped-executions`, `gyre.step.tampering`,
   `gyre.step.evaluations-mostly-failed` (also a WARNING log line), `gyre.cells.role-switch`;
@@ -64,13 +67,16 @@ def step_table(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"metric": key, "value": record.get(key)} for key in TABLE_FIELDS]
 
 
-def step_markdown(record: dict[str, Any], history: list[dict[str, Any]], png: bytes | None) -> str:
-    """The markdown artifact of a step: headline figures and the curves so far."""
+def step_markdown(record: dict[str, Any], history: list[dict[str, Any]], png: bytes | None,
+                  evals: list[dict[str, Any]] | None = None) -> str:
+    """The markdown artifact of a step: headline figures, the latest eval pass rate per split, the curves."""
     dropped, total = record["num_dropped"], record["num_executions"]
     lines = [
         f"# Step {record['step']} (policy v{record['policy_version']})",
         "",
         f"- reward mean: {record.get('reward_mean')}",
+        *(f"- eval pass rate ({e['split']}, round before step {e['step']}): {e.get('pass_rate')} over "
+          f"{e['num_executions']} executions, {e['num_dropped']} dropped" for e in latest_evals(evals or [])),
         f"- dropped: {dropped} of {total} executions (evaluator failures); tampering: {record.get('num_tampering', 0)}",
         f"- mean staleness: {record.get('mean_staleness')}",
         f"- GSPO: loss {record.get('loss')}, grad norm {record.get('grad_norm')}, clip low/high "
@@ -84,8 +90,26 @@ def step_markdown(record: dict[str, Any], history: list[dict[str, Any]], png: by
     return "\n".join(lines)
 
 
-def curves_png(history: list[dict[str, Any]]) -> bytes:
-    """Reward mean, dropped share and GSPO clip fractions per step, as one PNG."""
+def latest_evals(evals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The newest eval round of each split, in the order the splits first appeared."""
+    latest: dict[str, dict[str, Any]] = {}
+    for record in evals:
+        latest[record["split"]] = record
+    return list(latest.values())
+
+
+def eval_markdown(record: dict[str, Any]) -> str:
+    """The markdown artifact of one eval round."""
+    rate = record.get("pass_rate")
+    return "\n".join([
+        f"# Eval round before step {record['step']} ({record['split']}, policy v{record['policy_version']})", "",
+        f"- pass rate: {'none (every evaluation failed)' if rate is None else rate}",
+        f"- executions: {record['num_executions']}, dropped (evaluator failures): {record['num_dropped']}",
+    ])
+
+
+def curves_png(history: list[dict[str, Any]], evals: list[dict[str, Any]] | None = None) -> bytes:
+    """Reward mean with each split's eval pass rate, dropped share and GSPO clip fractions per step, as one PNG."""
     from matplotlib.figure import Figure
 
     steps = [r["step"] for r in history]
@@ -95,8 +119,13 @@ def curves_png(history: list[dict[str, Any]]) -> bytes:
 
     fig = Figure(figsize=(9, 3), dpi=80)
     reward, drops, gspo = fig.subplots(1, 3)
-    reward.plot(steps, series("reward_mean"), marker="o")
-    reward.set_title("reward mean")
+    reward.plot(steps, series("reward_mean"), marker="o", label="reward mean")
+    for split in dict.fromkeys(e["split"] for e in evals or []):
+        rounds = [e for e in evals if e["split"] == split]
+        reward.plot([e["step"] for e in rounds], [float("nan") if e.get("pass_rate") is None else e["pass_rate"]
+                                                  for e in rounds], marker="s", linestyle="--", label=f"eval {split}")
+    reward.legend(fontsize=7)
+    reward.set_title("reward, eval pass rate")
     drops.plot(steps, [r["num_dropped"] / max(r["num_executions"], 1) for r in history], marker="o", color="tab:red")
     drops.set_title("dropped share")
     for key in ("clip_low_frac", "clip_high_frac", "token_cap_frac"):
@@ -118,6 +147,7 @@ class RunObserver:
         self.run_id, self.name, self.run_dir, self.total_steps = run_id, name, Path(run_dir), total_steps
         self.metrics = metrics
         self.history: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []
         self._roles: list[str] | None = None
         self._progress_id: UUID | None = None
         if flow_run.id:
@@ -133,16 +163,27 @@ class RunObserver:
         if event.kind == "step_finished":
             self.on_step(event.data)
         elif event.kind == "eval_finished":
-            data = event.data
-            self.metrics.log({f"eval/{data['split']}/pass_rate": data.get("pass_rate"),
-                              f"eval/{data['split']}/num_dropped": data.get("num_dropped")}, event.step or 0)
+            self.on_eval(event.data)
         elif event.kind == "cells":
             self.on_roles(event.step, event.data["roles"])
+
+    def on_eval(self, record: dict[str, Any]) -> None:
+        self.evals.append(record)
+        self.metrics.log({f"eval/{record['split']}/pass_rate": record.get("pass_rate"),
+                          f"eval/{record['split']}/num_dropped": record.get("num_dropped")}, record["step"] or 0)
+        prefect_logger().info("eval round before step %d (%s): pass rate %s over %d executions, %d dropped",
+                              record["step"], record["split"], record.get("pass_rate"), record["num_executions"],
+                              record["num_dropped"])
+        where = f"eval round before step {record['step']} ({record['split']})"
+        create_markdown_artifact(eval_markdown(record), description=f"{self.name}: {where}")
 
     def on_step(self, record: dict[str, Any]) -> None:
         self.history.append(record)
         step, dropped, total = record["step"], record["num_dropped"], record["num_executions"]
         self.metrics.log({f"train/{k}": record.get(k) for k in TABLE_FIELDS if k != "step"}, step)
+        prefect_logger().info("step %d (policy v%d): reward mean %s, %d of %d executions dropped, %d tampering, "
+                              "loss %s", step, record["policy_version"], record.get("reward_mean"), dropped, total,
+                              record.get("num_tampering") or 0, record.get("loss"))
         if dropped:
             emit_run_event("gyre.step.dropped-executions", self.run_id, self.name,
                            {"step": step, "dropped": dropped, "executions": total, "share": dropped / max(total, 1)})
@@ -154,12 +195,13 @@ class RunObserver:
                                      step, dropped, total)
             emit_run_event("gyre.step.evaluations-mostly-failed", self.run_id, self.name,
                            {"step": step, "dropped": dropped, "executions": total, "share": dropped / total})
-        png = curves_png(self.history)
+        png = curves_png(self.history, self.evals)
         out = self.run_dir / "report" / "steps"
         out.mkdir(parents=True, exist_ok=True)
         (out / f"step-{step:05d}.png").write_bytes(png)
         create_table_artifact(step_table(record), description=f"{self.name}: step {step} record")
-        create_markdown_artifact(step_markdown(record, self.history, png), description=f"{self.name}: step {step}")
+        create_markdown_artifact(step_markdown(record, self.history, png, self.evals),
+                                 description=f"{self.name}: step {step}")
         if self._progress_id is not None:
             update_progress_artifact(self._progress_id, 100.0 * len(self.history) / max(self.total_steps, 1))
 

@@ -233,3 +233,34 @@ def test_the_tables_doc_names_every_table_and_column_of_the_schema():
         assert f"### `{table}`" in doc, table
         for column, _ in columns:
             assert f"`{column}`" in doc, f"{table}.{column}"
+
+
+def test_a_live_run_is_reported_from_its_copy_and_not_rerun(tmp_path):
+    """While a run's process holds gyre.duckdb, `gyre report` reads the copy the run refreshes after every
+    step (live.duckdb) and says so; `gyre rerun-failed`, which must write the run file, says in one line why
+    it cannot run yet. The holder is a real second process."""
+    import shutil
+    import subprocess
+    import sys
+
+    run_dir = _write_run(tmp_path / "run")
+    (run_dir / "config.yaml").write_text("name: live\n")
+    shutil.copy(run_dir / "gyre.duckdb", tmp_path / "snapshot.duckdb")  # what the run's live export writes
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, time\n"
+                               f"con = duckdb.connect({str(run_dir / 'gyre.duckdb')!r})\n"
+                               "print('held', flush=True)\ntime.sleep(120)\n"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        early = CliRunner().invoke(app, ["report", str(run_dir)])
+        assert early.exit_code == 2 and "has not written live.duckdb yet" in " ".join(early.output.split())
+        shutil.copy(tmp_path / "snapshot.duckdb", run_dir / "live.duckdb")
+        result = CliRunner().invoke(app, ["report", str(run_dir)])
+        assert result.exit_code == 0, result.output
+        assert "the run is live: read from its copy live.duckdb" in " ".join(result.output.split())
+        assert "abc123" in result.output
+        rerun = CliRunner().invoke(app, ["rerun-failed", str(run_dir)])
+        flat = " ".join(rerun.output.split())
+        assert rerun.exit_code == 2 and "is a live run" in flat and "Traceback" not in rerun.output, rerun.output
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)

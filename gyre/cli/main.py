@@ -129,11 +129,15 @@ def report(
     if as_json:
         import json
 
-        print(json.dumps({"title": result.title, "summary": [{"label": k, "value": v} for k, v in result.rows],
+        print(json.dumps({"title": result.title, "live_age_s": result.data.live_age_s,
+                          "summary": [{"label": k, "value": v} for k, v in result.rows],
                           "html": str(result.html_path),
                           "plots": [{"name": p.name, "path": str(p.path), "no_data": p.no_data} for p in result.plots]},
                          indent=2))
         return
+    if result.data.live_age_s is not None:
+        console.print(f"the run is live: read from its copy live.duckdb, {result.data.live_age_s:.0f} s old "
+                      "(refreshed after every step and eval round)", soft_wrap=True)
     console.print(summary_table(result.rows, result.title))
     console.print(f"wrote {result.html_path}", soft_wrap=True, markup=False)
     console.print(f"plots ({len(result.plots)}): " + ", ".join(str(p.path) for p in result.plots), soft_wrap=True,

@@ -39,15 +39,19 @@ def rerun_failed(
     import duckdb
 
     from gyre.flows.prefect_server import check_prefect_api
-    from gyre.runtime.rescore import DB_FILE, check_run_dir
+    from gyre.runtime.rescore import check_run_dir
 
     try:
         check_run_dir(run_dir)
-        duckdb.connect(str(run_dir / DB_FILE), read_only=True).close()  # held by a live run: says by whom
         if os.environ.get("PREFECT_API_URL"):
             check_prefect_api(os.environ["PREFECT_API_URL"])
-    except (*INPUT_ERRORS, duckdb.IOException, ConnectionError) as exc:
+    except (*INPUT_ERRORS, ConnectionError) as exc:
         _fail(exc)
+    from gyre.runtime.run_status import is_live
+
+    if is_live(run_dir):  # it writes to the run file, which a live run holds (a copy would lose the rescores)
+        _fail(RuntimeError(f"{run_dir} is a live run (its process holds gyre.duckdb): rerun-failed writes to "
+                           "that file, so run it once the run has ended (`gyre runs` shows it)"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     from gyre.flows.rerun import rerun_failed_evaluations

@@ -115,6 +115,9 @@ class RunData:
     """The `role_switches` table (timed per phase); empty for runs written before it existed."""
     missing: frozenset[str]
     """'table' or 'table.column' names this file lacks (written by an older gyre)."""
+    live_age_s: float | None = None
+    """Read from `live.duckdb`, the copy a live run refreshes after every step and eval round, this many
+    seconds old (the run holds its own file); None: the run file itself."""
 
     @property
     def splits(self) -> list[str]:
@@ -163,9 +166,27 @@ def db_path(run_dir: Path) -> Path:
 
 
 def load_run(run_dir: Path) -> RunData:
-    """Read a run directory's DuckDB file (opened read-only) into a RunData."""
+    """Read a run directory's DuckDB file (opened read-only) into a RunData; while a live run holds it, the
+    copy that run refreshes after every step (`live.duckdb`, `live_age_s` says how old)."""
+    import dataclasses
+    import time
+
+    from gyre.storage.live_export import LIVE_NAME
+
     path = db_path(run_dir)
-    with duckdb.connect(str(path), read_only=True) as con:
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.IOException as exc:
+        live = Path(run_dir) / LIVE_NAME
+        if "lock" not in str(exc).lower():
+            raise
+        if not live.is_file():
+            raise RunDirError(f"{path} is held by a live run that has not written {LIVE_NAME} yet; it appears "
+                              "when the run starts and after every step") from None
+        age_s = time.time() - live.stat().st_mtime
+        with duckdb.connect(str(live), read_only=True) as copy:
+            return dataclasses.replace(_Reader(copy).read(Path(run_dir)), live_age_s=age_s)
+    with con:
         return _Reader(con).read(Path(run_dir))
 
 

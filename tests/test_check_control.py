@@ -42,6 +42,7 @@ def test_the_control_run_names_what_reading_the_scripts_cannot(tmp_path):
     assert (verdicts[1].status, verdicts[1].score, verdicts[1].unscorable) == ("error", None, True), verdicts[1]
     assert "gyre_no_such_plugin" in verdicts[1].reason and "starting files" in verdicts[1].reason, verdicts[1].reason
     assert (tmp_path / "control" / "0001" / "eval" / "score.json").is_file()  # kept, to read why
+    assert not (tmp_path / "control" / "0000" / "eval" / "env").exists()  # its environment is not
 
 
 def test_check_lists_it_as_unscorable_only_with_control(tmp_path):

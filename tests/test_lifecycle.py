@@ -104,7 +104,8 @@ def _kill(proc: subprocess.Popen) -> None:
 
 @pytest.mark.slow
 def test_kill9_mid_step_then_resume_runs_every_step_once(tmp_path, tiny_model_dir):
-    config = _config(tmp_path, tiny_model_dir)
+    config = _config(tmp_path, tiny_model_dir, "evaluation:\n  every_steps: 1\n  samples_per_query: 1\n"
+                     "  max_queries: 2\n")
     run_dir = tmp_path / "run"
     proc = _start(config, tmp_path)
     try:
@@ -136,6 +137,14 @@ def test_kill9_mid_step_then_resume_runs_every_step_once(tmp_path, tiny_model_di
     flows, open_tasks = _prefect_states(tmp_path)
     assert [state for _, state, _ in flows] == ["CRASHED", "COMPLETED"], flows
     assert open_tasks == []
+    # resumed, nothing twice: the eval round before step 1 (recorded by the first start) is not run again,
+    # each round is one row per split, and the two starts' calls are told apart by run_id
+    assert con.execute("select count(*) - count(distinct execution_id) from executions").fetchone() == (0,)
+    assert con.execute("select step, count(*) from evals group by step order by step").fetchall() == \
+        [(0, 1), (1, 1), (2, 1), (3, 1)]
+    first, second = (row[0] for row in con.execute("select run_id from runs order by started_at").fetchall())
+    assert {row[0] for row in con.execute("select distinct run_id from calls").fetchall()} == {first, second}
+    assert con.execute("select count(*) from executions where run_id is null").fetchone() == (0,)
     # the rerun step 1 was dispatched with the checkpoint's policy (version 1)
     assert con.execute("select distinct policy_version_dispatched from executions where step = 1 "
                        "and purpose = 'train'").fetchall() == [(1,)]

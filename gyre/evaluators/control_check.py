@@ -9,7 +9,9 @@ would meet. An evaluator failure there (status `error`) is a task this machine c
 with the evaluator's reason; a 0 or a partial score is normal (the work is the agent's to do).
 
 Each task is scored as a run would score it (`evaluate_query`, with the run's `evaluator` settings:
-the package-index proxy, the per-command timeout), into its own directory under `out_dir`, kept.
+the package-index proxy, the per-command timeout), into its own directory under `out_dir`, kept but
+for the evaluation's environment (`eval/env`, ~100 MB a task, rebuilt by any rerun): the verdict,
+its reports and logs stay, so that a benchmark of hundreds of tasks fits a disk.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def control_verdicts(queries: Iterable[Query], out_dir: Path, *, index: IndexAcc
         else:
             workspace.mkdir(parents=True)
         score = evaluate_query(query, workspace, where / "eval", f"control-{number:04d}", timeout_s, index=index)
+        if (where / "eval" / "env").is_dir():  # gyre built it; the verdict and its logs do not need it
+            shutil.rmtree(where / "eval" / "env")
         verdict = ControlVerdict(query.query_id, score.status.value, score.score, score.detail, str(where / "eval"))
         verdicts.append(verdict)
         if on_done is not None:

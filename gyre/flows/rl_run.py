@@ -46,18 +46,23 @@ EVAL_SPLITS = ("in_distribution", "generalisation")
 def eval_round(coord: Coordinator, step: int, splits: tuple[str, ...] = EVAL_SPLITS) -> EvalRecord:
     """Sample the current policy on every held-out query of `splits` (default both sets:
     in-distribution and generalisation, when there is one); record each set's mean score.
-    Returns the first set's record (in-distribution: the step's `eval_pass_rate`)."""
+    Returns the first set's record (in-distribution: the step's `eval_pass_rate`). A set this run
+    directory already holds a round of before `step` (a resumed run) is not run again: its record stands."""
     started_at = utc_now()
     samples = coord.config.evaluation.samples_per_query
     sets = [(name, qs) for name, qs in (("in_distribution", coord.eval_queries),
                                          ("generalisation", coord.generalisation_queries)) if qs and name in splits]
+    done = {name: found for name, _ in sets if (found := coord.recorded_eval(step, name)) is not None}
+    sets = [(name, qs) for name, qs in sets if name not in done]
+    if not sets:
+        return next(done[name] for name in EVAL_SPLITS if name in done)
     emit(ProgressEvent("eval_started", step, {"executions": sum(len(qs) for _, qs in sets) * samples}))
     submitted = []
     for name, queries in sets:
         with tags(f"step:{step}", "purpose:eval", f"split:{name}"):
             executions = [execute.submit(coord, q, step, i, "eval") for q in queries for i in range(samples)]
             submitted.append((name, executions, [evaluate.submit(coord, e) for e in executions]))
-    records = []
+    records = list(done.values())
     for name, executions, evaluations in submitted:
         with tags(f"step:{step}", "purpose:eval", f"split:{name}"):
             scores = scores_of(evaluations)
@@ -67,7 +72,8 @@ def eval_round(coord: Coordinator, step: int, splits: tuple[str, ...] = EVAL_SPL
                 emit_run_event("gyre.evaluation.round-failed", coord.run_id, coord.config.name,
                                {"step": step, "split": name, "executions": len(scores)})
             records.append(record_eval(coord, step, [e.result() for e in executions], scores, started_at, name))
-    return records[0]
+    by_split = {r.split: r for r in records}
+    return next(by_split[name] for name in EVAL_SPLITS if name in by_split)
 
 
 def rl_step(coord: Coordinator, step: int, eval_pass_rate: float | None = None) -> StepRecord:

@@ -51,7 +51,7 @@ from gyre.runtime.run_dir import set_aside_interrupted
 from gyre.sandboxes.factory import create_sandbox, sandbox_limits
 from gyre.sandboxes.local.isolation import Isolation
 from gyre.storage.call_log import CallLog
-from gyre.storage.store import RunStore
+from gyre.storage.store import RunStore, execution_rows
 from gyre.trajectories.processor import ProcessedBatch, process_batch, settings_from_config
 
 EVAL_CONCURRENCY = 2
@@ -102,7 +102,7 @@ class Coordinator:
         self.trainer = train_engine(config, self.model_dir, seed=config.seed)  # train.engine: torch | megatron
         self.algorithm = GSPO(config.algo.token_ratio_cap, config.algo.seq_clip_low, config.algo.seq_clip_high)
         self.transport = FileSnapshotTransport(self.run_dir / "snapshots")
-        self.call_log = CallLog(self.store)  # every call on disk within a second of being made
+        self.call_log = CallLog(self.store, run_id=self.run_id)  # every call on disk within a second of being made
         self.sessions = SessionRegistry(sink=self.call_log.put)
         self.router = EngineRouter([self.rollout])
         self.server = self._start_proxy()
@@ -347,7 +347,8 @@ class Coordinator:
                 (r.execution, s, outcome.staleness[r.execution.execution_id],
                  outcome.advantages.get(r.execution.execution_id))
                 for r, s in zip(results, scores)
-            ]
+            ],
+            self.run_id,
         )
         self.call_log.flush()
         self.store.append_steps([record])
@@ -368,11 +369,26 @@ class Coordinator:
             started_at=started_at,
             finished_at=utc_now(),
         )
-        self.store.append_executions([(r.execution, s, 0, None) for r, s in zip(results, scores)])
-        self.call_log.flush()
-        self.store.append_evals([record])
+        self.call_log.flush()  # the calls on disk before the round's rows
+        # the round's executions and its row in one transaction: a crash leaves all of it or none (a resume
+        # then runs the round again, or finds it recorded: `recorded_eval`), never its executions twice
+        self.store.write([("executions", execution_rows([(r.execution, s, 0, None) for r, s in zip(results, scores)],
+                                                        self.run_id)),
+                          ("evals", [record.model_dump()])])
         emit(ProgressEvent("eval_finished", step, record.model_dump(mode="json")))
         return record
+
+    def recorded_eval(self, step: int, split: str) -> EvalRecord | None:
+        """The eval round before `step` of `split` this run directory already holds (newest row), if any: a
+        resumed run does not run it again."""
+        rows = self.store.query("SELECT step, policy_version, split, pass_rate, num_executions, num_dropped, "
+                                "started_at, finished_at FROM evals WHERE step = ? AND split = ? "
+                                "ORDER BY finished_at DESC LIMIT 1", [step, split])
+        if not rows:
+            return None
+        names = ("step", "policy_version", "split", "pass_rate", "num_executions", "num_dropped", "started_at",
+                 "finished_at")
+        return EvalRecord(**dict(zip(names, rows[0])))
 
     def _sampling_rng(self) -> TorchRolloutEngine | None:
         """The engine whose sampling RNG a checkpoint keeps: the torch engine's (a server's is its own)."""

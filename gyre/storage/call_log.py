@@ -43,8 +43,11 @@ class CallLogError(RuntimeError):
 
 
 class CallLog:
-    def __init__(self, store: RunStore, flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
+    def __init__(self, store: RunStore, flush_interval_s: float = FLUSH_INTERVAL_S,
+                 run_id: str | None = None) -> None:
+        """`run_id`: the start of the run whose calls these are (each `calls` row carries it)."""
         self.store = store
+        self.run_id = run_id
         self._interval_s = flush_interval_s
         self._pending: list[Call] = []
         self._lock = threading.Lock()  # guards _pending, _error and _closed
@@ -72,7 +75,7 @@ class CallLog:
             if not batch:
                 return 0
             try:
-                return self.store.append_calls(batch)
+                return self.store.append_calls(batch, self.run_id)
             except BaseException as exc:
                 with self._lock:
                     self._error = exc

@@ -87,6 +87,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("error", "VARCHAR"),
         ("started_at", "TIMESTAMPTZ"),
         ("finished_at", "TIMESTAMPTZ"),
+        ("run_id", "VARCHAR"),  # the start of the run (a `runs` row) that made it: a resume's own are told apart
     ],
     "evals": [
         ("step", "INTEGER"),
@@ -110,6 +111,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("finish_reason", "VARCHAR"),
         ("started_at", "TIMESTAMPTZ"),
         ("finished_at", "TIMESTAMPTZ"),
+        ("run_id", "VARCHAR"),  # the start of the run that made it (NULL from a standalone proxy)
     ],
     "call_tokens": [
         ("call_id", "VARCHAR"),
@@ -242,6 +244,22 @@ CALL_TABLES = ("calls", "call_tokens", "call_segments", "call_fallbacks")
 """The tables of a standalone proxy's record (`gyre proxy serve`): a run's call tables."""
 
 
+def execution_rows(rows: Sequence[tuple[Execution, Score | None, int, float | None]],
+                   run_id: str | None = None) -> list[dict[str, Any]]:
+    """`executions` rows of (execution, score, staleness, advantage) tuples."""
+    out = []
+    for ex, score, staleness, advantage in rows:
+        row = ex.model_dump(mode="python")
+        row["workspace"] = str(ex.workspace)
+        row["status"] = ex.status.value
+        row.update(score_columns(score))
+        row["staleness"] = staleness
+        row["advantage"] = advantage
+        row["run_id"] = run_id
+        out.append(row)
+    return out
+
+
 class RunStore:
     def __init__(self, path: Path, tables: Sequence[str] | None = None) -> None:
         """Open (or create) the file; `tables`: create only these (default: every table)."""
@@ -297,11 +315,11 @@ class RunStore:
     def append_evals(self, evals: Sequence[EvalRecord]) -> int:
         return self.append("evals", [e.model_dump() for e in evals])
 
-    def append_calls(self, calls: Sequence[Call]) -> int:
+    def append_calls(self, calls: Sequence[Call], run_id: str | None = None) -> int:
         """Calls with their token arrays, output segments (engine and policy version per
         run of output tokens; a call recorded without segments is one segment) and TITO
         fallback spans; one batch per table, all in one transaction (`call_log.py` hands
-        them over as they are made)."""
+        them over as they are made). `run_id`: the start of the run that made them."""
         self.write([
             ("call_tokens", [
                 {"call_id": c.call_id, "prompt_ids": c.prompt_ids, "output_ids": c.output_ids, "logprobs": c.logprobs}
@@ -331,6 +349,7 @@ class RunStore:
                     "finish_reason": c.finish_reason,
                     "started_at": c.started_at,
                     "finished_at": c.finished_at,
+                    "run_id": run_id,
                 }
                 for c in calls
             ]),
@@ -338,19 +357,10 @@ class RunStore:
         return len(calls)
 
     def append_executions(
-        self, rows: Sequence[tuple[Execution, Score | None, int, float | None]]
+        self, rows: Sequence[tuple[Execution, Score | None, int, float | None]], run_id: str | None = None
     ) -> int:
-        """Rows of (execution, score, staleness, advantage)."""
-        out = []
-        for ex, score, staleness, advantage in rows:
-            row = ex.model_dump(mode="python")
-            row["workspace"] = str(ex.workspace)
-            row["status"] = ex.status.value
-            row.update(score_columns(score))
-            row["staleness"] = staleness
-            row["advantage"] = advantage
-            out.append(row)
-        return self.append("executions", out)
+        """Rows of (execution, score, staleness, advantage); `run_id`: the start of the run that made them."""
+        return self.append("executions", execution_rows(rows, run_id))
 
     def query(self, sql: str, params: list | None = None) -> list[tuple]:
         with self._lock:

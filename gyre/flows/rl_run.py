@@ -19,9 +19,8 @@ from pathlib import Path
 from prefect import flow, tags
 from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
-from prefect.task_runners import ThreadPoolTaskRunner
-
 from prefect.states import Failed
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from gyre.config.run import ConfigError, RunConfig, load_config
 from gyre.runtime.coordinator import Coordinator
@@ -170,6 +169,9 @@ def rl_run(
         return records
     except TerminationSignal:  # a flow run cancelled through Prefect (worker runs): SIGTERM raised here
         status = "stopped"
+        raise
+    except Exception as exc:  # recorded with the run's row, then raised: Prefect shows the traceback
+        reason = f"{type(exc).__name__}: {str(exc)[:500]}"
         raise
     finally:
         observer.close()

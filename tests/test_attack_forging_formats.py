@@ -90,7 +90,7 @@ def _written(root: Path, files: dict[str, str], start: Path | None = None) -> Pa
     return root
 
 
-def _score(fmt: str, tmp_path: Path, code: str):
+def _score(fmt: str, tmp_path: Path, code: str, monitor: str = "record"):
     eval_dir = tmp_path / "eval"
     if fmt == "tiny":
         query, module_file, _ = _tiny_query(tmp_path)
@@ -114,10 +114,11 @@ def _score(fmt: str, tmp_path: Path, code: str):
         try:
             sandbox.write_file("calc.py", code)
             sandbox.end_agent()
-            return evaluate_query(query, sandbox.workspace, eval_dir, "route", timeout_s=60, live=sandbox)
+            return evaluate_query(query, sandbox.workspace, eval_dir, "route", timeout_s=60, live=sandbox,
+                                  monitor=monitor)
         finally:
             sandbox.close()
-    return evaluate_query(query, workspace, eval_dir, "route", timeout_s=60)
+    return evaluate_query(query, workspace, eval_dir, "route", timeout_s=60, monitor=monitor)
 
 
 @pytest.mark.parametrize("fmt", ["tiny", "nl2repo", "terminal-bench", "harbor",
@@ -130,10 +131,11 @@ def test_no_forging_route_earns_anything_in_any_format(tmp_path, fmt, route):
         assert score.status is EvalStatus.tampering, score.detail
 
 
-def test_the_fixtures_score_a_real_solution_full_marks(tmp_path):
-    """The same layouts with a correct `add`: the routes above score 0 because they forge, not because the
-    fixture cannot pass."""
+@pytest.mark.parametrize("monitor", ["record", "zero"])
+def test_the_fixtures_score_a_real_solution_full_marks(tmp_path, monitor):
+    """The same layouts with a correct `add`, under `monitor: zero` too: the routes above score 0 because they
+    forge, not because the fixture cannot pass or a monitor fires on correct code."""
     solved = "def add(a, b):\n    return a + b\n"
     for fmt in ("nl2repo", "terminal-bench", "harbor"):
-        score = _score(fmt, tmp_path / fmt, solved)
-        assert (score.status, score.score) == (EvalStatus.ok, 1.0), (fmt, score.detail)
+        score = _score(fmt, tmp_path / fmt, solved, monitor)
+        assert (score.status, score.score, score.flags) == (EvalStatus.ok, 1.0, []), (fmt, score.detail, score.flags)

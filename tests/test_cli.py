@@ -78,3 +78,25 @@ def test_run_checks_its_run_directory_before_any_work(tmp_path, monkeypatch):
     (tmp_path / "used" / "gyre.duckdb").write_bytes(b"")
     used = CliRunner().invoke(app, ["run", "--config", "configs/tiny-cpu.yaml", "--run-dir", str(tmp_path / "used")])
     assert used.exit_code == 2 and "already holds a run" in " ".join(used.output.split()), used.output
+
+
+def test_off_a_terminal_the_step_table_keeps_every_column(monkeypatch, tmp_path):
+    """Written to a file or a CI log, rich would cut the table to 80 columns (`0.…`)."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    import gyre.cli.run as run_cli
+
+    buf = io.StringIO()
+    monkeypatch.setattr(run_cli, "console", Console(file=buf))
+    record = SimpleNamespace(step=0, policy_version=1, eval_pass_rate=0.109375, reward_mean=0.125, num_dropped=0,
+                             num_tampering=0, logprob_abs_diff=6.86e-09, token_cap_frac=0.0, clip_low_frac=0.0,
+                             clip_high_frac=0.0, sampled_entropy=0.01, mean_response_tokens=66.0, loss=0.0,
+                             grad_norm=0.046, tokens_trained=2097)
+    run_cli._print_steps([record], tmp_path / "run")
+    text = buf.getvalue()
+    assert "…" not in text, text
+    for shown in ("clip lo/hi", "grad norm", "0.109", "0.125", "6.86e-09", "2097"):
+        assert shown in text, shown

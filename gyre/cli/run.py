@@ -250,7 +250,9 @@ def _print_steps(records, run_dir: Path) -> None:
             num(r.loss, "+.4f"), num(r.grad_norm, ".3f"), str(r.tokens_trained),
         )
     # off a terminal (a file, a CI log) rich would cut the table to 80 columns: every column stays readable
-    console.print(table, width=None if console.is_terminal else TABLE_WIDTH_OFF_TERMINAL)
+    if not console.is_terminal:  # rich caps a renderable at the console's width (80 off a terminal)
+        console.width = max(console.width, TABLE_WIDTH_OFF_TERMINAL)
+    console.print(table)
 
 
 def _print_gspo_summary(records) -> None:

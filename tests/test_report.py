@@ -264,3 +264,22 @@ def test_a_live_run_is_reported_from_its_copy_and_not_rerun(tmp_path):
     finally:
         holder.kill()
         holder.wait(timeout=30)
+
+
+def test_the_failure_rate_counts_each_execution_once_with_its_latest_verdict(tmp_path):
+    """After `gyre rerun-failed` rescored the run's evaluator failures, the report counts the new attempts and
+    says so; an eval execution a file holds twice (recorded before eval rounds were one transaction) is one."""
+    from gyre.report.data import load_run
+    from gyre.report.summary import summary_rows
+
+    run_dir = _write_run(tmp_path / "run")
+    before = dict(summary_rows(load_run(run_dir)))["evaluator failure rate"]
+    assert before.startswith("6.7% (2 of 30 evaluations") and "rescored" not in before, before
+    store = RunStore(run_dir / "gyre.duckdb")
+    failed = [row[0] for row in store.query("select execution_id from executions where eval_status = 'error'")]
+    store.append("eval_attempts", [{"execution_id": eid, "attempt": 2, "rerun_id": "r1", "eval_status": "ok",
+                                    "score": 1.0, "flags": []} for eid in failed])
+    store.query("insert into executions select * from executions where purpose = 'eval' limit 1")  # a duplicate
+    store.close()
+    after = dict(summary_rows(load_run(run_dir)))["evaluator failure rate"]
+    assert after.startswith("0.0% (0 of 30 evaluations") and "2 rescored by gyre rerun-failed" in after, after

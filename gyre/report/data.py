@@ -78,6 +78,8 @@ class ExecutionTotals:
     """eval_status 'error': dropped from their group, never a 0."""
     num_tampering: int
     num_flagged: int
+    num_rescored: int = 0
+    """Executions `gyre rerun-failed` scored again: their latest attempt (`eval_attempts`) is what counts."""
 
 
 @dataclass(frozen=True)
@@ -291,13 +293,24 @@ class _Reader:
         return [r[0] for r in rows]
 
     def totals(self) -> list[ExecutionTotals]:
+        """Per purpose, one count per execution (a file from before eval rounds were one transaction may hold
+        an eval execution twice), each with its latest verdict (a rescore by `gyre rerun-failed` counts)."""
         if not self.has("executions"):
             return []
-        select = self.cols("executions", ("purpose", "eval_status", "flags"))
+        select = self.cols("executions", ("execution_id", "purpose", "eval_status", "flags"))
+        latest = ("select execution_id, arg_max(eval_status, attempt) as eval_status, arg_max(flags, attempt) as flags "
+                  "from eval_attempts group by execution_id") if "eval_attempts" in self.columns else \
+            "select NULL::VARCHAR as execution_id, NULL::VARCHAR as eval_status, NULL::VARCHAR[] as flags where false"
         rows = self.con.execute(
-            f"select coalesce(purpose, 'train') as p, count(*), count(eval_status), "
-            "count(*) filter (where eval_status = 'error'), count(*) filter (where eval_status = 'tampering'), "
-            f"count(*) filter (where len(flags) > 0) from (select {select} from executions) group by p order by p"
+            f"with ex as (select {select} from executions qualify row_number() over "
+            "(partition by execution_id order by eval_status is null) = 1), "
+            f"latest as ({latest}), "
+            "v as (select coalesce(ex.purpose, 'train') as p, coalesce(latest.eval_status, ex.eval_status) as status, "
+            "coalesce(latest.flags, ex.flags) as flags, latest.execution_id is not null as rescored "
+            "from ex left join latest using (execution_id)) "
+            "select p, count(*), count(status), count(*) filter (where status = 'error'), "
+            "count(*) filter (where status = 'tampering'), count(*) filter (where len(flags) > 0), "
+            "count(*) filter (where rescored) from v group by p order by p"
         ).fetchall()
         return [ExecutionTotals(*row) for row in rows]
 

@@ -8,7 +8,9 @@ What each row means:
 - mean staleness E[d]: over every train execution's d (`executions.staleness`);
 - drops: train executions dropped because their evaluation failed (`steps.num_dropped`);
 - evaluator failure rate: evaluations with status `error` over all evaluations, train and
-  eval executions both (an evaluator failure is never a 0; DESIGN.md);
+  eval executions both, each execution once with its latest verdict (a rescore by
+  `gyre rerun-failed` counts, and the row says how many were rescored; an evaluator failure is
+  never a 0; DESIGN.md);
 - tampering: evaluations that caught forging (scored 0), and workspaces the static monitor
   flagged (`executions.flags`, recorded whatever the monitor's mode).
 """
@@ -84,8 +86,10 @@ def summary_rows(data: RunData) -> list[tuple[str, str]]:
     evaluated = sum(t.num_evaluated for t in data.totals)
     failures = sum(t.num_evaluator_failures for t in data.totals)
     per_purpose = ", ".join(f"{t.purpose} {t.num_evaluator_failures}/{t.num_evaluated}" for t in data.totals)
+    rescored = sum(t.num_rescored for t in data.totals)
+    after = f"; {rescored} rescored by gyre rerun-failed, latest attempts counted" if rescored else ""
     rows.append(("evaluator failure rate", f"{failures / evaluated:.1%} ({failures} of {evaluated} evaluations: "
-                 f"{per_purpose})" if evaluated else "n/a (no evaluation)"))
+                 f"{per_purpose}{after})" if evaluated else "n/a (no evaluation)"))
     tampering = sum(t.num_tampering for t in data.totals)
     flagged = sum(t.num_flagged for t in data.totals)
     executions = sum(t.num_executions for t in data.totals)

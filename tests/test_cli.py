@@ -68,6 +68,7 @@ def test_run_checks_its_run_directory_before_any_work(tmp_path, monkeypatch):
         raise AssertionError("preflight ran before the run directory was checked")
 
     monkeypatch.setattr("gyre.runtime.resolve.preflight", no_work)
+    monkeypatch.setattr("gyre.runtime.resolve.check_inputs", no_work)
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     missing = CliRunner().invoke(app, ["run", "-c", "configs/tiny-cpu.yaml", "--resume", "--run-dir",
                                        str(tmp_path / "none")])

@@ -1,6 +1,7 @@
 """A run that scored nothing is not "Completed": `gyre run` with every evaluation an evaluator failure.
 
-The one thing faked is at the outer edge, as in tests/test_rerun_failed.py: the package index the
+The run starts from a short warm start, built inside the flow run (its first task run, its progress
+lines in the Logs). The one thing faked is at the outer edge, as in tests/test_rerun_failed.py: the package index the
 evaluations go through is down for good, so each evaluation fails before the workspace is involved
 (dropped, never a zero). The run still runs its step (the flow goes on past each failed evaluation),
 then ends `failed` with the counts as its reason: in the run file, in its exit code, and in Prefect
@@ -28,7 +29,8 @@ def test_a_run_that_scored_nothing_fails_with_its_reason_everywhere(tmp_path, ti
     index = FlakyIndex(FOREVER)
     config = _config(
         tmp_path, tmp_path / "cache",
-        f"model:\n  path: {tiny_model_dir}\nbenchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
+        f"model:\n  path: {tiny_model_dir}\n  warmstart:\n    steps: 50\n"
+        "benchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
         "evaluation:\n  every_steps: 1\n  samples_per_query: 1\n  max_queries: 2\n"
         f"evaluator:\n  network: package-index\n  index_url: {index.url}\n",
     )
@@ -55,8 +57,13 @@ def test_a_run_that_scored_nothing_fails_with_its_reason_everywhere(tmp_path, ti
         evaluations = db.execute("select state_type from task_run where name like '%-evaluate-%'").fetchall()
         opened = db.execute("select count(*) from task_run where state_type in ('PENDING', 'RUNNING')").fetchone()
         logs = [row[0] for row in db.execute("select message from log").fetchall()]
+        warm_tasks = db.execute("select state_type from task_run where name like 'build-model-and-warm-start-%'"
+                                ).fetchall()
     assert flow_state == "FAILED", (flow_state, flow_message)
     assert len(evaluations) == 8 and {row[0] for row in evaluations} == {"FAILED"}, evaluations
     assert opened == (0,)
     assert any("all 2 evaluations failed (dropped); no pass rate" in line for line in logs), logs[-20:]
     assert any(line.startswith("run failed: scored nothing") for line in logs), logs[-20:]
+    # the warm start ran inside the flow run, as its first task run, with its progress in the Logs
+    assert "warm start: step 50 of 50" in " ".join(logs), [line for line in logs if "warm" in line]
+    assert warm_tasks == [("COMPLETED",)], warm_tasks

@@ -127,7 +127,7 @@ def run(
     if not resume and (run_dir / "gyre.duckdb").exists():
         _fail(ValueError(f"{run_dir} already holds a run (gyre.duckdb); choose another --run-dir or --resume"))
     out = err_console if as_json else console
-    _prepare(cfg, out)
+    _check(cfg)
     total = steps or cfg.steps
     records, last_eval, failed = _run_flow(config, run_dir, total, resume, out)
     gain = None
@@ -172,20 +172,14 @@ def _load(config: Path):
         _fail(exc)
 
 
-def _prepare(cfg, out) -> None:
-    """The run's model and warm start built (once; cached) under a progress bar on `out`; bad input ends
-    here with one clear line."""
-    from gyre.runtime import progress as progress_events
-    from gyre.runtime.resolve import preflight
+def _check(cfg) -> None:
+    """The run's inputs checked before any server starts (`resolve.check_inputs`): bad input ends here with
+    one clear line. The model build and warm start are the flow's first task run (`prepare-model`: the
+    Prefect UI shows it and its log lines), their progress bar here too."""
+    from gyre.runtime.resolve import check_inputs
 
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.fields[info]}"), console=out, transient=True) as bar:
-            unsubscribe = progress_events.subscribe(_WarmstartProgress(bar))
-            try:
-                preflight(cfg)  # builds the cached tiny model, benchmark and warm start once
-            finally:
-                unsubscribe()
+        check_inputs(cfg)
     except (*INPUT_ERRORS, ValueError, ConnectionError) as exc:
         _fail(exc)
 
@@ -214,6 +208,7 @@ def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console
                TextColumn("{task.fields[info]}")]
     try:
         with Progress(*columns, console=out) as bar:
+            warm = progress_events.subscribe(_WarmstartProgress(bar))  # the flow's prepare-model task
             listener = _RichProgress(bar, total)
             unsubscribe = progress_events.subscribe(listener)
             try:
@@ -226,6 +221,7 @@ def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console
                 _fail(exc)
             finally:
                 unsubscribe()
+                warm()
     finally:
         if server is not None:
             server.stop()

@@ -26,7 +26,7 @@ from gyre.benchmarks.content import kind_of, split_by_content
 from gyre.benchmarks.tiny import tiny_reference
 from gyre.config.run import RunConfig
 from gyre.engines.models.hf import load_tokenizer
-from gyre.engines.models.packaged import resolve_model_path
+from gyre.engines.models.packaged import is_package_ref, resolve_model_path
 from gyre.engines.models.tiny import TinyModelSpec, cached_tiny_model
 from gyre.evaluators.environments.needs import available_here, task_needs, unmet
 from gyre.harnesses.builtin import SYSTEM_PROMPT, TOOLS
@@ -164,13 +164,26 @@ def resolve_model_dir(config: RunConfig, split: QuerySplit) -> Path:
     return cached_warmstart(warmed, config.cache_dir / "models", split.training_side or split.train, extra)
 
 
-def preflight(config: RunConfig) -> tuple[Path, QuerySplit]:
-    """Check the execution timeouts and the sandbox backend, then resolve the benchmark and the
-    model directory (builds cached ones)."""
+def check_inputs(config: RunConfig) -> QuerySplit:
+    """Everything `preflight` checks that builds nothing slow: the execution timeouts, the sandbox backend,
+    the benchmark (the tiny one generated once, cached), a model directory the config names (its tokenizer
+    and chat template; a `pkg:` model is converted later, by `preflight`), a warm start's benchmark. `gyre run`
+    calls it before any server starts, so bad input is one line and the run directory is never made."""
     execution_timeouts(config)
     check_backend(config.sandbox, config.harness.type)
     split = resolve_queries(config)
     warn_unscorable([*split.train, *split.eval], config)
+    if config.model.path is not None and not is_package_ref(config.model.path):
+        load_tokenizer(resolve_model_path(config.model.path, config.cache_dir / "models"))
+    if config.model.warmstart.steps and config.benchmark.kind != "tiny":
+        raise ValueError("model.warmstart needs demonstrations: only the bundled tiny benchmark ships them")
+    return split
+
+
+def preflight(config: RunConfig) -> tuple[Path, QuerySplit]:
+    """`check_inputs`, then the model directory resolved (cached ones built: the tiny model, a `pkg:`
+    conversion, the warm start)."""
+    split = check_inputs(config)
     model_dir = resolve_model_dir(config, split)
     load_tokenizer(model_dir)
     return model_dir, split

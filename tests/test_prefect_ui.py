@@ -129,11 +129,14 @@ def test_a_step_shows_as_artifacts_events_and_a_warning(prefect_server, tmp_path
     ours = [e for e in events_worker._client.events if e.event.startswith("gyre.")]
     names = [e.event for e in ours]
     assert names == ["gyre.cells.role-switch", "gyre.step.dropped-executions", "gyre.step.tampering",
-                     "gyre.step.evaluations-mostly-failed"], names
-    failed = ours[-1]
+                     "gyre.step.evaluations-mostly-failed", "gyre.evaluation.round-failed"], names
+    assert ours[-1].payload == {"step": 2, "split": "in_distribution", "executions": 8}  # the round of nothing
+    failed = ours[-2]
     assert failed.resource.id == "gyre.run.abc123" and failed.payload["share"] == 5 / 8
     assert any(r.id == f"prefect.flow-run.{flow_run_id}" for r in failed.related)
-    assert any("5 of 8 evaluations failed" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("5 of 8 evaluations failed" in m for m in warned), warned
+    assert "eval round before step 2 (in_distribution): all 8 evaluations failed (dropped); no pass rate" in warned
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert any(m.startswith("step 0 (policy v1): reward mean 0.25, 5 of 8 executions dropped") for m in said), said
     assert any(m.startswith("eval round before step 2 (in_distribution): pass rate None") for m in said), said

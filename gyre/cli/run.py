@@ -186,7 +186,8 @@ def _check(cfg) -> None:
 
 def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console):
     """The RL flow in a worker thread (signals stay with this one), against gyre's own Prefect
-    server unless PREFECT_API_URL names one; returns the step records and the last eval line."""
+    server unless PREFECT_API_URL names one; returns the step records, the last eval line and, when the
+    flow run ended Failed (`rl_run`'s verdict), its reason."""
     from gyre.runtime import progress as progress_events
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -245,8 +246,7 @@ def _print_steps(records, run_dir: Path) -> None:
             num(r.sampled_entropy, ".2f"), num(r.mean_response_tokens, ".0f"),
             num(r.loss, "+.4f"), num(r.grad_norm, ".3f"), str(r.tokens_trained),
         )
-    # off a terminal (a file, a CI log) rich would cut the table to 80 columns: every column stays readable
-    if not console.is_terminal:  # rich caps a renderable at the console's width (80 off a terminal)
+    if not console.is_terminal:  # a file, a CI log: rich caps a renderable at the console's width (80 there)
         console.width = max(console.width, TABLE_WIDTH_OFF_TERMINAL)
     console.print(table)
 

@@ -4,7 +4,7 @@ A start of a run is one row of the run file's `runs` table (the first start, the
 Listing them is the "next contact" after a run was killed outright: a start still `running` in a
 file no live process holds is recorded `crashed` (`gyre.runtime.run_status.settle`), and, when
 `PREFECT_API_URL` names a Prefect server, its flow run and open task runs are marked Crashed there
-(`gyre.flows.states.reconcile`; without one, gyre's own server does it when the next `gyre run`
+(`gyre.flows.states.mark_starts`; without one, gyre's own server does it when the next `gyre run`
 starts it). A live run is listed as live and left alone. Text, or one JSON document with `--json`:
 `{"runs": [{"run_dir", "live", "starts": [{"run_id", "status", "reason", "flow_run_id", "started_at"}]}],
 "prefect": [{"run_dir", "flow_run_id", "state"}] | null}`.
@@ -39,9 +39,9 @@ def runs(
         found.append({"run_dir": str(run_dir), "live": live, "starts": [] if live else settle(run_dir)})
     prefect = None
     if os.environ.get("PREFECT_API_URL"):
-        from gyre.flows.states import reconcile
+        from gyre.flows.states import mark_starts
 
-        changed = reconcile([Path(row["run_dir"]) for row in found if not row["live"]])
+        changed = [c for row in found for c in mark_starts(Path(row["run_dir"]), row["starts"])]
         prefect = [{"run_dir": d, "flow_run_id": f, "state": s} for d, f, s in changed]
     if as_json:
         rows = [{**row, "starts": [asdict(s) for s in row["starts"]]} for row in found]

@@ -12,7 +12,6 @@ no run, the run is live and has no copy yet, or the SQL is wrong.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import typer
@@ -20,28 +19,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from gyre.cli.common import _fail, console, err_console
-from gyre.storage.live_export import LIVE_NAME
+from gyre.storage.live_export import open_read_only
 
 DB_FILE = "gyre.duckdb"
 
 
 def _open(run_dir: Path):
     """A read-only connection and where it reads: the run file, else the live copy (with its age)."""
-    import duckdb
-
     path = run_dir / DB_FILE
     if not path.exists():
         raise FileNotFoundError(f"{run_dir}: no {DB_FILE} (not a run directory)")
-    try:
-        return duckdb.connect(str(path), read_only=True), path, None
-    except duckdb.IOException as exc:
-        if "lock" not in str(exc).lower():
-            raise
-    live = run_dir / LIVE_NAME
-    if not live.exists():
-        raise FileNotFoundError(f"{path} is held by a live run that has not written {LIVE_NAME} yet; "
-                                "it appears when the run starts and after every step")
-    return duckdb.connect(str(live), read_only=True), live, time.time() - live.stat().st_mtime
+    return open_read_only(path)
 
 
 def _plain(value):

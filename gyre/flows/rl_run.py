@@ -30,9 +30,9 @@ from gyre.runtime.lifecycle import attach, on_stop
 from gyre.runtime.live.cells import LiveCells
 from gyre.metrics import MetricsFanout, make_sinks
 from gyre.runtime.progress import ProgressEvent, emit
-from gyre.records import EvalRecord, EvalStatus, StepRecord, utc_now
+from gyre.records import EvalRecord, StepRecord, utc_now
 from gyre.runtime.run_status import crashed_starts, start_counts, verdict
-from gyre.tasks.events import emit_run_event, prefect_logger
+from gyre.tasks.events import prefect_logger
 from gyre.tasks.step import (
     cell, checkpoint, evaluate, execute, launch_cell_command, prepare_model, publish_weights, record, record_eval,
     scores_of, train,
@@ -51,28 +51,20 @@ def eval_round(coord: Coordinator, step: int, splits: tuple[str, ...] = EVAL_SPL
     samples = coord.config.evaluation.samples_per_query
     sets = [(name, qs) for name, qs in (("in_distribution", coord.eval_queries),
                                          ("generalisation", coord.generalisation_queries)) if qs and name in splits]
-    done = {name: found for name, _ in sets if (found := coord.recorded_eval(step, name)) is not None}
-    sets = [(name, qs) for name, qs in sets if name not in done]
-    if not sets:
-        return next(done[name] for name in EVAL_SPLITS if name in done)
-    emit(ProgressEvent("eval_started", step, {"executions": sum(len(qs) for _, qs in sets) * samples}))
+    records = {name: found for name, _ in sets if (found := coord.recorded_eval(step, name)) is not None}
+    sets = [(name, qs) for name, qs in sets if name not in records]
+    if sets:
+        emit(ProgressEvent("eval_started", step, {"executions": sum(len(qs) for _, qs in sets) * samples}))
     submitted = []
     for name, queries in sets:
         with tags(f"step:{step}", "purpose:eval", f"split:{name}"):
             executions = [execute.submit(coord, q, step, i, "eval") for q in queries for i in range(samples)]
             submitted.append((name, executions, [evaluate.submit(coord, e) for e in executions]))
-    records = list(done.values())
     for name, executions, evaluations in submitted:
         with tags(f"step:{step}", "purpose:eval", f"split:{name}"):
-            scores = scores_of(evaluations)
-            if scores and all(s.status is EvalStatus.error for s in scores):  # a pass rate of nothing
-                prefect_logger().warning("eval round before step %d (%s): all %d evaluations failed (dropped); "
-                                         "no pass rate", step, name, len(scores))
-                emit_run_event("gyre.evaluation.round-failed", coord.run_id, coord.config.name,
-                               {"step": step, "split": name, "executions": len(scores)})
-            records.append(record_eval(coord, step, [e.result() for e in executions], scores, started_at, name))
-    by_split = {r.split: r for r in records}
-    return next(by_split[name] for name in EVAL_SPLITS if name in by_split)
+            records[name] = record_eval(coord, step, [e.result() for e in executions], scores_of(evaluations),
+                                        started_at, name)
+    return next(records[name] for name in EVAL_SPLITS if name in records)
 
 
 def rl_step(coord: Coordinator, step: int, eval_pass_rate: float | None = None) -> StepRecord:

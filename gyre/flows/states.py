@@ -27,6 +27,8 @@ OPEN_TYPES = ("SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING")
 """Task-run state types that a flow run which ended leaves open."""
 EVENTS_DRAIN_S = 5.0
 """How long a stopping run waits for its queued Prefect events (task runs' states) to leave."""
+PREFECT_KIND = {"stopped": "Cancelled", "crashed": "Crashed", "failed": "Failed"}
+"""The Prefect state a run start's DuckDB status ends its flow run in."""
 SETTLE_ROUNDS = 6
 SETTLE_WAIT_S = 0.5
 """A live run's task-run states reach the server as events, recorded a moment later: the open task runs are
@@ -88,12 +90,11 @@ def flow_run_state(flow_run_id: str) -> str | None:
 
 
 def reconcile(run_dirs: Iterable[Path]) -> list[tuple[str, str, str]]:
-    """Bring Prefect up to what each run directory's DuckDB file says (`runtime.run_status.settle`): a start found
-    dead becomes Crashed; a start the file calls stopped, crashed or failed whose flow run still reads open is
-    set so. Returns (run directory, flow run id, state set) for each flow run changed."""
-    from gyre.runtime.run_status import settle
-
+    """Bring Prefect up to what each run directory's DuckDB file says (`runtime.run_status.settle`, then
+    `mark_starts`). Returns (run directory, flow run id, state set) for each flow run changed."""
     import duckdb
+
+    from gyre.runtime.run_status import settle
 
     changed = []
     for run_dir in run_dirs:
@@ -103,15 +104,19 @@ def reconcile(run_dirs: Iterable[Path]) -> list[tuple[str, str, str]]:
             print(f"gyre: {run_dir}: run file unreadable, left as it is: {type(exc).__name__}: {exc}",
                   file=sys.stderr, flush=True)
             continue
-        for start in starts:
-            if not start.flow_run_id or start.status not in PREFECT_KIND:
-                continue
-            if flow_run_state(start.flow_run_id) not in ("RUNNING", "PENDING", "SCHEDULED", "PAUSED", "CANCELLING"):
-                continue
-            if end_flow_run(start.flow_run_id, PREFECT_KIND[start.status], start.reason or start.status):
-                changed.append((str(run_dir), start.flow_run_id, PREFECT_KIND[start.status]))
+        changed += mark_starts(run_dir, starts)
     return changed
 
 
-PREFECT_KIND = {"stopped": "Cancelled", "crashed": "Crashed", "failed": "Failed"}
-"""The Prefect state a run start's DuckDB status ends its flow run in."""
+def mark_starts(run_dir: Path, starts) -> list[tuple[str, str, str]]:
+    """A settled run's starts (`run_status.RunStart`) in Prefect: a start the file calls stopped, crashed or
+    failed whose flow run still reads open is set so (a start found dead becomes Crashed)."""
+    changed = []
+    for start in starts:
+        if not start.flow_run_id or start.status not in PREFECT_KIND:
+            continue
+        if flow_run_state(start.flow_run_id) not in OPEN_TYPES:
+            continue
+        if end_flow_run(start.flow_run_id, PREFECT_KIND[start.status], start.reason or start.status):
+            changed.append((str(run_dir), start.flow_run_id, PREFECT_KIND[start.status]))
+    return changed

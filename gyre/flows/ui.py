@@ -11,7 +11,8 @@ run's progress events (`gyre.runtime.progress`) and turns them into Prefect obje
 - gyre's own log lines in the flow run's Logs: one INFO line per step and per eval round;
 - one progress artifact for the run (`gyre-<run_id>-progress`), updated after every step;
 - Prefect events: `gyre.step.dropped-executions`, `gyre.step.tampering`,
-  `gyre.step.evaluations-mostly-failed` (also a WARNING log line), `gyre.cells.role-switch`;
+  `gyre.step.evaluations-mostly-failed` and `gyre.evaluation.round-failed` (each also a WARNING log
+  line), `gyre.cells.role-switch`;
   `gyre.evaluation.failed` and `gyre.evaluation.tampering` come from the evaluate task;
 - every step's and evaluation's scalars to the metrics fan-out (`gyre.metrics`).
 
@@ -174,6 +175,11 @@ class RunObserver:
         prefect_logger().info("eval round before step %d (%s): pass rate %s over %d executions, %d dropped",
                               record["step"], record["split"], record.get("pass_rate"), record["num_executions"],
                               record["num_dropped"])
+        if record["num_executions"] and record["num_dropped"] == record["num_executions"]:  # a rate of nothing
+            prefect_logger().warning("eval round before step %d (%s): all %d evaluations failed (dropped); "
+                                     "no pass rate", record["step"], record["split"], record["num_executions"])
+            emit_run_event("gyre.evaluation.round-failed", self.run_id, self.name,
+                           {"step": record["step"], "split": record["split"], "executions": record["num_executions"]})
         where = f"eval round before step {record['step']} ({record['split']})"
         create_markdown_artifact(eval_markdown(record), description=f"{self.name}: {where}")
 

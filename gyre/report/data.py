@@ -171,25 +171,12 @@ def load_run(run_dir: Path) -> RunData:
     """Read a run directory's DuckDB file (opened read-only) into a RunData; while a live run holds it, the
     copy that run refreshes after every step (`live.duckdb`, `live_age_s` says how old)."""
     import dataclasses
-    import time
 
-    from gyre.storage.live_export import LIVE_NAME
+    from gyre.storage.live_export import open_read_only
 
-    path = db_path(run_dir)
-    try:
-        con = duckdb.connect(str(path), read_only=True)
-    except duckdb.IOException as exc:
-        live = Path(run_dir) / LIVE_NAME
-        if "lock" not in str(exc).lower():
-            raise
-        if not live.is_file():
-            raise RunDirError(f"{path} is held by a live run that has not written {LIVE_NAME} yet; it appears "
-                              "when the run starts and after every step") from None
-        age_s = time.time() - live.stat().st_mtime
-        with duckdb.connect(str(live), read_only=True) as copy:
-            return dataclasses.replace(_Reader(copy).read(Path(run_dir)), live_age_s=age_s)
+    con, _, age_s = open_read_only(db_path(run_dir))
     with con:
-        return _Reader(con).read(Path(run_dir))
+        return dataclasses.replace(_Reader(con).read(Path(run_dir)), live_age_s=age_s)
 
 
 _STEP_COLUMNS = ("step", "policy_version", "reward_mean", "num_executions", "num_dropped", "num_tampering",

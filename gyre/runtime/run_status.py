@@ -63,11 +63,10 @@ def settle(run_dir: Path) -> list[RunStart]:
         return starts
     store = RunStore(path)  # read-write (and brought to this gyre's columns) only to record the dead
     try:
-        crashed_starts(store)
-        return [RunStart(*row) for row in store.query(
-            "SELECT run_id, status, status_reason, prefect_flow_run_id, started_at FROM runs ORDER BY started_at")]
+        dead = {start.run_id: start for start in crashed_starts(store)}
     finally:
         store.close()
+    return [dead.get(start.run_id, start) for start in starts]
 
 
 def _read_starts(con) -> list[RunStart]:

@@ -8,7 +8,8 @@ its `step_finished`, `eval_finished` and `run_started` progress events,
 the writer's own connection (`COPY FROM DATABASE`, one consistent read), into
 `RUN_DIR/.live.duckdb.tmp` and renames it to `RUN_DIR/live.duckdb`. A reader therefore
 sees either the previous copy or the new one, never a half-written file; `gyre sql` reads
-it when the main file is locked and says how old it is (its modification time). Calls made
+it when the main file is locked and says how old it is (its modification time), as does
+`gyre report` (`open_read_only` opens whichever is readable). Calls made
 after the last copy (the call log appends them to the main file every 0.25 s) are not in
 it until the next one.
 
@@ -22,12 +23,31 @@ and a listener that raises is logged and dropped).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+
+import duckdb
 
 from gyre.storage.store import RunStore
 
 LIVE_NAME = "live.duckdb"
 """The copy's file name in the run directory."""
+
+
+def open_read_only(path: Path) -> tuple[duckdb.DuckDBPyConnection, Path, float | None]:
+    """A read-only connection to the run file `path` (which exists), the file it reads and that file's age: the
+    run file itself (age None), or, while a live run holds it, the copy beside it (age in seconds).
+    FileNotFoundError when a live run holds the file and has written no copy yet."""
+    try:
+        return duckdb.connect(str(path), read_only=True), path, None
+    except duckdb.IOException as exc:
+        if "lock" not in str(exc).lower():
+            raise
+    live = Path(path).with_name(LIVE_NAME)
+    if not live.exists():
+        raise FileNotFoundError(f"{path} is held by a live run that has not written {LIVE_NAME} yet; "
+                                "it appears when the run starts and after every step")
+    return duckdb.connect(str(live), read_only=True), live, time.time() - live.stat().st_mtime
 
 
 class LiveExport:

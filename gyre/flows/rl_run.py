@@ -26,7 +26,7 @@ from gyre.config.run import ConfigError, RunConfig, load_config
 from gyre.runtime.coordinator import Coordinator
 from gyre.flows.states import end_flow_run
 from gyre.flows.ui import RunObserver, rename_flow_run, run_name
-from gyre.runtime.lifecycle import attach, on_stop
+from gyre.runtime.lifecycle import attach, hold_if_stopping, on_stop
 from gyre.runtime.live.cells import LiveCells
 from gyre.metrics import MetricsFanout, make_sinks
 from gyre.runtime.progress import ProgressEvent, emit
@@ -56,11 +56,13 @@ def eval_round(coord: Coordinator, step: int, splits: tuple[str, ...] = EVAL_SPL
     if sets:
         emit(ProgressEvent("eval_started", step, {"executions": sum(len(qs) for _, qs in sets) * samples}))
     submitted = []
+    hold_if_stopping()  # a stopping run starts nothing new (`gyre.runtime.lifecycle`)
     for name, queries in sets:
         with tags(f"step:{step}", "purpose:eval", f"split:{name}"):
             executions = [execute.submit(coord, q, step, i, "eval") for q in queries for i in range(samples)]
             submitted.append((name, executions, [evaluate.submit(coord, e) for e in executions]))
     for name, executions, evaluations in submitted:
+        hold_if_stopping()
         with tags(f"step:{step}", "purpose:eval", f"split:{name}"):
             records[name] = record_eval(coord, step, [e.result() for e in executions], scores_of(evaluations),
                                         started_at, name)
@@ -72,14 +74,18 @@ def rl_step(coord: Coordinator, step: int, eval_pass_rate: float | None = None) 
     queries = coord.sample_queries(step)
     group_size = coord.config.rollout.group_size
     emit(ProgressEvent("step_started", step, {"executions": len(queries) * group_size}))
+    hold_if_stopping()  # a stopping run starts nothing new and records nothing more (`gyre.runtime.lifecycle`)
     with tags(f"step:{step}", "purpose:train"):
         executions = [execute.submit(coord, q, step, g) for q in queries for g in range(group_size)]
         evaluations = [evaluate.submit(coord, e) for e in executions]
         results = [e.result() for e in executions]
         scores = scores_of(evaluations)
+        hold_if_stopping()
         outcome = train(coord, step, results, scores, started_at, eval_pass_rate)
+        hold_if_stopping()
         if outcome.record.skipped_reason is None:
             publish_weights(coord, outcome.record.policy_version)
+        hold_if_stopping()
         record(coord, outcome, results, scores)
     return outcome.record
 
@@ -198,6 +204,7 @@ def train_run(coord: Coordinator, total: int, resume: bool, run_dir: str) -> lis
         pass_rate = eval_round(coord, step).pass_rate if coord.eval_due(step, total) else None
         records.append(rl_step(coord, step, pass_rate))
         if coord.checkpoint_due(step, total):
+            hold_if_stopping()
             checkpoint(coord, step)
     if coord.eval_due(total, total):
         eval_round(coord, total)

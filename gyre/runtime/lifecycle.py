@@ -16,7 +16,10 @@ handlers. On the first SIGTERM or SIGINT gyre abandons the current step (a resum
 reruns it), runs the registered closers (`on_stop`: the coordinator's close, which flushes
 the call log, closes kept sandboxes, the proxy, the engines and the DuckDB file), kills
 every process below it, stops the Prefect server and exits 128 + the signal's number,
-with one line on stderr. Closers get `STOP_GRACE_S`; a second signal, or the grace
+with one line on stderr. While the closers run, the flow's thread starts nothing new: at its next
+`hold_if_stopping` (before each task submission and record) it waits for the process to end, so no
+task run is created after the closers have cancelled the open ones and no step is recorded after the
+run was marked stopped. Closers get `STOP_GRACE_S`; a second signal, or the grace
 running out, ends the process at once (after killing its children): the data on disk
 is then what a kill -9 leaves, which a resume handles.
 """
@@ -34,6 +37,7 @@ STOP_GRACE_S = 20.0
 """How long the closers of a stopping run may take before the process ends regardless."""
 _closers: list[Callable[[], None]] = []
 _closers_lock = threading.Lock()
+_stopping = threading.Event()
 
 
 def on_stop(closer: Callable[[], None]) -> Callable[[], None]:
@@ -47,6 +51,13 @@ def on_stop(closer: Callable[[], None]) -> Callable[[], None]:
                 _closers.remove(closer)
 
     return unregister
+
+
+def hold_if_stopping() -> None:
+    """Called by the run's flow before it starts new work (task runs, records): once a stop signal is
+    being handled, any thread but the main one (where the closers run) waits here until the process ends."""
+    if _stopping.is_set() and threading.current_thread() is not threading.main_thread():
+        threading.Event().wait()
 
 
 def descendants(pid: int) -> list[int]:
@@ -96,6 +107,7 @@ class StopOnSignal:
         if self._stopping:  # a second signal: stop now
             self._exit(signum)
         self._stopping = True
+        _stopping.set()  # the flow thread starts nothing new from here (`hold_if_stopping`)
         print(self.message(signum), file=sys.stderr, flush=True)
         timer = threading.Timer(STOP_GRACE_S, self._exit, args=(signum,))
         timer.daemon = True

@@ -19,6 +19,7 @@ from prefect.states import Failed
 
 from gyre.config.run import RunConfig
 from gyre.runtime.coordinator import Coordinator, ExecutionResult, StepOutcome
+from gyre.runtime.lifecycle import hold_if_stopping
 from gyre.runtime.progress import ProgressEvent, subscribe
 from gyre.tasks.events import emit_run_event, prefect_logger
 from gyre.records import EvalRecord, EvalStatus, Query, Score
@@ -126,7 +127,9 @@ def cell_command(name: str, fn: Callable[..., object], args: tuple) -> object:
 
 
 def launch_cell_command(name: str, fn: Callable[..., object], args: tuple) -> PrefectFuture:
-    """The `Launcher` the run flow gives `LiveCells`: every command's work is a task run."""
+    """The `Launcher` the run flow gives `LiveCells`: every command's work is a task run (none once the run
+    is stopping: `gyre.runtime.lifecycle.hold_if_stopping`)."""
+    hold_if_stopping()
     return cell_command.submit(name, fn, args)
 
 

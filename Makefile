@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install system-deps clean
+.PHONY: run test install system-deps docker-engine docker-engine-stop clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,8 +21,17 @@ system-deps:
 run: $(STAMP) system-deps
 	$(VENV)/bin/gyre run --config configs/tiny-cpu.yaml
 
+# the suite runs beside a private Docker engine (scripts/docker-engine.sh: started, its base image built or
+# reused, stopped after; best effort: without root or apt the docker tests skip and say why)
 test: $(STAMP) system-deps
-	PREFECT_SERVER_ANALYTICS_ENABLED=false GYRE_REQUIRE_SANDBOX=1 $(PY) -m pytest -q
+	PREFECT_SERVER_ANALYTICS_ENABLED=false GYRE_REQUIRE_SANDBOX=1 bash scripts/docker-engine.sh run $(PY) -m pytest -q
+
+# a developer's engine for docker runs and tests: prints the `export` lines to paste (stop: docker-engine-stop)
+docker-engine:
+	@bash scripts/docker-engine.sh start
+
+docker-engine-stop:
+	@bash scripts/docker-engine.sh stop
 
 clean:
 	rm -rf $(VENV) .gyre-cache runs

@@ -187,6 +187,8 @@ class Execution(Record):
     error: str | None = None
     started_at: datetime = Field(default_factory=utc_now)
     finished_at: datetime = Field(default_factory=utc_now)
+    image: str | None = Field(default=None, description="docker: the image its container ran from, `requested -> "
+                              "used` when `sandbox.docker.base_images` replaced it; None in a local sandbox.")
 
 
 class EvalRecord(Record):

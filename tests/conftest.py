@@ -33,15 +33,40 @@ REQUIRE_SANDBOX = os.environ.get("GYRE_REQUIRE_SANDBOX") == "1"
 attack suite is what such a skip would hide."""
 
 
+REQUIRE_DOCKER = os.environ.get("GYRE_REQUIRE_DOCKER") == "1"
+"""Set by `scripts/docker-engine.sh run` once its engine answered (`make test`, CI): a docker test skipped
+for want of an engine fails instead (the engine died, or DOCKER_HOST was lost on the way)."""
+NO_DOCKER = "no Docker engine"
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if REQUIRE_SANDBOX and report.skipped and not hasattr(report, "wasxfail"):
+    if report.skipped and not hasattr(report, "wasxfail"):
         reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)
-        if "bubblewrap" in reason or "bwrap" in reason:
+        if REQUIRE_SANDBOX and ("bubblewrap" in reason or "bwrap" in reason):
             report.outcome = "failed"
             report.longrepr = f"GYRE_REQUIRE_SANDBOX=1, but the sandbox cannot be built here: {reason}"
+        elif REQUIRE_DOCKER and NO_DOCKER in reason:
+            report.outcome = "failed"
+            report.longrepr = f"GYRE_REQUIRE_DOCKER=1 (scripts/docker-engine.sh started one), but: {reason}"
+
+
+@pytest.fixture(scope="session")
+def docker_image() -> str:
+    """The local base image (bash, python3, pytest) on a Docker engine that answers: what
+    `scripts/docker-engine.sh` starts and builds (DOCKER_HOST, GYRE_DOCKER_IMAGE). Skipped with the
+    reason where there is none (`make test` as a user who is not root), failed under GYRE_REQUIRE_DOCKER."""
+    from gyre.sandboxes.docker_container import engine_problem
+
+    problem = engine_problem()
+    image = os.environ.get("GYRE_DOCKER_IMAGE")
+    if problem is None and not image:
+        problem = "GYRE_DOCKER_IMAGE is not set (scripts/docker-engine.sh sets it to the base image it built)"
+    if problem is not None:
+        pytest.skip(f"{NO_DOCKER} for the live docker tests: {problem}")
+    return image
 
 
 def pytest_unconfigure(config):

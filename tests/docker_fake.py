@@ -101,7 +101,8 @@ def fake_sdk(handler: Handler | None = None) -> tuple[types.ModuleType, list[Fak
         return made[-1]
 
     module = types.ModuleType("docker")
-    module.from_env = lambda **_: types.SimpleNamespace(containers=types.SimpleNamespace(run=run))
+    module.from_env = lambda **_: types.SimpleNamespace(containers=types.SimpleNamespace(run=run),
+                                                          info=lambda: {"CgroupDriver": "cgroupfs"})
     return module, made
 
 

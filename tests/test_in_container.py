@@ -10,7 +10,6 @@ lines -> tampering). A live test runs the same against an engine where one answe
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -199,22 +198,10 @@ def test_a_stopped_container_is_started_again(tmp_path, monkeypatch):
     assert container.starts == 1 and "started again" in score.detail
 
 
-def _engine() -> bool:
-    try:
-        import docker
-
-        docker.from_env().ping()
-        return True
-    except Exception:  # no SDK or no engine: the live test is skipped
-        return False
-
-
-@pytest.mark.skipif(not _engine() or not os.environ.get("GYRE_DOCKER_PYTEST_IMAGE"),
-                    reason="needs a Docker engine and GYRE_DOCKER_PYTEST_IMAGE (an image with bash, python3, pytest)")
-def test_live_terminal_bench_in_its_container(tmp_path):
+def test_live_terminal_bench_in_its_container(tmp_path, docker_image):
     query = _terminal_bench(tmp_path)
     spec = task_spec(query)
-    box = DockerSandbox.create(query, tmp_path / "ws", image=os.environ["GYRE_DOCKER_PYTEST_IMAGE"],
+    box = DockerSandbox.create(query, tmp_path / "ws", image=docker_image,
                                workdir=spec.workdir, eval_slots=container_slots(spec), agent_dirs=AGENT_DIRS)
     try:
         box.exec("echo 42 > answer.txt; (sleep 600 &)", timeout_s=30)

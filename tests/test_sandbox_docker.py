@@ -21,21 +21,11 @@ from gyre.runtime.resolve import preflight
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_INSIDE
 from gyre.sandboxes.docker import EXEC_ENV, KILL_EXECS, NO_PYTHON3, DockerSandbox
-from gyre.sandboxes.docker_container import container_kwargs
+from gyre.sandboxes.docker_container import cgroup_parent, container_kwargs
 from gyre.sandboxes.factory import SandboxBackendError, check_backend, create_sandbox
 from gyre.sandboxes.local.isolation import Isolation
 from gyre.sandboxes.local.sandbox import LocalSandbox
 from tests.docker_fake import FakeContainer, fake_sdk
-
-
-def _engine_available() -> bool:
-    try:
-        import docker
-
-        docker.from_env().ping()
-        return True
-    except Exception:  # no SDK or no daemon: the live test is skipped with the reason below
-        return False
 
 
 def test_container_arguments_isolate_and_limit(tmp_path):
@@ -52,15 +42,14 @@ def test_container_arguments_isolate_and_limit(tmp_path):
     assert kwargs["image"] == "img:1" and kwargs["detach"] is True
 
 
-@pytest.mark.skipif(not _engine_available(), reason="no Docker engine answers on this machine (docker.from_env() fails)")
-def test_live_container_runs_without_network(tmp_path):
+def test_live_container_runs_without_network(tmp_path, docker_image):
     from gyre.records import Query
     from gyre.sandboxes.docker import DockerSandbox
 
     (tmp_path / "h").mkdir()
     query = Query(query_id="q", benchmark="t", instruction="x", root=tmp_path, hidden_tests_dir=tmp_path / "h",
                   test_files=["a"], test_commands=["x"], test_case_count=1)
-    sandbox = DockerSandbox.create(query, tmp_path / "ws")
+    sandbox = DockerSandbox.create(query, tmp_path / "ws", image=docker_image)
     try:
         result = sandbox.exec("echo hi > out.txt; cat /proc/net/dev | tail -n +3 | cut -d: -f1", timeout_s=30)
         assert result.stdout.split() == ["lo"]
@@ -113,7 +102,8 @@ def test_create_sandbox_starts_a_container_for_docker_and_a_local_sandbox_otherw
             return types.SimpleNamespace(remove=lambda force: None)
 
     fake_sdk = types.ModuleType("docker")
-    fake_sdk.from_env = lambda **_: types.SimpleNamespace(containers=FakeContainers())
+    fake_sdk.from_env = lambda **_: types.SimpleNamespace(containers=FakeContainers(),
+                                                           info=lambda: {"CgroupDriver": "cgroupfs"})
     monkeypatch.setitem(sys.modules, "docker", fake_sdk)  # the SDK is the outer edge
     query, limits, isolation = _query(tmp_path), SandboxLimits(), Isolation.detect("none")
     env = {"OPENAI_API_KEY": "k"}
@@ -126,9 +116,19 @@ def test_create_sandbox_starts_a_container_for_docker_and_a_local_sandbox_otherw
                    image="task-image:3", workdir="/work")
     assert started[-1]["image"] == "task-image:3" and started[-1]["working_dir"] == "/work"  # the query's own
     docker_box.close()
+    # an image this machine cannot pull, replaced through `sandbox.docker.base_images` and recorded so
+    mapped = SandboxConfig(type="docker", docker={"base_images": {"python:3.13-slim": "gyre-base:local"}})
+    box = create_sandbox(mapped, query, tmp_path / "ws-m", env, limits, isolation, image="python:3.13-slim")
+    assert started[-1]["image"] == "gyre-base:local" and box.image == "python:3.13-slim -> gyre-base:local"
+    assert docker_box.image == "fallback:1"  # nothing replaced: the image itself
+    # every container labelled, its cgroup under gyre's own memory cgroup
+    assert started[-1]["labels"] == {"gyre": "1"}
+    assert started[-1]["cgroup_parent"] == cgroup_parent("gyre-docker") and started[-1]["cgroup_parent"].endswith(
+        "/gyre-docker")
+    box.close()
 
     local_box = create_sandbox(SandboxConfig(), query, tmp_path / "ws-l", env, limits, isolation)
-    assert isinstance(local_box, LocalSandbox) and len(started) == 2
+    assert isinstance(local_box, LocalSandbox) and len(started) == 3
     local_box.close()
 
 
@@ -266,11 +266,10 @@ def test_kill_execs_script_kills_only_the_tokens_processes(tmp_path):
             proc.wait()
 
 
-@pytest.mark.skipif(not _engine_available(), reason="no Docker engine answers on this machine (docker.from_env() fails)")
-def test_live_cli_route_to_the_proxy(tmp_path):
-    """A command in a python:3.11-slim container reaches a host loopback server through the bridge only."""
+def test_live_cli_route_to_the_proxy(tmp_path, docker_image):
+    """A command in a container with no network reaches a host loopback server through the bridge only."""
     server, port = _echo_server()
-    box = DockerSandbox.create(_query(tmp_path), tmp_path / "ws")
+    box = DockerSandbox.create(_query(tmp_path), tmp_path / "ws", image=docker_image)
     try:
         prefix = box.open_proxy(f"http://127.0.0.1:{port}/v1")
         result = box.exec(prefix + "python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', "
@@ -279,3 +278,16 @@ def test_live_cli_route_to_the_proxy(tmp_path):
     finally:
         server.close()
         box.destroy()
+
+
+def test_cgroup_parent_is_under_the_memory_cgroup(tmp_path):
+    v1 = tmp_path / "v1"
+    v1.write_text("9:name=systemd:/\n4:memory:/ci/job-7\n3:cpu,cpuacct:/other\n0::/unified-path\n")
+    assert cgroup_parent("gyre-docker", str(v1)) == "/ci/job-7/gyre-docker"
+    v2 = tmp_path / "v2"
+    v2.write_text("0::/user.slice/me/\n")
+    assert cgroup_parent("gyre-docker", str(v2)) == "/user.slice/me/gyre-docker"
+    root = tmp_path / "root"
+    root.write_text("4:memory:/\n")
+    assert cgroup_parent("gyre-docker", str(root)) == "/gyre-docker"
+    assert cgroup_parent("", str(root)) is None

@@ -198,6 +198,33 @@ def bench_weights(
     console.print(table)
 
 
+@bench_app.command("sandbox")
+def bench_sandbox(
+    as_json: bool = JSON,
+    rounds: int = typer.Option(10, "--rounds", min=1, help="Sandboxes made per backend (medians reported)."),
+    image: str | None = typer.Option(None, "--image", help="The docker rows' image (default: $GYRE_DOCKER_IMAGE, "
+                                     "else gyre-base:local, what scripts/docker-engine.sh builds)."),
+) -> None:
+    """One execution's sandbox per backend: create, two commands, a file written and read, close; docker
+    against the local sandbox in the same run (gyre/benches/sandboxes.py)."""
+    from gyre.benches.sandboxes import PHASES, run
+
+    result = run(rounds=rounds, image=image)
+    if as_json:
+        _print_json(result)
+        return
+    table = Table(title=f"gyre bench sandbox: median seconds of {rounds} rounds (x local), "
+                        f"load {result['load_average']:.1f} on {result['cpus']} CPUs")
+    for col in ("backend", *PHASES, "total", "note"):
+        table.add_column(col, justify="left" if col in ("backend", "note") else "right")
+    for row in result["rows"]:
+        table.add_row(row["backend"], *(f"{row[p]:.3f} ({row['x_local'][p]:.1f}x)" for p in (*PHASES, "total")),
+                      row["note"])
+    for backend, why in result["skipped"].items():
+        table.add_row(backend, *([""] * (len(PHASES) + 1)), f"not measured: {why}")
+    console.print(table)
+
+
 @bench_app.command("eval-overhead")
 def bench_eval_overhead(
     as_json: bool = JSON,

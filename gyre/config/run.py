@@ -23,7 +23,8 @@ from gyre.config.scheduler import SchedulerConfig
 
 __all__ = [  # the sections in config_model and the base in config_base are re-exported here
     "Section", "ConfigError", "load_yaml_model", "TinyModelSettings", "WarmstartSettings", "ModelConfig",
-    "BenchmarkConfig", "RolloutConfig", "HarnessConfig", "SandboxConfig", "EvaluatorConfig", "EvaluationConfig",
+    "BenchmarkConfig", "RolloutConfig", "HarnessConfig", "SandboxConfig", "DockerConfig",
+    "EvaluatorConfig", "EvaluationConfig",
     "MegatronConfig", "TrainConfig", "TrajectoryConfig", "AlgoConfig", "MetricsConfig", "SchedulerConfig",
     "RunConfig", "load_config", "dump_config",
 ]
@@ -130,6 +131,17 @@ class HarnessConfig(Section):
     """`sleepy`: model calls per execution; the drawn duration is spread as equal waits after each."""
 
 
+class DockerConfig(Section):
+    base_images: dict[str, str] = Field(default_factory=dict)
+    """Images this machine cannot pull, replaced by local ones: requested name -> local name (e.g.
+    `python:3.11-slim: gyre-base:local`, the Debian base `scripts/docker-engine.sh` builds offline). Applied
+    to every image a container starts from (a task's, `sandbox.image`, the default); an execution whose
+    image was replaced records `requested -> used` in `executions.image`."""
+    cgroup_parent: str = "gyre-docker"
+    """cgroup the containers' cgroups are made under, relative to gyre's own memory cgroup (so what a
+    container uses is charged where gyre's is, not at the hierarchy's root); "" leaves it to the engine."""
+
+
 class SandboxConfig(Section):
     type: Literal["local", "docker"] = "local"
     """Sandbox backend: `local` (a workspace directory per execution, bubblewrap + resource limits)
@@ -137,6 +149,8 @@ class SandboxConfig(Section):
     engine, checked before the run starts)."""
     image: str | None = None
     """`docker`: the image for queries whose benchmark names none (None: python:3.11-slim)."""
+    docker: DockerConfig = DockerConfig()
+    """`docker`: image substitutions and the containers' cgroup parent."""
     cpu_seconds: int = Field(default=60, gt=0)
     """CPU-time limit per process started in the sandbox."""
     max_file_bytes: int = Field(default=64 * 2**20, gt=0)

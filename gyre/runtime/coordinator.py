@@ -197,6 +197,7 @@ class Coordinator:
             error=outcome.error,
             started_at=started,
             finished_at=utc_now(),
+            image=getattr(sandbox, "image", None),
         )
         emit(ProgressEvent("execution_finished", step, {"execution_id": execution_id, "status": execution.status.value}))
         return ExecutionResult(query, execution, session.calls, deadlines.overall_s)

@@ -74,7 +74,8 @@ from gyre.sandboxes import file_tools
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.bridge import ProxyBridge, proxy_address
 from gyre.sandboxes.docker_container import (
-    BRIDGE_SLOT, DEFAULT_IMAGE, DEFAULT_WORKDIR, SLOTS_SUFFIX, container_kwargs, evaluation_user, make_slots,
+    BRIDGE_SLOT, DEFAULT_IMAGE, DEFAULT_WORKDIR, SLOTS_SUFFIX, cgroup_parent, container_kwargs, evaluation_user,
+    make_slots, resolve_image,
 )
 from gyre.sandboxes.fdwalk import strip_special_bits
 from gyre.sandboxes.git_history import strip_git_history
@@ -112,6 +113,12 @@ NO_PYTHON3 = (
 )
 
 
+def _cgroupfs(client) -> bool:
+    """Does the engine place cgroups itself (`cgroupfs`, where `cgroup_parent` is a path) rather than
+    through systemd (where it must name a slice, and its own placement stands)?"""
+    return client.info().get("CgroupDriver") == "cgroupfs"
+
+
 @dataclass
 class DockerSandbox:
     workspace: Path
@@ -123,6 +130,8 @@ class DockerSandbox:
     eval_slots: dict[str, str] = field(default_factory=dict)
     """Evaluation slots, name -> path inside (their host directories: `slot(name)`)."""
     eval_user: tuple[int, int] = field(default_factory=evaluation_user)
+    image: str | None = None
+    """What `executions.image` records: the image, or `requested -> used` (`resolve_image`)."""
     closed: bool = field(default=False, init=False)
     restarts: int = field(default=0, init=False)
     """Times the container was found stopped and started again (`ensure_running`)."""
@@ -142,7 +151,12 @@ class DockerSandbox:
         workdir: str | None = None,
         eval_slots: Mapping[str, str] | None = None,
         agent_dirs: Iterable[str] = (),
+        base_images: Mapping[str, str] | None = None,
+        cgroup_parent_name: str = "",
     ) -> DockerSandbox:
+        """`base_images`: `sandbox.docker.base_images` (`resolve_image`); `cgroup_parent_name`: the cgroup made
+        under gyre's own memory cgroup for the container (`sandbox.docker.cgroup_parent`; engines with the
+        cgroupfs driver: one on systemd's keeps its own placement)."""
         import docker  # the optional extra, imported only here
 
         workspace = Path(workspace).resolve()
@@ -158,15 +172,18 @@ class DockerSandbox:
         remove_tree(slot_root)
         owner = evaluation_user()
         binds = make_slots(slot_root, dict(eval_slots or {}), agent_dirs, owner)
-        kwargs = container_kwargs(image or DEFAULT_IMAGE, workspace, workdir, limits, dict(env or {}),
-                                  f"gyre-{workspace.name}", binds)
+        used, note = resolve_image(image or DEFAULT_IMAGE, base_images or {})
         try:
-            container = docker.from_env().containers.run(**kwargs)
+            client = docker.from_env()
+            cgroup = cgroup_parent(cgroup_parent_name) if cgroup_parent_name and _cgroupfs(client) else None
+            kwargs = container_kwargs(used, workspace, workdir, limits, dict(env or {}), f"gyre-{workspace.name}",
+                                      binds, cgroup)
+            container = client.containers.run(**kwargs)
         except BaseException:
             remove_tree(slot_root)
             raise
         return cls(workspace=workspace, container=container, limits=limits, workdir=workdir, slot_root=slot_root,
-                   eval_slots=dict(eval_slots or {}), eval_user=owner)
+                   eval_slots=dict(eval_slots or {}), eval_user=owner, image=note)
 
     def slot(self, name: str) -> Path:
         """The host directory of evaluation slot `name`."""

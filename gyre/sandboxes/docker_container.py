@@ -1,10 +1,15 @@
 """What a docker sandbox's container is made of: its creation arguments, its slots, its users, its engine.
 
 `container_kwargs` (pure) builds the arguments of `client.containers.run` (the SDK's names):
-no network, pids / memory / CPU caps and rlimits from `SandboxLimits`, no capabilities, no
-privilege escalation, a read-only root with a tmpfs `/tmp`, the workspace and the slots bound.
+docker's init as PID 1 (`sleep infinity` there would never reap the orphans of a killed command, and
+their zombies would hold the pids limit until no exec could start), no network, pids / memory / CPU
+caps and rlimits from `SandboxLimits`, no capabilities, no privilege escalation, a read-only root with
+a tmpfs `/tmp`, the workspace and the slots bound, gyre's label on it.
 `make_slots` creates the bridge directory and the evaluation slots on the host (owned by the
 evaluation's user, `evaluation_user()`, mode 0700; `agent_dirs` inside them the agent's own).
+`resolve_image` applies `sandbox.docker.base_images` (an image this machine cannot pull replaced by a
+local one); `cgroup_parent` puts the containers' cgroups under gyre's own memory cgroup (the engine
+otherwise makes them at each hierarchy's root, where nothing gyre's limits cover charges them).
 `engine_problem()` says, before a run starts, why no container could be started here (SDK
 missing, no engine answering), so `sandbox.type: docker` fails at preflight with the reason
 instead of at the first execution. `gyre.sandboxes.docker` runs the container.
@@ -27,6 +32,8 @@ PING_TIMEOUT_S = 10
 SLOTS_SUFFIX = ".docker"
 BRIDGE_SLOT = ".bridge"
 READ_ONLY_SLOTS = frozenset({"tests", "plugin"})
+CONTAINER_LABEL = "gyre"
+"""Label on every container gyre starts (`docker ps --filter label=gyre` lists what is left)."""
 
 
 def engine_problem() -> str | None:
@@ -42,6 +49,27 @@ def engine_problem() -> str | None:
     return None
 
 
+def resolve_image(requested: str, base_images: Mapping[str, str]) -> tuple[str, str]:
+    """The image a container starts from for `requested`, and what its execution records
+    (`executions.image`): `requested -> used` when `base_images` replaced it, else the image."""
+    used = base_images.get(requested, requested)
+    return used, requested if used == requested else f"{requested} -> {used}"
+
+
+def cgroup_parent(name: str, proc_cgroup: str = "/proc/self/cgroup") -> str | None:
+    """`name` under this process's memory cgroup (cgroup v1's memory line, else v2's unified one): the
+    `cgroup_parent` of a container on an engine with the cgroupfs driver. None for an empty name."""
+    if not name:
+        return None
+    paths = {}
+    for line in Path(proc_cgroup).read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else ["unified"]:
+            paths[controller] = path
+    own = paths.get("memory", paths.get("unified", "/"))
+    return f"{own.rstrip('/')}/{name}"
+
+
 def evaluation_user() -> tuple[int, int]:
     """uid/gid an in-container evaluation runs as and its slots belong to: 65533 when gyre is root
     (it can hand the slots over), else gyre's own (it cannot); never the agent's root."""
@@ -52,15 +80,16 @@ def evaluation_user() -> tuple[int, int]:
 
 def container_kwargs(
     image: str, workspace: Path, workdir: str, limits: SandboxLimits, env: Mapping[str, str], name: str,
-    binds: Sequence[tuple[Path, str, str]] = (),
+    binds: Sequence[tuple[Path, str, str]] = (), cgroup: str | None = None,
 ) -> dict[str, Any]:
     """Arguments for `client.containers.run` (the SDK's names); `binds`: (host, inside, "ro"/"rw")
-    added to the workspace's mount. See the module docstring."""
+    added to the workspace's mount; `cgroup`: the cgroup parent (`cgroup_parent`). See the module docstring."""
     volumes = {str(workspace): {"bind": workdir, "mode": "rw"}}
     volumes.update({str(host): {"bind": inside, "mode": mode} for host, inside, mode in binds})
     return {
         "image": image,
         "command": ["sleep", "infinity"],
+        "init": True,  # docker's tini as PID 1 reaps what a kill orphans: zombies would hold the pids limit
         "name": name,
         "detach": True,
         "network_mode": "none",
@@ -81,6 +110,8 @@ def container_kwargs(
             {"name": "cpu", "soft": limits.cpu_s, "hard": limits.cpu_s + 1},
         ],
         "auto_remove": False,
+        "labels": {CONTAINER_LABEL: "1"},
+        **({"cgroup_parent": cgroup} if cgroup else {}),
     }
 
 

@@ -63,7 +63,9 @@ def create_sandbox(
         from gyre.sandboxes.docker import DockerSandbox
 
         return DockerSandbox.create(query, workspace, env, limits, image=image or config.image, workdir=workdir,
-                                    eval_slots=eval_slots, agent_dirs=agent_dirs)
+                                    eval_slots=eval_slots, agent_dirs=agent_dirs,
+                                    base_images=config.docker.base_images,
+                                    cgroup_parent_name=config.docker.cgroup_parent)
     from gyre.sandboxes.local.sandbox import LocalSandbox
 
     layout = SandboxLayout(workdir=workdir, mounts=mounts) if isolation.bwrap else None

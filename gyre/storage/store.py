@@ -88,6 +88,7 @@ SCHEMA: dict[str, list[tuple[str, str]]] = {
         ("started_at", "TIMESTAMPTZ"),
         ("finished_at", "TIMESTAMPTZ"),
         ("run_id", "VARCHAR"),  # the start of the run (a `runs` row) that made it: a resume's own are told apart
+        ("image", "VARCHAR"),  # docker: the container's image (`requested -> used` when substituted)
     ],
     "evals": [
         ("step", "INTEGER"),

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# A private Docker engine for gyre's docker sandbox on a machine without systemd or an image registry
+# (CI, a developer's box): Debian's docker.io, `dockerd` started by hand on its own socket, data root and
+# exec root, and a Debian base image built offline from Debian's packages (mmdebstrap + docker import),
+# cached in the data root under a tag keyed by its package list (a changed list builds a new one) and
+# tagged `gyre-base:local`, the name configs map unpullable images to (configs/tiny-docker.yaml).
+# Facts and timings: ../shared/DEPENDENCIES.md of the project's workplace, docs/sandbox.md.
+#
+#   scripts/docker-engine.sh run CMD...   start the engine (or reuse one already up on the socket), run CMD
+#                                          with DOCKER_HOST, GYRE_DOCKER_IMAGE and GYRE_REQUIRE_DOCKER=1 set,
+#                                          stop the engine if this call started it; exits with CMD's status
+#   scripts/docker-engine.sh start        start it and print the `export` lines for a shell (`make docker-engine`)
+#   scripts/docker-engine.sh stop         stop the engine started by `start` (by the PID in its pidfile)
+#
+# Best effort, like the Claude Code CLI in system-deps.sh: where the engine cannot be installed or started
+# (not root, apt unreachable, no overlayfs), `run` says why on stderr and runs CMD without it; the docker
+# tests then skip and name the reason.
+set -uo pipefail
+
+STATE=${GYRE_DOCKER_HOME:-/var/lib/gyre-docker}       # data root + image build cache: kept between runs
+RUN=${GYRE_DOCKER_RUN:-/run/gyre-docker}              # socket, exec root, pidfile (short: unix socket paths)
+SOCK="$RUN/docker.sock"
+START_WAIT_S=30
+STOP_WAIT_S=20
+BASE_PACKAGES="python3,python3-venv,python3-pip,python3-pytest,procps"
+BASE_SUITE=bookworm
+LOCAL_TAG=gyre-base:local   # what configs name (`sandbox.docker.base_images`): the newest base built here
+BASE_TAG="gyre-base:$(printf '%s %s essential eatmydata' "$BASE_SUITE" "$BASE_PACKAGES" | sha256sum | cut -c1-12)"
+
+say() { echo "docker-engine: $*" >&2; }
+
+answers() { DOCKER_HOST="unix://$SOCK" timeout 10 docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+
+install_engine() {
+  command -v dockerd >/dev/null && command -v mmdebstrap >/dev/null && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    say "dockerd or mmdebstrap missing and not root: apt-get install -y --no-install-recommends docker.io mmdebstrap"
+    return 1
+  fi
+  say "installing docker.io and mmdebstrap (apt)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      docker.io mmdebstrap; } >/dev/null 2>&1 || { say "apt-get install docker.io mmdebstrap failed"; return 1; }
+}
+
+start_engine() {
+  if answers; then say "an engine already answers on $SOCK: reused"; STARTED=0; return 0; fi
+  [ "$(id -u)" -eq 0 ] || { say "dockerd needs root; no engine"; return 1; }
+  install_engine || return 1
+  mkdir -p "$STATE/root" "$RUN/exec"
+  printf '{"deprecated-key-path": "%s/key.json"}\n' "$STATE" > "$STATE/daemon.json"
+  say "starting dockerd on $SOCK (data root $STATE/root)"
+  dockerd -H "unix://$SOCK" --data-root "$STATE/root" --exec-root "$RUN/exec" --pidfile "$RUN/docker.pid" \
+    --config-file "$STATE/daemon.json" --storage-driver overlay2 --iptables=false --ip6tables=false \
+    --bridge=none >"$STATE/dockerd.log" 2>&1 &
+  DOCKERD_PID=$!
+  echo "$DOCKERD_PID" > "$RUN/started-by-gyre.pid"
+  for _ in $(seq $((START_WAIT_S * 5))); do
+    answers && { say "dockerd up (pid $DOCKERD_PID)"; STARTED=1; return 0; }
+    kill -0 "$DOCKERD_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  say "dockerd did not answer within ${START_WAIT_S}s; its log ends:"; tail -5 "$STATE/dockerd.log" >&2
+  stop_engine
+  return 1
+}
+
+build_base() {
+  if DOCKER_HOST="unix://$SOCK" docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
+    say "base image $BASE_TAG cached"
+    DOCKER_HOST="unix://$SOCK" docker tag "$BASE_TAG" "$LOCAL_TAG"
+    return 0
+  fi
+  say "building base image $BASE_TAG offline from Debian's packages ($BASE_PACKAGES; ~2-3 min)"
+  local tar="$STATE/rootfs-$$.tar"
+  if ! unshare -m --propagation private mmdebstrap --quiet --mode=root --variant=essential \
+      --hook-dir=/usr/share/mmdebstrap/hooks/eatmydata --include="$BASE_PACKAGES" "$BASE_SUITE" "$tar" \
+      >"$STATE/mmdebstrap.log" 2>&1; then
+    say "mmdebstrap failed; its log ends:"; tail -5 "$STATE/mmdebstrap.log" >&2; rm -f "$tar"; return 1
+  fi
+  DOCKER_HOST="unix://$SOCK" docker import -c 'CMD ["bash"]' "$tar" "$BASE_TAG" >/dev/null \
+    && DOCKER_HOST="unix://$SOCK" docker tag "$BASE_TAG" "$LOCAL_TAG"
+  local rc=$?
+  rm -f "$tar"
+  [ $rc -eq 0 ] && say "base image $BASE_TAG built" || say "docker import failed"
+  return $rc
+}
+
+stop_engine() {
+  local pid
+  pid=$(cat "$RUN/started-by-gyre.pid" 2>/dev/null) || { say "no engine started by this script"; return 0; }
+  if kill -0 "$pid" 2>/dev/null; then
+    DOCKER_HOST="unix://$SOCK" docker ps -aq --filter label=gyre 2>/dev/null | xargs -r \
+      env DOCKER_HOST="unix://$SOCK" docker rm -f >/dev/null 2>&1
+    kill -TERM "$pid"
+    for _ in $(seq $((STOP_WAIT_S * 5))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -0 "$pid" 2>/dev/null && { say "dockerd $pid did not stop in ${STOP_WAIT_S}s: SIGKILL"; kill -KILL "$pid"; }
+    wait "$pid" 2>/dev/null
+    say "dockerd stopped (pid $pid)"
+  fi
+  rm -f "$RUN/started-by-gyre.pid"
+  # what a dockerd killed outright leaves mounted (overlays, its exec root), innermost first
+  awk -v a="$STATE/root" -v b="$RUN" 'index($2, a) == 1 || index($2, b) == 1 { print $2 }' /proc/mounts \
+    | sort -r | while read -r mount; do umount -l "$mount" && say "unmounted leftover $mount"; done
+  return 0
+}
+
+env_lines() {
+  echo "export DOCKER_HOST=unix://$SOCK"
+  echo "export GYRE_DOCKER_IMAGE=$BASE_TAG"
+  echo "export GYRE_REQUIRE_DOCKER=1"
+}
+
+case "${1:-}" in
+  start)
+    start_engine && build_base || exit 1
+    env_lines
+    ;;
+  stop)
+    stop_engine
+    ;;
+  run)
+    shift
+    STARTED=0
+    if start_engine && build_base; then
+      eval "$(env_lines)"
+      if [ "$STARTED" = 1 ]; then trap stop_engine EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; fi
+    else
+      [ "$STARTED" = 1 ] && stop_engine
+      say "no Docker engine: the docker tests skip and say why"
+    fi
+    "$@"
+    exit $?
+    ;;
+  *)
+    echo "usage: $0 start | stop | run CMD..." >&2
+    exit 2
+    ;;
+esac

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -85,8 +86,10 @@ def _trigger(api: str, deployment_id: str, parameters: dict) -> str:
     return response.json()["id"]
 
 
-@pytest.mark.slow
-def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_model_dir):
+@contextmanager
+def _deployed(tmp_path: Path):
+    """A Prefect server on 127.0.0.1, the `gyre-local` process pool, the tiny-cpu deployment of prefect.yaml
+    and one worker, as README's walk-through makes them; yields (api, env, deployment, worker); stopped after."""
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = dict(
@@ -94,13 +97,6 @@ def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_
         PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_API_PORT=str(port), PREFECT_UI_ENABLED="false",
         PREFECT_SERVER_ANALYTICS_ENABLED="false", GYRE_REPO=str(ROOT), PREFECT_WORKER_QUERY_SECONDS="2",
     )
-    config = tmp_path / "one-step.yaml"
-    config.write_text(
-        f"name: deployed\nsteps: 1\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {tiny_model_dir}\n"
-        "benchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
-        "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\nharness:\n  max_turns: 2\n"
-    )
-    run_dir = tmp_path / "run"
     server = worker = None
     try:
         server = _start([*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
@@ -109,9 +105,26 @@ def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_
         _cli(["work-pool", "create", "gyre-local", "--type", "process"], env)
         _cli(["--no-prompt", "deploy", "--name", "tiny-cpu"], env)
         deployment = httpx.get(f"{api}/deployments/name/rl-run/tiny-cpu", timeout=30).json()
-        assert deployment["parameters"] == {"config_path": "configs/tiny-cpu.yaml"}
         worker = _start([*PREFECT, "worker", "start", "--pool", "gyre-local", "--limit", "1"],
                         env, tmp_path / "worker.log")
+        yield api, env, deployment, worker
+    finally:
+        for proc in (worker, server):
+            if proc is not None:
+                _stop(proc)
+
+
+@pytest.mark.slow
+def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_model_dir):
+    config = tmp_path / "one-step.yaml"
+    config.write_text(
+        f"name: deployed\nsteps: 1\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {tiny_model_dir}\n"
+        "benchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
+        "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\nharness:\n  max_turns: 2\n"
+    )
+    run_dir = tmp_path / "run"
+    with _deployed(tmp_path) as (api, env, deployment, worker):
+        assert deployment["parameters"] == {"config_path": "configs/tiny-cpu.yaml"}
         flow_run_id = _trigger(api, deployment["id"], {"config_path": str(config), "run_dir": str(run_dir)})
         run = _wait_terminal(api, flow_run_id, worker, tmp_path / "worker.log")
         assert run["state_type"] == "COMPLETED", (run["state"], (tmp_path / "worker.log").read_text()[-4000:])
@@ -149,7 +162,88 @@ def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_
         assert bad["state_type"] == "FAILED"
         assert str(missing) in bad["state"]["message"] or str(missing) in (tmp_path / "worker.log").read_text()
         assert not (tmp_path / "bad").exists()
-    finally:
-        for proc in (worker, server):
-            if proc is not None:
-                _stop(proc)
+
+
+def test_every_config_a_deployment_runs_writes_checkpoints():
+    """A run suspended through Prefect (or stopped, or killed) continues from its last checkpoint: every
+    rl-run deployment's config writes one each step."""
+    import yaml
+
+    from gyre.config.run import load_config
+
+    deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    configs = [d["parameters"]["config_path"] for d in deployments if d["entrypoint"].endswith(":rl_run")]
+    assert len(configs) >= 4
+    for path in configs:
+        assert load_config(ROOT / path).train.checkpoint_every == 1, path
+
+
+def _wait(what: str, done, worker: subprocess.Popen, log: Path, deadline_s: float = RUN_DEADLINE_S):
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if (found := done()):
+            return found
+        assert worker.poll() is None, log.read_text()[-3000:]
+        time.sleep(1)
+    raise AssertionError(f"{what}: not within {deadline_s}s: {log.read_text()[-4000:]}")
+
+
+@pytest.mark.slow
+def test_a_run_suspended_through_prefect_resumes_in_its_own_directory(tmp_path, tiny_model_dir):
+    """Suspended as the documented automation does it (a `Suspended` state set on the flow run), the run stops at
+    its next task, recorded `suspended`, its open task runs Cancelled; `gyre resume RUN_DIR` (what the UI's
+    Resume button does) schedules the flow run again and its worker continues the same directory from the last
+    checkpoint: every step once, both starts under the one flow run."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Suspended
+
+    config = tmp_path / "eight-steps.yaml"
+    config.write_text(
+        f"name: suspended\nsteps: 8\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {tiny_model_dir}\n"
+        "benchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
+        "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\nharness:\n  max_turns: 2\n"
+        "train:\n  checkpoint_every: 1\n"
+    )
+    run_dir = tmp_path / "run"
+    log = tmp_path / "worker.log"
+    with _deployed(tmp_path) as (api, env, deployment, worker):
+        flow_run_id = _trigger(api, deployment["id"], {"config_path": str(config), "run_dir": str(run_dir)})
+        _wait("step 1 started", lambda: (run_dir / "checkpoints" / "step-000001").is_dir(), worker, log)
+        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run_id, Suspended(timeout_seconds=3600, message="by the test"), force=True)
+
+        def suspended_and_closed():
+            run = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=30).json()
+            if run["state_name"] != "Suspended" or not (run_dir / "gyre.duckdb").is_file():
+                return None
+            try:
+                con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
+            except duckdb.IOException:  # the flow's process still holds the file
+                return None
+            with con:
+                return con.execute("select status, status_reason, prefect_flow_run_id from runs").fetchall()
+
+        starts = _wait("suspended and its process gone", suspended_and_closed, worker, log)
+        assert [(s, f) for s, _, f in starts] == [("suspended", flow_run_id)], starts
+        assert "gyre resume" in starts[0][1]
+        tasks = httpx.post(f"{api}/task_runs/filter", timeout=30, json={"flow_runs": {"id": {"any_": [flow_run_id]}}})
+        assert not [t["name"] for t in tasks.json() if t["state_type"] in ("PENDING", "RUNNING", "SCHEDULED")]
+
+        resumed = subprocess.run([sys.executable, "-m", "gyre.cli.main", "resume", str(run_dir), "--json"], cwd=ROOT,
+                                 env=env, capture_output=True, text=True, timeout=120)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        run = _wait_terminal(api, flow_run_id, worker, log)
+        assert run["state_type"] == "COMPLETED", (run["state"], log.read_text()[-4000:])
+
+    con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
+    starts = con.execute("select run_id, status, prefect_flow_run_id from runs order by started_at").fetchall()
+    assert [(s, f) for _, s, f in starts] == [("suspended", flow_run_id), ("completed", flow_run_id)]
+    newest = con.execute("select step, arg_max(policy_version, finished_at) from steps group by step "
+                         "order by step").fetchall()
+    assert newest == [(step, step + 1) for step in range(8)]
+    # the resume began where the checkpoint left off: its first train step is not 0
+    first = con.execute("select min(step) from executions where purpose = 'train' and run_id = ?",
+                        [starts[1][0]]).fetchone()[0]
+    assert first >= 1
+    assert not list(tmp_path.glob("runs/*"))  # nothing outside the run directory it was given

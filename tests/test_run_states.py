@@ -125,3 +125,44 @@ def test_reconcile_marks_a_dead_start_crashed_in_prefect_and_leaves_settled_ones
     assert _states(dead) == ("CRASHED", ["CRASHED", "CRASHED"])
     assert _states(done)[0] == "RUNNING"
     assert reconcile([tmp_path / "run"]) == []  # once is enough
+
+
+def test_a_flow_run_started_again_finds_its_own_start(tmp_path):
+    from gyre.runtime.run_status import started_before
+
+    run_dir = tmp_path / "run"
+    _run_file(run_dir, [("a", "suspended", "f-1")])
+    assert started_before(run_dir, "f-1") and not started_before(run_dir, "f-2")
+    assert not started_before(tmp_path / "fresh", "f-1")
+
+
+def test_resume_names_what_is_wrong_in_one_line(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from gyre.cli.main import app
+
+    run_dir = tmp_path / "run"
+    _run_file(run_dir, [("a", "stopped", "f-1")])
+    runner = CliRunner()
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    result = runner.invoke(app, ["resume", str(run_dir)])
+    assert result.exit_code == 2 and "PREFECT_API_URL is unset" in result.output
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # never contacted: the file says no first
+    result = runner.invoke(app, ["resume", str(run_dir)])
+    assert result.exit_code == 2 and "its last start is stopped, not suspended" in " ".join(result.output.split())
+    assert "gyre run --resume" in " ".join(result.output.split())
+    result = runner.invoke(app, ["resume", str(tmp_path / "nothing")])
+    assert result.exit_code == 2 and "no run here" in result.output and "Traceback" not in result.output
+
+
+def test_a_deployment_run_without_a_run_dir_gets_the_same_directory_on_every_start():
+    from prefect import flow
+
+    from gyre.flows.rl_run import default_run_dir
+
+    @flow
+    def name_twice() -> tuple[str, str]:
+        return default_run_dir("tiny"), default_run_dir("tiny")
+
+    first, second = name_twice()
+    assert first == second and first.startswith("runs/tiny-2") and len(first.rsplit("-", 1)[1]) == 6

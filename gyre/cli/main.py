@@ -1,10 +1,10 @@
 """`gyre ...`: the typer app, the `gyre` entry point; it wires the commands of its neighbours.
 
 `gyre run` runs the RL flow with a live progress display (gyre/cli/run.py); `gyre runs` lists the
-runs under runs/ and what each start came to (gyre/cli/runs.py); `gyre sql`
-queries a run's DuckDB file, also while the run is live (gyre/cli/sql.py); `gyre bench NAME`
-runs one benchmark of gyre/benches/ (gyre/cli/bench.py); `gyre model tiny` and
-`gyre benchmark tiny` write the bundled model and query set to a directory of your choice.
+runs under runs/ and what each start came to, `gyre resume` resumes a run suspended through Prefect
+(gyre/cli/runs.py); `gyre sql` queries a run's DuckDB file, also while the run is live
+(gyre/cli/sql.py); `gyre bench NAME` runs one benchmark of gyre/benches/ (gyre/cli/bench.py);
+`gyre model tiny` and `gyre benchmark tiny` write the bundled model and query set to a directory of your choice.
 Bad input (config, model directory, benchmark files) ends with a one-line error naming
 what is wrong and exit code 2; nothing already written to the run directory is lost.
 """
@@ -21,7 +21,7 @@ from gyre.cli.benchmark import benchmark_app
 from gyre.cli.common import INPUT_ERRORS, _fail, console
 from gyre.cli.rerun import rerun_failed
 from gyre.cli.run import run
-from gyre.cli.runs import runs
+from gyre.cli.runs import resume, runs
 from gyre.cli.sql import sql
 
 app = typer.Typer(help="gyre: elastic online RL for xLong-horizon agents.", no_args_is_help=True)
@@ -34,6 +34,7 @@ app.add_typer(bench_app, name="bench")
 app.command("rerun-failed")(rerun_failed)
 app.command()(run)
 app.command()(runs)
+app.command()(resume)
 app.command()(sql)
 
 

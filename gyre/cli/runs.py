@@ -1,4 +1,5 @@
-"""`gyre runs [ROOT]`: every run directory under ROOT (default `runs/`), what each start of it came to.
+"""`gyre runs [ROOT]`: every run directory under ROOT (default `runs/`), what each start of it came to;
+`gyre resume RUN_DIR`: resume a run suspended through Prefect.
 
 A start of a run is one row of the run file's `runs` table (the first start, then each `--resume`).
 Listing them is the "next contact" after a run was killed outright: a start still `running` in a
@@ -63,3 +64,38 @@ def runs(
     for change in prefect or []:
         console.print(f"Prefect: flow run {change['flow_run_id']} of {escape(change['run_dir'])} set "
                       f"{change['state']}")
+
+
+def resume(
+    run_dir: Path = typer.Argument(..., help="The run directory of a run suspended through Prefect."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a line."),
+) -> None:
+    """Resume a run suspended through Prefect (as its flow run's Resume button does): the flow run is
+    scheduled again, its worker starts the flow, which continues RUN_DIR from its last checkpoint."""
+    from prefect.exceptions import ObjectNotFound, PrefectException
+    from prefect.flow_runs import resume_flow_run
+
+    from gyre.runtime.run_status import is_live, settle
+
+    if not (run_dir / "gyre.duckdb").is_file():
+        _fail(FileNotFoundError(f"{run_dir}: no run here (no gyre.duckdb)"))
+    if not os.environ.get("PREFECT_API_URL"):
+        _fail(ValueError("PREFECT_API_URL is unset: a suspended run lives on the Prefect server its deployment "
+                         "ran on; export PREFECT_API_URL=http://HOST:PORT/api"))
+    if is_live(run_dir):
+        _fail(ValueError(f"{run_dir} is live (a process holds its file): nothing to resume"))
+    starts = settle(run_dir)
+    last = starts[-1] if starts else None
+    if last is None or last.status != "suspended" or not last.flow_run_id:
+        _fail(ValueError(f"{run_dir}: its last start is {last.status if last else 'missing'}, not suspended: "
+                         f"`gyre run --resume --run-dir {run_dir}` continues a stopped or crashed run"))
+    try:
+        resume_flow_run(last.flow_run_id)
+    except (ObjectNotFound, PrefectException, RuntimeError) as exc:  # not paused, timed out, refused
+        _fail(ValueError(f"{run_dir}: Prefect would not resume flow run {last.flow_run_id}: "
+                         f"{type(exc).__name__}: {exc}"))
+    if as_json:
+        print(json.dumps({"run_dir": str(run_dir), "flow_run_id": last.flow_run_id, "resumed": True}))
+        return
+    console.print(f"resumed flow run {last.flow_run_id}: a worker of its deployment continues {escape(str(run_dir))} "
+                  "from its last checkpoint")

@@ -17,21 +17,21 @@ from datetime import datetime
 from pathlib import Path
 
 from prefect import flow, tags
-from prefect.exceptions import TerminationSignal
+from prefect.exceptions import Pause, TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from gyre.config.run import ConfigError, RunConfig, load_config
 from gyre.runtime.coordinator import Coordinator
-from gyre.flows.states import end_flow_run
+from gyre.flows.states import close_task_runs, end_flow_run
 from gyre.flows.ui import RunObserver, rename_flow_run, run_name
 from gyre.runtime.lifecycle import attach, hold_if_stopping, on_stop
 from gyre.runtime.live.cells import LiveCells
 from gyre.metrics import MetricsFanout, make_sinks
 from gyre.runtime.progress import ProgressEvent, emit
 from gyre.records import EvalRecord, StepRecord, utc_now
-from gyre.runtime.run_status import crashed_starts, start_counts, verdict
+from gyre.runtime.run_status import crashed_starts, start_counts, started_before, verdict
 from gyre.tasks.events import prefect_logger
 from gyre.tasks.step import (
     cell, checkpoint, evaluate, execute, launch_cell_command, prepare_model, publish_weights, record, record_eval,
@@ -143,14 +143,16 @@ def rl_run(
     The Prefect UI shows each step's artifacts and events (`gyre.flows.ui`).
     """
     config = load_run_config(config_path, benchmark_dir)
-    if run_dir is None:
-        run_dir = str(Path("runs") / f"{config.name}-{datetime.now():%Y%m%d-%H%M%S}")
+    flow_run_id = flow_run.id
+    if run_dir is None:  # one directory per flow run: a resumed (suspended) flow run finds its own again
+        run_dir = default_run_dir(config.name)
         rename_flow_run(f"{Path(config_path).stem} @ {Path(run_dir).name}")
+    # the same flow run started again (resumed after a suspend, or retried): it continues its directory
+    continuing = not resume and flow_run_id is not None and started_before(Path(run_dir), flow_run_id)
     prepare_model(config)
     coord = Coordinator(config, Path(run_dir))
     detach = attach(coord)  # closed in order by a stop signal; RUN_DIR/live.duckdb for `gyre sql`
     total = steps or config.steps
-    flow_run_id = flow_run.id
     mark_run(coord, "running", flow_run_id)
     for dead in crashed_starts(coord.store, coord.run_id):  # an earlier start killed outright: Crashed now
         end_flow_run(dead.flow_run_id, "Crashed", dead.reason)
@@ -159,7 +161,10 @@ def rl_run(
     observer = RunObserver(coord.run_id, config.name, coord.run_dir, total, metrics)
     status, reason = "failed", None
     try:
-        records = train_run(coord, total, resume, run_dir)
+        if continuing:
+            prefect_logger().info("flow run %s started again: %s continues from its last checkpoint",
+                                  flow_run_id, run_dir)
+        records = train_run(coord, total, resume or continuing, run_dir, from_scratch_ok=continuing)
         status, reason = verdict(*start_counts(coord.store, coord.run_id), config.evaluator.max_dropped_share)
         if reason is not None:  # a green Completed would say the run worked
             prefect_logger().error("run failed: %s", reason)
@@ -167,6 +172,10 @@ def rl_run(
         return records
     except TerminationSignal:  # a flow run cancelled through Prefect (worker runs): SIGTERM raised here
         status = "stopped"
+        raise
+    except Pause:  # suspended through Prefect (a deployment's run): resuming it continues this directory
+        status, reason = "suspended", SUSPENDED_MESSAGE
+        close_task_runs(flow_run_id, "Cancelled", SUSPENDED_MESSAGE)
         raise
     except Exception as exc:  # recorded with the run's row, then raised: Prefect shows the traceback
         reason = f"{type(exc).__name__}: {str(exc)[:500]}"
@@ -179,6 +188,8 @@ def rl_run(
         coord.close()
 
 
+SUSPENDED_MESSAGE = ("suspended through Prefect: the current step abandoned; resuming the flow run (its Resume "
+                     "button, or `gyre resume RUN_DIR`) continues this run directory from its last checkpoint")
 STOPPED_MESSAGE = "stopped by a signal (Ctrl-C, SIGTERM): the current step abandoned; `gyre run --resume` continues"
 
 
@@ -188,16 +199,18 @@ def stopped(coord: Coordinator, flow_run_id: str | None) -> None:
     end_flow_run(flow_run_id, "Cancelled", STOPPED_MESSAGE, live=True)
 
 
-def train_run(coord: Coordinator, total: int, resume: bool, run_dir: str) -> list[StepRecord]:
-    """The steps (or the cell scheduler's run), with their evaluation rounds and checkpoints."""
+def train_run(coord: Coordinator, total: int, resume: bool, run_dir: str,
+              from_scratch_ok: bool = False) -> list[StepRecord]:
+    """The steps (or the cell scheduler's run), with their evaluation rounds and checkpoints. `resume`:
+    from the newest checkpoint; `from_scratch_ok`: from step 0 when there is none yet (a flow run
+    suspended before its first checkpoint)."""
     config = coord.config
+    first = coord.resume(missing_ok=from_scratch_ok) if resume else 0
     if config.scheduler.policy is not None:
-        first = coord.resume() if resume else 0
         emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir, "first_step": first}))
         records = cells_run(coord, total, first)
         emit(ProgressEvent("run_finished", None, {"steps": total}))
         return records
-    first = coord.resume() if resume else 0
     emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir, "first_step": first}))
     records = []
     for step in range(first, total):
@@ -210,6 +223,18 @@ def train_run(coord: Coordinator, total: int, resume: bool, run_dir: str) -> lis
         eval_round(coord, total)
     emit(ProgressEvent("run_finished", None, {"steps": total}))
     return records
+
+
+def default_run_dir(name: str) -> str:
+    """`runs/<name>-<flow run created, UTC>-<its id's first 6 hex digits>`: the same for every start of one
+    flow run (a suspended run resumed by Prefect starts the flow again), distinct between flow runs."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return str(Path("runs") / f"{name}-{datetime.now():%Y%m%d-%H%M%S}")
+    run = context.flow_run
+    return str(Path("runs") / f"{name}-{run.created:%Y%m%d-%H%M%S}-{str(run.id)[:6]}")
 
 
 def mark_run(coord: Coordinator, status: str, flow_run_id: str | None, reason: str | None = None) -> None:

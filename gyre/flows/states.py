@@ -7,6 +7,9 @@ What users watch must say what happened, so:
 
 - a stop ends the flow run Cancelled and every task run of it still scheduled, pending or running
   Cancelled with it (`end_flow_run`, from the run's stop closer, before the Prefect server goes);
+- a suspend through Prefect (a deployment's run; Prefect ends the process at the next task boundary)
+  leaves the flow run Suspended, as Prefect set it, and Cancels its open task runs (`close_task_runs`):
+  resuming the flow run starts the flow again, which continues the same run directory;
 - a start of a run that died without a word (DuckDB `runs.status` still `running` while nobody holds
   the run's file) is marked Crashed, with its open task runs, at the next contact: the resume of that
   run directory, `gyre runs`, or the start of gyre's own Prefect server (`reconcile`).
@@ -40,6 +43,16 @@ def end_flow_run(flow_run_id: str | None, kind: str, message: str, live: bool = 
     Prefect's orchestration rules (the engine that would have reported is gone). `live`: called from the run's
     own process as it stops (its queued events are sent first, and late task runs are waited for). False when
     there is no flow run or the API cannot be reached (said on stderr)."""
+    return _end(flow_run_id, kind, message, live, flow_too=True)
+
+
+def close_task_runs(flow_run_id: str | None, kind: str, message: str) -> bool:
+    """The open task runs of flow run `flow_run_id` set to `kind`, its own state left as Prefect made it (a
+    suspended flow run stays Suspended: its executions in flight were abandoned, the resume reruns them)."""
+    return _end(flow_run_id, kind, f"its flow run was {message}", live=True, flow_too=False)
+
+
+def _end(flow_run_id: str | None, kind: str, message: str, live: bool, flow_too: bool) -> bool:
     if not flow_run_id:
         return False
     import time
@@ -56,23 +69,25 @@ def end_flow_run(flow_run_id: str | None, kind: str, message: str, live: bool = 
     make = {"Cancelled": Cancelled, "Crashed": Crashed, "Failed": Failed}[kind]
     still_open = TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(
         any_=[StateType(t) for t in OPEN_TYPES])))
+    task_message = f"its flow run ended: {message}" if flow_too else message
     try:
         if live:
             EventsWorker.drain_all(timeout=EVENTS_DRAIN_S)
         with temporary_settings({PREFECT_API_REQUEST_TIMEOUT: API_TIMEOUT_S}), get_client(sync_client=True) as client:
-            client.set_flow_run_state(flow_run_id, make(message=message), force=True)
+            if flow_too:
+                client.set_flow_run_state(flow_run_id, make(message=message), force=True)
             for round_ in range(SETTLE_ROUNDS if live else 1):
                 open_tasks = client.read_task_runs(
                     flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), task_run_filter=still_open)
                 for task_run in open_tasks:
-                    client.set_task_run_state(task_run.id, make(message=f"its flow run ended: {message}"), force=True)
+                    client.set_task_run_state(task_run.id, make(message=task_message), force=True)
                 if not open_tasks and round_:
                     break
                 if live:
                     time.sleep(SETTLE_WAIT_S)
     except Exception as exc:  # deliberate: a stopping run must still stop; the API's absence is said, not raised
-        print(f"gyre: could not mark Prefect flow run {flow_run_id} {kind}: {type(exc).__name__}: {exc}",
-              file=sys.stderr, flush=True)
+        what = f"flow run {flow_run_id}" if flow_too else f"the task runs of flow run {flow_run_id}"
+        print(f"gyre: could not mark {what} {kind}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return False
     return True
 

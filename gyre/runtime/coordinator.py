@@ -324,14 +324,17 @@ class Coordinator:
         prune_checkpoints(self.run_dir / "checkpoints", self.config.train.keep_checkpoints)
         return path
 
-    def resume(self) -> int:
+    def resume(self, missing_ok: bool = False) -> int:
         """Restore the newest checkpoint of this run directory; returns the first step to run.
 
         The train engine gets weights, optimizer state and RNG back; the rollout engine gets
         the same weights with the checkpoint's policy version and its sampling RNG; rows
-        already in DuckDB stay.
+        already in DuckDB stay. `missing_ok`: with no checkpoint yet, step 0 (what ran of it set aside).
         """
         path = latest_checkpoint(self.run_dir / "checkpoints")
+        if path is None and missing_ok:
+            set_aside_interrupted(self.run_dir, 0)
+            return 0
         if path is None:
             raise FileNotFoundError(f"{self.run_dir}/checkpoints: no complete checkpoint to resume from")
         steps_done = load_checkpoint(self.trainer, path, rollout=self._sampling_rng())

@@ -2,7 +2,8 @@
 
 Every start of a run directory (the first, and each `--resume`) is one row of `runs`, `status`
 `running` until the flow closes it: `completed`, `failed` (with `status_reason`), `stopped` (a stop
-signal or a cancel). A kill -9, an OOM kill or a power loss closes nothing: its row stays `running`.
+signal or a cancel), `suspended` (suspended through Prefect; resuming that flow run starts the flow
+again, which finds its earlier start here, `started_before`, and continues the directory). A kill -9, an OOM kill or a power loss closes nothing: its row stays `running`.
 DuckDB lets one process hold the file read-write, so a row still `running` in a file this process
 could open belongs to a start that is gone: `settle` (and a resume, `crashed_starts`) records it
 `crashed`. The Prefect side of the same facts is `gyre.flows.states`.
@@ -77,6 +78,13 @@ def _read_starts(con) -> list[RunStart]:
         rows = con.execute(f"SELECT run_id, status, {reason}, prefect_flow_run_id, started_at FROM runs "
                            "ORDER BY started_at").fetchall()
     return [RunStart(*row) for row in rows]
+
+
+def started_before(run_dir: Path, flow_run_id: str) -> bool:
+    """Whether flow run `flow_run_id` already started a run in `run_dir` (it was suspended and resumed, or
+    retried): its file holds a start of that flow run."""
+    starts = settle(run_dir)
+    return any(start.flow_run_id == str(flow_run_id) for start in starts)
 
 
 def is_live(run_dir: Path) -> bool:

@@ -15,19 +15,10 @@ from pathlib import Path
 import pytest
 
 import gyre.sandboxes.docker as docker_sandbox
-from gyre.records import Query
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.docker import DockerSandbox
 from gyre.sandboxes.docker_container import cgroup_parent, evaluation_user
-
-
-def _query(tmp_path: Path) -> Query:
-    (tmp_path / "hidden").mkdir()
-    (tmp_path / "start").mkdir()
-    (tmp_path / "start" / "a.py").write_text("x = 1\n")
-    return Query(query_id="q", benchmark="t", instruction="x", root=tmp_path, start_dir=tmp_path / "start",
-                 hidden_tests_dir=tmp_path / "hidden", test_files=["t.py"], test_commands=["pytest"],
-                 test_case_count=1)
+from tests.test_sandbox_docker import _query
 
 
 def _box(tmp_path: Path, image: str, **kwargs) -> DockerSandbox:

@@ -101,3 +101,22 @@ def test_off_a_terminal_the_step_table_keeps_every_column(monkeypatch, tmp_path)
     assert "…" not in text, text
     for shown in ("clip lo/hi", "grad norm", "0.109", "0.125", "6.86e-09", "2097"):
         assert shown in text, shown
+
+
+def test_proxy_serve_on_a_port_in_use_is_one_line_before_any_model_loads(tmp_path):
+    import socket
+
+    from gyre.cli.main import app
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = tmp_path / "proxy.yaml"
+        config.write_text(f"host: 127.0.0.1\nport: {port}\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: null\n"
+                          f"engines:\n  - id: torch-0\nrecord_path: {tmp_path / 'calls.duckdb'}\n")
+        result = runner.invoke(app, ["proxy", "serve", "-c", str(config)])
+    assert result.exit_code == 2, result.output
+    assert f"127.0.0.1:{port} cannot be served" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "calls.duckdb").exists()  # no model, no file

@@ -16,6 +16,7 @@ process right there, so both signals are turned into `SystemExit(128 + signal)` 
 from __future__ import annotations
 
 import signal
+import socket
 from pathlib import Path
 
 import uvicorn
@@ -97,8 +98,22 @@ def _exit_on_signal(signum: int, frame) -> None:
     raise SystemExit(128 + signum)
 
 
+def check_port(host: str, port: int, config_path: Path | str) -> None:
+    """A ValueError naming the address when it cannot be bound (in use, not this host's): said before any
+    model loads, not as uvicorn's errno after."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ValueError(f"{host}:{port} cannot be served ({exc.strerror}): another process listens there, "
+                             f"or the address is not this machine's; change host/port in {config_path}") from None
+
+
 def serve(config_path: Path | str) -> None:
     config = load_proxy_config(config_path)
+    check_port(config.host, config.port, config_path)
     previous = {sig: signal.signal(sig, _exit_on_signal) for sig in STOP_SIGNALS}
     store = call_log = None
     engines = []

@@ -166,3 +166,15 @@ def test_a_deployment_run_without_a_run_dir_gets_the_same_directory_on_every_sta
 
     first, second = name_twice()
     assert first == second and first.startswith("runs/tiny-2") and len(first.rsplit("-", 1)[1]) == 6
+
+
+def test_a_resume_sets_aside_the_interrupted_step_but_keeps_a_recorded_eval_round(tmp_path):
+    from gyre.runtime.run_dir import set_aside_interrupted
+
+    for name in ("s0001-x-g00", "s0002-a-g00", "e0002-b-g00", "e0002-c-g00"):
+        (tmp_path / "workspaces" / name).mkdir(parents=True)
+    (tmp_path / "evals" / "e0002-b-g00").mkdir(parents=True)
+    aside = set_aside_interrupted(tmp_path, 2, frozenset({"e0002-b-g00"}))
+    assert sorted(p.name for p in (tmp_path / "workspaces").iterdir()) == ["e0002-b-g00", "s0001-x-g00"]
+    assert sorted(p.name for p in (aside / "workspaces").iterdir()) == ["e0002-c-g00", "s0002-a-g00"]
+    assert (tmp_path / "evals" / "e0002-b-g00").is_dir() and not (aside / "evals").exists()

@@ -339,7 +339,9 @@ class Coordinator:
             raise FileNotFoundError(f"{self.run_dir}/checkpoints: no complete checkpoint to resume from")
         steps_done = load_checkpoint(self.trainer, path, rollout=self._sampling_rng())
         self.publish_weights(self.trainer.steps_taken)
-        set_aside_interrupted(self.run_dir, steps_done)  # kept, so those steps rerun from their start
+        recorded = {row[0] for row in self.store.query(  # a finished eval round before it stays where it is
+            "SELECT execution_id FROM executions WHERE purpose = 'eval' AND step = ?", [steps_done])}
+        set_aside_interrupted(self.run_dir, steps_done, frozenset(recorded))  # kept, so those steps rerun
         return steps_done
 
     def record_step(self, outcome: StepOutcome, results: list[ExecutionResult], scores: list[Score]) -> None:

@@ -128,6 +128,34 @@ def test_a_real_solution_with_a_partial_crash_keeps_what_passed(tmp_path):
     assert score.status is EvalStatus.ok and 0.0 < score.score < 1.0, score.detail
 
 
+def test_a_process_that_dies_inside_a_canary_is_run_again_and_one_that_dies_in_a_real_test_is_not():
+    # a mutant copy of `test_small` placed before the original dies where the original would: honest code's
+    # real tests after it are not lost (`Observer.run_through` runs the command again, canaries placed anew)
+    from gyre.evaluators.integrity.canaries import Canaries, PristineFile
+    from gyre.evaluators.integrity.channel import ChannelResults
+    from gyre.evaluators.observed import died_in_a_canary
+
+    pristine = [PristineFile("/w/tests/test_calc.py", {("test_small",)},
+                             Canaries(must_pass=frozenset({"test_small_3"}), must_fail=frozenset({"test_small_9"})))]
+
+    def died_in(nodeid: str, **status) -> ChannelResults:
+        said = ChannelResults()
+        for message in ({"event": "hello"}, {"event": "session"}, {"event": "collected", "items": 3},
+                        {"event": "report", "nodeid": nodeid, "path": "/w/tests/test_calc.py", "when": "setup",
+                         "outcome": "passed"}):
+            said.add(message)
+        for key, value in status.items():
+            setattr(said, key, value)
+        return said
+
+    mutant = "/gyre-eval/m_test_small_9/test_calc.py::test_small_9"
+    assert died_in_a_canary(died_in(mutant), pristine) == mutant
+    assert died_in_a_canary(died_in("tests/test_calc.py::test_small_3"), pristine) is not None
+    assert died_in_a_canary(died_in("tests/test_calc.py::test_small"), pristine) is None  # the workspace's crash
+    assert died_in_a_canary(died_in(mutant, stopped=True), pristine) is None  # a timeout or limit stopped it
+    assert died_in_a_canary(died_in(mutant, finished=True), pristine) is None
+
+
 ALWAYS_EQUAL = "class E:\n    def __eq__(self, o): return True\n    def __ne__(self, o): return False\n" \
                "def add(a, b):\n    return E()\n"
 

@@ -35,7 +35,7 @@ import secrets
 import shlex
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from gyre.evaluators.common import error, tampering
@@ -68,6 +68,11 @@ EVAL_BRIDGE_DIR = "/run/gyre-eval"
 
 INTERRUPT_GRACE_S = 5.0
 """Seconds between SIGINT (pytest still reports) and SIGKILL for a timed-out test command."""
+
+RERUNS_AFTER_A_CANARY_DIED = 3
+"""How many times a command runs again, its canaries placed anew, when its test process ended inside one of
+gyre's canaries (`died_in_a_canary`): a mutant copy of a real test placed before the original kills honest code
+that crashes there, and the real tests after it would count as failed though upstream's run reaches them."""
 
 
 def place_pristine(dest: Path, sources: Mapping[str, bytes], inside: str, rng: random.Random,
@@ -139,6 +144,8 @@ class Observer:
 
     session: Session | None = None
     """Set for an in-place evaluation: commands run in the agent's live session as `EVAL_USER`."""
+    planted: list[PristineFile] = field(default_factory=list)
+    """The pristine files whose canaries the plugin adds now (`plant`)."""
 
     @classmethod
     def create(cls, eval_dir: Path, isolation: Isolation, index: IndexAccess | None = None,
@@ -172,6 +179,7 @@ class Observer:
         """Give gyre's plugin the canaries of the pristine test modules placed (`place_pristine`): it adds
         them as collected items, at places drawn with `seed` (random when None)."""
         self.plugin.write_plan(files, secrets.randbits(63) if seed is None else seed)
+        self.planted = list(files)
 
     def mounts(self) -> tuple[Mount, ...]:
         """The plugin's, the environment's and the index bridge's mounts (none without bubblewrap)."""
@@ -234,6 +242,23 @@ class Observer:
         results.stopped = result.timed_out or bool(result.limit_hit)
         return result, results
 
+    def run_through(self, command: str, **run_kwargs) -> tuple[ExecResult, list[ChannelResults], list[str]]:
+        """`run`, and again with the canaries placed anew (up to `RERUNS_AFTER_A_CANARY_DIED` times) while the
+        test process ends inside one of them. Returns the last result, what every run said (all of it is
+        evidence: passes count from any run, tampering from each) and a note per rerun."""
+        result, said = self.run(command, **run_kwargs)
+        said_all, notes = [said], []
+        for _ in range(RERUNS_AFTER_A_CANARY_DIED):
+            where = died_in_a_canary(said, self.planted)
+            if where is None:
+                break
+            notes.append(f"the test process ended inside gyre's canary {where} (exit {result.exit_code}): "
+                         "ran again with the canaries placed anew")
+            self.plant(self.planted)
+            result, said = self.run(command, **run_kwargs)
+            said_all.append(said)
+        return result, said_all, notes
+
     def install(self, requirements: tuple[str, ...], *, task: str, directory: Path, scratch: Path,
                 limits: SandboxLimits, timeout_s: float) -> tuple[list[str], list[str]]:
         """Install the task image's packages into the environment from the index, before any workspace code:
@@ -274,13 +299,24 @@ class Observer:
         try:
             self.plant(pristine)
             seal = EnvSeal.take(self.env.directory)
-            result, said = self.run(command, **run_kwargs)
+            result, said_all, notes = self.run_through(command, **run_kwargs)
         except BaseException:
             self.finish(Tally())
             raise
-        counted = tally(pristine, [said])
+        counted = tally(pristine, said_all)
         counted.tampering += seal.broken()
-        return Observed(result, said, counted, self.finish(counted))
+        return Observed(result, said_all[-1], counted, self.finish(counted), notes)
+
+
+def died_in_a_canary(said: ChannelResults, files: list[PristineFile]) -> str | None:
+    """The node id of the canary (a literal one or a mutant copy) the test process was inside when it ended by
+    itself (not stopped by a timeout or a limit) before pytest finished, or None."""
+    if not said.hello or said.finished or said.stopped or said.running is None:
+        return None
+    result = said.results.get(said.running)
+    pristine = next((f for f in files if result is not None and f.inside == result.path), None)
+    name = said.running.rsplit("::", 1)[-1]
+    return said.running if pristine is not None and name in pristine.canaries.names else None
 
 
 def install_image(observer: Observer, packages: tuple[str, ...], task: str, eval_dir: Path, scratch: Path,
@@ -312,9 +348,14 @@ class Observed:
     said: ChannelResults
     counted: Tally
     index_failure: str | None
+    notes: list[str] = field(default_factory=list)
+    """What the score's detail should say about how the command ran (`Observer.run_through`)."""
 
     def flagged(self, score: Score) -> Score:
-        """`score` with what the runtime monitor saw (`integrity.runtime`): every format's verdict goes through it."""
+        """`score` with what the runtime monitor saw (`integrity.runtime`) and the run's `notes`: every format's
+        verdict goes through it."""
+        if self.notes:
+            score = score.model_copy(update={"detail": "; ".join((score.detail, *self.notes))})
         return with_runtime(score, self.counted.flags)
 
     def settled(self, execution_id: str) -> Score | None:

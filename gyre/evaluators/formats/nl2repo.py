@@ -229,12 +229,14 @@ def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execut
         command_timeout_s = capped(timeout_s, deadline_s)
         if command_timeout_s <= 0:
             return overall_timeout_error(execution_id, f"no time left for test command {i}")
-        result, said = observer.run(command, workspace=repo, scratch=scratch, layout=layout,
-                                    env=sandbox_env(repo, {"GYRE_CWD_ON_PATH": "1"}),  # upstream: PYTHONPATH=/workspace
-                                    limits=limits, timeout_s=command_timeout_s,
-                                    addopts=("--continue-on-collection-errors",
-                                             *(f"-p {module}" for module in observer.image_plugins)))
-        runs.append(said)
+        result, said_all, rerun_notes = observer.run_through(
+            command, workspace=repo, scratch=scratch, layout=layout,
+            env=sandbox_env(repo, {"GYRE_CWD_ON_PATH": "1"}),  # upstream: PYTHONPATH=/workspace
+            limits=limits, timeout_s=command_timeout_s,
+            addopts=("--continue-on-collection-errors", *(f"-p {module}" for module in observer.image_plugins)))
+        said = said_all[-1]
+        runs.extend(said_all)
+        notes.extend(f"command {i}: {note}" for note in rerun_notes)
         _write_log(reports / f"command_{i}.log", command, result)
         found = [*watch.broken(setup=not said.hello), *seal.broken()]  # before the next command
         moved.extend(e for e in found if e not in moved)

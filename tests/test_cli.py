@@ -70,15 +70,33 @@ def test_run_checks_its_run_directory_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setattr("gyre.runtime.resolve.preflight", no_work)
     monkeypatch.setattr("gyre.runtime.resolve.check_inputs", no_work)
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    missing = CliRunner().invoke(app, ["run", "-c", "configs/tiny-cpu.yaml", "--resume", "--run-dir",
-                                       str(tmp_path / "none")])
+    missing = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "none")])  # its config.yaml is not read
     assert missing.exit_code == 2 and "has no checkpoints" in " ".join(missing.output.split()), missing.output
     no_dir = CliRunner().invoke(app, ["run", "-c", "configs/tiny-cpu.yaml", "--resume"])
-    assert no_dir.exit_code == 2 and "--resume needs --run-dir" in " ".join(no_dir.output.split()), no_dir.output
+    assert no_dir.exit_code == 2 and "--resume needs RUN_DIR" in " ".join(no_dir.output.split()), no_dir.output
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "gyre.duckdb").write_bytes(b"")
-    used = CliRunner().invoke(app, ["run", "--config", "configs/tiny-cpu.yaml", "--run-dir", str(tmp_path / "used")])
+    used = CliRunner().invoke(app, ["run", "--config", "configs/tiny-cpu.yaml", str(tmp_path / "used")])
     assert used.exit_code == 2 and "already holds a run" in " ".join(used.output.split()), used.output
+    old_name = CliRunner().invoke(app, ["run", "-c", "configs/tiny-cpu.yaml", "--run-dir", str(tmp_path / "used")])
+    assert old_name.exit_code == 2 and "already holds a run" in " ".join(old_name.output.split()), old_name.output
+    both = CliRunner().invoke(app, ["run", str(tmp_path / "a"), "--run-dir", str(tmp_path / "b")])
+    assert both.exit_code == 2 and "two run directories given" in " ".join(both.output.split()), both.output
+
+
+def test_every_command_names_its_run_directory_run_dir():
+    """One name for the run directory: the argument RUN_DIR in every command that takes one."""
+    import typer.main
+
+    from gyre.cli.main import app
+
+    group = typer.main.get_command(app)
+    for name in ("run", "report", "rerun-failed", "sql", "resume"):
+        command = group.commands[name]
+        arguments = [(p.metavar or p.name.upper()) for p in command.params
+                     if p.param_type_name == "argument"]
+        assert "RUN_DIR" in arguments, (name, arguments)
+        assert not any("--run-dir" in p.opts for p in command.params if not getattr(p, "hidden", False)), name
 
 
 def test_off_a_terminal_the_step_table_keeps_every_column(monkeypatch, tmp_path):

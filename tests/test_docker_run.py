@@ -33,7 +33,7 @@ def test_a_docker_run_executes_every_execution_in_a_container_and_leaves_none(tm
     client = docker.from_env()
     since = int(time.time()) - 1
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", COLUMNS="160")
-    proc = subprocess.run([*GYRE, "run", "--config", str(config), "--run-dir", "run"], cwd=tmp_path, env=env,
+    proc = subprocess.run([*GYRE, "run", "--config", str(config), "run"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)

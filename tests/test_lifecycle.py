@@ -49,8 +49,10 @@ def _env(prefect_home: Path | None = None) -> dict[str, str]:
     return env
 
 
-def _start(config: Path, cwd: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([*GYRE, "run", "--config", str(config), "--run-dir", "run", *extra], cwd=cwd,
+def _start(config: Path | None, cwd: Path, *extra: str) -> subprocess.Popen:
+    """`gyre run` into `cwd/run`; with no `config`, the run's own (`gyre run --resume run` reads run/config.yaml)."""
+    given = ["--config", str(config)] if config is not None else []
+    return subprocess.Popen([*GYRE, "run", *given, "run", *extra], cwd=cwd,
                             env=_env(cwd / "prefect-home"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -123,7 +125,7 @@ def test_kill9_mid_step_then_resume_runs_every_step_once(tmp_path, tiny_model_di
         _assert_gone(pids)
     finally:
         _kill(proc)
-    resumed = _start(config, tmp_path, "--resume")
+    resumed = _start(None, tmp_path, "--resume")  # the run's own config.yaml
     try:
         out, err = resumed.communicate(timeout=1200)
     finally:
@@ -207,7 +209,7 @@ def test_sigterm_stops_the_run_promptly_and_leaves_nothing(tmp_path, tiny_model_
         _kill(proc)
     assert proc.returncode == 128 + signal.SIGTERM, out + err
     assert took_s < 30, took_s
-    assert "SIGTERM: stopping" in err and "--resume --run-dir run" in err
+    assert "SIGTERM: stopping" in err and "gyre run --resume run" in err
     _assert_gone(pids)
     # the run file was closed in order: it opens, and step 0's row is there
     con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
@@ -230,7 +232,7 @@ def test_an_unreachable_prefect_server_is_one_clear_error_before_any_work(tmp_pa
         port = sock.getsockname()[1]
     monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{port}/api")
     monkeypatch.setattr("gyre.flows.prefect_server.API_PROBE_BACKOFF_S", 0.1)
-    result = CliRunner().invoke(app, ["run", "--config", "configs/tiny-cpu.yaml", "--run-dir", str(tmp_path / "run")])
+    result = CliRunner().invoke(app, ["run", "--config", "configs/tiny-cpu.yaml", str(tmp_path / "run")])
     assert result.exit_code == 2, result.output
     assert f"PREFECT_API_URL=http://127.0.0.1:{port}/api: no Prefect server answers" in " ".join(result.output.split())
     assert "Traceback" not in result.output and not (tmp_path / "run").exists()

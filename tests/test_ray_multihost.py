@@ -130,7 +130,7 @@ def test_ray_cells_on_two_worker_hosts_survive_a_10s_link_cut_and_lose_nothing(h
     run_log = tmp_path / "gyre-run.log"
     run = hosts.spawn(hosts.head, [str(VENV_BIN / "python"), "-m", "gyre.cli.main", "run", "--config",
                                    str(_config(tmp_path, tiny_model_dir, address)), "--steps", str(STEPS),
-                                   "--run-dir", str(run_dir)], env=env, log=run_log, cwd=tmp_path)
+                                   str(run_dir)], env=env, log=run_log, cwd=tmp_path)
     seen: set[int] = set()
 
     def track() -> None:  # every process of the test so far: the sessions started here and the run's children

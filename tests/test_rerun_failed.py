@@ -64,7 +64,7 @@ def failed_run(tmp_path_factory, tiny_model_dir) -> Path:
         f"evaluator:\n  network: package-index\n  index_url: {index.url}\ntrain:\n  checkpoint_every: 1\n",
     )
     try:
-        proc = _gyre("run", "--config", str(config), "--steps", "1", "--run-dir", "run", cwd=root)
+        proc = _gyre("run", "--config", str(config), "--steps", "1", "run", cwd=root)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         yield root / "run"
     finally:

@@ -36,7 +36,7 @@ def test_two_steps_land_in_duckdb(tmp_path, tiny_model_dir):
         "evaluation:\n  every_steps: 1\n  samples_per_query: 1\n  max_queries: 2\n",
     )
     run_dir = tmp_path / "run"  # given relative to the working directory, as users do
-    proc = _gyre("run", "--config", str(config), "--steps", "2", "--run-dir", "run", cwd=tmp_path)
+    proc = _gyre("run", "--config", str(config), "--steps", "2", "run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gyre.duckdb" in proc.stdout
     con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
@@ -67,7 +67,7 @@ def test_two_steps_land_in_duckdb(tmp_path, tiny_model_dir):
     assert (run_dir / "config.yaml").exists()
     assert len(list((run_dir / "workspaces").iterdir())) == 8 + 6
     # a second run into the same directory is refused, and the first run's data is untouched
-    again = _gyre("run", "--config", str(config), "--run-dir", "run", cwd=tmp_path)
+    again = _gyre("run", "--config", str(config), "run", cwd=tmp_path)
     assert again.returncode == 2 and "already holds a run" in again.stderr
     assert con.execute("select count(*) from steps").fetchone() == (2,)
 
@@ -83,7 +83,7 @@ def test_the_cell_scheduler_drives_a_run_through_the_flow(tmp_path, tiny_model_d
         "scheduler:\n  policy: elastic\n  num_cells: 2\n  slots_per_cell: 4\n  lookahead_groups: 1\n"
         "  executions_per_micro_step: 1\n",
     )
-    proc = _gyre("run", "--config", str(config), "--steps", "3", "--run-dir", "run", cwd=tmp_path)
+    proc = _gyre("run", "--config", str(config), "--steps", "3", "run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "held-out eval pass rate" in proc.stdout
     con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
@@ -108,7 +108,7 @@ def test_the_cell_scheduler_drives_a_run_through_the_flow(tmp_path, tiny_model_d
 def test_bad_input_fails_cleanly(tmp_path, extra, needle):
     path = tmp_path / "bad.yaml"
     path.write_text(f"cache_dir: {tmp_path / 'cache'}\n" + extra)
-    proc = _gyre("run", "--config", str(path), "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    proc = _gyre("run", "--config", str(path), str(tmp_path / "run"), cwd=tmp_path)
     assert proc.returncode == 2
     assert needle in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -124,6 +124,6 @@ def test_malformed_benchmark_names_file_and_field(tmp_path, tiny_model_dir):
     config = tmp_path / "c.yaml"
     config.write_text(f"cache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {tiny_model_dir}\n"
                       f"benchmark:\n  kind: nl2repo\n  path: {bench}\nrollout:\n  queries_per_step: 1\n")
-    proc = _gyre("run", "--config", str(config), "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    proc = _gyre("run", "--config", str(config), str(tmp_path / "run"), cwd=tmp_path)
     assert proc.returncode == 2
     assert "test_case_count.txt" in proc.stderr and "test_case_count" in proc.stderr

@@ -39,7 +39,7 @@ def test_a_run_that_scored_nothing_fails_with_its_reason_everywhere(tmp_path, ti
     env.pop("PREFECT_API_URL", None)
     try:
         proc = subprocess.run([sys.executable, "-m", "gyre.cli.main", "run", "--config", str(config), "--steps", "1",
-                               "--run-dir", "run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+                               "run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     finally:
         index.server.stop()
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -174,7 +174,7 @@ def test_gyre_run_refuses_a_model_dir_without_chat_template(tmp_path, tiny_model
     config.write_text(f"cache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {bare}\n"
                       "benchmark:\n  num_queries: 8\nrollout:\n  queries_per_step: 1\n  group_size: 2\n")
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", COLUMNS="200")
-    proc = subprocess.run([sys.executable, "-m", "gyre.cli.main", "run", "--config", str(config), "--run-dir",
+    proc = subprocess.run([sys.executable, "-m", "gyre.cli.main", "run", "--config", str(config),
                            str(tmp_path / "run")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "the tokenizer has no chat template" in proc.stderr and "Traceback" not in proc.stderr

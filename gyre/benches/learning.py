@@ -129,7 +129,7 @@ def run_arm(config: dict, run_dir: Path, arm: str, seed: int, timeout_s: float) 
     if stale.exists():  # an earlier attempt that did not finish: kept aside, never mixed into this one
         stale.rename(run_dir / f"run.unfinished-{time.strftime('%Y%m%d-%H%M%S')}")
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "gyre.cli.main", "run", "--config", str(path), "--run-dir",
+    done = subprocess.run([sys.executable, "-m", "gyre.cli.main", "run", "--config", str(path),
                            str(run_dir / "run")], capture_output=True, text=True, timeout=timeout_s)
     (run_dir / "gyre-run.log").write_text(done.stdout + done.stderr, encoding="utf-8")
     if done.returncode != 0:

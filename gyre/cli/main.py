@@ -114,7 +114,7 @@ def simulate(
 
 @app.command()
 def report(
-    run_dir: Path = typer.Argument(..., help="A run directory (holds gyre.duckdb)."),
+    run_dir: Path = typer.Argument(..., help="A run directory (holds gyre.duckdb).", metavar="RUN_DIR"),
     as_json: bool = typer.Option(False, "--json", help="Print the summary and the files written as one JSON document."),
 ) -> None:
     """Plots, one self-contained HTML page and a summary of a run, into RUN_DIR/report/ (gyre/report/)."""

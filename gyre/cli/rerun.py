@@ -30,7 +30,7 @@ def _short(text: str) -> str:
 
 
 def rerun_failed(
-    run_dir: Path = typer.Argument(..., help="A run directory (holds gyre.duckdb and config.yaml)."),
+    run_dir: Path = typer.Argument(..., help="A run directory (holds gyre.duckdb and config.yaml).", metavar="RUN_DIR"),
     as_json: bool = typer.Option(False, "--json", help="Print the rerun as one JSON document instead of tables."),
 ) -> None:
     """Score again, from their kept workspaces, the executions whose evaluation failed (evaluator

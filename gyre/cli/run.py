@@ -24,6 +24,8 @@ from gyre.config.run import load_config
 from gyre.flows.prefect_server import STARTUP_TIMEOUT_S, PrefectServer, check_prefect_api
 from gyre.runtime.lifecycle import StopOnSignal
 
+DEFAULT_CONFIG = Path("configs/tiny-cpu.yaml")
+"""The run configuration `gyre run` takes without -c (and without --resume)."""
 TABLE_WIDTH_OFF_TERMINAL = 200
 """The step table's width when stdout is not a terminal (its 14 columns need about 150)."""
 JOIN_POLL_S = 0.2
@@ -50,7 +52,7 @@ def _in_worker_thread(fn, **kwargs):
 
 
 def _stop_message(signum: int, run_dir: Path) -> str:
-    resume = f"; continue with: gyre run --resume --run-dir {run_dir}" if (run_dir / "checkpoints").is_dir() else ""
+    resume = f"; continue with: gyre run --resume {run_dir}" if (run_dir / "checkpoints").is_dir() else ""
     return (f"gyre run: {signal.Signals(signum).name}: stopping (current step abandoned, records flushed, "
             f"sandboxes and engines closed){resume}")
 
@@ -106,10 +108,15 @@ class _RichProgress:
 
 
 def run(
-    config: Path = typer.Option(Path("configs/tiny-cpu.yaml"), "--config", "-c", help="Run configuration (YAML)."),
+    config: Path | None = typer.Option(None, "--config", "-c", show_default=False,
+                                       help="Run configuration (YAML); default configs/tiny-cpu.yaml, with --resume "
+                                       "the run's own RUN_DIR/config.yaml."),
     steps: int | None = typer.Option(None, min=1, help="Optimizer steps (overrides the config)."),
-    run_dir: Path | None = typer.Option(None, help="Where results land (default runs/<name>-<time>)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue --run-dir from its newest checkpoint."),
+    run_dir: Path | None = typer.Argument(None, help="Where results land (default runs/<name>-<time>); with "
+                                          "--resume, the run to continue.", show_default=False, metavar="RUN_DIR"),
+    run_dir_option: Path | None = typer.Option(None, "--run-dir", hidden=True,
+                                               help="RUN_DIR, as an option (the name earlier versions took)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue RUN_DIR from its newest checkpoint."),
     as_json: bool = typer.Option(False, "--json", help="Progress on stderr; at the end, one JSON document on stdout "
                                  "(run directory, status, reason, steps, eval pass rates)."),
 ) -> None:
@@ -118,14 +125,19 @@ def run(
 
     hf_logging.disable_progress_bar()  # rich shows progress; transformers' bars would interleave
     hf_logging.set_verbosity_error()
-    cfg = _load(config)
+    if run_dir is not None and run_dir_option is not None and run_dir != run_dir_option:
+        _fail(ValueError(f"two run directories given: RUN_DIR {run_dir} and --run-dir {run_dir_option}"))
+    run_dir = run_dir or run_dir_option
     if resume and run_dir is None:
-        _fail(ValueError("--resume needs --run-dir: the run directory to continue"))
-    run_dir = run_dir or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
+        _fail(ValueError("--resume needs RUN_DIR: the run directory to continue (gyre run --resume RUN_DIR)"))
     if resume and not (run_dir / "checkpoints").is_dir():  # checked before any model or warm start is built
         _fail(ValueError(f"--resume: {run_dir} has no checkpoints/ (set train.checkpoint_every)"))
+    if config is None:
+        config = run_dir / "config.yaml" if resume else DEFAULT_CONFIG
+    cfg = _load(config)
+    run_dir = run_dir or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
     if not resume and (run_dir / "gyre.duckdb").exists():
-        _fail(ValueError(f"{run_dir} already holds a run (gyre.duckdb); choose another --run-dir or --resume"))
+        _fail(ValueError(f"{run_dir} already holds a run (gyre.duckdb); choose another RUN_DIR or --resume"))
     out = err_console if as_json else console
     _check(cfg)
     total = steps or cfg.steps

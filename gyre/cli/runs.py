@@ -67,7 +67,8 @@ def runs(
 
 
 def resume(
-    run_dir: Path = typer.Argument(..., help="The run directory of a run suspended through Prefect."),
+    run_dir: Path = typer.Argument(..., help="The run directory of a run suspended through Prefect.",
+                                   metavar="RUN_DIR"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a line."),
 ) -> None:
     """Resume a run suspended through Prefect (as its flow run's Resume button does): the flow run is
@@ -88,7 +89,7 @@ def resume(
     last = starts[-1] if starts else None
     if last is None or last.status != "suspended" or not last.flow_run_id:
         _fail(ValueError(f"{run_dir}: its last start is {last.status if last else 'missing'}, not suspended: "
-                         f"`gyre run --resume --run-dir {run_dir}` continues a stopped or crashed run"))
+                         f"`gyre run --resume {run_dir}` continues a stopped or crashed run"))
     try:
         resume_flow_run(last.flow_run_id)
     except (ObjectNotFound, PrefectException, RuntimeError) as exc:  # not paused, timed out, refused

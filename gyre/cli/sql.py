@@ -37,7 +37,7 @@ def _plain(value):
 
 
 def sql(
-    run_dir: Path = typer.Argument(..., help="A run directory (holds gyre.duckdb)."),
+    run_dir: Path = typer.Argument(..., help="A run directory (holds gyre.duckdb).", metavar="RUN_DIR"),
     query: str = typer.Argument(..., help='SQL, e.g. "select step, reward_mean from steps order by step".'),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (source, age_s, columns, rows)."),
 ) -> None:

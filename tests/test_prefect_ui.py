@@ -66,6 +66,44 @@ def prefect_server():
         yield
 
 
+def test_a_resumed_run_shows_its_progress_and_curves_from_where_it_is(prefect_server, tmp_path):
+    """A run resumed at step 2 of 4: the steps and eval round recorded before the resume are read back from
+    DuckDB (the newest row of a rescored round), so its progress reads 75 % after one more step, not 25 %."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    from gyre.records import EvalRecord, StepRecord
+    from gyre.storage.store import RunStore
+
+    store = RunStore(tmp_path / "run" / "gyre.duckdb")
+    store.append_steps([StepRecord.model_validate(_record(step, dropped=0)) for step in (0, 1)])
+    store.append_evals([EvalRecord.model_validate(_eval(0, 0.25)), EvalRecord.model_validate(_eval(0, 0.5))])
+
+    @flow
+    def resumed(run_dir: str) -> tuple[str, list[int], list[float]]:
+        from prefect.runtime import flow_run
+
+        observer = RunObserver("abc123", "demo", Path(run_dir), 4, MetricsFanout([]), store)
+        try:
+            emit(ProgressEvent("run_started", None, {"steps": 4, "run_dir": run_dir, "first_step": 2}))
+            emit(ProgressEvent("step_finished", 2, _record(2, dropped=0)))
+        finally:
+            observer.close()
+        return flow_run.id, [r["step"] for r in observer.history], [e["pass_rate"] for e in observer.evals]
+
+    flow_run_id, steps, rates = resumed(str(tmp_path / "run"))
+    store.close()
+    assert steps == [0, 1, 2] and rates == [0.5]
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    (progress,) = [a for a in artifacts if a.type == "progress"]
+    assert progress.data == 75.0
+    (page,) = [a.data for a in artifacts if a.type == "markdown"]
+    assert "round before step 0): 0.5 over 8 executions" in page, page
+
+
 def test_a_step_shows_as_artifacts_events_and_a_warning(prefect_server, tmp_path, caplog, monkeypatch):
     from prefect import flow
     from prefect.client.orchestration import get_client

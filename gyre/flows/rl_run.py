@@ -158,7 +158,7 @@ def rl_run(
         end_flow_run(dead.flow_run_id, "Crashed", dead.reason)
     unmark = on_stop(lambda: stopped(coord, flow_run_id))  # SIGTERM/SIGINT: before the store closes
     metrics = MetricsFanout(make_sinks(config.metrics.sinks, coord.run_dir, config.metrics.project, coord.run_id))
-    observer = RunObserver(coord.run_id, config.name, coord.run_dir, total, metrics)
+    observer = RunObserver(coord.run_id, config.name, coord.run_dir, total, metrics, coord.store)
     status, reason = "failed", None
     try:
         if continuing:

@@ -9,7 +9,9 @@ run's progress events (`gyre.runtime.progress`) and turns them into Prefect obje
 - per eval round (the one after the last step too), a markdown artifact: its split, pass rate,
   executions and drops;
 - gyre's own log lines in the flow run's Logs: one INFO line per step and per eval round;
-- one progress artifact for the run (`gyre-<run_id>-progress`), updated after every step;
+- one progress artifact for the run (`gyre-<run_id>-progress`), updated after every step; a resumed
+  run's starts where the run is (its steps and eval rounds recorded before the resume are read back
+  from the run's DuckDB file when the run starts, and its curves carry them too);
 - Prefect events: `gyre.step.dropped-executions`, `gyre.step.tampering`,
   `gyre.step.evaluations-mostly-failed` and `gyre.evaluation.round-failed` (each also a WARNING log
   line), `gyre.cells.role-switch`;
@@ -25,7 +27,7 @@ from __future__ import annotations
 import base64
 import io
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from prefect.artifacts import (
@@ -35,8 +37,12 @@ from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 
 from gyre.metrics import MetricsFanout
+from gyre.records import EvalRecord, StepRecord
 from gyre.runtime.progress import ProgressEvent, subscribe
 from gyre.tasks.events import emit_run_event, prefect_logger
+
+if TYPE_CHECKING:
+    from gyre.storage.store import RunStore
 
 MOSTLY_FAILED_SHARE = 0.5
 """A step whose dropped (evaluator-failed) share of executions exceeds this is a warning."""
@@ -144,9 +150,11 @@ def curves_png(history: list[dict[str, Any]], evals: list[dict[str, Any]] | None
 class RunObserver:
     """Subscribes to a run's progress events for its lifetime; `close()` unsubscribes."""
 
-    def __init__(self, run_id: str, name: str, run_dir: Path, total_steps: int, metrics: MetricsFanout) -> None:
+    def __init__(self, run_id: str, name: str, run_dir: Path, total_steps: int, metrics: MetricsFanout,
+                 store: RunStore | None = None) -> None:
+        """`store`: the run's records, read back when a resumed run starts (`on_started`)."""
         self.run_id, self.name, self.run_dir, self.total_steps = run_id, name, Path(run_dir), total_steps
-        self.metrics = metrics
+        self.metrics, self.store = metrics, store
         self.history: list[dict[str, Any]] = []
         self.evals: list[dict[str, Any]] = []
         self._roles: list[str] | None = None
@@ -161,12 +169,30 @@ class RunObserver:
         self.metrics.close()
 
     def on_event(self, event: ProgressEvent) -> None:
-        if event.kind == "step_finished":
+        if event.kind == "run_started":
+            self.on_started(event.data.get("first_step") or 0)
+        elif event.kind == "step_finished":
             self.on_step(event.data)
         elif event.kind == "eval_finished":
             self.on_eval(event.data)
         elif event.kind == "cells":
             self.on_roles(event.step, event.data["roles"])
+
+    def on_started(self, first_step: int) -> None:
+        """A run resumed at `first_step`: the steps before it and the eval rounds recorded so far (the newest row
+        of each round: `gyre rerun-failed` appends rescored ones) are its history; progress moves to them."""
+        if not first_step or self.store is None or self.history:
+            return
+        self.history = [StepRecord.model_validate(row).model_dump(mode="json")
+                        for row in self.store.rows("steps", "step, finished_at") if row["step"] < first_step]
+        rounds = {(row["step"], row["split"]): row for row in self.store.rows("evals", "step, finished_at")}
+        self.evals = [EvalRecord.model_validate(row).model_dump(mode="json") for row in rounds.values()]
+        if self._progress_id is not None:
+            update_progress_artifact(self._progress_id, self.progress())
+
+    def progress(self) -> float:
+        """Percent of the run's steps done (a step recorded twice counts once)."""
+        return 100.0 * len({record["step"] for record in self.history}) / max(self.total_steps, 1)
 
     def on_eval(self, record: dict[str, Any]) -> None:
         self.evals.append(record)
@@ -209,7 +235,7 @@ class RunObserver:
         create_markdown_artifact(step_markdown(record, self.history, png, self.evals),
                                  description=f"{self.name}: step {step}")
         if self._progress_id is not None:
-            update_progress_artifact(self._progress_id, 100.0 * len(self.history) / max(self.total_steps, 1))
+            update_progress_artifact(self._progress_id, self.progress())
 
     def on_roles(self, step: int | None, roles: list[str]) -> None:
         if self._roles is not None and roles != self._roles:

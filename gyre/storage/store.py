@@ -363,6 +363,15 @@ class RunStore:
         """Rows of (execution, score, staleness, advantage); `run_id`: the start of the run that made them."""
         return self.append("executions", execution_rows(rows, run_id))
 
+    def rows(self, table: str, order_by: str) -> list[dict[str, Any]]:
+        """Every row of `table` (one of SCHEMA's) as a dict keyed by column, ordered by `order_by` columns."""
+        if table not in SCHEMA:
+            raise ValueError(f"no table {table!r} in a run's DuckDB file (tables: {', '.join(SCHEMA)})")
+        with self._lock:
+            cursor = self._con.execute(f"SELECT * FROM {table} ORDER BY {order_by}")
+            names = [column[0] for column in cursor.description]
+            return [dict(zip(names, row)) for row in cursor.fetchall()]
+
     def query(self, sql: str, params: list | None = None) -> list[tuple]:
         with self._lock:
             return self._con.execute(sql, params or []).fetchall()

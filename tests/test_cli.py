@@ -138,3 +138,16 @@ def test_proxy_serve_on_a_port_in_use_is_one_line_before_any_model_loads(tmp_pat
     assert f"127.0.0.1:{port} cannot be served" in " ".join(result.output.split())
     assert "Traceback" not in result.output
     assert not (tmp_path / "cache").exists() and not (tmp_path / "calls.duckdb").exists()  # no model, no file
+
+
+def test_a_resumed_run_progress_bar_starts_at_its_first_step():
+    from types import SimpleNamespace
+
+    from rich.progress import Progress
+
+    from gyre.cli.run import _RichProgress
+
+    progress = Progress(disable=True)
+    listener = _RichProgress(progress, total_steps=4)
+    listener(SimpleNamespace(kind="run_started", step=None, data={"steps": 4, "first_step": 2}))
+    assert progress.tasks[listener.step_task].completed == 2

@@ -84,7 +84,9 @@ class _RichProgress:
         self.last_eval = "n/a"
 
     def __call__(self, event) -> None:
-        if event.kind == "step_started":
+        if event.kind == "run_started":  # a resumed run's bar starts at its first step, not at 0
+            self.progress.update(self.step_task, completed=event.data.get("first_step") or 0)
+        elif event.kind == "step_started":
             self.scored = 0
             self.progress.reset(self.exec_task, total=event.data["executions"])
             self.progress.update(self.exec_task, description=f"step {event.step} executions")

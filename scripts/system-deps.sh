@@ -7,10 +7,11 @@
 #   libseccomp2      the sandbox's seccomp filter (pyseccomp loads libseccomp.so.2)
 #   git              history scrubbing in sandboxes
 #   libibverbs1 ibverbs-providers   what the Mooncake Transfer Engine's wheel links (TCP here, RDMA on a cluster)
+#   chromium         the headless browser that reads run states off the Prefect UI (tests/test_deploy_prefect.py)
 # Then, best effort, the real Claude Code CLI (pinned) for the live harness tests, which skip without it
 # and say why: npm's registry may be unreachable.
 set -euo pipefail
-PACKAGES=(bubblewrap util-linux libseccomp2 git libibverbs1 ibverbs-providers)
+PACKAGES=(bubblewrap util-linux libseccomp2 git libibverbs1 ibverbs-providers chromium)
 CLAUDE_CODE_VERSION=2.1.197
 
 missing=()
@@ -19,6 +20,7 @@ command -v setpriv >/dev/null && command -v unshare >/dev/null || missing+=(util
 command -v git >/dev/null || missing+=(git)
 ldconfig -p | grep -q 'libseccomp.so.2' || missing+=(libseccomp2)
 ldconfig -p | grep -q 'libibverbs.so.1' || missing+=(libibverbs1 ibverbs-providers)
+command -v chromium >/dev/null || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "gyre needs system packages that are missing: ${missing[*]}" >&2

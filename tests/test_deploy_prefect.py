@@ -1,7 +1,8 @@
 """The tiny deployment of prefect.yaml, deployed and run as a user does: a real Prefect server on
 127.0.0.1, a `process` work pool, `prefect deploy`, a worker, a triggered flow run that completes
 with the step's artifacts, named and tagged task runs, and its row in DuckDB's `runs`; then a
-flow run with a missing benchmark directory, which fails before any work."""
+flow run with a missing benchmark directory, which fails before any work, and one cancelled as the
+UI's Cancel button does; then a headless Chromium reads each run's state off the UI's run page."""
 
 from __future__ import annotations
 
@@ -94,7 +95,8 @@ def _deployed(tmp_path: Path):
     api = f"http://127.0.0.1:{port}/api"
     env = dict(
         os.environ, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=api,
-        PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_API_PORT=str(port), PREFECT_UI_ENABLED="false",
+        PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_API_PORT=str(port), PREFECT_UI_ENABLED="true",
+        PREFECT_UI_API_URL=api,  # the UI a browser opens (`_browser_check`) reads this API
         PREFECT_SERVER_ANALYTICS_ENABLED="false", GYRE_REPO=str(ROOT), PREFECT_WORKER_QUERY_SECONDS="2",
     )
     server = worker = None
@@ -162,6 +164,56 @@ def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_
         assert bad["state_type"] == "FAILED"
         assert str(missing) in bad["state"]["message"] or str(missing) in (tmp_path / "worker.log").read_text()
         assert not (tmp_path / "bad").exists()
+
+        # a run cancelled from the UI (its Cancel button sets Cancelling; the worker stops the process)
+        cancelled_id = _trigger(api, deployment["id"], {"config_path": str(config), "run_dir": str(tmp_path / "stop")})
+        _wait_state(api, cancelled_id, "RUNNING", worker, tmp_path / "worker.log")
+        httpx.post(f"{api}/flow_runs/{cancelled_id}/set_state", timeout=30,
+                   json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}).raise_for_status()
+        stopped = _wait_terminal(api, cancelled_id, worker, tmp_path / "worker.log")
+        assert stopped["state_type"] == "CANCELLED", stopped["state"]
+        open_tasks = httpx.post(f"{api}/task_runs/filter", timeout=30, json={
+            "flow_runs": {"id": {"any_": [cancelled_id]}},
+            "task_runs": {"state": {"type": {"any_": ["RUNNING", "PENDING", "SCHEDULED"]}}}}).json()
+        assert open_tasks == [], [(t["name"], t["state_type"]) for t in open_tasks]
+
+        _browser_check(api, {"completed": (flow_run_id, "COMPLETED"), "failed": (bad_id, "FAILED"),
+                             "cancelled": (cancelled_id, "CANCELLED")}, run_dir / "ui")
+
+
+def _wait_state(api: str, flow_run_id: str, state_type: str, worker: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    while time.monotonic() < deadline:
+        run = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=30).json()
+        if run["state_type"] == state_type:
+            return
+        assert run["state_type"] not in TERMINAL, run["state"]
+        assert worker.poll() is None, log.read_text()[-3000:]
+        time.sleep(1)
+    raise AssertionError(f"flow run never {state_type} in {RUN_DEADLINE_S}s: {log.read_text()[-3000:]}")
+
+
+def _browser_check(api: str, runs: dict[str, tuple[str, str]], out_dir: Path) -> None:
+    """A headless Chromium opens each run's page in the Prefect UI: the state its header shows is the one the
+    API the page reads holds, and the one the run ended in; screenshots of the page, its newest markdown artifact
+    and the event feed land in `out_dir` (the run directory's `ui/`). Without a browser this fails under `make test`
+    (`GYRE_REQUIRE_BROWSER`, scripts/system-deps.sh installs Debian's chromium) and skips elsewhere."""
+    from gyre.flows.ui_snapshot import find_browser, read_flow_run_page, snapshot_run
+
+    browser = find_browser()
+    if browser is None:
+        message = "no chromium for the browser check of the Prefect UI (apt-get install chromium)"
+        if os.environ.get("GYRE_REQUIRE_BROWSER") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    ui = api.removesuffix("/api")
+    for label, (flow_run_id, expected) in runs.items():
+        page = read_flow_run_page(ui, api, flow_run_id, browser)
+        assert (page.shown_type, page.api_type) == (expected, expected), (label, page)
+        assert page.shown_name == page.api_name, (label, page)
+        shots = snapshot_run(ui, api, flow_run_id, out_dir, browser, label)
+        assert all(path.stat().st_size > 10_000 for path in shots), shots  # a rendered page, not a blank one
+        assert (label == "completed") == any(p.name == f"{label}-artifact.png" for p in shots), shots
 
 
 def test_every_config_a_deployment_runs_writes_checkpoints():

@@ -115,6 +115,7 @@ def harbor_spec(task_dir: Path) -> TaskSpec:
         tests_mount=TESTS_MOUNT,
         logs_dir=LOGS_DIR,
         image=image,
+        dockerfile=str((task_dir / DOCKERFILE).resolve()) if (task_dir / DOCKERFILE).is_file() else None,
         cpus=float(cpus) if cpus is not None else None,
         memory_bytes=memory_mb * 2**20 if memory_mb is not None else None,
         allow_internet=allow_internet,

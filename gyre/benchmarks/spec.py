@@ -43,6 +43,10 @@ class TaskSpec:
     logs_dir: str | None = None
     """A writable log directory the task expects (Harbor: `/logs`)."""
     image: str | None = None
+    dockerfile: str | None = None
+    """The task's Dockerfile (Terminal-Bench: `<task>/Dockerfile`; Harbor: `<task>/environment/Dockerfile`), its
+    directory the build context: the docker sandbox builds it when `image` is None
+    (`gyre.sandboxes.docker_build`). None: the task has none."""
     cpus: float | None = None
     memory_bytes: int | None = None
     allow_internet: bool = False

@@ -89,5 +89,6 @@ def terminal_bench_spec(task_dir: Path) -> TaskSpec:
                                         DEFAULT_TEST_TIMEOUT_S),
         workdir=WORKDIR,
         tests_mount=TESTS_MOUNT,
+        dockerfile=str(Path(task_dir).resolve() / "Dockerfile") if (Path(task_dir) / "Dockerfile").is_file() else None,
         image_packages=pip_packages(Path(task_dir) / "Dockerfile"),
     )

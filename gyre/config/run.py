@@ -135,8 +135,15 @@ class DockerConfig(Section):
     base_images: dict[str, str] = Field(default_factory=dict)
     """Images this machine cannot pull, replaced by local ones: requested name -> local name (e.g.
     `python:3.11-slim: gyre-base:local`, the Debian base `scripts/docker-engine.sh` builds offline). Applied
-    to every image a container starts from (a task's, `sandbox.image`, the default); an execution whose
-    image was replaced records `requested -> used` in `executions.image`."""
+    to every image a container starts from (a task's, `sandbox.image`, the default) and to the FROM lines of a
+    task's Dockerfile when it is built (there the key `"*"` replaces any other image the engine lacks); an
+    execution whose image was replaced records `requested -> used` in `executions.image`."""
+    build_task_images: bool = True
+    """Build a Terminal-Bench or Harbor task's own Dockerfile (cached by its build context's digest,
+    `gyre.sandboxes.docker_build`) and run its executions in that image, the workspace seeded from the image's
+    working directory when the task has no `start/`; false: `sandbox.image` for every task."""
+    build_timeout_s: float = Field(default=1800.0, gt=0)
+    """Seconds one task image's build may take."""
     cgroup_parent: str = "gyre-docker"
     """cgroup the containers' cgroups are made under, relative to gyre's own memory cgroup (so what a
     container uses is charged where gyre's is, not at the hierarchy's root); "" leaves it to the engine."""

@@ -214,7 +214,7 @@ class Coordinator:
         sandbox = create_sandbox(
             self.config.sandbox, query, self.run_dir / "workspaces" / execution_id,
             {"OPENAI_BASE_URL": self.server.base_url, "OPENAI_API_KEY": key}, self.limits, self.isolation,
-            image=spec.image, workdir=spec.workdir, **session,
+            image=spec.image, dockerfile=spec.dockerfile, workdir=spec.workdir, **session,
         )
         return sandbox, in_place or in_container
 

@@ -47,13 +47,15 @@ def create_sandbox(
     isolation: Isolation,
     *,
     image: str | None = None,
+    dockerfile: str | None = None,
     workdir: str | None = None,
     session_slots: Mapping[str, str] | None = None,
     agent_dirs: tuple[str, ...] = (),
     mounts: tuple[Mount, ...] = (),
     eval_slots: Mapping[str, str] | None = None,
 ) -> Sandbox:
-    """A fresh sandbox for one execution; `image` / `workdir` are what the query's format asks for.
+    """A fresh sandbox for one execution; `image` / `dockerfile` / `workdir` are what the query's format asks
+    for (docker: the task's image, else its Dockerfile built when `sandbox.docker.build_task_images`).
 
     `session_slots` (local, bubblewrap): one long-lived session with these evaluation slots, for an
     in-place evaluation (`gyre.sandboxes.local.session`); `mounts` are added read-only.
@@ -62,10 +64,12 @@ def create_sandbox(
     if config.type == "docker":
         from gyre.sandboxes.docker import DockerSandbox
 
-        return DockerSandbox.create(query, workspace, env, limits, image=image or config.image, workdir=workdir,
-                                    eval_slots=eval_slots, agent_dirs=agent_dirs,
+        build = dockerfile if image is None and config.docker.build_task_images else None
+        return DockerSandbox.create(query, workspace, env, limits, image=None if build else image or config.image,
+                                    workdir=workdir, eval_slots=eval_slots, agent_dirs=agent_dirs,
                                     base_images=config.docker.base_images,
-                                    cgroup_parent_name=config.docker.cgroup_parent)
+                                    cgroup_parent_name=config.docker.cgroup_parent, dockerfile=build,
+                                    build_timeout_s=config.docker.build_timeout_s)
     from gyre.sandboxes.local.sandbox import LocalSandbox
 
     layout = SandboxLayout(workdir=workdir, mounts=mounts) if isolation.bwrap else None

@@ -1,0 +1,182 @@
+"""A Terminal-Bench or Harbor task's own image, built from its Dockerfile and cached by its build context.
+
+Upstream runs each task in the image its Dockerfile builds (`docker compose build`): the tools it
+installs, the files it puts in the working directory. `task_image` builds that image with the
+docker SDK, tagged `gyre-task:<digest>` where the digest covers every file of the build context
+(path, mode, bytes; a link's target), the Dockerfile as built and the base-image map: the same
+task built twice is one build, any change is a new image, never a stale one.
+
+No registry answers here, so a `FROM` image the engine does not have is replaced through
+`sandbox.docker.base_images` (requested -> local, e.g. `python:3.13-slim: gyre-base:local`; the key
+`"*"` catches every other one) in a copy of the Dockerfile; the substitution is part of what the
+execution records (`BuiltImage.note`). A `FROM` that is neither here nor mapped, and a build step
+that fails (a `RUN` that needs the network: builds get none), are a `TaskImageError` naming the task,
+the image or the step and the build log's last lines.
+
+`seed_workspace` copies what the image holds at the task's working directory into a fresh
+workspace (the workspace is bind-mounted there, hiding it): a task with no `start/` directory
+starts from what its Dockerfile put in `/app`, as upstream's container does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+TAG_REPOSITORY = "gyre-task"
+BUILT_DOCKERFILE = ".gyre.Dockerfile"
+"""The Dockerfile as built (its FROM lines mapped), written into a copy of the build context."""
+ANY_BASE = "*"
+"""The `base_images` key that replaces every FROM image the engine does not have and no other key names."""
+LOG_TAIL_LINES = 12
+
+_FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+class TaskImageError(RuntimeError):
+    """A task's image could not be built here; the message says which task, what and why."""
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    tag: str
+    note: str
+    """What `executions.image` records: `built <dockerfile> as <tag>`, with each FROM substitution."""
+    cached: bool
+    """An image of the same digest was already there: nothing was built."""
+
+
+def map_from_lines(dockerfile: str, base_images: Mapping[str, str], present) -> tuple[str, list[str]]:
+    """The Dockerfile with each FROM image the engine lacks (`present(name)` False) replaced through
+    `base_images`, and the substitutions (`requested -> used`). A FROM naming an earlier stage is left alone."""
+    stages: set[str] = set()
+    lines, swaps = [], []
+    for line in dockerfile.splitlines():
+        match = _FROM.match(line)
+        if match is not None:
+            head, flags, image, rest = match.groups()
+            alias = re.search(r"\bAS\s+(\S+)", rest, re.IGNORECASE)
+            if image.lower() not in stages and "$" not in image:
+                used = base_images.get(image) or (None if present(image) else base_images.get(ANY_BASE))
+                if used is not None and used != image:
+                    swaps.append(f"{image} -> {used}")
+                    line = f"{head}{flags}{used}{rest}"
+            if alias:
+                stages.add(alias.group(1).lower())
+        lines.append(line)
+    return "\n".join(lines) + "\n", swaps
+
+
+def context_digest(context: Path, dockerfile_text: str) -> str:
+    """sha256 over the build context's files (sorted relative paths, modes, bytes; a link's target) and the
+    Dockerfile as built."""
+    digest = hashlib.sha256(dockerfile_text.encode())
+    for root, dirs, files in os.walk(context):
+        dirs.sort()
+        for name in sorted(files + [d for d in dirs if os.path.islink(os.path.join(root, d))]):
+            path = Path(root) / name
+            rel = path.relative_to(context).as_posix()
+            info = path.lstat()
+            digest.update(f"\0{rel}\0{info.st_mode:o}\0".encode())
+            if path.is_symlink():
+                digest.update(os.readlink(path).encode())
+            elif path.is_file():
+                with path.open("rb") as f:
+                    for block in iter(lambda: f.read(1 << 20), b""):
+                        digest.update(block)
+    return digest.hexdigest()
+
+
+def task_image(client, task: str, context: Path, dockerfile: Path, base_images: Mapping[str, str],
+               timeout_s: float) -> BuiltImage:
+    """The image `dockerfile` builds from `context` for task `task`: built once per digest (concurrent
+    executions of one task wait for the one build), reused after."""
+    import docker  # the optional extra, imported only here
+
+    def present(name: str) -> bool:
+        try:
+            client.images.get(name)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+
+    text, swaps = map_from_lines(Path(dockerfile).read_text(encoding="utf-8", errors="replace"), base_images, present)
+    tag = f"{TAG_REPOSITORY}:{context_digest(Path(context), text)[:16]}"
+    note = f"built {Path(dockerfile).name} of {task} as {tag}" + (f" ({', '.join(swaps)})" if swaps else "")
+    with _locks_guard:
+        lock = _locks.setdefault(tag, threading.Lock())
+    with lock:
+        if present(tag):
+            return BuiltImage(tag, note, cached=True)
+        for line in text.splitlines():
+            match = _FROM.match(line)
+            image = match.group(3) if match else None
+            if image and "$" not in image and not present(image) and not _is_stage(image, text):
+                raise TaskImageError(f"task {task}: its Dockerfile starts FROM {image}, which this engine does not "
+                                     f"have and cannot pull (no registry answers here): map it to a local image "
+                                     f"in sandbox.docker.base_images")
+        _build(client, task, Path(context), text, tag, timeout_s)
+    return BuiltImage(tag, note, cached=False)
+
+
+def _is_stage(image: str, text: str) -> bool:
+    return re.search(rf"^\s*FROM\s+.*\bAS\s+{re.escape(image)}\s*$", text, re.IGNORECASE | re.MULTILINE) is not None
+
+
+def _build(client, task: str, context: Path, text: str, tag: str, timeout_s: float) -> None:
+    import docker
+
+    with tempfile.TemporaryDirectory(prefix="gyre-build-") as tmp:
+        copy = Path(tmp) / "context"
+        shutil.copytree(context, copy, symlinks=True)
+        (copy / BUILT_DOCKERFILE).write_text(text, encoding="utf-8")
+        try:
+            client.images.build(path=str(copy), dockerfile=BUILT_DOCKERFILE, tag=tag, rm=True, forcerm=True,
+                                pull=False, network_mode="none", labels={"gyre": "task-image", "gyre.task": task},
+                                timeout=int(timeout_s))
+        except docker.errors.BuildError as exc:
+            lines = [str(chunk.get("stream") or chunk.get("error") or "").rstrip() for chunk in exc.build_log]
+            tail = "\n".join(line for line in lines if line)[-2000:].splitlines()[-LOG_TAIL_LINES:]
+            raise TaskImageError(f"task {task}: its image did not build ({exc.msg}; builds here have no network)"
+                                 f":\n" + "\n".join(tail)) from exc
+
+
+def seed_workspace(client, image: str, workdir: str, workspace: Path) -> tuple[int, list[str]]:
+    """Copy the files `image` holds under `workdir` into the (empty, not yet shared) `workspace`; returns how
+    many entries came and the ones left out: tarfile's `data` filter refuses links that leave the directory
+    (an absolute one included), devices and paths outside it; ownership is gyre's, as for a `start/` copy."""
+    import docker
+
+    container = client.containers.create(image, command=["true"], network_disabled=True)
+    try:
+        try:
+            stream, _ = container.get_archive(workdir.rstrip("/") + "/.")
+        except docker.errors.NotFound:
+            return 0
+        data = io.BytesIO(b"".join(stream))
+    finally:
+        container.remove(force=True)
+    left_out: list[str] = []
+
+    def keep(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+        try:
+            return tarfile.data_filter(member, dest)
+        except tarfile.FilterError as exc:
+            left_out.append(f"{member.name.removeprefix('./')} ({type(exc).__name__})")
+            return None
+
+    with tarfile.open(fileobj=data) as archive:
+        members: list[Any] = [m for m in archive.getmembers() if m.name not in (".", "./")]
+        archive.extractall(workspace, members=members, filter=keep)
+    return len(members) - len(left_out), left_out

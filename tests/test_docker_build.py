@@ -1,0 +1,115 @@
+"""A task's own Dockerfile built and run (`gyre.sandboxes.docker_build`): FROM lines mapped to local images,
+one build per build context, a failed build or an unknown base named, the workspace seeded from the image.
+
+The first tests need no engine; the live ones run against `scripts/docker-engine.sh`'s engine and base image
+(`docker_image`), as CI does."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gyre.records import Query
+from gyre.sandboxes.docker_build import (
+    ANY_BASE, TAG_REPOSITORY, TaskImageError, context_digest, map_from_lines, task_image,
+)
+
+DOCKERFILE = """FROM --platform=linux/amd64 python:3.13-slim-bookworm AS base
+WORKDIR /app
+COPY data.txt /app/data.txt
+RUN echo built > /etc/gyre-built && mkdir -p /app/sub && echo y > /app/sub/y && ln -s /etc/passwd /app/abs-link
+FROM base
+"""
+
+
+def test_from_lines_are_mapped_and_stages_left_alone():
+    mapped, swaps = map_from_lines(DOCKERFILE, {"python:3.13-slim-bookworm": "gyre-base:local"}, lambda _: False)
+    assert mapped.splitlines()[0] == "FROM --platform=linux/amd64 gyre-base:local AS base"
+    assert mapped.splitlines()[-1] == "FROM base"  # an earlier stage, never an image
+    assert swaps == ["python:3.13-slim-bookworm -> gyre-base:local"]
+    # "*" replaces only what the engine lacks
+    text = "FROM present:1\nFROM absent:2\n"
+    mapped, swaps = map_from_lines(text, {ANY_BASE: "gyre-base:local"}, lambda name: name == "present:1")
+    assert mapped == "FROM present:1\nFROM gyre-base:local\n" and swaps == ["absent:2 -> gyre-base:local"]
+
+
+def test_the_digest_follows_every_file_its_mode_and_the_dockerfile(tmp_path):
+    (tmp_path / "data.txt").write_text("one\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "x").write_text("x\n")
+    first = context_digest(tmp_path, DOCKERFILE)
+    assert context_digest(tmp_path, DOCKERFILE) == first
+    (tmp_path / "sub" / "x").chmod(0o755)
+    assert context_digest(tmp_path, DOCKERFILE) != first
+    moded = context_digest(tmp_path, DOCKERFILE)
+    (tmp_path / "data.txt").write_text("two\n")
+    assert context_digest(tmp_path, DOCKERFILE) != moded
+    assert context_digest(tmp_path, DOCKERFILE + "RUN true\n") != context_digest(tmp_path, DOCKERFILE)
+
+
+def _task(tmp_path: Path, dockerfile: str = DOCKERFILE, data: str = "from the image\n") -> Path:
+    task = tmp_path / "task"
+    task.mkdir(parents=True, exist_ok=True)
+    (task / "Dockerfile").write_text(dockerfile)
+    (task / "data.txt").write_text(data)
+    return task
+
+
+@pytest.fixture
+def engine(docker_image):
+    import docker
+
+    client = docker.from_env()
+    yield client, docker_image
+    for image in client.images.list(name=TAG_REPOSITORY):  # the images these tests built
+        if image.labels.get("gyre.task", "").startswith("test-"):
+            client.images.remove(image.id, force=True)
+
+
+def test_a_task_image_is_built_once_per_build_context(tmp_path, engine):
+    client, base = engine
+    task = _task(tmp_path)
+    built = task_image(client, "test-build", task, task / "Dockerfile", {"python:3.13-slim-bookworm": base}, 600)
+    assert not built.cached and built.tag.startswith(f"{TAG_REPOSITORY}:")
+    assert f"python:3.13-slim-bookworm -> {base}" in built.note and "test-build" in built.note
+    again = task_image(client, "test-build", task, task / "Dockerfile", {"python:3.13-slim-bookworm": base}, 600)
+    assert again.cached and again.tag == built.tag
+    (task / "data.txt").write_text("changed\n")
+    changed = task_image(client, "test-build", task, task / "Dockerfile", {"python:3.13-slim-bookworm": base}, 600)
+    assert not changed.cached and changed.tag != built.tag
+
+
+def test_a_failed_build_and_an_unknown_base_say_why(tmp_path, engine):
+    client, base = engine
+    failing = _task(tmp_path / "a", "FROM python:3.13-slim\nRUN echo reaching the index && pip download six\n")
+    with pytest.raises(TaskImageError, match=r"task test-fail: its image did not build .*no network") as caught:
+        task_image(client, "test-fail", failing, failing / "Dockerfile", {"python:3.13-slim": base}, 600)
+    assert "reaching the index" in str(caught.value)  # the build log's tail
+    unknown = _task(tmp_path / "b", "FROM nosuch/image:1\n")
+    with pytest.raises(TaskImageError, match=r"FROM nosuch/image:1, which this engine does not have"):
+        task_image(client, "test-unknown", unknown, unknown / "Dockerfile", {}, 600)
+
+
+def test_a_sandbox_runs_in_the_built_image_with_the_workspace_it_holds(tmp_path, engine):
+    from gyre.sandboxes.docker import DockerSandbox
+
+    client, base = engine
+    task = _task(tmp_path)
+    (tmp_path / "hidden").mkdir()
+    query = Query(query_id="test-sandbox", benchmark="t", instruction="x", root=task, start_dir=None,
+                  hidden_tests_dir=tmp_path / "hidden", test_files=["t.py"], test_commands=["pytest"],
+                  test_case_count=1)
+    box = DockerSandbox.create(query, tmp_path / "ws", dockerfile=str(task / "Dockerfile"),
+                               base_images={"python:3.13-slim-bookworm": base})
+    try:
+        assert box.exec("cat /etc/gyre-built", timeout_s=30).stdout == "built\n"
+        assert (box.workspace / "data.txt").read_text() == "from the image\n"
+        assert (box.workspace / "sub" / "y").read_text() == "y\n"
+        assert not os.path.lexists(box.workspace / "abs-link")  # a link out of the workspace is left out
+        assert box.image.startswith("built Dockerfile of test-sandbox as gyre-task:")
+        assert "left out of the workspace: abs-link" in box.image
+        assert box.exec("cat data.txt", timeout_s=30).stdout == "from the image\n"
+    finally:
+        box.destroy()

@@ -53,6 +53,9 @@ class ExecutionStatus(str, Enum):
     harness_timeout = "harness_timeout"
     overall_timeout = "overall_timeout"
     harness_error = "harness_error"
+    sandbox_error = "sandbox_error"
+    """Its sandbox could not start (the task's image did not build, the engine refused): no agent ran; its
+    evaluation is an evaluator failure (dropped), never a 0."""
 
 
 class EvalStatus(str, Enum):

@@ -113,3 +113,48 @@ def test_a_sandbox_runs_in_the_built_image_with_the_workspace_it_holds(tmp_path,
         assert box.exec("cat data.txt", timeout_s=30).stdout == "from the image\n"
     finally:
         box.destroy()
+
+
+def test_a_task_whose_image_does_not_build_is_recorded_and_dropped_and_the_next_runs(tmp_path, engine,
+                                                                                    tiny_model_dir):
+    """The run path: an execution whose task image fails to build is `sandbox_error` with the build's reason, its
+    evaluation an evaluator failure (dropped, never a 0); the next task's image builds and its execution runs."""
+    from gyre.benchmarks import load_benchmark_report
+    from gyre.config.run import RunConfig
+    from gyre.records import EvalStatus, ExecutionStatus
+    from gyre.runtime.coordinator import Coordinator
+
+    _, base = engine
+    for name, dockerfile in (("broken", "FROM python:3.13-slim\nRUN exit 3\n"),
+                             ("fine", "FROM python:3.13-slim\nWORKDIR /app\nRUN echo 41 > /app/answer.txt\n")):
+        task = tmp_path / "tb" / name
+        (task / "tests").mkdir(parents=True)
+        (task / "task.yaml").write_text("instruction: write 42 into answer.txt\nmax_test_timeout_sec: 60\n")
+        (task / "run-tests.sh").write_text("#!/bin/bash\npytest $TEST_DIR/test_outputs.py -rA\n")
+        (task / "tests" / "test_outputs.py").write_text(
+            "def test_answer():\n    assert open('/app/answer.txt').read().strip() == '42'\n")
+        (task / "Dockerfile").write_text(dockerfile)
+    queries, problems = load_benchmark_report("terminal-bench", tmp_path / "tb")
+    assert not problems
+    config = RunConfig.model_validate({
+        "cache_dir": str(tmp_path / "cache"), "model": {"path": str(tiny_model_dir)},
+        "benchmark": {"kind": "terminal-bench", "path": str(tmp_path / "tb")},
+        "rollout": {"queries_per_step": 1, "group_size": 2},
+        "sandbox": {"type": "docker", "docker": {"base_images": {"python:3.13-slim": base}}},
+        "harness": {"harness_timeout_s": 0.001},  # no model call: the workspace stays as the image left it
+    })
+    coord = Coordinator(config, tmp_path / "run")
+    try:
+        by_name = {q.query_id: q for q in coord.queries}
+        broken = coord.run_execution(by_name["broken"], step=0, group_index=0)
+        assert broken.execution.status is ExecutionStatus.sandbox_error
+        assert "task broken: its image did not build" in broken.execution.error
+        dropped = coord.evaluate(broken)
+        assert dropped.status is EvalStatus.error and "no sandbox started" in dropped.detail
+        fine = coord.run_execution(by_name["fine"], step=0, group_index=0)
+        assert fine.execution.status is not ExecutionStatus.sandbox_error, fine.execution.error
+        assert fine.execution.image.startswith("built Dockerfile of fine as gyre-task:")
+        scored = coord.evaluate(fine)
+        assert (scored.status, scored.score) == (EvalStatus.ok, 0.0), scored.detail  # 41 from the image: unsolved
+    finally:
+        coord.close()

@@ -30,9 +30,6 @@ from gyre.engines.file_transport import FileSnapshotTransport
 from gyre.engines.models.hf import load_tokenizer, stop_token_ids
 from gyre.engines.torch.rollout import TorchRolloutEngine
 from gyre.engines.torch.train import NonFiniteError
-from gyre.evaluators.formats.in_container import AGENT_DIRS as CONTAINER_AGENT_DIRS
-from gyre.evaluators.formats.in_container import IN_CONTAINER_FORMATS, container_slots
-from gyre.evaluators.formats.in_place import AGENT_DIRS, IN_PLACE_FORMATS, session_mounts, session_slots
 from gyre.evaluators.run_evaluator import RunEvaluator
 from gyre.harnesses import make_harness
 from gyre.harnesses.base import ExecutionSlot, HarnessOutcome, ModelEndpoint
@@ -47,8 +44,10 @@ from gyre.records import Call, EvalRecord, EvalStatus, Execution, ExecutionStatu
 from gyre.runtime import simulated_durations
 from gyre.runtime.progress import ProgressEvent, emit
 from gyre.runtime.resolve import preflight
+from gyre.runtime.execution_sandbox import open_sandbox, unstarted_score
 from gyre.runtime.run_dir import set_aside_interrupted
-from gyre.sandboxes.factory import create_sandbox, sandbox_limits
+from gyre.sandboxes.base import SandboxStartError
+from gyre.sandboxes.factory import sandbox_limits
 from gyre.sandboxes.local.isolation import Isolation
 from gyre.storage.call_log import CallLog
 from gyre.storage.store import RunStore, execution_rows
@@ -165,7 +164,38 @@ class Coordinator:
         started = utc_now()
         spec = task_spec(query)
         deadlines = self.timeouts.start(spec.agent_timeout_s)  # harness and overall timeouts, kept apart
-        sandbox, keep_live = self._sandbox(query, spec, execution_id, key)
+        try:
+            sandbox, keep_live = open_sandbox(self, query, spec, execution_id, key)
+        except SandboxStartError as exc:  # no agent ran: recorded, its evaluation dropped (`unstarted_score`)
+            sandbox, keep_live = None, False
+            outcome = HarnessOutcome(ExecutionStatus.sandbox_error, 0, str(exc))
+        if sandbox is not None:
+            outcome = self._run_agent(query, sandbox, keep_live, execution_id, purpose, step, group_index, key,
+                                      deadlines)
+        session = self.sessions.close(execution_id)
+        execution = Execution(
+            execution_id=execution_id,
+            step=step,
+            query_id=query.query_id,
+            benchmark=query.benchmark,
+            group_index=group_index,
+            purpose=purpose,
+            status=deadlines.status(outcome.status),
+            workspace=getattr(sandbox, "workspace", self.run_dir / "workspaces" / execution_id),
+            policy_version_dispatched=version,
+            num_calls=len(session.calls),
+            num_tokens=sum(len(c.prompt_ids) + len(c.output_ids) for c in session.calls),
+            error=outcome.error,
+            started_at=started,
+            finished_at=utc_now(),
+            image=getattr(sandbox, "image", None),
+        )
+        emit(ProgressEvent("execution_finished", step, {"execution_id": execution_id, "status": execution.status.value}))
+        return ExecutionResult(query, execution, session.calls, deadlines.overall_s)
+
+    def _run_agent(self, query: Query, sandbox, keep_live: bool, execution_id: str, purpose: str, step: int,
+                   group_index: int, key: str, deadlines) -> HarnessOutcome:
+        """The harness in `sandbox`; a sandbox kept for its evaluation is handed over, any other closed."""
         endpoint = ModelEndpoint(self.server.base_url, key, self.model_dir.name)
         slot = ExecutionSlot(execution_id, purpose, self.config.seed,
                              self.group_id(step, query) if purpose == "train" else None,
@@ -181,42 +211,7 @@ class Coordinator:
                     self._live[execution_id] = sandbox
             else:
                 sandbox.close()
-            session = self.sessions.close(execution_id)
-        execution = Execution(
-            execution_id=execution_id,
-            step=step,
-            query_id=query.query_id,
-            benchmark=query.benchmark,
-            group_index=group_index,
-            purpose=purpose,
-            status=deadlines.status(outcome.status),
-            workspace=sandbox.workspace,
-            policy_version_dispatched=version,
-            num_calls=len(session.calls),
-            num_tokens=sum(len(c.prompt_ids) + len(c.output_ids) for c in session.calls),
-            error=outcome.error,
-            started_at=started,
-            finished_at=utc_now(),
-            image=getattr(sandbox, "image", None),
-        )
-        emit(ProgressEvent("execution_finished", step, {"execution_id": execution_id, "status": execution.status.value}))
-        return ExecutionResult(query, execution, session.calls, deadlines.overall_s)
-
-    def _sandbox(self, query: Query, spec, execution_id: str, key: str):
-        """The execution's sandbox, and whether it stays alive for its evaluation: Terminal-Bench and
-        Harbor tested in the agent's live session (`in_place`) or docker container (`in_container`)."""
-        in_place = self.evaluator.in_place and spec.format in IN_PLACE_FORMATS
-        in_container = self.evaluator.in_container and spec.format in IN_CONTAINER_FORMATS
-        session = dict(session_slots=session_slots(spec), agent_dirs=AGENT_DIRS, mounts=session_mounts()) \
-            if in_place else {}
-        if in_container:
-            session = dict(eval_slots=container_slots(spec), agent_dirs=CONTAINER_AGENT_DIRS)
-        sandbox = create_sandbox(
-            self.config.sandbox, query, self.run_dir / "workspaces" / execution_id,
-            {"OPENAI_BASE_URL": self.server.base_url, "OPENAI_API_KEY": key}, self.limits, self.isolation,
-            image=spec.image, dockerfile=spec.dockerfile, workdir=spec.workdir, **session,
-        )
-        return sandbox, in_place or in_container
+        return outcome
 
     def evaluate(self, result: ExecutionResult) -> Score:
         with self._live_lock:
@@ -232,6 +227,8 @@ class Coordinator:
 
     def _evaluate(self, result: ExecutionResult, live) -> Score:
         execution_id = result.execution.execution_id
+        if (unstarted := unstarted_score(result.execution)) is not None:
+            return unstarted
         return self.evaluator.evaluate(result.query, result.execution.workspace, self.run_dir / "evals" / execution_id,
                                        execution_id, live=live,
                                        deadline_s=self.timeouts.evaluation_deadline(result.overall_deadline_s))

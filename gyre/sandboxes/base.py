@@ -25,6 +25,11 @@ from typing import Protocol, runtime_checkable
 DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024
 
 
+class SandboxStartError(RuntimeError):
+    """An execution's sandbox could not start for a reason that is not the agent's (the task's image did not
+    build, the engine refused the container): the execution is recorded with it and dropped, the run goes on."""
+
+
 @dataclass(frozen=True)
 class ExecResult:
     """What one command did. `exit_code` is negative (-signal) when a signal killed it."""

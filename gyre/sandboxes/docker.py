@@ -71,7 +71,7 @@ from typing import Any
 
 from gyre.records import Query
 from gyre.sandboxes import file_tools
-from gyre.sandboxes.base import ExecResult, SandboxLimits
+from gyre.sandboxes.base import ExecResult, SandboxLimits, SandboxStartError
 from gyre.sandboxes.bridge import ProxyBridge, proxy_address
 from gyre.sandboxes.docker_container import (
     BRIDGE_SLOT, DEFAULT_IMAGE, DEFAULT_WORKDIR, SLOTS_SUFFIX, cgroup_parent, container_kwargs, evaluation_user,
@@ -193,6 +193,9 @@ class DockerSandbox:
             kwargs = container_kwargs(used, workspace, workdir, limits, dict(env or {}), f"gyre-{workspace.name}",
                                       binds, cgroup)
             container = client.containers.run(**kwargs)
+        except docker.errors.DockerException as exc:  # the engine refused or died: not the agent's doing
+            remove_tree(slot_root)
+            raise SandboxStartError(f"the container did not start: {exc}") from exc
         except BaseException:
             remove_tree(slot_root)
             raise

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from gyre.sandboxes.base import SandboxStartError
+
 TAG_REPOSITORY = "gyre-task"
 BUILT_DOCKERFILE = ".gyre.Dockerfile"
 """The Dockerfile as built (its FROM lines mapped), written into a copy of the build context."""
@@ -44,7 +46,7 @@ _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
 
 
-class TaskImageError(RuntimeError):
+class TaskImageError(SandboxStartError):
     """A task's image could not be built here; the message says which task, what and why."""
 
 

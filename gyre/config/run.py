@@ -144,6 +144,9 @@ class DockerConfig(Section):
     working directory when the task has no `start/`; false: `sandbox.image` for every task."""
     build_timeout_s: float = Field(default=1800.0, gt=0)
     """Seconds one task image's build may take."""
+    build_network: Literal["none", "host"] = "none"
+    """The network a task image's build steps get: none, or the host's (what upstream's `docker compose build`
+    gives: a `RUN apt-get install ...` needs it; the build runs the task's Dockerfile, never the agent's code)."""
     cgroup_parent: str = "gyre-docker"
     """cgroup the containers' cgroups are made under, relative to gyre's own memory cgroup (so what a
     container uses is charged where gyre's is, not at the hierarchy's root); "" leaves it to the engine."""

@@ -156,6 +156,7 @@ class DockerSandbox:
         cgroup_parent_name: str = "",
         dockerfile: str | None = None,
         build_timeout_s: float = 1800.0,
+        build_network: str = "none",
     ) -> DockerSandbox:
         """`base_images`: `sandbox.docker.base_images` (`resolve_image`); `cgroup_parent_name`: the cgroup made
         under gyre's own memory cgroup for the container (`sandbox.docker.cgroup_parent`; engines with the
@@ -181,7 +182,7 @@ class DockerSandbox:
             client = docker.from_env()
             if image is None and dockerfile is not None:
                 built = task_image(client, query.query_id, Path(dockerfile).parent, Path(dockerfile),
-                                   base_images or {}, build_timeout_s)
+                                   base_images or {}, build_timeout_s, build_network)
                 used, note = built.tag, built.note
                 if query.start_dir is None:  # the workspace is bind-mounted over the image's workdir
                     _, left_out = seed_workspace(client, used, workdir, workspace)

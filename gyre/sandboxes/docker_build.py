@@ -9,9 +9,10 @@ task built twice is one build, any change is a new image, never a stale one.
 No registry answers here, so a `FROM` image the engine does not have is replaced through
 `sandbox.docker.base_images` (requested -> local, e.g. `python:3.13-slim: gyre-base:local`; the key
 `"*"` catches every other one) in a copy of the Dockerfile; the substitution is part of what the
-execution records (`BuiltImage.note`). A `FROM` that is neither here nor mapped, and a build step
-that fails (a `RUN` that needs the network: builds get none), are a `TaskImageError` naming the task,
-the image or the step and the build log's last lines.
+execution records (`BuiltImage.note`). Build steps get no network unless `sandbox.docker.build_network`
+is `host` (upstream's `docker compose build` has one: a `RUN apt-get install ...` needs it). A `FROM`
+that is neither here nor mapped, and a build step that fails, are a `TaskImageError` naming the task,
+the image or the step, the switches that would help, and the build log's last lines.
 
 `seed_workspace` copies what the image holds at the task's working directory into a fresh
 workspace (the workspace is bind-mounted there, hiding it): a task with no `start/` directory
@@ -101,9 +102,9 @@ def context_digest(context: Path, dockerfile_text: str) -> str:
 
 
 def task_image(client, task: str, context: Path, dockerfile: Path, base_images: Mapping[str, str],
-               timeout_s: float) -> BuiltImage:
+               timeout_s: float, network: str = "none") -> BuiltImage:
     """The image `dockerfile` builds from `context` for task `task`: built once per digest (concurrent
-    executions of one task wait for the one build), reused after."""
+    executions of one task wait for the one build), reused after. `network`: its build steps' (none, host)."""
     import docker  # the optional extra, imported only here
 
     def present(name: str) -> bool:
@@ -128,7 +129,7 @@ def task_image(client, task: str, context: Path, dockerfile: Path, base_images: 
                 raise TaskImageError(f"task {task}: its Dockerfile starts FROM {image}, which this engine does not "
                                      f"have and cannot pull (no registry answers here): map it to a local image "
                                      f"in sandbox.docker.base_images")
-        _build(client, task, Path(context), text, tag, timeout_s)
+        _build(client, task, Path(context), text, tag, timeout_s, network)
     return BuiltImage(tag, note, cached=False)
 
 
@@ -136,7 +137,7 @@ def _is_stage(image: str, text: str) -> bool:
     return re.search(rf"^\s*FROM\s+.*\bAS\s+{re.escape(image)}\s*$", text, re.IGNORECASE | re.MULTILINE) is not None
 
 
-def _build(client, task: str, context: Path, text: str, tag: str, timeout_s: float) -> None:
+def _build(client, task: str, context: Path, text: str, tag: str, timeout_s: float, network: str) -> None:
     import docker
 
     with tempfile.TemporaryDirectory(prefix="gyre-build-") as tmp:
@@ -145,13 +146,15 @@ def _build(client, task: str, context: Path, text: str, tag: str, timeout_s: flo
         (copy / BUILT_DOCKERFILE).write_text(text, encoding="utf-8")
         try:
             client.images.build(path=str(copy), dockerfile=BUILT_DOCKERFILE, tag=tag, rm=True, forcerm=True,
-                                pull=False, network_mode="none", labels={"gyre": "task-image", "gyre.task": task},
+                                pull=False, network_mode=network, labels={"gyre": "task-image", "gyre.task": task},
                                 timeout=int(timeout_s))
         except docker.errors.BuildError as exc:
             lines = [str(chunk.get("stream") or chunk.get("error") or "").rstrip() for chunk in exc.build_log]
             tail = "\n".join(line for line in lines if line)[-2000:].splitlines()[-LOG_TAIL_LINES:]
-            raise TaskImageError(f"task {task}: its image did not build ({exc.msg}; builds here have no network)"
-                                 f":\n" + "\n".join(tail)) from exc
+            offline = ("; its build had no network: sandbox.docker.build_network: host builds with the host's, "
+                       "build_task_images: false runs the task on sandbox.image") if network == "none" else ""
+            raise TaskImageError(f"task {task}: its image did not build ({exc.msg}{offline}):\n"
+                                 + "\n".join(tail)) from exc
 
 
 def seed_workspace(client, image: str, workdir: str, workspace: Path) -> tuple[int, list[str]]:

@@ -69,7 +69,8 @@ def create_sandbox(
                                     workdir=workdir, eval_slots=eval_slots, agent_dirs=agent_dirs,
                                     base_images=config.docker.base_images,
                                     cgroup_parent_name=config.docker.cgroup_parent, dockerfile=build,
-                                    build_timeout_s=config.docker.build_timeout_s)
+                                    build_timeout_s=config.docker.build_timeout_s,
+                                    build_network=config.docker.build_network)
     from gyre.sandboxes.local.sandbox import LocalSandbox
 
     layout = SandboxLayout(workdir=workdir, mounts=mounts) if isolation.bwrap else None

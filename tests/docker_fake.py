@@ -100,8 +100,16 @@ def fake_sdk(handler: Handler | None = None) -> tuple[types.ModuleType, list[Fak
         made.append(FakeContainer(kwargs, handler))
         return made[-1]
 
+    class DockerException(Exception):
+        pass
+
+    class ImageNotFound(DockerException):
+        pass
+
     module = types.ModuleType("docker")
+    module.errors = types.SimpleNamespace(DockerException=DockerException, ImageNotFound=ImageNotFound)
     module.from_env = lambda **_: types.SimpleNamespace(containers=types.SimpleNamespace(run=run),
+                                                          images=types.SimpleNamespace(get=lambda name: name),
                                                           info=lambda: {"CgroupDriver": "cgroupfs"})
     return module, made
 

@@ -159,3 +159,20 @@ def test_a_task_whose_image_does_not_build_is_recorded_and_dropped_and_the_next_
         assert (scored.status, scored.score) == (EvalStatus.ok, 0.0), scored.detail  # 41 from the image: unsolved
     finally:
         coord.close()
+
+
+def test_an_image_the_engine_lacks_is_never_pulled_behind_the_configs_back(tmp_path, engine):
+    from gyre.sandboxes.docker_build import container_image
+
+    client, base = engine
+    assert container_image(client, "test-here", base, None, {}) == (base, base, False)
+    assert container_image(client, "test-mapped", "python:3.13", None, {"python:3.13": base}) == \
+        (base, f"python:3.13 -> {base}", False)
+    assert container_image(client, "test-any", "ghcr.io/x/y:1", None, {ANY_BASE: base}) == \
+        (base, f"ghcr.io/x/y:1 -> {base}", False)
+    with pytest.raises(TaskImageError, match=r"its image ghcr.io/x/y:1 is not on this engine and is not pulled"):
+        container_image(client, "test-missing", "ghcr.io/x/y:1", None, {})
+    task = _task(tmp_path)  # a prebuilt image that is not here: the task's Dockerfile is built instead
+    used, note, built = container_image(client, "test-fallback", "ghcr.io/x/y:1", str(task / "Dockerfile"),
+                                        {"python:3.13-slim-bookworm": base})
+    assert built and used.startswith(f"{TAG_REPOSITORY}:") and note.startswith("ghcr.io/x/y:1 is not here: built")

@@ -31,7 +31,8 @@ def test_a_docker_run_executes_every_execution_in_a_container_and_leaves_none(tm
         f"  docker:\n    base_images:\n      python:3.11-slim: {docker_image}\n"
     )
     client = docker.from_env()
-    since = int(time.time()) - 1
+    time.sleep(1.05 - time.time() % 1)  # events count by the second: none of an earlier test's falls in this one's
+    since = int(time.time())
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", COLUMNS="160")
     proc = subprocess.run([*GYRE, "run", "--config", str(config), "run"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=900)
@@ -48,3 +49,56 @@ def test_a_docker_run_executes_every_execution_in_a_container_and_leaves_none(tm
                if re.fullmatch(r"gyre-[se]\d{4}-.+", e["Actor"]["Attributes"]["name"])]  # this run's executions
     assert len(created) == 12 and {e["Actor"]["Attributes"]["image"] for e in created} == {docker_image}
     assert client.containers.list(all=True, filters={"label": "gyre"}) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "fixtures"), [("terminal-bench", ["terminal_bench/csv-rows"]),
+                                                 ("harbor", ["harbor/count-lines"])])
+def test_terminal_bench_and_harbor_runs_build_each_task_image_and_score_in_it(tmp_path, tiny_model_dir,
+                                                                               docker_image, kind, fixtures):
+    """A step of Terminal-Bench or Harbor with `sandbox.type: docker`: each task's Dockerfile is built (its FROM
+    mapped to the local base by `"*"`; count-lines' `docker_image` is not here and is never pulled), the agent and
+    the tests run in that image's container; a task whose build needs the network (csv-rows: `apt-get install`)
+    is recorded `sandbox_error` and dropped."""
+    import shutil
+    from pathlib import Path
+
+    import docker
+
+    from tests.test_benchmarks_formats import write_harbor, write_terminal_bench
+
+    bench = tmp_path / "bench"
+    for fixture in fixtures:
+        shutil.copytree(Path(__file__).parent / "fixtures" / "realformats" / fixture, bench / Path(fixture).name)
+    (write_terminal_bench if kind == "terminal-bench" else write_harbor)(bench)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"name: docker-{kind}\nsteps: 1\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {tiny_model_dir}\n"
+        f"benchmark:\n  kind: {kind}\n  path: {bench}\n"
+        "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\nharness:\n  max_turns: 2\n"
+        f"sandbox:\n  type: docker\n  image: {docker_image}\n  docker:\n    base_images:\n      '*': {docker_image}\n"
+    )
+    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", COLUMNS="160")
+    proc = subprocess.run([*GYRE, "run", "--config", str(config), "run"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
+    con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
+    rows = con.execute("select query_id, status, image, eval_status, eval_detail, error from executions "
+                       "order by all").fetchall()
+    assert len(rows) == 4, (rows, proc.stdout[-2000:] + proc.stderr[-2000:])
+    for query_id, status, image, eval_status, detail, error in rows:
+        if query_id == "csv-rows":  # its Dockerfile runs apt-get: no network for builds here
+            assert status == "sandbox_error" and "task csv-rows: its image did not build" in error, error
+            assert eval_status == "error" and "no sandbox started" in detail, detail
+        else:
+            assert f"built Dockerfile of {query_id} as gyre-task:" in image and docker_image in image, image
+        if query_id == "count-lines":  # its docker_image cannot be pulled here (never tried): built instead
+            assert image.startswith("ghcr.io/example/count-lines:20251031 is not here: built"), image
+            # its test.sh installs uv from astral.sh: unscorable here, said so, never a 0
+            assert eval_status == "error" and "unscorable here" in detail, detail
+        elif query_id != "csv-rows":
+            assert eval_status == "ok" and detail.startswith("in container"), (query_id, detail)
+    client = docker.from_env()
+    assert client.containers.list(all=True, filters={"label": "gyre"}) == []
+    for image in client.images.list(name="gyre-task"):
+        if image.labels.get("gyre.task") in ("csv-rows", "hello", "count", "count-lines"):
+            client.images.remove(image.id, force=True)

@@ -101,10 +101,10 @@ def test_create_sandbox_starts_a_container_for_docker_and_a_local_sandbox_otherw
             started.append(kwargs)
             return types.SimpleNamespace(remove=lambda force: None)
 
-    fake_sdk = types.ModuleType("docker")
-    fake_sdk.from_env = lambda **_: types.SimpleNamespace(containers=FakeContainers(),
-                                                           info=lambda: {"CgroupDriver": "cgroupfs"})
-    monkeypatch.setitem(sys.modules, "docker", fake_sdk)  # the SDK is the outer edge
+    sdk, _ = fake_sdk()  # its errors and images (every image present)
+    sdk.from_env = lambda **_: types.SimpleNamespace(containers=FakeContainers(), images=types.SimpleNamespace(
+        get=lambda name: name), info=lambda: {"CgroupDriver": "cgroupfs"})
+    monkeypatch.setitem(sys.modules, "docker", sdk)  # the SDK is the outer edge
     query, limits, isolation = _query(tmp_path), SandboxLimits(), Isolation.detect("none")
     env = {"OPENAI_API_KEY": "k"}
 

@@ -147,6 +147,10 @@ class DockerConfig(Section):
     build_network: Literal["none", "host"] = "none"
     """The network a task image's build steps get: none, or the host's (what upstream's `docker compose build`
     gives: a `RUN apt-get install ...` needs it; the build runs the task's Dockerfile, never the agent's code)."""
+    pull: bool = False
+    """Pull an image the engine does not have from its registry (a cluster's). Off: never; a missing image is
+    replaced (`base_images`, the task's Dockerfile built) or the execution records why it could not start (no
+    registry answers here, and a pull is traffic off the machine)."""
     cgroup_parent: str = "gyre-docker"
     """cgroup the containers' cgroups are made under, relative to gyre's own memory cgroup (so what a
     container uses is charged where gyre's is, not at the hierarchy's root); "" leaves it to the engine."""

@@ -75,9 +75,9 @@ from gyre.sandboxes.base import ExecResult, SandboxLimits, SandboxStartError
 from gyre.sandboxes.bridge import ProxyBridge, proxy_address
 from gyre.sandboxes.docker_container import (
     BRIDGE_SLOT, DEFAULT_IMAGE, DEFAULT_WORKDIR, SLOTS_SUFFIX, cgroup_parent, container_kwargs, evaluation_user,
-    make_slots, resolve_image,
+    make_slots,
 )
-from gyre.sandboxes.docker_build import seed_workspace, task_image
+from gyre.sandboxes.docker_build import container_image, seed_workspace
 from gyre.sandboxes.fdwalk import strip_special_bits
 from gyre.sandboxes.git_history import strip_git_history
 from gyre.sandboxes.paths import remove_tree
@@ -157,12 +157,13 @@ class DockerSandbox:
         dockerfile: str | None = None,
         build_timeout_s: float = 1800.0,
         build_network: str = "none",
+        pull: bool = False,
     ) -> DockerSandbox:
         """`base_images`: `sandbox.docker.base_images` (`resolve_image`); `cgroup_parent_name`: the cgroup made
         under gyre's own memory cgroup for the container (`sandbox.docker.cgroup_parent`; engines with the
-        cgroupfs driver: one on systemd's keeps its own placement). `dockerfile` (with no `image`): the task's
-        own, built (`docker_build.task_image`, once per build context) and run; the workspace starts from what
-        the image holds at `workdir` when the query has no `start/`."""
+        cgroupfs driver: one on systemd's keeps its own placement). `dockerfile`: the task's own, built
+        (`docker_build.container_image`: when there is no `image`, or it is not on the engine and not pulled) and
+        run; the workspace then starts from what the image holds at `workdir` when the query has no `start/`."""
         import docker  # the optional extra, imported only here
 
         workspace = Path(workspace).resolve()
@@ -180,16 +181,13 @@ class DockerSandbox:
         binds = make_slots(slot_root, dict(eval_slots or {}), agent_dirs, owner)
         try:
             client = docker.from_env()
-            if image is None and dockerfile is not None:
-                built = task_image(client, query.query_id, Path(dockerfile).parent, Path(dockerfile),
-                                   base_images or {}, build_timeout_s, build_network)
-                used, note = built.tag, built.note
-                if query.start_dir is None:  # the workspace is bind-mounted over the image's workdir
-                    _, left_out = seed_workspace(client, used, workdir, workspace)
-                    if left_out:
-                        note += f"; left out of the workspace: {', '.join(left_out[:5])}"
-            else:
-                used, note = resolve_image(image or DEFAULT_IMAGE, base_images or {})
+            wanted = image if image is not None else ("" if dockerfile is not None else DEFAULT_IMAGE)
+            used, note, built = container_image(client, query.query_id, wanted, dockerfile, base_images or {},
+                                                build_timeout_s, build_network, pull)
+            if built and query.start_dir is None:  # the workspace is bind-mounted over the image's workdir
+                _, left_out = seed_workspace(client, used, workdir, workspace)
+                if left_out:
+                    note += f"; left out of the workspace: {', '.join(left_out[:5])}"
             cgroup = cgroup_parent(cgroup_parent_name) if cgroup_parent_name and _cgroupfs(client) else None
             kwargs = container_kwargs(used, workspace, workdir, limits, dict(env or {}), f"gyre-{workspace.name}",
                                       binds, cgroup)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gyre.sandboxes.base import SandboxStartError
+from gyre.sandboxes.docker_container import resolve_image
 
 TAG_REPOSITORY = "gyre-task"
 BUILT_DOCKERFILE = ".gyre.Dockerfile"
@@ -155,6 +156,33 @@ def _build(client, task: str, context: Path, text: str, tag: str, timeout_s: flo
                        "build_task_images: false runs the task on sandbox.image") if network == "none" else ""
             raise TaskImageError(f"task {task}: its image did not build ({exc.msg}{offline}):\n"
                                  + "\n".join(tail)) from exc
+
+
+def container_image(client, task: str, image: str, dockerfile: str | None, base_images: Mapping[str, str],
+                    timeout_s: float = 1800.0, network: str = "none", pull: bool = False) -> tuple[str, str, bool]:
+    """The image an execution's container runs from, what its execution records, and whether it was built from
+    the task's Dockerfile. `image` (the task's, else `sandbox.image`) mapped through `base_images` is used when the
+    engine has it (or pulls it, with `pull`); else the task's `dockerfile` is built; else `base_images["*"]`;
+    else `TaskImageError`: a missing image is never fetched behind the config's back. With no image the task
+    named and a `dockerfile`, that is built first (the caller passes `image=""`)."""
+    import docker
+
+    if image:
+        used, note = resolve_image(image, base_images)
+        try:
+            client.images.get(used)
+            return used, note, False
+        except docker.errors.ImageNotFound:
+            if pull:
+                client.images.pull(used)
+                return used, f"{note} (pulled)", False
+        if dockerfile is None:
+            if ANY_BASE in base_images:
+                return base_images[ANY_BASE], f"{image} -> {base_images[ANY_BASE]}", False
+            raise TaskImageError(f"task {task}: its image {used} is not on this engine and is not pulled "
+                                 f"(sandbox.docker.pull is off): map it to a local image in sandbox.docker.base_images")
+    built = task_image(client, task, Path(dockerfile).parent, Path(dockerfile), base_images, timeout_s, network)
+    return built.tag, (f"{image} is not here: " if image else "") + built.note, True
 
 
 def seed_workspace(client, image: str, workdir: str, workspace: Path) -> tuple[int, list[str]]:

@@ -64,13 +64,13 @@ def create_sandbox(
     if config.type == "docker":
         from gyre.sandboxes.docker import DockerSandbox
 
-        build = dockerfile if image is None and config.docker.build_task_images else None
-        return DockerSandbox.create(query, workspace, env, limits, image=None if build else image or config.image,
+        build = dockerfile if config.docker.build_task_images else None
+        return DockerSandbox.create(query, workspace, env, limits, image=image or (None if build else config.image),
                                     workdir=workdir, eval_slots=eval_slots, agent_dirs=agent_dirs,
                                     base_images=config.docker.base_images,
                                     cgroup_parent_name=config.docker.cgroup_parent, dockerfile=build,
                                     build_timeout_s=config.docker.build_timeout_s,
-                                    build_network=config.docker.build_network)
+                                    build_network=config.docker.build_network, pull=config.docker.pull)
     from gyre.sandboxes.local.sandbox import LocalSandbox
 
     layout = SandboxLayout(workdir=workdir, mounts=mounts) if isolation.bwrap else None

@@ -27,7 +27,7 @@ from __future__ import annotations
 import base64
 import io
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 from prefect.artifacts import (
@@ -40,9 +40,6 @@ from gyre.metrics import MetricsFanout
 from gyre.records import EvalRecord, StepRecord
 from gyre.runtime.progress import ProgressEvent, subscribe
 from gyre.tasks.events import emit_run_event, prefect_logger
-
-if TYPE_CHECKING:
-    from gyre.storage.store import RunStore
 
 MOSTLY_FAILED_SHARE = 0.5
 """A step whose dropped (evaluator-failed) share of executions exceeds this is a warning."""
@@ -151,8 +148,9 @@ class RunObserver:
     """Subscribes to a run's progress events for its lifetime; `close()` unsubscribes."""
 
     def __init__(self, run_id: str, name: str, run_dir: Path, total_steps: int, metrics: MetricsFanout,
-                 store: RunStore | None = None) -> None:
-        """`store`: the run's records, read back when a resumed run starts (`on_started`)."""
+                 store: Any = None) -> None:
+        """`store`: the run's records (the coordinator's `RunStore`: flows do not import storage), read back when
+        a resumed run starts (`on_started`)."""
         self.run_id, self.name, self.run_dir, self.total_steps = run_id, name, Path(run_dir), total_steps
         self.metrics, self.store = metrics, store
         self.history: list[dict[str, Any]] = []

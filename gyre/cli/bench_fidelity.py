@@ -1,0 +1,106 @@
+"""`gyre bench fidelity`: real NL2RepoBench projects (and, with --terminal-bench, real Terminal-Bench tasks)
+scored by gyre beside a stand-in of upstream's own procedure; registered on `gyre bench` by `gyre.cli.bench`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich import box
+from rich.table import Table
+
+from gyre.cli.bench_output import JSON, _out_dir, _print_json
+from gyre.cli.common import INPUT_ERRORS, _fail, console
+
+
+def bench_fidelity(
+    task: list[str] = typer.Option(None, "--task", "-t", help="Only this project (repeatable); default: all 33."),
+    out: Path | None = typer.Option(None, help="Directory for each side's logs (default: runs/fidelity-<time>)."),
+    timeout_s: float = typer.Option(900.0, "--timeout-s", min=1.0, help="Bound on each test command."),
+    terminal_bench: Path | None = typer.Option(
+        None, "--terminal-bench", exists=True, file_okay=False,
+        help="Also score the Terminal-Bench tasks under this directory whose reference solution is in the open "
+             "(terminal-bench-datasets' aider-polyglot tasks; not shipped: gyre/benches/fidelity_tb.py)."),
+    nl2repo: bool = typer.Option(True, "--nl2repo/--no-nl2repo", help="Score the NL2RepoBench projects."),
+    as_json: bool = JSON,
+) -> None:
+    """Real NL2RepoBench projects, their real released sources scored by gyre and by a stand-in of
+    upstream's own procedure in the same place, and an empty workspace by gyre (gyre/benches/fidelity.py);
+    with --terminal-bench, real Terminal-Bench tasks solved and unsolved (gyre/benches/fidelity_tb.py)."""
+    from gyre.benches.fidelity import run
+
+    out = _out_dir(out, "fidelity")
+    if not nl2repo:
+        if terminal_bench is None:
+            _fail(ValueError("--no-nl2repo leaves nothing to score without --terminal-bench"))
+        result = {"terminal_bench": _fidelity_tb(terminal_bench, out, timeout_s, as_json)}
+        (out / "fidelity.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        if as_json:
+            _print_json(result)
+        return
+
+    def progress(row) -> None:
+        if not as_json:
+            console.print(f"{row.task}: upstream {row.upstream}, gyre {row.gyre} ({row.gyre_status}), "
+                          f"unsolved {row.unsolved} [{row.seconds:.0f} s]"
+                          + (f": {row.detail}" if row.gyre_status == "bench error" else ""))
+
+    try:
+        result = run(task or None, out, timeout_s=timeout_s, on_result=progress)
+    except (*INPUT_ERRORS, ValueError) as exc:  # an unknown --task, a malformed projects file
+        _fail(exc)
+    if terminal_bench is not None:
+        result["terminal_bench"] = _fidelity_tb(terminal_bench, out, timeout_s, as_json)
+    (out / "fidelity.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if as_json:
+        _print_json(result)
+        return
+    table = Table(title=f"gyre bench fidelity ({out})", box=box.SIMPLE)
+    for col in ("task", "version", "upstream", "gyre", "status", "unsolved", "match", "pins left out"):
+        table.add_column(col, justify="right" if col in ("upstream", "gyre", "unsolved") else "left")
+    for r in result["rows"]:
+        table.add_row(r["task"], r["version"], _num(r["upstream"]), _num(r["gyre"]), r["gyre_status"],
+                      _num(r["unsolved"]), "yes" if r["match"] else "NO" if r["comparable"] else "n/a",
+                      str(len(r["skipped_pins"])))
+    console.print(table)
+    console.print(f"{result['matched']} of {result['comparable']} comparable projects ({result['projects']} in all) "
+                  f"within {result['tolerance']} of the stand-in; {result['unsolved_above_0']} unsolved above 0; "
+                  f"{result['bench_errors']} not set up; not comparable (the stand-in's pytest never ran the tests): "
+                  f"{', '.join(result['not_comparable']) or 'none'}")
+    console.print(_flag_line(result["flags"]))
+
+
+def _fidelity_tb(root: Path, out: Path, timeout_s: float, as_json: bool) -> dict:
+    """The Terminal-Bench part of `gyre bench fidelity`, its stand-in's pytest in a cached virtualenv."""
+    from gyre.benches.fidelity_sources import pytest_venv
+    from gyre.benches.fidelity_tb import run as run_tb
+    from gyre.evaluators.observed import IndexAccess
+
+    def progress(row) -> None:
+        if not as_json:
+            console.print(f"{row.task}: upstream {row.upstream}, gyre {row.gyre} ({row.gyre_status}), "
+                          f"unsolved {row.unsolved} ({row.unsolved_status}) [{row.seconds:.0f} s]")
+
+    try:
+        result = run_tb(root, out / "terminal-bench", pytest_venv(), timeout_s=min(timeout_s, 600.0),
+                        index=IndexAccess(), on_result=progress)
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+    if not as_json:
+        console.print(f"Terminal-Bench: {result['matched']} of {result['tasks']} tasks scored as upstream scores "
+                      f"their reference solution ({result['solved_1']} at 1.0); {result['unsolved_above_0']} "
+                      "unsolved above 0")
+        console.print(_flag_line(result["flags"]))
+    return result
+
+
+def _flag_line(flags: dict) -> str:
+    """The monitors' flags on real solved sources (false positives): kind, projects, whether `zero` acts."""
+    return "monitor flags on the real solutions: " + (", ".join(
+        f"{kind} {len(e['projects'])} ({'zero acts' if e['zero_acts'] else 'recorded'})"
+        for kind, e in flags.items()) or "none")
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

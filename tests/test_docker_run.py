@@ -4,6 +4,7 @@ scored, recorded with the image it ran from, and no container left afterwards.""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -51,6 +52,19 @@ def test_a_docker_run_executes_every_execution_in_a_container_and_leaves_none(tm
     assert client.containers.list(all=True, filters={"label": "gyre"}) == []
 
 
+AGENT = """
+import json, os, urllib.request
+body = {"model": os.environ["GYRE_MODEL"], "max_tokens": 16,
+        "messages": [{"role": "user", "content": os.environ["GYRE_INSTRUCTION"]}]}
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
+                                 data=json.dumps(body).encode(), headers={
+                                     "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                                     "Content-Type": "application/json"})
+reply = json.load(urllib.request.urlopen(request, timeout=120))
+open("reply.txt", "w").write(reply["choices"][0]["message"]["content"] or "")
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("kind", "fixtures"), [("terminal-bench", ["terminal_bench/csv-rows"]),
                                                  ("harbor", ["harbor/count-lines"])])
@@ -59,7 +73,9 @@ def test_terminal_bench_and_harbor_runs_build_each_task_image_and_score_in_it(tm
     """A step of Terminal-Bench or Harbor with `sandbox.type: docker`: each task's Dockerfile is built (its FROM
     mapped to the local base by `"*"`; count-lines' `docker_image` is not here and is never pulled), the agent and
     the tests run in that image's container; a task whose build needs the network (csv-rows: `apt-get install`)
-    is recorded `sandbox_error` and dropped."""
+    is recorded `sandbox_error` and dropped. Harbor's step runs a CLI harness (`harness.type: command`: `AGENT`, a
+    python3 agent calling the OpenAI API) in each container: its calls reach the proxy through the bridge (the
+    container has no network) and are recorded under their execution."""
     import shutil
     from pathlib import Path
 
@@ -75,17 +91,23 @@ def test_terminal_bench_and_harbor_runs_build_each_task_image_and_score_in_it(tm
     config.write_text(
         f"name: docker-{kind}\nsteps: 1\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {tiny_model_dir}\n"
         f"benchmark:\n  kind: {kind}\n  path: {bench}\n"
-        "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\nharness:\n  max_turns: 2\n"
-        f"sandbox:\n  type: docker\n  image: {docker_image}\n  docker:\n    base_images:\n      '*': {docker_image}\n"
+        "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\n"
+        + ("harness:\n  max_turns: 2\n" if kind == "terminal-bench" else
+           f"harness:\n  type: command\n  command: [python3, -c, {json.dumps(AGENT)}]\n")
+        + f"sandbox:\n  type: docker\n  image: {docker_image}\n  docker:\n    base_images:\n      '*': {docker_image}\n"
     )
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", COLUMNS="160")
     proc = subprocess.run([*GYRE, "run", "--config", str(config), "run"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=900)
     con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
-    rows = con.execute("select query_id, status, image, eval_status, eval_detail, error from executions "
+    rows = con.execute("select query_id, status, image, eval_status, eval_detail, error, execution_id, "
+                       "(select count(*) from calls c where c.execution_id = e.execution_id) from executions e "
                        "order by all").fetchall()
     assert len(rows) == 4, (rows, proc.stdout[-2000:] + proc.stderr[-2000:])
-    for query_id, status, image, eval_status, detail, error in rows:
+    for query_id, status, image, eval_status, detail, error, execution_id, calls in rows:
+        if kind == "harbor":  # the CLI agent's one call through the bridge, and the file it wrote
+            assert status == "completed" and calls == 1, (query_id, status, calls, error)
+            assert (tmp_path / "run" / "workspaces" / execution_id / "reply.txt").is_file()
         if query_id == "csv-rows":  # its Dockerfile runs apt-get: no network for builds here
             assert status == "sandbox_error" and "task csv-rows: its image did not build" in error, error
             assert eval_status == "error" and "no sandbox started" in detail, detail

@@ -181,6 +181,28 @@ def test_open_proxy_bridges_through_the_mounted_directory(tmp_path, monkeypatch)
         box.close()
 
 
+def test_a_bridge_in_a_directory_whose_path_is_too_long_for_a_unix_socket_still_relays(tmp_path):
+    """A run's slot directory can be longer than a unix socket's 107-byte path (a CLI harness in a container failed
+    with `AF_UNIX path too long` in a whole run): the bridge binds through the directory's descriptor."""
+    from gyre.sandboxes.bridge import ProxyBridge
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / ".s0000-a-long-task-name-g00.docker" / ".bridge"
+    deep.mkdir(parents=True)
+    assert len(str(deep / "proxy.sock")) > 107
+    server, port = _echo_server()
+    bridge = ProxyBridge(("127.0.0.1", port), deep).start()
+    directory = os.open(deep, os.O_RDONLY)
+    try:
+        with socket.socket(socket.AF_UNIX) as client:  # the inside half connects at the short path it is shown
+            client.connect(f"/proc/self/fd/{directory}/proxy.sock")
+            client.sendall(b"hi")
+            assert client.recv(100) == b"proxy:hi"
+    finally:
+        os.close(directory)
+        bridge.close()
+        server.close()
+
+
 def test_the_bridge_prefix_fails_clearly_without_python3(tmp_path):
     done = subprocess.run(["/bin/bash", "-c", NO_PYTHON3 + "echo reached"], capture_output=True, text=True,
                           env={"PATH": str(tmp_path)})  # no python3 on this PATH

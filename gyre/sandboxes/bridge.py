@@ -91,7 +91,13 @@ class ProxyBridge:
 
     def start(self) -> ProxyBridge:
         server = socket.socket(socket.AF_UNIX)
-        server.bind(str(self.socket_path))
+        # bound through the directory's descriptor: a unix socket's path holds at most 107 bytes, and a run's
+        # slot directory (`<run dir>/workspaces/.<execution id>.docker/.bridge`) can be longer
+        directory = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            server.bind(f"/proc/self/fd/{directory}/{SOCKET_NAME}")
+        finally:
+            os.close(directory)
         self.socket_path.chmod(0o666)  # the sandbox's uid is mapped, not gyre's
         if self.directory.stat().st_uid == os.geteuid():  # a directory gyre made; a session's slot keeps its modes
             self.directory.chmod(0o711)  # and, when gyre is root, unprivileged: it must reach the socket

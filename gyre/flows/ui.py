@@ -10,7 +10,7 @@ run's progress events (`gyre.runtime.progress`) and turns them into Prefect obje
   executions and drops;
 - gyre's own log lines in the flow run's Logs: one INFO line per step and per eval round;
 - one progress artifact for the run (`gyre-<run_id>-progress`), updated after every step; a resumed
-  run's starts where the run is (its steps and eval rounds recorded before the resume are read back
+  run's progress starts where the run is (its steps and eval rounds recorded before the resume are read back
   from the run's DuckDB file when the run starts, and its curves carry them too);
 - Prefect events: `gyre.step.dropped-executions`, `gyre.step.tampering`,
   `gyre.step.evaluations-mostly-failed` and `gyre.evaluation.round-failed` (each also a WARNING log

@@ -25,13 +25,15 @@ FROM base
 
 
 def test_from_lines_are_mapped_and_stages_left_alone():
-    mapped, swaps = map_from_lines(DOCKERFILE, {"python:3.13-slim-bookworm": "gyre-base:local"}, lambda _: False)
+    mapped, swaps, bases = map_from_lines(DOCKERFILE, {"python:3.13-slim-bookworm": "gyre-base:local"},
+                                          lambda _: False)
     assert mapped.splitlines()[0] == "FROM --platform=linux/amd64 gyre-base:local AS base"
     assert mapped.splitlines()[-1] == "FROM base"  # an earlier stage, never an image
     assert swaps == ["python:3.13-slim-bookworm -> gyre-base:local"]
+    assert bases == ["gyre-base:local"]  # `FROM base` is a stage, not an image to check
     # "*" replaces only what the engine lacks
     text = "FROM present:1\nFROM absent:2\n"
-    mapped, swaps = map_from_lines(text, {ANY_BASE: "gyre-base:local"}, lambda name: name == "present:1")
+    mapped, swaps, _ = map_from_lines(text, {ANY_BASE: "gyre-base:local"}, lambda name: name == "present:1")
     assert mapped == "FROM present:1\nFROM gyre-base:local\n" and swaps == ["absent:2 -> gyre-base:local"]
 
 

@@ -185,7 +185,7 @@ class DockerSandbox:
             used, note, built = container_image(client, query.query_id, wanted, dockerfile, base_images or {},
                                                 build_timeout_s, build_network, pull)
             if built and query.start_dir is None:  # the workspace is bind-mounted over the image's workdir
-                _, left_out = seed_workspace(client, used, workdir, workspace)
+                left_out = seed_workspace(client, used, workdir, workspace)
                 if left_out:
                     note += f"; left out of the workspace: {', '.join(left_out[:5])}"
             cgroup = cgroup_parent(cgroup_parent_name) if cgroup_parent_name and _cgroupfs(client) else None

@@ -61,11 +61,12 @@ class BuiltImage:
     """An image of the same digest was already there: nothing was built."""
 
 
-def map_from_lines(dockerfile: str, base_images: Mapping[str, str], present) -> tuple[str, list[str]]:
+def map_from_lines(dockerfile: str, base_images: Mapping[str, str], present) -> tuple[str, list[str], list[str]]:
     """The Dockerfile with each FROM image the engine lacks (`present(name)` False) replaced through
-    `base_images`, and the substitutions (`requested -> used`). A FROM naming an earlier stage is left alone."""
+    `base_images`, the substitutions (`requested -> used`) and the images its FROM lines then name (an earlier
+    stage or a `$ARG` image is no image to check). A FROM naming an earlier stage is left alone."""
     stages: set[str] = set()
-    lines, swaps = [], []
+    lines, swaps, bases = [], [], []
     for line in dockerfile.splitlines():
         match = _FROM.match(line)
         if match is not None:
@@ -76,10 +77,22 @@ def map_from_lines(dockerfile: str, base_images: Mapping[str, str], present) -> 
                 if used is not None and used != image:
                     swaps.append(f"{image} -> {used}")
                     line = f"{head}{flags}{used}{rest}"
+                bases.append(used or image)
             if alias:
                 stages.add(alias.group(1).lower())
         lines.append(line)
-    return "\n".join(lines) + "\n", swaps
+    return "\n".join(lines) + "\n", swaps, bases
+
+
+def _present(client, name: str) -> bool:
+    """Whether the engine has image `name` (nothing is pulled)."""
+    import docker
+
+    try:
+        client.images.get(name)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
 
 
 def context_digest(context: Path, dockerfile_text: str) -> str:
@@ -106,16 +119,12 @@ def task_image(client, task: str, context: Path, dockerfile: Path, base_images: 
                timeout_s: float, network: str = "none") -> BuiltImage:
     """The image `dockerfile` builds from `context` for task `task`: built once per digest (concurrent
     executions of one task wait for the one build), reused after. `network`: its build steps' (none, host)."""
-    import docker  # the optional extra, imported only here
 
     def present(name: str) -> bool:
-        try:
-            client.images.get(name)
-            return True
-        except docker.errors.ImageNotFound:
-            return False
+        return _present(client, name)
 
-    text, swaps = map_from_lines(Path(dockerfile).read_text(encoding="utf-8", errors="replace"), base_images, present)
+    text, swaps, bases = map_from_lines(Path(dockerfile).read_text(encoding="utf-8", errors="replace"), base_images,
+                                        present)
     tag = f"{TAG_REPOSITORY}:{context_digest(Path(context), text)[:16]}"
     note = f"built {Path(dockerfile).name} of {task} as {tag}" + (f" ({', '.join(swaps)})" if swaps else "")
     with _locks_guard:
@@ -123,19 +132,13 @@ def task_image(client, task: str, context: Path, dockerfile: Path, base_images: 
     with lock:
         if present(tag):
             return BuiltImage(tag, note, cached=True)
-        for line in text.splitlines():
-            match = _FROM.match(line)
-            image = match.group(3) if match else None
-            if image and "$" not in image and not present(image) and not _is_stage(image, text):
-                raise TaskImageError(f"task {task}: its Dockerfile starts FROM {image}, which this engine does not "
-                                     f"have and cannot pull (no registry answers here): map it to a local image "
-                                     f"in sandbox.docker.base_images")
+        missing = next((image for image in bases if not present(image)), None)
+        if missing is not None:
+            raise TaskImageError(f"task {task}: its Dockerfile starts FROM {missing}, which this engine does not "
+                                 f"have and cannot pull (no registry answers here): map it to a local image "
+                                 f"in sandbox.docker.base_images")
         _build(client, task, Path(context), text, tag, timeout_s, network)
     return BuiltImage(tag, note, cached=False)
-
-
-def _is_stage(image: str, text: str) -> bool:
-    return re.search(rf"^\s*FROM\s+.*\bAS\s+{re.escape(image)}\s*$", text, re.IGNORECASE | re.MULTILINE) is not None
 
 
 def _build(client, task: str, context: Path, text: str, tag: str, timeout_s: float, network: str) -> None:
@@ -165,17 +168,13 @@ def container_image(client, task: str, image: str, dockerfile: str | None, base_
     engine has it (or pulls it, with `pull`); else the task's `dockerfile` is built; else `base_images["*"]`;
     else `TaskImageError`: a missing image is never fetched behind the config's back. With no image the task
     named and a `dockerfile`, that is built first (the caller passes `image=""`)."""
-    import docker
-
     if image:
         used, note = resolve_image(image, base_images)
-        try:
-            client.images.get(used)
+        if _present(client, used):
             return used, note, False
-        except docker.errors.ImageNotFound:
-            if pull:
-                client.images.pull(used)
-                return used, f"{note} (pulled)", False
+        if pull:
+            client.images.pull(used)
+            return used, f"{note} (pulled)", False
         if dockerfile is None:
             if ANY_BASE in base_images:
                 return base_images[ANY_BASE], f"{image} -> {base_images[ANY_BASE]}", False
@@ -185,10 +184,10 @@ def container_image(client, task: str, image: str, dockerfile: str | None, base_
     return built.tag, (f"{image} is not here: " if image else "") + built.note, True
 
 
-def seed_workspace(client, image: str, workdir: str, workspace: Path) -> tuple[int, list[str]]:
-    """Copy the files `image` holds under `workdir` into the (empty, not yet shared) `workspace`; returns how
-    many entries came and the ones left out: tarfile's `data` filter refuses links that leave the directory
-    (an absolute one included), devices and paths outside it; ownership is gyre's, as for a `start/` copy."""
+def seed_workspace(client, image: str, workdir: str, workspace: Path) -> list[str]:
+    """Copy the files `image` holds under `workdir` into the (empty, not yet shared) `workspace`; returns the
+    entries left out: tarfile's `data` filter refuses links that leave the directory (an absolute one included),
+    devices and paths outside it; ownership is gyre's, as for a `start/` copy. No such directory: nothing."""
     import docker
 
     container = client.containers.create(image, command=["true"], network_disabled=True)
@@ -196,7 +195,7 @@ def seed_workspace(client, image: str, workdir: str, workspace: Path) -> tuple[i
         try:
             stream, _ = container.get_archive(workdir.rstrip("/") + "/.")
         except docker.errors.NotFound:
-            return 0
+            return []
         data = io.BytesIO(b"".join(stream))
     finally:
         container.remove(force=True)
@@ -212,4 +211,4 @@ def seed_workspace(client, image: str, workdir: str, workspace: Path) -> tuple[i
     with tarfile.open(fileobj=data) as archive:
         members: list[Any] = [m for m in archive.getmembers() if m.name not in (".", "./")]
         archive.extractall(workspace, members=members, filter=keep)
-    return len(members) - len(left_out), left_out
+    return left_out

@@ -199,9 +199,10 @@ class EvalRecord(Record):
 
     step: int = Field(ge=0, description="Evaluated before this step (== the number of steps taken).")
     policy_version: int = Field(ge=0)
-    split: Literal["in_distribution", "generalisation"] = Field(
+    split: Literal["in_distribution", "generalisation", "validation"] = Field(
         default="in_distribution",
-        description="Which held-out set: new content of trained templates, or templates never trained on.")
+        description="Which held-out set: new content of trained templates, templates never trained on, or the "
+                    "validation set carved from training (`evaluation.set: validation`).")
     pass_rate: float | None = Field(description="Mean score over valid eval executions; None if all failed.")
     num_executions: int
     num_dropped: int = Field(description="Eval executions whose evaluation failed (not counted as zeros).")

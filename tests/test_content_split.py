@@ -122,3 +122,24 @@ def test_benchmark_check_flags_a_seeded_duplicate(tmp_path):
     text = subprocess.run([sys.executable, "-m", "gyre.cli.main", "benchmark", "check", str(bench), "--format", "nl2repo"],
                           capture_output=True, text=True, timeout=300).stdout
     assert "duplicate instruction" in text and f"{good}-copy" in text
+
+
+def test_a_validation_set_is_carved_from_training_by_content_and_never_trained_on(tmp_path):
+    """The knobs' set: disjoint in content from both training and held out; the final run trains on the same
+    queries whether its eval rounds read validation or held out."""
+    bench = {"num_queries": 256, "eval_fraction": 0.25, "validation_fraction": 0.2}
+    base = {"cache_dir": str(tmp_path), "benchmark": bench}
+    tuned = resolve_queries(RunConfig.model_validate({**base, "evaluation": {"set": "validation"}}))
+    final = resolve_queries(RunConfig.model_validate(base))
+    assert [q.query_id for q in tuned.train] == [q.query_id for q in final.train]
+    assert [q.query_id for q in tuned.validation] == [q.query_id for q in final.validation]
+    train, val, held = final.train, final.validation, final.eval
+    assert len(train) + len(val) + len(held) == 256 and len(val) >= 30
+    for kind in ("instruction", "tests", "solution"):
+        assert not _keys(train, kind) & _keys(val, kind), kind
+        assert not _keys(val, kind) & _keys(held, kind), kind
+        assert not _keys(train, kind) & _keys(held, kind), kind
+    assert {kind_of(q) for q in val} == {kind_of(q) for q in train}  # every template on every side
+    with pytest.raises(ValueError, match="evaluation.set is 'validation' but benchmark.validation_fraction"):
+        resolve_queries(RunConfig.model_validate({"cache_dir": str(tmp_path), "benchmark": {
+            "num_queries": 64, "eval_fraction": 0.25}, "evaluation": {"set": "validation"}}))

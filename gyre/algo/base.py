@@ -15,6 +15,10 @@ import torch
 class Algorithm(Protocol):
     name: str
 
+    def advantages(self, scores: dict[str, float | None]) -> dict[str, float]:
+        """One group's per-execution advantages from its scores (None: the evaluation failed; no entry)."""
+        ...
+
     def loss(
         self,
         logp_BT: torch.Tensor,

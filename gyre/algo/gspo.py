@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gyre.algo.advantages import group_advantages
+
 
 @dataclass(frozen=True)
 class GSPO:
@@ -33,6 +35,8 @@ class GSPO:
     seq_clip_low: float = 0.995
     seq_clip_high: float = 1.005
     name: str = "gspo"
+    normalize_std: bool = True
+    """Group-relative advantages divided by the group's standard deviation (`advantages`)."""
 
     def __post_init__(self) -> None:
         if self.token_ratio_cap <= 1.0:
@@ -41,6 +45,10 @@ class GSPO:
             raise ValueError(
                 f"sequence clip range must contain 1, got [{self.seq_clip_low}, {self.seq_clip_high}]"
             )
+
+    def advantages(self, scores: dict[str, float | None]) -> dict[str, float]:
+        """One group's advantages (execution id -> A_i), `gyre.algo.advantages`."""
+        return group_advantages(scores, normalize_std=self.normalize_std)
 
     def loss(self, logp_BT, behaviour_logp_BT, mask_BT, weight_BT, advantage_S, segment_BT=None):
         """Scalar loss and stats. Trajectory i's tokens are those with `segment_BT == i`

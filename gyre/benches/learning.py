@@ -135,7 +135,7 @@ def run_arm(config: dict, run_dir: Path, arm: str, seed: int, timeout_s: float) 
     if done.returncode != 0:
         raise RuntimeError(f"{arm} seed {seed}: gyre run exited {done.returncode}; see {run_dir / 'gyre-run.log'}")
     start, end, tokens, curve = read_run(run_dir / "run" / "gyre.duckdb")
-    result = ArmRun(arm, seed, start, end, tokens, int(config["model"]["warmstart"]["steps"]),
+    result = ArmRun(arm, seed, start, end, tokens, int(config["model"].get("warmstart", {}).get("steps") or 0),
                     time.monotonic() - started, str(run_dir / "run"), curve)
     done_file.write_text(json.dumps({"config": config, "run": asdict(result)}, indent=2) + "\n", encoding="utf-8")
     return result

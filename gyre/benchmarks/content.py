@@ -90,7 +90,12 @@ def content_groups(queries: Iterable[Query]) -> list[list[Query]]:
 
 def kind_of(query: Query) -> str | None:
     """The `tiny` template of a query (`q0007-add` -> `add`), None for other benchmarks' ids."""
-    match = re.fullmatch(r"q\d{4}-([a-z_]+)", query.query_id)
+    return kind_of_id(query.query_id)
+
+
+def kind_of_id(query_id: str) -> str | None:
+    """The `tiny` template a query id names (`q0007-add` -> `add`), None for other benchmarks' ids."""
+    match = re.fullmatch(r"q\d{4}-([a-z_]+)", query_id)
     return match.group(1) if match else None
 
 

@@ -62,8 +62,9 @@ def tiny_reference(query) -> tuple[str, str]:
     return files[0].name, files[0].read_text(encoding="utf-8")
 
 
-def generate_tiny(out: Path, num_queries: int = 64, seed: int = 0) -> Path:
-    """Write the tiny set to `out` (NL2RepoBench layout) and return `out`.
+def generate_tiny(out: Path, num_queries: int = 64, seed: int = 0, module: str | None = None) -> Path:
+    """Write the tiny set to `out` (NL2RepoBench layout) and return `out`. `module`: every query asks for
+    `<module>.py` (recorded in the manifest; a single-file agent's default file), else a module per query.
 
     If `out` already holds the set for the same (seed, num_queries) it is returned
     unchanged; if it holds the same set written by an older FORMAT_VERSION, and nothing
@@ -72,7 +73,10 @@ def generate_tiny(out: Path, num_queries: int = 64, seed: int = 0) -> Path:
     if num_queries < 1:
         raise ValueError(f"num_queries must be >= 1, got {num_queries}")
     out = Path(out)
-    manifest = {"format_version": FORMAT_VERSION, "generator": __name__, "num_queries": num_queries, "seed": seed}
+    if module is not None and not re.fullmatch(r"[a-z_][a-z0-9_]*", module):
+        raise ValueError(f"module must be a lower-case Python module name, got {module!r}")
+    manifest = {"format_version": FORMAT_VERSION, "generator": __name__, "num_queries": num_queries, "seed": seed,
+                **({"module": module} if module else {})}
     outdated = False
     if out.exists():
         found = _read_manifest(out)
@@ -84,7 +88,7 @@ def generate_tiny(out: Path, num_queries: int = 64, seed: int = 0) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         for index in range(num_queries):
-            task = tiny_task(seed, index)
+            task = tiny_task(seed, index, module)
             _write_query(tmp / f"q{index:04d}-{task.kind}", task)
         _write(tmp / "README.md", _readme(num_queries, seed))
         _write(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True) + "\n")

@@ -198,8 +198,10 @@ TEMPLATES: tuple[Callable[[random.Random, str], TinyTask], ...] = (
 )
 
 
-def tiny_task(seed: int, index: int) -> TinyTask:
-    """Query `index` of the set generated with `seed`; independent of the set's size."""
+def tiny_task(seed: int, index: int, module: str | None = None) -> TinyTask:
+    """Query `index` of the set generated with `seed`; independent of the set's size. `module`: every
+    query's module has this name (e.g. `solution`) instead of one drawn per query; nothing else changes."""
     rng = random.Random(f"gyre-tiny:{seed}:{index}")
     template = TEMPLATES[(seed + index) % len(TEMPLATES)]
-    return template(rng, rng.choice(_MODULES))
+    drawn = rng.choice(_MODULES)  # drawn either way: the rest of the query is the same with or without `module`
+    return template(rng, module or drawn)

@@ -251,29 +251,44 @@ def bench_eval_overhead(
 @bench_app.command("learning")
 def bench_learning(
     config: Path = typer.Option(Path("configs/tiny-cpu.yaml"), "--config", "-c",
-                                help="Base run config (needs a warm start)."),
+                                help="Base run config: with a warm start (the tiny model) or a real model as it is."),
     seeds: str = typer.Option("0,1,2", help="Comma-separated seeds; every arm runs once per seed."),
     steps: int | None = typer.Option(None, min=0, help="RL steps per run (default: the config's)."),
     out: Path | None = typer.Option(None, help="Directory for the runs (default: runs/learning-<time>); "
                                     "runs finished there before with the same config are read back."),
-    arms: str = typer.Option("clean-rl,flawed-rl,clean-sft", help="Comma-separated arms to run."),
+    arms: str | None = typer.Option(None, help="Comma-separated arms (default: all): clean-rl, flawed-rl, "
+                                    "clean-sft with a warm start; base, rl, rft for a real model."),
+    eval_set: str = typer.Option("held_out", "--eval-set", help="Real model: the set the eval rounds sample, "
+                                 "held_out (what the bench reports) or validation (what knobs are chosen on)."),
     as_json: bool = JSON,
 ) -> None:
-    """Held-out pass rate per arm (clean warm start + RL, flawed warm start + RL, clean warm start
-    trained longer by RL's tokens), start and end, mean and spread over seeds (gyre/benches/learning.py)."""
-    from gyre.benches.learning import run
+    """Held-out pass rate per arm, start and end, mean and spread over seeds. A warm-started config: clean
+    warm start + RL, flawed warm start + RL, clean warm start trained longer by RL's tokens
+    (gyre/benches/learning.py). A real model as it is: RL, rejection-sampling fine-tuning from the same
+    rollouts, the base model; pass@1 (gyre/benches/learning_real.py)."""
+    from gyre.benches.learning import ARMS, run
+    from gyre.benches.learning_real import REAL_ARMS, is_real_model_config, load_base, run_real
 
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
         _fail(ValueError(f"--seeds must be comma-separated integers, got {seeds!r}"))
+    if eval_set not in ("held_out", "validation"):
+        _fail(ValueError(f"--eval-set must be held_out or validation, got {eval_set!r}"))
     out = _out_dir(out, "learning")
     try:
-        summary = run(config, out, seed_list, steps, arms=tuple(a.strip() for a in arms.split(",") if a.strip()))
+        base = load_base(config, steps)
+        real = is_real_model_config(base)
+        chosen = tuple(a.strip() for a in arms.split(",") if a.strip()) if arms else (REAL_ARMS if real else ARMS)
+        summary = (run_real(base, config, out, seed_list, 4 * 3600, chosen, eval_set) if real
+                   else run(config, out, seed_list, steps, arms=chosen))
     except INPUT_ERRORS as exc:
         _fail(exc)
     if as_json:
         _print_json(summary)
+        return
+    if real:
+        print_real(summary, out, seed_list)
         return
     table = Table(title=f"gyre bench learning: {out} (seeds {seed_list})")
     for col in ("arm", "held-out set", "start", "end", "gain (mean ± se)"):
@@ -292,6 +307,31 @@ def bench_learning(
         for name, s in rows.items():
             if s["mean"] is not None:
                 console.print(f"{split}: {name}: {s['mean']:+.3f} ± {s['se']:.3f} (n={s['n']})")
+    console.print(f"goal ({summary['goal']}): {'met' if summary['goal_met'] else 'NOT met'}; runs and "
+                  f"learning.json in {out}")
+
+
+def print_real(summary: dict, out: Path, seeds: list[int]) -> None:
+    """The real-model arms as a table: pass@1 at start and end, the gain, over seeds."""
+    table = Table(title=f"gyre bench learning: {out} (seeds {seeds}, {summary['eval_set']}, {summary['metric']})")
+    for col in ("arm", "start", "end", "gain (mean ± se)", "end pass@k", "wall s"):
+        table.add_column(col, justify="right")
+
+    def fmt(s) -> str:
+        return "n/a" if s is None or s["mean"] is None else f"{s['mean']:.3f} ± {s['se']:.3f}"
+
+    base = summary["arms"].get("base")
+    if base:
+        table.add_row("base", fmt(base["pass_at_1"]), "", "", f"{fmt(base['pass_at_k'])} (k={base['k']})", "")
+    for arm in ("rl", "rft"):
+        row = summary["arms"].get(arm)
+        if row:
+            table.add_row(arm, fmt(row["start"]), fmt(row["end"]), fmt(row["gain"]), fmt(row["end_pass_at_k"]),
+                          f"{row['wall_s']['mean']:.0f}")
+    console.print(table)
+    for name, s in summary["comparisons"].items():
+        if s["mean"] is not None:
+            console.print(f"{name}: {s['mean']:+.3f} ± {s['se']:.3f} (n={s['n']})")
     console.print(f"goal ({summary['goal']}): {'met' if summary['goal_met'] else 'NOT met'}; runs and "
                   f"learning.json in {out}")
 

@@ -57,6 +57,10 @@ def _stop_message(signum: int, run_dir: Path) -> str:
             f"sandboxes and engines closed){resume}")
 
 
+PRIMARY_SETS = ("in_distribution", "validation")
+"""The eval set a run's "eval" column and last line report: the in-distribution held-out set, or the validation
+set when the eval rounds sample it instead (`evaluation.set: validation`; the two never run together)."""
+
 class _WarmstartProgress:
     """Listener for the supervised warm start (runs once, then is cached)."""
 
@@ -95,7 +99,7 @@ class _RichProgress:
             self.progress.update(self.exec_task, description=f"eval before step {event.step}")
         elif event.kind == "execution_finished":
             self.progress.advance(self.exec_task)
-        elif event.kind == "eval_finished" and event.data.get("split", "in_distribution") == "in_distribution":
+        elif event.kind == "eval_finished" and event.data.get("split", "in_distribution") in PRIMARY_SETS:
             rate = event.data["pass_rate"]
             self.last_eval = "n/a" if rate is None else f"{rate:.3f}"
         elif event.kind == "step_finished":
@@ -155,7 +159,8 @@ def run(
         _print_steps(records, run_dir)
         _print_gspo_summary(records)
         if cfg.evaluation.every_steps:
-            console.print(f"eval pass rate after the last step: {last_eval}  (table `evals`)")
+            which = " (validation set)" if cfg.evaluation.set == "validation" else ""
+            console.print(f"eval pass rate after the last step{which}: {last_eval}  (table `evals`)")
             if gain is not None:
                 console.print(f"held-out eval pass rate, {gain.describe()}")
         console.print(f"results: {run_dir / 'gyre.duckdb'}  (gyre sql {run_dir} \"select * from steps\")",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gyre.algo.gspo import GSPO
+from gyre.algo import make_algorithm
 from gyre.cluster import grad_reduce
 from gyre.config.run import RunConfig
 from gyre.engines.base import TrainStats
@@ -38,8 +38,7 @@ class ReplicaHost:
         self.version: int | None = None  # the core's version whose weights the replica holds
         self.step: int | None = None  # the step whose gradients it holds
         self.held: list[int] = []  # micro-step ids accumulated into the gradients since the last clear
-        algo = self.config.algo
-        self.loss = GSPO(algo.token_ratio_cap, algo.seq_clip_low, algo.seq_clip_high).loss
+        self.loss = make_algorithm(self.config.algo).loss
         self._store = None
 
     def _replica(self):

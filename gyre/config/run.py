@@ -43,10 +43,19 @@ class BenchmarkConfig(Section):
     """Queries the `tiny` generator writes."""
     seed: int = 0
     """Seed of the `tiny` generator."""
+    tiny_module: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_]*$")
+    """`tiny`: every query asks for this one module (e.g. `solution`: `solution.py`), the file a single-file
+    agent writes by default (`harness.text_default_file`); None: a module name drawn per query. The queries
+    are otherwise the same."""
     eval_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Share of content groups held out for evaluation (in-distribution), never trained on. Queries
     sharing an instruction, hidden tests or a reference solution form one group and stay on one side
     (`gyre.benchmarks.content`), so no copy of a training query is held out."""
+    validation_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Share of the training side's content groups carved out as a validation set (after the held-out
+    sets are taken): never trained on, whatever `evaluation.set` says, so a run that tunes knobs on it
+    trains on exactly the queries the final run trains on. Choose knobs with `evaluation.set: validation`;
+    the held-out sets then stay unseen."""
     held_out_kinds: list[str] = Field(default_factory=list)
     """`tiny` templates never trained on (e.g. `[scale]`): their queries form a second held-out set,
     `generalisation`, evaluated beside the in-distribution one (`evals.split`)."""
@@ -91,9 +100,11 @@ class RolloutConfig(Section):
 
 
 class HarnessConfig(Section):
-    type: Literal["builtin", "claude-code", "mini-swe-agent", "command", "sleepy"] = "builtin"
+    type: Literal["builtin", "text", "claude-code", "mini-swe-agent", "command", "sleepy"] = "builtin"
     """Harness that drives the model: `builtin` (gyre's reference agent, runs on the host and
-    acts through the sandbox), or one run inside the sandbox against the proxy: `claude-code`
+    acts through the sandbox with tool calls), `text` (the same on the host, for models without
+    tool calling: actions are fenced code blocks in plain replies, `gyre.harnesses.text_agent`), or one run
+    inside the sandbox against the proxy: `claude-code`
     (the `claude` CLI in print mode), `mini-swe-agent` (the `mini` CLI), `command` (`command`).
     `sleepy` is a systems-benchmark load, not an agent: real model calls spread over a wait
     drawn from a simulator workload (`sleepy_*`); it writes nothing to the workspace, which scores
@@ -102,6 +113,10 @@ class HarnessConfig(Section):
     """argv of the `command` harness; it gets the proxy URL/key and GYRE_INSTRUCTION in its env."""
     max_turns: int = Field(default=4, gt=0)
     """Model calls per execution before the harness stops."""
+    text_default_file: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*$")
+    """`text`: the file a code block that names none writes (a single-file task set: e.g. `solution.py` with
+    `benchmark.tiny_module: solution`); the task is followed by "answer with the complete code of the file in one
+    ```python block". None: only blocks that name their file write one."""
     harness_timeout_s: float = Field(default=300.0, gt=0)
     """Wall-clock budget of the harness; past it the agent is stopped, the execution ends as
     harness_timeout and its kept workspace is still scored."""
@@ -112,7 +127,7 @@ class HarnessConfig(Section):
     command_timeout_s: float = Field(default=20.0, gt=0)
     """Time limit of one shell command run by the agent."""
     max_tool_output_chars: int = Field(default=2000, gt=0)
-    """Tool output beyond this many characters is cut before it goes back to the model."""
+    """Tool output (`text`: a command's output) beyond this many characters is cut before it goes back to the model."""
     compaction_threshold_tokens: int | None = Field(default=None, gt=0)
     """`builtin`: when an agent's context (the last call's prompt + output tokens) reaches this, it
     asks the model for a summary and continues in a fresh context, as Claude Code does. None: never."""
@@ -223,6 +238,14 @@ class EvaluationConfig(Section):
     """Executions per eval query; the eval pass rate is the mean score over them (rollout temperature)."""
     max_queries: int | None = Field(default=None, gt=0)
     """Evaluate on at most this many held-out queries (the first by id); None: all."""
+    at_start: bool = True
+    """Evaluate the starting policy before step 0. False: another run already measured the same starting weights
+    (`gyre bench learning`'s rft arm starts where its rl arm does); a run of 0 steps still evaluates once."""
+    set: Literal["held_out", "validation"] = "held_out"
+    """Which queries the eval rounds sample: the held-out sets (`in_distribution`, and `generalisation`
+    when `benchmark.held_out_kinds` names templates), or the validation set carved from training
+    (`benchmark.validation_fraction`; recorded as `evals.split = validation`), which is what every
+    choice of knobs reads so the held-out sets measure the chosen ones only."""
 
 
 class MegatronConfig(Section):
@@ -249,6 +272,9 @@ class TrainConfig(Section):
     """Torch device of the train engine (`cpu`, `cuda`, `cuda:N`): the core's, and under
     `scheduler.runtime: ray` each training rank's, on the GPU its bundle holds
     (`scheduler.gpus_per_rank`). On CUDA the cells' gradient reduction runs over NCCL."""
+    trainable_layers: int | None = Field(default=None, gt=0)
+    """`torch` engine: train only the top N decoder layers and the final norm; the embedding, a head tied to it
+    and the layers below stay frozen, so the backward pass stops early (a real model on a CPU box). None: all."""
     lr: float = Field(default=1e-3, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(default=0.0, ge=0)
@@ -290,8 +316,10 @@ class TrajectoryConfig(Section):
 
 
 class AlgoConfig(Section):
-    name: Literal["gspo"] = "gspo"
-    """Objective. `gspo`: the GSPO variant of DESIGN.md."""
+    name: Literal["gspo", "rft"] = "gspo"
+    """Objective. `gspo`: the GSPO variant of DESIGN.md. `rft`: rejection-sampling fine-tuning, the supervised
+    baseline RL must beat: the NLL of each step's solved samples (`gyre.algo.rft`; the ratio and clip fields
+    and `normalize_std` do not apply)."""
     token_ratio_cap: float = Field(default=5.0, gt=1.0)
     """Cap on the per-token importance ratio trainer/behaviour."""
     seq_clip_low: float = Field(default=0.995, gt=0, le=1)
@@ -300,6 +328,8 @@ class AlgoConfig(Section):
     """Upper clip of the sequence-level ratio."""
     normalize_std: bool = True
     """Divide group-relative advantages by the group's standard deviation."""
+    rft_solved_score: float = Field(default=1.0, gt=0.0, le=1.0)
+    """`rft`: the score at which a sample counts as solved and is trained on (1.0: every hidden test passed)."""
 
 
 class MetricsConfig(Section):

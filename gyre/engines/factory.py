@@ -26,7 +26,10 @@ def train_engine(config: RunConfig, model_dir: Path, *, seed: int):
     if train.engine == "torch":
         from gyre.engines.torch.train import TorchTrainEngine
 
-        return TorchTrainEngine(model_dir, **kwargs)
+        return TorchTrainEngine(model_dir, trainable_layers=train.trainable_layers, **kwargs)
+    if train.trainable_layers is not None:
+        raise EngineConfigError("train.trainable_layers is a torch train engine setting; the megatron engine trains "
+                                "every layer")
     from importlib.util import find_spec
 
     if find_spec("megatron") is None or find_spec("megatron.core") is None:  # imported only in its backend module

@@ -39,7 +39,7 @@ from gyre.tasks.step import (
 )
 
 MAX_CONCURRENT_TASKS = 256
-EVAL_SPLITS = ("in_distribution", "generalisation")
+EVAL_SPLITS = ("in_distribution", "generalisation", "validation")
 
 
 def eval_round(coord: Coordinator, step: int, splits: tuple[str, ...] = EVAL_SPLITS) -> EvalRecord:
@@ -50,7 +50,8 @@ def eval_round(coord: Coordinator, step: int, splits: tuple[str, ...] = EVAL_SPL
     started_at = utc_now()
     samples = coord.config.evaluation.samples_per_query
     sets = [(name, qs) for name, qs in (("in_distribution", coord.eval_queries),
-                                         ("generalisation", coord.generalisation_queries)) if qs and name in splits]
+                                         ("generalisation", coord.generalisation_queries),
+                                         ("validation", coord.validation_queries)) if qs and name in splits]
     records = {name: found for name, _ in sets if (found := coord.recorded_eval(step, name)) is not None}
     sets = [(name, qs) for name, qs in sets if name not in records]
     if sets:

@@ -1,4 +1,4 @@
-"""Harnesses: agents that drive the model through the proxy (builtin, claude-code, mini-swe-agent, command),
+"""Harnesses: agents that drive the model through the proxy (builtin, text, claude-code, mini-swe-agent, command),
 and `sleepy`, a benchmark load that waits out simulated durations between real calls.
 
 `make_harness(config)` builds the one a run's `harness` config names, so the coordinator
@@ -26,6 +26,11 @@ def make_harness(config: HarnessConfig, durations: Durations | None = None) -> H
             max_sub_agents=config.max_sub_agents,
             sub_agent_max_turns=config.sub_agent_max_turns,
         )
+    if config.type == "text":
+        from gyre.harnesses.text_agent import TextHarness
+
+        return TextHarness(max_turns=config.max_turns, command_timeout_s=config.command_timeout_s,
+                           max_output_chars=config.max_tool_output_chars, default_file=config.text_default_file)
     if config.type == "claude-code":
         from gyre.harnesses.claude_code import ClaudeCodeHarness
 

@@ -20,8 +20,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from gyre.algo.advantages import group_advantages
-from gyre.algo.gspo import GSPO, diagnostics
+from gyre.algo import make_algorithm
+from gyre.algo.gspo import diagnostics
 from gyre.benchmarks import task_spec
 from gyre.config.run import RunConfig, dump_config
 from gyre.engines.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
@@ -86,8 +86,11 @@ class Coordinator:
         check_devices(config)  # before anything is opened or recorded
         self.queries = split.train
         limit = config.evaluation.max_queries
-        self.eval_queries = sorted(split.eval, key=lambda q: q.query_id)[:limit]
-        self.generalisation_queries = sorted(split.generalisation, key=lambda q: q.query_id)[:limit]
+        on_validation = config.evaluation.set == "validation"  # then the held-out sets are never sampled
+        self.eval_queries = [] if on_validation else sorted(split.eval, key=lambda q: q.query_id)[:limit]
+        self.generalisation_queries = [] if on_validation else sorted(split.generalisation,
+                                                                      key=lambda q: q.query_id)[:limit]
+        self.validation_queries = sorted(split.validation, key=lambda q: q.query_id)[:limit] if on_validation else []
         self.store = RunStore(self.run_dir / "gyre.duckdb")
         dump_config(config, self.run_dir / "config.yaml")
         self.store.append(
@@ -99,7 +102,7 @@ class Coordinator:
         self.tokenizer = load_tokenizer(self.model_dir)
         self.rollout = rollout_engine(config, self.model_dir, 0, f"{config.rollout.engine}-0", seed=config.seed)
         self.trainer = train_engine(config, self.model_dir, seed=config.seed)  # train.engine: torch | megatron
-        self.algorithm = GSPO(config.algo.token_ratio_cap, config.algo.seq_clip_low, config.algo.seq_clip_high)
+        self.algorithm = make_algorithm(config.algo)
         self.transport = FileSnapshotTransport(self.run_dir / "snapshots")
         self.call_log = CallLog(self.store, run_id=self.run_id)  # every call on disk within a second of being made
         self.sessions = SessionRegistry(sink=self.call_log.put)
@@ -151,6 +154,8 @@ class Coordinator:
     def eval_due(self, step: int, total_steps: int) -> bool:
         """Evaluate before `step` (and after the last one, when `step` == `total_steps`)?"""
         every = self.config.evaluation.every_steps
+        if step == 0 and total_steps > 0 and not self.config.evaluation.at_start:
+            return False
         return every > 0 and (step % every == 0 or step == total_steps)
 
     def run_execution(
@@ -243,7 +248,7 @@ class Coordinator:
             by_query.setdefault(res.query.query_id, {})[res.execution.execution_id] = score.score
         advantages: dict[str, float] = {}
         for group in by_query.values():
-            advantages.update(group_advantages(group, normalize_std=self.config.algo.normalize_std))
+            advantages.update(self.algorithm.advantages(group))
         sequences = self.trajectories(step, results, advantages, self.trainer.pair_cost).sequences
         fields, staleness = self.batch_fields(results, scores, self.policy_version)
         record = dict(step=step, eval_pass_rate=eval_pass_rate, started_at=started_at, **fields)

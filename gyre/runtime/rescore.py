@@ -131,9 +131,11 @@ class Rerun:
         self.run_dir = run_dir
         self.config = config
         split = resolve_queries(config)
-        self.queries = {q.query_id: q for q in [*split.train, *split.demonstrated, *split.eval, *split.generalisation]}
+        self.queries = {q.query_id: q for q in [*split.train, *split.demonstrated, *split.eval, *split.generalisation,
+                                                *split.validation]}
         self.split_ids = {"in_distribution": {q.query_id for q in split.eval},
-                          "generalisation": {q.query_id for q in split.generalisation}}
+                          "generalisation": {q.query_id for q in split.generalisation},
+                          "validation": {q.query_id for q in split.validation}}
         self.evaluator = RunEvaluator.from_config(config, Isolation.detect(config.sandbox.isolation))
         self.store = store
         self._owns_store = owns_store

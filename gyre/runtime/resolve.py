@@ -56,6 +56,9 @@ class QuerySplit:
     """In-distribution held-out queries (content never trained on, templates trained on)."""
     generalisation: list[Query] = field(default_factory=list)
     """Queries of templates never trained on (`benchmark.held_out_kinds`)."""
+    validation: list[Query] = field(default_factory=list)
+    """Carved from the training side by content (`benchmark.validation_fraction`), never trained on:
+    what knobs are chosen on."""
     demonstrated: list[Query] = field(default_factory=list)
     """Training queries whose demonstrations the warm start sees, when RL trains on others
     (`model.warmstart.demonstrated_fraction` < 1); empty: the warm start sees `train`."""
@@ -73,9 +76,9 @@ def resolve_queries(config: RunConfig) -> QuerySplit:
     bench = config.benchmark
     root = bench.path
     if bench.kind == "tiny" and root is None:
-        root = generate_tiny(
-            config.cache_dir / "benchmarks" / f"tiny-s{bench.seed}-n{bench.num_queries}", bench.num_queries, bench.seed
-        )
+        suffix = f"-m{bench.tiny_module}" if bench.tiny_module else ""
+        root = generate_tiny(config.cache_dir / "benchmarks" / f"tiny-s{bench.seed}-n{bench.num_queries}{suffix}",
+                             bench.num_queries, bench.seed, bench.tiny_module)
     if root is None:
         raise ValueError(f"benchmark.path is required for benchmark kind {bench.kind!r}")
     kind = "nl2repo" if bench.kind == "tiny" else bench.kind
@@ -94,6 +97,15 @@ def resolve_queries(config: RunConfig) -> QuerySplit:
                          f"that kind (kinds there: {sorted(k for k in kinds if k)})")
     content = split_by_content(queries, bench.eval_fraction, bench.held_out_kinds)
     split = QuerySplit(train=content.train, eval=content.eval, generalisation=content.generalisation)
+    if bench.validation_fraction:
+        carved = split_by_content(split.train, bench.validation_fraction)
+        if not carved.eval:
+            raise ValueError(f"benchmark.validation_fraction {bench.validation_fraction} carves no validation query "
+                             f"out of the {len(split.train)} training queries of the benchmark at {root}")
+        split = QuerySplit(train=carved.train, eval=split.eval, generalisation=split.generalisation,
+                           validation=carved.eval)
+    if config.evaluation.set == "validation" and not split.validation:
+        raise ValueError("evaluation.set is 'validation' but benchmark.validation_fraction carves no validation set")
     if not split.train:
         raise ValueError(f"the split of the benchmark at {root} leaves no training queries "
                          f"(eval_fraction {bench.eval_fraction}, held_out_kinds {bench.held_out_kinds})")
@@ -104,13 +116,13 @@ def resolve_queries(config: RunConfig) -> QuerySplit:
             raise ValueError(f"model.warmstart.demonstrated_fraction {warm.demonstrated_fraction} leaves RL no "
                              f"training query of the {len(split.train)} (every content group demonstrated)")
         split = QuerySplit(train=parts.eval, eval=split.eval, generalisation=split.generalisation,
-                           demonstrated=parts.train, training_side=split.train)
+                           validation=split.validation, demonstrated=parts.train, training_side=split.train)
     if config.rollout.queries_per_step > len(split.train):
         raise ValueError(
             f"rollout.queries_per_step={config.rollout.queries_per_step} exceeds the "
             f"{len(split.train)} training queries of the benchmark at {root}"
         )
-    if config.evaluation.every_steps and not (split.eval or split.generalisation):
+    if config.evaluation.every_steps and not (split.eval or split.generalisation or split.validation):
         raise ValueError("evaluation.every_steps is set but benchmark.eval_fraction leaves no eval queries")
     return split
 
@@ -185,8 +197,29 @@ def preflight(config: RunConfig) -> tuple[Path, QuerySplit]:
     conversion, the warm start)."""
     split = check_inputs(config)
     model_dir = resolve_model_dir(config, split)
-    load_tokenizer(model_dir)
+    check_answer_budget(config, split, load_tokenizer(model_dir))
     return model_dir, split
+
+
+def check_answer_budget(config: RunConfig, split: QuerySplit, tokenizer) -> None:
+    """When one model call cannot hold a query's reference solution (a benchmark that ships one, `tiny`'s
+    `reference/`), every execution of it is cut before its answer ends, whatever the policy learns. The `text`
+    harness writes a file as one call's fenced block: there that is a ValueError, before any step. Other
+    harnesses get a warning: systems configs run deliberately short budgets (`tiny-cpu-sleepy.yaml`, tests)."""
+    budget = config.rollout.max_new_tokens
+    for query in [*split.train, *split.eval, *split.generalisation, *split.validation]:
+        if not (query.root / "reference").is_dir():
+            continue
+        name, text = tiny_reference(query)
+        needed = len(tokenizer.encode(f"{name}\n```python\n{text}```\n", add_special_tokens=False))
+        if needed <= budget:
+            continue
+        problem = (f"rollout.max_new_tokens {budget} cannot fit the reference solution of {query.query_id} "
+                   f"({name} in a fenced block: {needed} tokens with this model's tokenizer)")
+        if config.harness.type == "text":
+            raise ValueError(problem + "; raise it")
+        _warn_once(problem + ": its executions end cut short")
+        return
 
 
 def warn_unscorable(queries: list[Query], config: RunConfig) -> list[tuple[str, list[str]]]:

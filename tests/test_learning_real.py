@@ -78,3 +78,38 @@ def test_the_summary_compares_rl_with_the_base_model_and_with_rft_per_seed():
     for seed in range(3):  # rft ending above rl: the goal is not met, whatever rl gained
         rounds[("rft", seed)] = [_round(0.35, 0.6)]
     assert not summarise_real(runs, rounds, "held_out")["goal_met"]
+
+
+def test_step_diagnostics_read_gspo_s_columns_and_the_share_of_groups_that_cannot_train(tmp_path):
+    from gyre.benches.learning_real import step_diagnostics
+
+    now = datetime.now(timezone.utc)
+    store = RunStore(tmp_path / "gyre.duckdb")
+    store.append("steps", [{"step": 0, "policy_version": 1, "reward_mean": 0.25, "sampled_entropy": 0.5,
+                            "mean_response_tokens": 90.0, "started_at": now, "finished_at": now}])
+    store.append("executions", [
+        {"execution_id": f"s0000-{qid}-g{i:02d}", "step": 0, "query_id": qid, "purpose": "train", "status": "completed",
+         "eval_status": "ok", "score": score, "started_at": now, "finished_at": now}
+        for qid, scores in {"q0001-add": [0.0, 0.0], "q0002-add": [1.0, 0.0]}.items()
+        for i, score in enumerate(scores)])
+    store.close()
+    (row,) = step_diagnostics(tmp_path / "gyre.duckdb")
+    assert row["reward_mean"] == 0.25 and row["sampled_entropy"] == 0.5 and row["zero_variance_groups"] == 0.5
+
+
+def test_the_cli_gives_a_real_model_config_its_arms_and_refuses_bad_input_before_any_run(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from gyre.cli.main import app
+
+    config = tmp_path / "real.yaml"
+    config.write_text(yaml.safe_dump(BASE), encoding="utf-8")
+    out = tmp_path / "out"
+    refused = CliRunner().invoke(app, ["bench", "learning", "-c", str(config), "--arms", "rft", "--out", str(out)])
+    assert refused.exit_code == 2 and "run rl too" in " ".join(refused.output.split())
+    wrong = CliRunner().invoke(app, ["bench", "learning", "-c", str(config), "--arms", "clean-rl", "--out", str(out)])
+    assert wrong.exit_code == 2 and "arms of a real-model config: base, rl, rft" in " ".join(wrong.output.split())
+    bad_set = CliRunner().invoke(app, ["bench", "learning", "-c", str(config), "--eval-set", "test"])
+    assert bad_set.exit_code == 2 and "--eval-set must be held_out or validation" in " ".join(bad_set.output.split())
+    assert not (out / "rl-s0").exists()

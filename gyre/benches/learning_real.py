@@ -64,6 +64,24 @@ def pass_curve(db: Path) -> tuple[list[tuple[int, float]], list[dict]]:
     return [(r.step, r.pass_at_1) for r in rounds], [r.as_dict() for r in rounds]
 
 
+DIAGNOSTICS = ("reward_mean", "sampled_entropy", "mean_response_tokens", "clip_low_frac", "clip_high_frac",
+               "token_cap_frac", "logprob_abs_diff", "grad_norm")
+"""GSPO's per-step diagnostics read from a run's `steps` table (`gyre.algo.gspo.diagnostics`)."""
+
+
+def step_diagnostics(db: Path) -> list[dict]:
+    """Per step: GSPO's diagnostics and the share of groups whose rewards did not vary (they train nothing)."""
+    with duckdb.connect(str(db), read_only=True) as con:
+        cols = ", ".join(DIAGNOSTICS)
+        steps = con.execute(f"select step, {cols} from steps order by step, finished_at").fetchall()
+        flat = dict(con.execute(
+            "select step, avg(case when spread = 0 then 1.0 else 0.0 end) from ("
+            "  select step, query_id, max(score) - min(score) as spread from executions"
+            "  where purpose = 'train' and eval_status = 'ok' group by step, query_id) group by step").fetchall())
+    return [{"step": int(step), **dict(zip(DIAGNOSTICS, values)), "zero_variance_groups": flat.get(step)}
+            for step, *values in steps]
+
+
 def summarise_real(runs: dict[tuple[str, int], ArmRun], rounds: dict[tuple[str, int], list[dict]],
                    eval_set: str) -> dict:
     """Per arm: start, end and gain of pass@1 over seeds; the comparisons the goal reads."""
@@ -98,17 +116,23 @@ def summarise_real(runs: dict[tuple[str, int], ArmRun], rounds: dict[tuple[str, 
             "runs": [{**asdict(r), "rounds": rounds.get(key, [])} for key, r in sorted(runs.items())]}
 
 
-def run_real(base: dict, config_path: Path, out: Path, seeds: list[int], timeout_s: float,
-             arms: tuple[str, ...] = REAL_ARMS, eval_set: str = "held_out") -> dict:
-    """`arms` x `seeds` from the real-model config dict `base`; the summary (also `out/learning.json`)."""
+def check_real_arms(arms: tuple[str, ...]) -> None:
+    """ValueError naming what is wrong with the arms asked of a real-model config."""
     unknown = sorted(set(arms) - set(REAL_ARMS))
     if unknown or not arms:
         raise ValueError(f"unknown arms {unknown}; arms of a real-model config: {', '.join(REAL_ARMS)}"
                          if unknown else "no arm to run")
     if "rl" not in arms:
         raise ValueError("the base arm is rl's first eval round and rft's start: run rl too")
+
+
+def run_real(base: dict, config_path: Path, out: Path, seeds: list[int], timeout_s: float,
+             arms: tuple[str, ...] = REAL_ARMS, eval_set: str = "held_out") -> dict:
+    """`arms` x `seeds` from the real-model config dict `base`; the summary (also `out/learning.json`)."""
+    check_real_arms(arms)
     runs: dict[tuple[str, int], ArmRun] = {}
     rounds: dict[tuple[str, int], list[dict]] = {}
+    steps: dict[tuple[str, int], list[dict]] = {}
     for seed in seeds:
         for arm in ("rl", "rft"):
             if arm not in arms:
@@ -117,7 +141,10 @@ def run_real(base: dict, config_path: Path, out: Path, seeds: list[int], timeout
             curve, rounds[(arm, seed)] = pass_curve(Path(result.run_dir) / "gyre.duckdb")
             result.curve = {eval_set: curve}
             runs[(arm, seed)] = result
+            steps[(arm, seed)] = step_diagnostics(Path(result.run_dir) / "gyre.duckdb")
     summary = summarise_real(runs, rounds, eval_set)
+    for run in summary["runs"]:
+        run["steps"] = steps.get((run["arm"], run["seed"]), [])
     summary["budget"] = {"config": str(config_path), "steps": base.get("steps"), "seeds": seeds, "arms": list(arms),
                          "rollouts_per_run": (base.get("steps") or 0) * (base.get("rollout") or {}).get(
                              "queries_per_step", 2) * (base.get("rollout") or {}).get("group_size", 16)}

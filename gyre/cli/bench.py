@@ -267,7 +267,7 @@ def bench_learning(
     (gyre/benches/learning.py). A real model as it is: RL, rejection-sampling fine-tuning from the same
     rollouts, the base model; pass@1 (gyre/benches/learning_real.py)."""
     from gyre.benches.learning import ARMS, run
-    from gyre.benches.learning_real import REAL_ARMS, is_real_model_config, load_base, run_real
+    from gyre.benches.learning_real import REAL_ARMS, check_real_arms, is_real_model_config, load_base, run_real
 
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
@@ -280,6 +280,11 @@ def bench_learning(
         base = load_base(config, steps)
         real = is_real_model_config(base)
         chosen = tuple(a.strip() for a in arms.split(",") if a.strip()) if arms else (REAL_ARMS if real else ARMS)
+        if real:
+            try:
+                check_real_arms(chosen)
+            except ValueError as exc:  # bad --arms: said before any run
+                _fail(exc)
         summary = (run_real(base, config, out, seed_list, 4 * 3600, chosen, eval_set) if real
                    else run(config, out, seed_list, steps, arms=chosen))
     except INPUT_ERRORS as exc:

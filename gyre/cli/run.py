@@ -149,7 +149,7 @@ def run(
     total = steps or cfg.steps
     records, last_eval, failed = _run_flow(config, run_dir, total, resume, out)
     gain = None
-    if cfg.evaluation.every_steps and total:
+    if cfg.evaluation.every_steps and total and cfg.evaluation.set == "held_out":  # the held-out curve's gain
         from gyre.report.learning_curve import quarter_gain, read_eval_rounds
 
         gain = quarter_gain(read_eval_rounds(run_dir / "gyre.duckdb"), total)

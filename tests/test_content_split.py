@@ -140,6 +140,9 @@ def test_a_validation_set_is_carved_from_training_by_content_and_never_trained_o
         assert not _keys(val, kind) & _keys(held, kind), kind
         assert not _keys(train, kind) & _keys(held, kind), kind
     assert {kind_of(q) for q in val} == {kind_of(q) for q in train}  # every template on every side
+    with pytest.raises(ValueError, match="benchmark.eval_fraction leaves no eval queries"):  # held out: none there
+        resolve_queries(RunConfig.model_validate({"cache_dir": str(tmp_path), "benchmark": {
+            "num_queries": 64, "validation_fraction": 0.25}, "evaluation": {"every_steps": 1}}))
     with pytest.raises(ValueError, match="evaluation.set is 'validation' but benchmark.validation_fraction"):
         resolve_queries(RunConfig.model_validate({"cache_dir": str(tmp_path), "benchmark": {
             "num_queries": 64, "eval_fraction": 0.25}, "evaluation": {"set": "validation"}}))

@@ -122,7 +122,7 @@ def resolve_queries(config: RunConfig) -> QuerySplit:
             f"rollout.queries_per_step={config.rollout.queries_per_step} exceeds the "
             f"{len(split.train)} training queries of the benchmark at {root}"
         )
-    if config.evaluation.every_steps and not (split.eval or split.generalisation or split.validation):
+    if config.evaluation.every_steps and config.evaluation.set == "held_out" and not (split.eval or split.generalisation):
         raise ValueError("evaluation.every_steps is set but benchmark.eval_fraction leaves no eval queries")
     return split
 

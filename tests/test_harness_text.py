@@ -114,17 +114,21 @@ def test_a_write_outside_the_workspace_is_an_error_for_the_model_and_turns_run_o
     assert "<returncode>3</returncode>" in tiny_tokenizer.decode(session.calls[2].prompt_ids)
 
 
-def test_a_text_harness_config_whose_answer_budget_cannot_hold_a_solution_is_refused_before_any_step(tmp_path):
+def test_a_text_harness_config_whose_answer_budget_cannot_hold_a_solution_is_refused_before_any_step(
+        tmp_path, tiny_model_dir, tiny_tokenizer):
     import pytest
 
     from gyre.config.run import RunConfig
-    from gyre.runtime.resolve import preflight
+    from gyre.runtime.resolve import check_answer_budget, resolve_queries
 
     config = RunConfig.model_validate({"cache_dir": str(tmp_path), "harness": {"type": "text"},
+                                       "model": {"path": str(tiny_model_dir)},
                                        "rollout": {"max_new_tokens": 8}, "benchmark": {"num_queries": 8}})
+    split = resolve_queries(config)
     with pytest.raises(ValueError, match=r"rollout.max_new_tokens 8 cannot fit the reference solution of q\d{4}-"):
-        preflight(config)
-    preflight(config.model_copy(update={"rollout": config.rollout.model_copy(update={"max_new_tokens": 96})}))
+        check_answer_budget(config, split, tiny_tokenizer)
+    roomy = config.model_copy(update={"rollout": config.rollout.model_copy(update={"max_new_tokens": 96})})
+    check_answer_budget(roomy, split, tiny_tokenizer)
 
 
 def test_the_format_follows_the_task_and_a_default_file_takes_the_reply_s_code(tmp_path, tiny_tokenizer):

@@ -12,6 +12,15 @@ from typing import Protocol
 import torch
 
 
+def segment_ids(mask_BT: torch.Tensor, segment_BT: torch.Tensor | None) -> torch.Tensor:
+    """Each token's trajectory, flattened (`[B*T]`): `segment_BT` (tokens outside a segment, -1, go to trajectory 0,
+    where the mask leaves them out), or row b for every token of row b in the plain layout (None)."""
+    if segment_BT is None:
+        rows, width = mask_BT.shape
+        segment_BT = torch.arange(rows, device=mask_BT.device).unsqueeze(-1).expand(rows, width)
+    return segment_BT.clamp(min=0).reshape(-1)
+
+
 class Algorithm(Protocol):
     name: str
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from gyre.algo.advantages import group_advantages
+from gyre.algo.base import segment_ids
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,7 @@ class GSPO:
         (None: row i is trajectory i, the plain layout); `advantage_S[i]` is its advantage.
         A tree-packed row holds several trajectories, so s_i is summed per segment, not per row."""
         mask = mask_BT.to(logp_BT.dtype)
-        if segment_BT is None:
-            rows, width = mask_BT.shape
-            segment_BT = torch.arange(rows, device=mask_BT.device).unsqueeze(-1).expand(rows, width)
-        segment_N = segment_BT.clamp(min=0).reshape(-1)  # tokens outside a segment are masked out
+        segment_N = segment_ids(mask_BT, segment_BT)
         num_segments = advantage_S.shape[0]
         log_ratio_BT = torch.clamp(logp_BT - behaviour_logp_BT, max=math.log(self.token_ratio_cap)) * mask
         zeros_S = torch.zeros(num_segments, dtype=logp_BT.dtype, device=logp_BT.device)

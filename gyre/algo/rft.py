@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gyre.algo.base import segment_ids
+
 
 def solved_weights(scores: dict[str, float | None], solved_score: float = 1.0) -> dict[str, float]:
     """Execution id -> 1.0 when its score reached `solved_score`, else 0.0; failed evaluations get none."""
@@ -33,15 +35,13 @@ class RFT:
     def loss(self, logp_BT, behaviour_logp_BT, mask_BT, weight_BT, advantage_S, segment_BT=None):
         """-sum_t w_t m_t keep_i log pi(t): the NLL of the solved trajectories' tokens (no ratio, no clip)."""
         mask = mask_BT.to(logp_BT.dtype)
-        if segment_BT is None:
-            rows, width = mask_BT.shape
-            segment_BT = torch.arange(rows, device=mask_BT.device).unsqueeze(-1).expand(rows, width)
-        keep_BT = advantage_S.to(logp_BT.dtype)[segment_BT.clamp(min=0).reshape(-1)].reshape(mask.shape)
+        segment_N = segment_ids(mask_BT, segment_BT)
+        keep_BT = advantage_S.to(logp_BT.dtype)[segment_N].reshape(mask.shape)
         loss = -(logp_BT * weight_BT * mask * keep_BT).sum()
         with torch.no_grad():
             kept = mask * keep_BT
             zeros_S = torch.zeros(advantage_S.shape[0], dtype=logp_BT.dtype, device=logp_BT.device)
-            tokens_S = zeros_S.index_add(0, segment_BT.clamp(min=0).reshape(-1), mask.reshape(-1))
+            tokens_S = zeros_S.index_add(0, segment_N, mask.reshape(-1))
             stats = {
                 "n_tokens": float(mask.sum()),
                 "n_seqs": float((tokens_S > 0).sum()),

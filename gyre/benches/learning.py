@@ -201,6 +201,16 @@ def summarise(runs: list[ArmRun]) -> dict:
             "runs": [asdict(r) for r in runs]}
 
 
+def load_base(config_path: Path, steps: int | None) -> dict:
+    """The base config as a plain dict: `steps` (when given) replacing the config's, the cache directory made
+    absolute so every arm's run, each in its own directory, shares one cache."""
+    base = yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}
+    if steps is not None:
+        base["steps"] = steps
+    base.setdefault("cache_dir", str(Path(".gyre-cache").resolve()))
+    return base
+
+
 def run(base_config: Path, out: Path, seeds: list[int], steps: int | None = None,
         timeout_s: float = 4 * 3600, arms: tuple[str, ...] = ARMS) -> dict:
     """`arms` x `seeds` from `base_config` (RL steps: `steps` or the config's); the summary.
@@ -211,10 +221,7 @@ def run(base_config: Path, out: Path, seeds: list[int], steps: int | None = None
         raise ValueError(f"unknown arms {unknown}; arms: {', '.join(ARMS)}" if unknown else "no arm to run")
     if "clean-sft" in arms and "clean-rl" not in arms:
         raise ValueError("the clean-sft arm trains by as many tokens as the same seed's clean-rl run: run clean-rl too")
-    base = yaml.safe_load(Path(base_config).read_text(encoding="utf-8")) or {}
-    if steps is not None:
-        base["steps"] = steps
-    base.setdefault("cache_dir", str(Path(".gyre-cache").resolve()))
+    base = load_base(base_config, steps)
     per_step = tokens_per_warmstart_step(arm_config(base, "clean-rl", seeds[0]))
     runs: list[ArmRun] = []
     for seed in seeds:

@@ -26,7 +26,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import duckdb
-import yaml
 
 from gyre.benches.learning import ArmRun, run_arm, stats
 from gyre.benches.pass_at_k import round_pass_at_k
@@ -152,10 +151,3 @@ def run_real(base: dict, config_path: Path, out: Path, seeds: list[int], timeout
     (out / "learning.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
 
-
-def load_base(config_path: Path, steps: int | None) -> dict:
-    base = yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}
-    if steps is not None:
-        base["steps"] = steps
-    base.setdefault("cache_dir", str(Path(".gyre-cache").resolve()))
-    return base

@@ -266,8 +266,8 @@ def bench_learning(
     warm start + RL, flawed warm start + RL, clean warm start trained longer by RL's tokens
     (gyre/benches/learning.py). A real model as it is: RL, rejection-sampling fine-tuning from the same
     rollouts, the base model; pass@1 (gyre/benches/learning_real.py)."""
-    from gyre.benches.learning import ARMS, run
-    from gyre.benches.learning_real import REAL_ARMS, check_real_arms, is_real_model_config, load_base, run_real
+    from gyre.benches.learning import ARMS, load_base, run
+    from gyre.benches.learning_real import REAL_ARMS, check_real_arms, is_real_model_config, run_real
 
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]

@@ -117,12 +117,11 @@ def block_path(block: Block) -> str | None:
     """The file a non-command block writes, or None when it names none."""
     words = block.info.split()
     for word in words[1:] if words and not is_path(words[0]) else words:
-        if is_path(word.strip(_DECORATION)):
-            return word.strip(_DECORATION)
-    first = block.body.split("\n", 1)[0]
-    comment = _COMMENT_PATH.match(first)
-    if comment and is_path(comment.group("path").strip(_DECORATION)):
-        return comment.group("path").strip(_DECORATION)
+        if is_path(named := word.strip(_DECORATION)):
+            return named
+    comment = _COMMENT_PATH.match(block.body.split("\n", 1)[0])
+    if comment and is_path(named := comment.group("path").strip(_DECORATION)):
+        return named
     return _path_before(block.line_before) if block.line_before else None
 
 

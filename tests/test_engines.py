@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import threading
+import time
 
 import pytest
 import torch
@@ -91,6 +92,43 @@ def test_behaviour_logprobs_match_a_full_forward(tiny_model_dir, tiny_tokenizer)
             logp = token_logprobs(model, ids, torch.ones_like(ids), temperature=0.8)[0, len(prompt):]
         assert torch.allclose(logp, torch.tensor(res.logprobs), atol=1e-4), (logp, res.logprobs)
         assert res.finish_reason == ("stop" if res.output_ids[-1] in stops else "length")
+
+
+def test_rows_that_finish_early_leave_the_batch_and_the_rest_decode_exactly(tiny_model_dir, tiny_tokenizer):
+    """One batch whose rows end at 1, 2, 3, 5, 9 and 30 tokens: the decode loop drops finished rows
+    (several times), and every row's tokens and behaviour log-probs are still a plain forward's; a
+    dropped row's prompt + answer is in the prefix cache for its next call."""
+    engine = TorchRolloutEngine(tiny_model_dir, seed=3)
+    budgets = [1, 2, 3, 5, 9, 30]
+    prompts = [_prompt(tiny_tokenizer, f"row {i} " + "y" * (3 * i)) for i in range(len(budgets))]
+    results = [None] * len(budgets)
+
+    def call(i):
+        results[i] = engine.generate(GenerationRequest(prompts[i], SamplingParams(0.9, budgets[i])))
+
+    engine.pause()  # queue every request, then let them run as one batch
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(budgets))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60  # the paused worker holds the first request, the queue the rest
+    while (engine._pending, engine._queue.qsize()) != (len(budgets), len(budgets) - 1):
+        assert time.monotonic() < deadline, "the requests never queued"
+        time.sleep(0.01)
+    engine.resume()
+    for t in threads:
+        t.join()
+    model = load_causal_lm(tiny_model_dir)
+    for prompt, budget, res in zip(prompts, budgets, results):
+        assert len(res.output_ids) == budget and res.finish_reason == "length"
+        ids = torch.tensor([prompt + res.output_ids])
+        with torch.no_grad():
+            logp = token_logprobs(model, ids, torch.ones_like(ids), temperature=0.9)[0, len(prompt):]
+        assert torch.allclose(logp, torch.tensor(res.logprobs), atol=1e-4), (budget, logp, res.logprobs)
+    cache = engine.prefix_cache
+    for prompt, res in zip(prompts, results):  # all but the last sampled token was fed through the model
+        known = prompt + res.output_ids[:-1]
+        assert cache.match(known + [5], len(known)).length == len(known)
+    engine.close()
 
 
 def test_greedy_is_deterministic_and_context_is_checked(tiny_model_dir, tiny_tokenizer):

@@ -10,7 +10,8 @@ laid out left-padded in one batch buffer once (`left_padded`), so a call copies 
 KV at most twice (once with a single row) however long it decodes.
 
 A buffer that fills up grows by doubling (one copy), so a wrong capacity costs time, not
-correctness.
+correctness. Rows whose requests have finished are dropped from a batch buffer
+(`batch_select_indices`, one copy), so a batch decodes only the rows still sampling.
 """
 
 from __future__ import annotations
@@ -62,10 +63,20 @@ class BufferLayer(DynamicLayer):
         self.length = 0
         self._keys = self._values = None
 
-    def _unsupported(self, *args, **kwargs) -> None:
-        raise NotImplementedError("a BufferLayer only grows (the rollout engine never crops, reorders or offloads)")
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only the batch rows `indices` (one copy of the buffers): the decode loop drops
+        rows that have finished, so the next steps compute only the rows still sampling."""
+        if self._keys is None:
+            return
+        self._keys = self._keys.index_select(0, indices)
+        self._values = self._values.index_select(0, indices)
+        self.keys, self.values = self._keys[:, :, : self.length], self._values[:, :, : self.length]
 
-    crop = batch_repeat_interleave = batch_select_indices = reorder_cache = offload = prefetch = _unsupported
+    def _unsupported(self, *args, **kwargs) -> None:
+        raise NotImplementedError("a BufferLayer only grows or drops rows (the rollout engine never crops, "
+                                  "reorders or offloads)")
+
+    crop = batch_repeat_interleave = reorder_cache = offload = prefetch = _unsupported
 
     def _grow(self, needed: int) -> None:
         self.capacity = max(needed, 2 * self.capacity)

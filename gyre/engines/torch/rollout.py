@@ -59,6 +59,10 @@ from gyre.engines.torch.sampling import BatchSampler, Rows
 PREFILL_CHUNK_TOKENS = 4096
 """Prompt tokens per prefill forward pass: bounds the attention's working memory on long prompts."""
 
+COMPACT_FRACTION = 0.75
+"""The decode loop drops finished rows from the batch once at most this share of its rows still
+samples (one copy of the batch's KV each time): a batch whose answers end early stops paying for them."""
+
 
 class TorchRolloutEngine:
     """Reference `RolloutEngine` for CPU boxes (and small GPU tests)."""
@@ -247,11 +251,23 @@ class TorchRolloutEngine:
         logits_BV = torch.stack([logits_V for _, logits_V in prefilled])
         del prefilled
         fed = 0  # decode steps whose tokens went through the model (their KV is in `past`)
-        while not rows.all_done():
+        live = list(range(num_rows))  # the request row of each batch row still in the batch
+        while True:
             tokens_B, token_logp_B = sampler.sample(logits_BV, self._generator)
-            rows.accept(tokens_B.tolist(), token_logp_B.tolist())
+            rows.accept(tokens_B.tolist(), token_logp_B.tolist(), live)
             if rows.all_done():
                 break
+            keep = [i for i, row in enumerate(live) if not rows.done[row]]
+            if len(keep) <= COMPACT_FRACTION * len(live):  # drop finished rows: later steps compute only the rest
+                for i, row in enumerate(live):
+                    if rows.done[row]:
+                        self._remember(requests[row], rows.outputs[row], past, i, width - lengths[row], width, fed)
+                index = torch.tensor(keep, dtype=torch.long, device=self.device)
+                past.batch_select_indices(index)
+                sampler.select(index)
+                tokens_B, attention_BL, next_pos_B = tokens_B[index], attention_BL[index], next_pos_B[index]
+                live = [live[i] for i in keep]
+                padded = bool((attention_BL[:, :width] == 0).any())
             out = self.model(
                 input_ids=tokens_B.unsqueeze(-1),
                 attention_mask=self._decode_mask(attention_BL[:, : width + fed + 1], padded),
@@ -263,12 +279,18 @@ class TorchRolloutEngine:
             fed += 1
             next_pos_B = next_pos_B + 1
             logits_BV = out.logits[:, -1, :].float()
-        if self.prefix_cache is not None:  # the next call of an execution extends prompt + answer
-            for row, req in enumerate(requests):
-                n = min(len(rows.outputs[row]), fed)
-                kv = row_kv(past, row, slice(width - lengths[row], width + n))
-                self.prefix_cache.insert(list(req.prompt_ids) + rows.outputs[row][:n], kv)
+        for i, row in enumerate(live):
+            self._remember(requests[row], rows.outputs[row], past, i, width - lengths[row], width, fed)
         return rows.results(self._result)
+
+    def _remember(self, request: GenerationRequest, output: list[int], past: Cache, index: int, start: int,
+                  width: int, fed: int) -> None:
+        """Put one batch row's prompt and sampled tokens (those whose KV was computed) into the
+        prefix cache: the next call of an execution extends prompt + answer."""
+        if self.prefix_cache is None:
+            return
+        n = min(len(output), fed)
+        self.prefix_cache.insert(list(request.prompt_ids) + output[:n], row_kv(past, index, slice(start, width + n)))
 
     def _prefill(self, prompt_ids: list[int], capacity: int) -> tuple[Cache, torch.Tensor]:
         """One prompt's KV (a one-row cache with room for `capacity` positions) and its last

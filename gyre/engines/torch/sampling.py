@@ -29,6 +29,13 @@ class BatchSampler:
             top_p_B, top_k_B, truncate_B = top_p_B.to(device), top_k_B.to(device), truncate_B.to(device)
         self.top_p_B, self.top_k_B, self.truncate_B = top_p_B, top_k_B, truncate_B
 
+    def select(self, indices: torch.Tensor) -> None:
+        """Keep only the batch rows `indices` (the decode loop drops finished rows)."""
+        self.temps_B1, self.greedy_B = self.temps_B1[indices.cpu()], self.greedy_B[indices.cpu()]
+        if self.truncating:
+            self.top_p_B, self.top_k_B, self.truncate_B = (
+                self.top_p_B[indices], self.top_k_B[indices], self.truncate_B[indices])
+
     def sample(self, logits_BV: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row and its behaviour log-prob."""
         scaled_BV = logits_BV / torch.where(self.greedy_B, 1.0, self.temps_B1[:, 0]).unsqueeze(-1)
@@ -59,19 +66,21 @@ class Rows:
     def all_done(self) -> bool:
         return all(self.done)
 
-    def accept(self, tokens: list[int], token_logps: list[float]) -> None:
-        """The step's token for each row still going (reported to its `on_token` as sampled)."""
-        for row, req in enumerate(self.requests):
+    def accept(self, tokens: list[int], token_logps: list[float], live: list[int] | None = None) -> None:
+        """The step's token for each row still going (reported to its `on_token` as sampled);
+        `live[i]` is the request row of the batch's i-th row (default: every row, in order)."""
+        for i, row in enumerate(live if live is not None else range(len(self.requests))):
+            req = self.requests[row]
             if self.done[row]:
                 continue
             if req.stop is not None and req.stop.is_set():
                 self.done[row], self.finish[row] = True, "abort"
                 continue
-            tok = tokens[row]
+            tok, logp = tokens[i], token_logps[i]
             self.outputs[row].append(tok)
-            self.logprobs[row].append(token_logps[row])
+            self.logprobs[row].append(logp)
             if req.on_token is not None:
-                req.on_token(tok, token_logps[row])
+                req.on_token(tok, logp)
             if tok in self.stops[row]:
                 self.done[row], self.finish[row] = True, "stop"
             elif len(self.outputs[row]) >= self.budgets[row]:

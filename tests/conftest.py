@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # Prefect reads its settings once, when first imported: set here, before any test imports it, the
@@ -11,9 +12,30 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # counting only its sleeps between probes, is too short on a 2-core box at load 10)
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from gyre.engines.models.tiny import TinyModelSpec, cached_tiny_model
+
+_PREFECT_SERVER = None
+"""The session's Prefect API server (`pytest_configure`), or None where PREFECT_API_URL named one."""
+
+
+def pytest_configure(config):
+    """One Prefect API server for the whole session, on 127.0.0.1 with its own database, named in
+    PREFECT_API_URL before any test imports Prefect: in-process flows and every `gyre run` a test
+    starts as a subprocess use it, as a user's runs use the server PREFECT_API_URL names, instead
+    of each starting its own (10-30 s a start on 2 cores). Tests of gyre's own server unset the
+    variable for their run. It is gyre's `PrefectServer`: a child that dies with this process."""
+    global _PREFECT_SERVER
+    if os.environ.get("PREFECT_API_URL") or hasattr(config, "workerinput"):
+        return
+    from gyre.flows.prefect_server import PrefectServer
+
+    home = Path(tempfile.mkdtemp(prefix="gyre-tests-prefect-"))
+    _PREFECT_SERVER = PrefectServer(home=home).start()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -75,6 +97,9 @@ def pytest_unconfigure(config):
     Python printed a "--- Logging error ---" traceback after the summary. Nothing Prefect logs
     after the session is a test's."""
     logging.getLogger("prefect").disabled = True
+    if _PREFECT_SERVER is not None:
+        _PREFECT_SERVER.stop()
+        shutil.rmtree(_PREFECT_SERVER.home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -60,9 +60,11 @@ def with_parent_death_signal(argv: list[str]) -> list[str]:
 class PrefectServer:
     """Prefect's API server as a child of this process that cannot outlive it."""
 
-    def __init__(self, startup_timeout_s: float | None = None) -> None:
+    def __init__(self, startup_timeout_s: float | None = None, home: Path | None = None) -> None:
         configured = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
         self.startup_timeout_s = startup_timeout_s or float(configured or STARTUP_TIMEOUT_S)
+        self.home = home
+        """The server's PREFECT_HOME (its database lives there); None: the caller's."""
         self.process: subprocess.Popen | None = None
         self.api_url = ""
 
@@ -83,6 +85,8 @@ class PrefectServer:
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
                "PREFECT__SERVER_FINAL": "1"}
         env.pop("PREFECT_API_URL", None)
+        if self.home is not None:
+            env["PREFECT_HOME"] = str(self.home)
         self._log = tempfile.TemporaryFile()  # read only if it fails to start; a pipe could fill and block it
         self.process = subprocess.Popen(with_parent_death_signal(argv), env=env, pass_fds=(sock.fileno(),),
                                         stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)

@@ -116,8 +116,17 @@ def _deployed(tmp_path: Path):
                 _stop(proc)
 
 
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """The server, pool, deployment and worker of `_deployed`, shared by this file's runs (each test triggers
+    its own flow runs into its own directories); yields (api, env, deployment, worker, worker log)."""
+    home = tmp_path_factory.mktemp("deployed")
+    with _deployed(home) as (api, env, deployment, worker):
+        yield api, env, deployment, worker, home / "worker.log"
+
+
 @pytest.mark.slow
-def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_model_dir):
+def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_model_dir, deployed):
     config = tmp_path / "one-step.yaml"
     config.write_text(
         f"name: deployed\nsteps: 1\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {tiny_model_dir}\n"
@@ -125,60 +134,60 @@ def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_
         "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\nharness:\n  max_turns: 2\n"
     )
     run_dir = tmp_path / "run"
-    with _deployed(tmp_path) as (api, env, deployment, worker):
-        assert deployment["parameters"] == {"config_path": "configs/tiny-cpu.yaml"}
-        flow_run_id = _trigger(api, deployment["id"], {"config_path": str(config), "run_dir": str(run_dir)})
-        run = _wait_terminal(api, flow_run_id, worker, tmp_path / "worker.log")
-        assert run["state_type"] == "COMPLETED", (run["state"], (tmp_path / "worker.log").read_text()[-4000:])
-        assert run["name"] == "one-step @ run"
+    api, env, deployment, worker, log = deployed
+    assert deployment["parameters"] == {"config_path": "configs/tiny-cpu.yaml"}
+    flow_run_id = _trigger(api, deployment["id"], {"config_path": str(config), "run_dir": str(run_dir)})
+    run = _wait_terminal(api, flow_run_id, worker, log)
+    assert run["state_type"] == "COMPLETED", (run["state"], (log).read_text()[-4000:])
+    assert run["name"] == "one-step @ run"
 
-        artifacts = httpx.post(f"{api}/artifacts/filter", timeout=30,
-                               json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}}).json()
-        kinds = sorted(a["type"] for a in artifacts)
-        assert kinds == ["markdown", "progress", "table"], kinds
-        table = next(a for a in artifacts if a["type"] == "table")
-        assert "num_dropped" in str(table["data"]) and "clip_high_frac" in str(table["data"])
-        markdown = next(a for a in artifacts if a["type"] == "markdown")
-        assert "# Step 0" in markdown["data"] and "data:image/png;base64," in markdown["data"]
-        assert next(a for a in artifacts if a["type"] == "progress")["data"] == 100.0
+    artifacts = httpx.post(f"{api}/artifacts/filter", timeout=30,
+                           json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}}).json()
+    kinds = sorted(a["type"] for a in artifacts)
+    assert kinds == ["markdown", "progress", "table"], kinds
+    table = next(a for a in artifacts if a["type"] == "table")
+    assert "num_dropped" in str(table["data"]) and "clip_high_frac" in str(table["data"])
+    markdown = next(a for a in artifacts if a["type"] == "markdown")
+    assert "# Step 0" in markdown["data"] and "data:image/png;base64," in markdown["data"]
+    assert next(a for a in artifacts if a["type"] == "progress")["data"] == 100.0
 
-        task_runs = httpx.post(f"{api}/task_runs/filter", timeout=30,
-                               json={"flow_runs": {"id": {"any_": [flow_run_id]}}}).json()
-        names = {t["name"] for t in task_runs}
-        assert "build-model-and-warm-start-deployed" in names
-        executes = [t for t in task_runs if t["name"].startswith("step0-train-") and "-evaluate-" not in t["name"]]
-        assert len(executes) == 4 and all(t["name"].rsplit("-", 1)[1] in ("sample0", "sample1") for t in executes)
-        assert all({"step:0", "purpose:train"} <= set(t["tags"]) for t in executes)
+    task_runs = httpx.post(f"{api}/task_runs/filter", timeout=30,
+                           json={"flow_runs": {"id": {"any_": [flow_run_id]}}}).json()
+    names = {t["name"] for t in task_runs}
+    assert "build-model-and-warm-start-deployed" in names
+    executes = [t for t in task_runs if t["name"].startswith("step0-train-") and "-evaluate-" not in t["name"]]
+    assert len(executes) == 4 and all(t["name"].rsplit("-", 1)[1] in ("sample0", "sample1") for t in executes)
+    assert all({"step:0", "purpose:train"} <= set(t["tags"]) for t in executes)
 
-        con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
-        status, flow_run, finished = con.execute(
-            "select status, prefect_flow_run_id, finished_at from runs").fetchone()
-        con.close()
-        assert (status, flow_run) == ("completed", flow_run_id) and finished is not None
+    con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
+    status, flow_run, finished = con.execute(
+        "select status, prefect_flow_run_id, finished_at from runs").fetchone()
+    con.close()
+    assert (status, flow_run) == ("completed", flow_run_id) and finished is not None
 
-        # a bad parameter fails the flow run at its first line: no run directory, no model build
-        missing = tmp_path / "no-such-benchmark"
-        bad_id = _trigger(api, deployment["id"], {"config_path": str(config), "run_dir": str(tmp_path / "bad"),
-                                                  "benchmark_dir": str(missing)})
-        bad = _wait_terminal(api, bad_id, worker, tmp_path / "worker.log")
-        assert bad["state_type"] == "FAILED"
-        assert str(missing) in bad["state"]["message"] or str(missing) in (tmp_path / "worker.log").read_text()
-        assert not (tmp_path / "bad").exists()
+    # a bad parameter fails the flow run at its first line: no run directory, no model build
+    missing = tmp_path / "no-such-benchmark"
+    bad_id = _trigger(api, deployment["id"], {"config_path": str(config), "run_dir": str(tmp_path / "bad"),
+                                              "benchmark_dir": str(missing)})
+    bad = _wait_terminal(api, bad_id, worker, log)
+    assert bad["state_type"] == "FAILED"
+    assert str(missing) in bad["state"]["message"] or str(missing) in (log).read_text()
+    assert not (tmp_path / "bad").exists()
 
-        # a run cancelled from the UI (its Cancel button sets Cancelling; the worker stops the process)
-        cancelled_id = _trigger(api, deployment["id"], {"config_path": str(config), "run_dir": str(tmp_path / "stop")})
-        _wait_state(api, cancelled_id, "RUNNING", worker, tmp_path / "worker.log")
-        httpx.post(f"{api}/flow_runs/{cancelled_id}/set_state", timeout=30,
-                   json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}).raise_for_status()
-        stopped = _wait_terminal(api, cancelled_id, worker, tmp_path / "worker.log")
-        assert stopped["state_type"] == "CANCELLED", stopped["state"]
-        open_tasks = httpx.post(f"{api}/task_runs/filter", timeout=30, json={
-            "flow_runs": {"id": {"any_": [cancelled_id]}},
-            "task_runs": {"state": {"type": {"any_": ["RUNNING", "PENDING", "SCHEDULED"]}}}}).json()
-        assert open_tasks == [], [(t["name"], t["state_type"]) for t in open_tasks]
+    # a run cancelled from the UI (its Cancel button sets Cancelling; the worker stops the process)
+    cancelled_id = _trigger(api, deployment["id"], {"config_path": str(config), "run_dir": str(tmp_path / "stop")})
+    _wait_state(api, cancelled_id, "RUNNING", worker, log)
+    httpx.post(f"{api}/flow_runs/{cancelled_id}/set_state", timeout=30,
+               json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}).raise_for_status()
+    stopped = _wait_terminal(api, cancelled_id, worker, log)
+    assert stopped["state_type"] == "CANCELLED", stopped["state"]
+    open_tasks = httpx.post(f"{api}/task_runs/filter", timeout=30, json={
+        "flow_runs": {"id": {"any_": [cancelled_id]}},
+        "task_runs": {"state": {"type": {"any_": ["RUNNING", "PENDING", "SCHEDULED"]}}}}).json()
+    assert open_tasks == [], [(t["name"], t["state_type"]) for t in open_tasks]
 
-        _browser_check(api, {"completed": (flow_run_id, "COMPLETED"), "failed": (bad_id, "FAILED"),
-                             "cancelled": (cancelled_id, "CANCELLED")}, run_dir / "ui")
+    _browser_check(api, {"completed": (flow_run_id, "COMPLETED"), "failed": (bad_id, "FAILED"),
+                         "cancelled": (cancelled_id, "CANCELLED")}, run_dir / "ui")
 
 
 def _wait_state(api: str, flow_run_id: str, state_type: str, worker: subprocess.Popen, log: Path) -> None:
@@ -241,7 +250,7 @@ def _wait(what: str, done, worker: subprocess.Popen, log: Path, deadline_s: floa
 
 
 @pytest.mark.slow
-def test_a_run_suspended_through_prefect_resumes_in_its_own_directory(tmp_path, tiny_model_dir):
+def test_a_run_suspended_through_prefect_resumes_in_its_own_directory(tmp_path, tiny_model_dir, deployed):
     """Suspended as the documented automation does it (a `Suspended` state set on the flow run), the run stops at
     its next task, recorded `suspended`, its open task runs Cancelled; `gyre resume RUN_DIR` (what the UI's
     Resume button does) schedules the flow run again and its worker continues the same directory from the last
@@ -258,35 +267,34 @@ def test_a_run_suspended_through_prefect_resumes_in_its_own_directory(tmp_path, 
         "train:\n  checkpoint_every: 1\n"
     )
     run_dir = tmp_path / "run"
-    log = tmp_path / "worker.log"
-    with _deployed(tmp_path) as (api, env, deployment, worker):
-        flow_run_id = _trigger(api, deployment["id"], {"config_path": str(config), "run_dir": str(run_dir)})
-        _wait("step 1 started", lambda: (run_dir / "checkpoints" / "step-000001").is_dir(), worker, log)
-        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-            client.set_flow_run_state(flow_run_id, Suspended(timeout_seconds=3600, message="by the test"), force=True)
+    api, env, deployment, worker, log = deployed
+    flow_run_id = _trigger(api, deployment["id"], {"config_path": str(config), "run_dir": str(run_dir)})
+    _wait("step 1 started", lambda: (run_dir / "checkpoints" / "step-000001").is_dir(), worker, log)
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run_id, Suspended(timeout_seconds=3600, message="by the test"), force=True)
 
-        def suspended_and_closed():
-            run = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=30).json()
-            if run["state_name"] != "Suspended" or not (run_dir / "gyre.duckdb").is_file():
-                return None
-            try:
-                con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
-            except duckdb.IOException:  # the flow's process still holds the file
-                return None
-            with con:
-                return con.execute("select status, status_reason, prefect_flow_run_id from runs").fetchall()
+    def suspended_and_closed():
+        run = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=30).json()
+        if run["state_name"] != "Suspended" or not (run_dir / "gyre.duckdb").is_file():
+            return None
+        try:
+            con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
+        except duckdb.IOException:  # the flow's process still holds the file
+            return None
+        with con:
+            return con.execute("select status, status_reason, prefect_flow_run_id from runs").fetchall()
 
-        starts = _wait("suspended and its process gone", suspended_and_closed, worker, log)
-        assert [(s, f) for s, _, f in starts] == [("suspended", flow_run_id)], starts
-        assert "gyre resume" in starts[0][1]
-        tasks = httpx.post(f"{api}/task_runs/filter", timeout=30, json={"flow_runs": {"id": {"any_": [flow_run_id]}}})
-        assert not [t["name"] for t in tasks.json() if t["state_type"] in ("PENDING", "RUNNING", "SCHEDULED")]
+    starts = _wait("suspended and its process gone", suspended_and_closed, worker, log)
+    assert [(s, f) for s, _, f in starts] == [("suspended", flow_run_id)], starts
+    assert "gyre resume" in starts[0][1]
+    tasks = httpx.post(f"{api}/task_runs/filter", timeout=30, json={"flow_runs": {"id": {"any_": [flow_run_id]}}})
+    assert not [t["name"] for t in tasks.json() if t["state_type"] in ("PENDING", "RUNNING", "SCHEDULED")]
 
-        resumed = subprocess.run([sys.executable, "-m", "gyre.cli.main", "resume", str(run_dir), "--json"], cwd=ROOT,
-                                 env=env, capture_output=True, text=True, timeout=120)
-        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        run = _wait_terminal(api, flow_run_id, worker, log)
-        assert run["state_type"] == "COMPLETED", (run["state"], log.read_text()[-4000:])
+    resumed = subprocess.run([sys.executable, "-m", "gyre.cli.main", "resume", str(run_dir), "--json"], cwd=ROOT,
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    run = _wait_terminal(api, flow_run_id, worker, log)
+    assert run["state_type"] == "COMPLETED", (run["state"], log.read_text()[-4000:])
 
     con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
     starts = con.execute("select run_id, status, prefect_flow_run_id from runs order by started_at").fetchall()

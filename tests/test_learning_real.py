@@ -80,6 +80,26 @@ def test_the_summary_compares_rl_with_the_base_model_and_with_rft_per_seed():
     assert not summarise_real(runs, rounds, "held_out")["goal_met"]
 
 
+def test_the_curves_png_draws_the_eval_rounds_and_per_step_diagnostics(tmp_path):
+    from matplotlib.image import imread
+
+    from gyre.benches.learning_plot import plot_real
+
+    runs, rounds = {}, {}
+    for seed in range(2):
+        runs[("rl", seed)] = ArmRun("rl", seed, wall_s=100.0)
+        runs[("rft", seed)] = ArmRun("rft", seed, wall_s=90.0)
+        rounds[("rl", seed)] = [_round(0.2, 0.6), {**_round(0.4, 0.7), "step": 10}]
+        rounds[("rft", seed)] = [{**_round(0.3, 0.6), "step": 10}]
+    summary = summarise_real(runs, rounds, "held_out")
+    for run in summary["runs"]:
+        run["steps"] = [{"step": s, "reward_mean": 0.1 * s, "mean_response_tokens": 100 - 5 * s} for s in range(10)]
+    path = plot_real(summary, tmp_path / "learning.png")
+    image = imread(path)
+    assert image.shape[1] == 1500 and image.std() > 0.05  # three drawn panels, not a blank canvas
+    assert len(summary["runs"]) == 4
+
+
 def test_step_diagnostics_read_gspo_s_columns_and_the_share_of_groups_that_cannot_train(tmp_path):
     from gyre.benches.learning_real import step_diagnostics
 

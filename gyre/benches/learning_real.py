@@ -15,8 +15,8 @@ Each run is `gyre run` in its own process (`learning.run_arm`, read back on a re
 eval set, at the first and last round, with pass@k from the same samples and the mean score
 beside it. `eval_set` says which set the rounds sample: `held_out` (what the bench reports) or
 `validation` (carved from training: what every knob was chosen on, so the held-out set is read
-only with the chosen knobs). The goal the issue sets: `rl` ends >= 5 points above `base` at
->= 2 standard errors over seeds, and above `rft`.
+only with the chosen knobs). The curves go to `out/learning.png` (`learning_plot.py`). The goal
+the issue sets: `rl` ends >= 5 points above `base` at >= 2 standard errors over seeds, and above `rft`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 import duckdb
 
 from gyre.benches.learning import ArmRun, run_arm, stats
+from gyre.benches.learning_plot import plot_real
 from gyre.benches.pass_at_k import round_pass_at_k
 
 REAL_ARMS = ("base", "rl", "rft")
@@ -149,5 +150,6 @@ def run_real(base: dict, config_path: Path, out: Path, seeds: list[int], timeout
                              "queries_per_step", 2) * (base.get("rollout") or {}).get("group_size", 16)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "learning.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    summary["plot"] = str(plot_real(summary, out / "learning.png"))
     return summary
 

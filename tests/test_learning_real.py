@@ -8,7 +8,7 @@ from math import comb
 import pytest
 
 from gyre.benches.learning import ArmRun
-from gyre.benches.learning_real import is_real_model_config, real_arm_config, summarise_real
+from gyre.benches.learning_real import is_real_model_config, pass_curve, real_arm_config, summarise_real
 from gyre.benches.pass_at_k import pass_at_k, round_pass_at_k
 from gyre.storage.store import RunStore
 
@@ -43,6 +43,8 @@ def test_a_round_counts_only_full_solves_leaves_failed_evaluations_out_and_split
     assert r.kinds["add"]["tasks"] == 2 and r.kinds["clamp"]["pass_at_1"] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="no scored eval execution before step 5"):
         round_pass_at_k(tmp_path / "gyre.duckdb", 5)
+    curve, rounds = pass_curve(tmp_path / "gyre.duckdb")  # what the bench reads of a run: every round
+    assert curve == [(0, pytest.approx(r.pass_at_1))] and rounds == [r.as_dict()]
 
 
 def test_arms_differ_only_in_the_objective_and_the_eval_set_is_the_bench_s():
@@ -133,3 +135,32 @@ def test_the_cli_gives_a_real_model_config_its_arms_and_refuses_bad_input_before
     bad_set = CliRunner().invoke(app, ["bench", "learning", "-c", str(config), "--eval-set", "test"])
     assert bad_set.exit_code == 2 and "--eval-set must be held_out or validation" in " ".join(bad_set.output.split())
     assert not (out / "rl-s0").exists()
+
+
+@pytest.mark.slow
+def test_the_bench_runs_every_arm_through_gyre_run_and_reads_a_finished_bench_back(tmp_path, tiny_model_dir):
+    """run_real end to end on the tiny model as it is (no warm start): rl and rft each a `gyre run`, the
+    base model from rl's first round, the summary, learning.json and the curves; a rerun with the same
+    `out` starts no run (timeout 1 s) and gives the same figures."""
+    import json
+
+    from gyre.benches.learning_real import run_real
+
+    base = {"name": "real-bench", "steps": 1, "cache_dir": str(tmp_path / "cache"),
+            "model": {"path": str(tiny_model_dir), "warmstart": {"steps": 0}},
+            "benchmark": {"num_queries": 16, "eval_fraction": 0.25},
+            "evaluation": {"every_steps": 1, "samples_per_query": 2, "max_queries": 2},
+            "rollout": {"queries_per_step": 2, "group_size": 2, "max_new_tokens": 16},
+            "harness": {"max_turns": 1}}
+    out = tmp_path / "bench"
+    summary = run_real(base, tmp_path / "config.yaml", out, [0], timeout_s=900)
+    assert set(summary["arms"]) == {"base", "rl", "rft"}
+    rl, rft = (next(r for r in summary["runs"] if r["arm"] == arm) for arm in ("rl", "rft"))
+    assert [r["step"] for r in rl["rounds"]] == [0, 1] and [r["step"] for r in rft["rounds"]] == [1]
+    assert all(r["k"] == 2 and 0.0 <= r["pass_at_1"] <= 1.0 for r in rl["rounds"] + rft["rounds"])
+    assert [s["step"] for s in rl["steps"]] == [0] and [s["step"] for s in rft["steps"]] == [0]
+    assert summary["arms"]["rl"]["start"]["mean"] == rl["rounds"][0]["pass_at_1"]
+    assert json.loads((out / "learning.json").read_text())["arms"] == summary["arms"]
+    assert (out / "learning.png").stat().st_size > 10_000
+    again = run_real(base, tmp_path / "config.yaml", out, [0], timeout_s=1)
+    assert again["arms"] == summary["arms"]

@@ -59,7 +59,8 @@ def pass_curve(db: Path) -> tuple[list[tuple[int, float]], list[dict]]:
     """(step, pass@1) of every eval round of a run, and each round's pass@k summary."""
     with duckdb.connect(str(db), read_only=True) as con:
         steps = [int(s) for (s,) in con.execute(
-            "select distinct step from executions where purpose = 'eval' and eval_status = 'ok' order by step")]
+            "select distinct step from executions where purpose = 'eval' and eval_status = 'ok' order by step"
+        ).fetchall()]
     rounds = [round_pass_at_k(db, step) for step in steps]
     return [(r.step, r.pass_at_1) for r in rounds], [r.as_dict() for r in rounds]
 

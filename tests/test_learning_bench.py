@@ -36,7 +36,8 @@ def test_stats_are_mean_sample_sd_and_standard_error():
     s = stats([0.1, 0.2, 0.3])
     assert s["mean"] == pytest.approx(0.2) and s["sd"] == pytest.approx(0.1)
     assert s["se"] == pytest.approx(0.1 / math.sqrt(3))
-    assert stats([])["mean"] is None and stats([0.5])["sd"] == 0.0
+    assert stats([])["mean"] is None
+    assert stats([0.5]) == {"n": 1, "mean": 0.5, "sd": None, "se": None}  # one seed: no spread
 
 
 def test_summary_compares_rl_with_both_warm_starts_and_with_more_sft():

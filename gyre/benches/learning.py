@@ -142,12 +142,15 @@ def run_arm(config: dict, run_dir: Path, arm: str, seed: int, timeout_s: float) 
 
 
 def stats(values: list[float]) -> dict[str, float | int | None]:
-    """Mean, sample standard deviation and standard error of the mean over seeds."""
+    """Mean, sample standard deviation and standard error of the mean over seeds (one seed has
+    no spread: sd and se are None, never a 0 that reads as certainty)."""
     n = len(values)
     if not n:
         return {"n": 0, "mean": None, "sd": None, "se": None}
     mean = sum(values) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    if n == 1:
+        return {"n": 1, "mean": mean, "sd": None, "se": None}
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     return {"n": n, "mean": mean, "sd": sd, "se": sd / math.sqrt(n)}
 
 

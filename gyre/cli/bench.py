@@ -300,20 +300,27 @@ def bench_learning(
         table.add_column(col, justify="right")
 
     def fmt(s) -> str:
-        return "n/a" if s["mean"] is None else f"{s['mean']:.3f} ± {s['sd']:.3f}"
+        return mean_pm(s, "sd")
 
     for arm, sets in summary["arms"].items():
         for split, row in sets.items():
             gain = row["gain"]
             table.add_row(arm, split, fmt(row["start"]), fmt(row["end"]),
-                          "n/a" if gain["mean"] is None else f"{gain['mean']:+.3f} ± {gain['se']:.3f}")
+                          mean_pm(gain, sign="+"))
     console.print(table)
     for split, rows in summary["comparisons"].items():
         for name, s in rows.items():
             if s["mean"] is not None:
-                console.print(f"{split}: {name}: {s['mean']:+.3f} ± {s['se']:.3f} (n={s['n']})")
+                console.print(f"{split}: {name}: {mean_pm(s, sign='+')} (n={s['n']})")
     console.print(f"goal ({summary['goal']}): {'met' if summary['goal_met'] else 'NOT met'}; runs and "
                   f"learning.json in {out}")
+
+
+def mean_pm(s: dict | None, spread: str = "se", sign: str = "") -> str:
+    """`mean ± spread` of a `learning.stats` dict; the spread of one seed is undefined ("n/a")."""
+    if s is None or s["mean"] is None:
+        return "n/a"
+    return f"{s['mean']:{sign}.3f} ± " + ("n/a" if s[spread] is None else f"{s[spread]:.3f}")
 
 
 def print_real(summary: dict, out: Path, seeds: list[int]) -> None:
@@ -323,7 +330,7 @@ def print_real(summary: dict, out: Path, seeds: list[int]) -> None:
         table.add_column(col, justify="right")
 
     def fmt(s) -> str:
-        return "n/a" if s is None or s["mean"] is None else f"{s['mean']:.3f} ± {s['se']:.3f}"
+        return mean_pm(s)
 
     base = summary["arms"].get("base")
     if base:
@@ -336,7 +343,7 @@ def print_real(summary: dict, out: Path, seeds: list[int]) -> None:
     console.print(table)
     for name, s in summary["comparisons"].items():
         if s["mean"] is not None:
-            console.print(f"{name}: {s['mean']:+.3f} ± {s['se']:.3f} (n={s['n']})")
+            console.print(f"{name}: {mean_pm(s, sign='+')} (n={s['n']})")
     console.print(f"goal ({summary['goal']}): {'met' if summary['goal_met'] else 'NOT met'}; runs and "
                   f"learning.json in {out}")
 

@@ -298,14 +298,10 @@ def bench_learning(
     table = Table(title=f"gyre bench learning: {out} (seeds {seed_list})")
     for col in ("arm", "held-out set", "start", "end", "gain (mean ± se)"):
         table.add_column(col, justify="right")
-
-    def fmt(s) -> str:
-        return mean_pm(s, "sd")
-
     for arm, sets in summary["arms"].items():
         for split, row in sets.items():
             gain = row["gain"]
-            table.add_row(arm, split, fmt(row["start"]), fmt(row["end"]),
+            table.add_row(arm, split, mean_pm(row["start"], "sd"), mean_pm(row["end"], "sd"),
                           mean_pm(gain, sign="+"))
     console.print(table)
     for split, rows in summary["comparisons"].items():
@@ -328,18 +324,14 @@ def print_real(summary: dict, out: Path, seeds: list[int]) -> None:
     table = Table(title=f"gyre bench learning: {out} (seeds {seeds}, {summary['eval_set']}, {summary['metric']})")
     for col in ("arm", "start", "end", "gain (mean ± se)", "end pass@k", "wall s"):
         table.add_column(col, justify="right")
-
-    def fmt(s) -> str:
-        return mean_pm(s)
-
     base = summary["arms"].get("base")
     if base:
-        table.add_row("base", fmt(base["pass_at_1"]), "", "", f"{fmt(base['pass_at_k'])} (k={base['k']})", "")
+        table.add_row("base", mean_pm(base["pass_at_1"]), "", "", f"{mean_pm(base['pass_at_k'])} (k={base['k']})", "")
     for arm in ("rl", "rft"):
         row = summary["arms"].get(arm)
         if row:
-            table.add_row(arm, fmt(row["start"]), fmt(row["end"]), fmt(row["gain"]), fmt(row["end_pass_at_k"]),
-                          f"{row['wall_s']['mean']:.0f}")
+            table.add_row(arm, mean_pm(row["start"]), mean_pm(row["end"]), mean_pm(row["gain"]),
+                          mean_pm(row["end_pass_at_k"]), f"{row['wall_s']['mean']:.0f}")
     console.print(table)
     for name, s in summary["comparisons"].items():
         if s["mean"] is not None:

@@ -66,10 +66,10 @@ class Rows:
     def all_done(self) -> bool:
         return all(self.done)
 
-    def accept(self, tokens: list[int], token_logps: list[float], live: list[int] | None = None) -> None:
+    def accept(self, tokens: list[int], token_logps: list[float], live: list[int]) -> None:
         """The step's token for each row still going (reported to its `on_token` as sampled);
-        `live[i]` is the request row of the batch's i-th row (default: every row, in order)."""
-        for i, row in enumerate(live if live is not None else range(len(self.requests))):
+        `live[i]` is the request row of the batch's i-th row (finished rows leave the batch)."""
+        for i, row in enumerate(live):
             req = self.requests[row]
             if self.done[row]:
                 continue

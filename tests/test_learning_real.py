@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from datetime import datetime, timezone
 from math import comb
 
@@ -134,6 +135,12 @@ def test_the_cli_gives_a_real_model_config_its_arms_and_refuses_bad_input_before
     assert wrong.exit_code == 2 and "arms of a real-model config: base, rl, rft" in " ".join(wrong.output.split())
     bad_set = CliRunner().invoke(app, ["bench", "learning", "-c", str(config), "--eval-set", "test"])
     assert bad_set.exit_code == 2 and "--eval-set must be held_out or validation" in " ".join(bad_set.output.split())
+    for text, says in (("{not json", "not a readable JSON result file"), ("[]", "a result file is a JSON object"),
+                       ('{"runs": [{"arm": "rl", "seed": 0}]}', "no runs with their arm, seed, config and rounds")):
+        (tmp_path / "prior.json").write_text(text, encoding="utf-8")
+        bad_prior = CliRunner().invoke(app, ["bench", "learning", "-c", str(config), "--out", str(out),
+                                             "--prior", str(tmp_path / "prior.json")])
+        assert bad_prior.exit_code == 2 and says in " ".join(bad_prior.output.split()), bad_prior.output
     assert not (out / "rl-s0").exists()
 
 
@@ -164,3 +171,11 @@ def test_the_bench_runs_every_arm_through_gyre_run_and_reads_a_finished_bench_ba
     assert (out / "learning.png").stat().st_size > 10_000
     again = run_real(base, tmp_path / "config.yaml", out, [0], timeout_s=1)
     assert again["arms"] == summary["arms"]
+    # on another machine (a fresh `out`), the result file carries the runs: none runs again ...
+    prior = json.loads((out / "learning.json").read_text())
+    moved = run_real(base, tmp_path / "config.yaml", tmp_path / "elsewhere", [0], timeout_s=1, prior=prior)
+    assert moved["arms"] == summary["arms"] and json.dumps(moved["runs"]) == json.dumps(summary["runs"])
+    assert not (tmp_path / "elsewhere" / "rl-s0").exists()
+    # ... unless its config differs: then it runs (and here meets the 1 s timeout)
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_real({**base, "steps": 2}, tmp_path / "config.yaml", tmp_path / "changed", [0], timeout_s=1, prior=prior)

@@ -11,7 +11,8 @@ pretrained model such as `configs/smollm2-learn.yaml`), the arms are, on the sam
   starts from, so `rft` does not evaluate them again).
 
 Each run is `gyre run` in its own process (`learning.run_arm`, read back on a rerun with the same
-`--out`). What is read is pass@1 (a task solved: every hidden test passed; `pass_at_k.py`) on the
+`--out`). Run directories do not travel between machines, so a bench also continues from an earlier
+result file (`prior`, `--prior`): a run recorded there with the same config is taken from it. What is read is pass@1 (a task solved: every hidden test passed; `pass_at_k.py`) on the
 eval set, at the first and last round, with pass@k from the same samples and the mean score
 beside it. `eval_set` says which set the rounds sample: `held_out` (what the bench reports) or
 `validation` (carved from training: what every knob was chosen on, so the held-out set is read
@@ -127,25 +128,53 @@ def check_real_arms(arms: tuple[str, ...]) -> None:
         raise ValueError("the base arm is rl's first eval round and rft's start: run rl too")
 
 
+def prior_runs(prior: dict) -> dict[tuple[str, int], dict]:
+    """The runs of an earlier result file (`learning.json`), by (arm, seed); ValueError if it is not one."""
+    runs = prior.get("runs")
+    if not isinstance(runs, list) or any(not isinstance(r, dict) or not {"arm", "seed", "config", "rounds"} <= r.keys()
+                                         for r in runs):
+        raise ValueError("the prior result file has no runs with their arm, seed, config and rounds "
+                         "(a learning.json of a real-model bench)")
+    return {(r["arm"], int(r["seed"])): r for r in runs}
+
+
+def _from_prior(record: dict) -> tuple[ArmRun, list[dict], list[dict]]:
+    """(the run, its eval rounds, its step diagnostics) of a run recorded in a result file."""
+    fields = {k: record[k] for k in ("arm", "seed", "start", "end", "tokens_trained", "warmstart_steps",
+                                     "wall_s", "run_dir")}
+    curve = {k: [tuple(p) for p in v] for k, v in record.get("curve", {}).items()}
+    return ArmRun(**fields, curve=curve), record["rounds"], record.get("steps", [])
+
+
 def run_real(base: dict, config_path: Path, out: Path, seeds: list[int], timeout_s: float,
-             arms: tuple[str, ...] = REAL_ARMS, eval_set: str = "held_out") -> dict:
-    """`arms` x `seeds` from the real-model config dict `base`; the summary (also `out/learning.json`)."""
+             arms: tuple[str, ...] = REAL_ARMS, eval_set: str = "held_out", prior: dict | None = None) -> dict:
+    """`arms` x `seeds` from the real-model config dict `base`; the summary (also `out/learning.json`).
+
+    A run in `prior` (an earlier summary) with the same arm, seed and config is taken from it, not run."""
     check_real_arms(arms)
+    earlier = prior_runs(prior) if prior is not None else {}
     runs: dict[tuple[str, int], ArmRun] = {}
     rounds: dict[tuple[str, int], list[dict]] = {}
     steps: dict[tuple[str, int], list[dict]] = {}
+    configs: dict[tuple[str, int], dict] = {}
     for seed in seeds:
         for arm in ("rl", "rft"):
             if arm not in arms:
                 continue
-            result = run_arm(real_arm_config(base, arm, seed, eval_set), out / f"{arm}-s{seed}", arm, seed, timeout_s)
-            curve, rounds[(arm, seed)] = pass_curve(Path(result.run_dir) / "gyre.duckdb")
+            key = (arm, seed)
+            configs[key] = config = real_arm_config(base, arm, seed, eval_set)
+            if key in earlier and earlier[key]["config"] == config:
+                runs[key], rounds[key], steps[key] = _from_prior(earlier[key])
+                continue
+            result = run_arm(config, out / f"{arm}-s{seed}", arm, seed, timeout_s)
+            curve, rounds[key] = pass_curve(Path(result.run_dir) / "gyre.duckdb")
             result.curve = {eval_set: curve}
-            runs[(arm, seed)] = result
-            steps[(arm, seed)] = step_diagnostics(Path(result.run_dir) / "gyre.duckdb")
+            runs[key] = result
+            steps[key] = step_diagnostics(Path(result.run_dir) / "gyre.duckdb")
     summary = summarise_real(runs, rounds, eval_set)
     for run in summary["runs"]:
         run["steps"] = steps.get((run["arm"], run["seed"]), [])
+        run["config"] = configs[(run["arm"], run["seed"])]
     summary["budget"] = {"config": str(config_path), "steps": base.get("steps"), "seeds": seeds, "arms": list(arms),
                          "rollouts_per_run": (base.get("steps") or 0) * (base.get("rollout") or {}).get(
                              "queries_per_step", 2) * (base.get("rollout") or {}).get("group_size", 16)}

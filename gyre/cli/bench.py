@@ -260,6 +260,9 @@ def bench_learning(
                                     "clean-sft with a warm start; base, rl, rft for a real model."),
     eval_set: str = typer.Option("held_out", "--eval-set", help="Real model: the set the eval rounds sample, "
                                  "held_out (what the bench reports) or validation (what knobs are chosen on)."),
+    prior: Path | None = typer.Option(None, "--prior", help="Real model: an earlier result file (learning.json, "
+                                      "e.g. docs/results/learning-smollm2.json); its runs with the same arm, seed "
+                                      "and config are taken from it, not run again."),
     as_json: bool = JSON,
 ) -> None:
     """Held-out pass rate per arm, start and end, mean and spread over seeds. A warm-started config: clean
@@ -275,6 +278,10 @@ def bench_learning(
         _fail(ValueError(f"--seeds must be comma-separated integers, got {seeds!r}"))
     if eval_set not in ("held_out", "validation"):
         _fail(ValueError(f"--eval-set must be held_out or validation, got {eval_set!r}"))
+    try:
+        earlier = _read_prior(prior) if prior is not None else None
+    except ValueError as exc:  # a bad --prior: said before any run
+        _fail(exc)
     out = _out_dir(out, "learning")
     try:
         base = load_base(config, steps)
@@ -285,7 +292,9 @@ def bench_learning(
                 check_real_arms(chosen)
             except ValueError as exc:  # bad --arms: said before any run
                 _fail(exc)
-        summary = (run_real(base, config, out, seed_list, 4 * 3600, chosen, eval_set) if real
+        if prior is not None and not real:
+            _fail(ValueError("--prior continues a real-model bench; this config has a warm start"))
+        summary = (run_real(base, config, out, seed_list, 4 * 3600, chosen, eval_set, earlier) if real
                    else run(config, out, seed_list, steps, arms=chosen))
     except INPUT_ERRORS as exc:
         _fail(exc)
@@ -310,6 +319,22 @@ def bench_learning(
                 console.print(f"{split}: {name}: {mean_pm(s, sign='+')} (n={s['n']})")
     console.print(f"goal ({summary['goal']}): {'met' if summary['goal_met'] else 'NOT met'}; runs and "
                   f"learning.json in {out}")
+
+
+def _read_prior(path: Path) -> dict:
+    """An earlier bench's result file as a dict; ValueError naming the file when it cannot be one."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--prior {path}: not a readable JSON result file ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"--prior {path}: a result file is a JSON object, got {type(data).__name__}")
+    from gyre.benches.learning_real import prior_runs
+    try:
+        prior_runs(data)
+    except ValueError as exc:
+        raise ValueError(f"--prior {path}: {exc}") from exc
+    return data
 
 
 def mean_pm(s: dict | None, spread: str = "se", sign: str = "") -> str:

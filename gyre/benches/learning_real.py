@@ -12,11 +12,12 @@ pretrained model such as `configs/smollm2-learn.yaml`), the arms are, on the sam
 
 Each run is `gyre run` in its own process (`learning.run_arm`, read back on a rerun with the same
 `--out`). Run directories do not travel between machines, so a bench also continues from an earlier
-result file (`prior`, `--prior`): a run recorded there with the same config is taken from it. What is read is pass@1 (a task solved: every hidden test passed; `pass_at_k.py`) on the
-eval set, at the first and last round, with pass@k from the same samples and the mean score
-beside it. `eval_set` says which set the rounds sample: `held_out` (what the bench reports) or
-`validation` (carved from training: what every knob was chosen on, so the held-out set is read
-only with the chosen knobs). The curves go to `out/learning.png` (`learning_plot.py`). The goal
+result file (`prior`, `--prior`): a run recorded there with the same config is taken from it.
+What is read is pass@1 (a task solved: every hidden test passed; `pass_at_k.py`) on the eval set,
+at the first and last round, with pass@k from the same samples and the mean score beside it.
+`eval_set` says which set the rounds sample: `held_out` (what the bench reports) or `validation`
+(carved from training: what every knob was chosen on, so the held-out set is read only with the
+chosen knobs). The curves go to `out/learning.png` (`learning_plot.py`). The goal
 the issue sets: `rl` ends >= 5 points above `base` at >= 2 standard errors over seeds, and above `rft`.
 """
 

@@ -4,6 +4,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# pytest-xdist workers for `make test`: most tests wait on processes they start (gyre runs, servers,
+# sandboxes), so two share a 2-core box; tests/conftest.py keeps each file, and files that read the
+# whole host, on one worker. TEST_WORKERS=0 runs the suite in this process.
+TEST_WORKERS ?= 2
 
 .PHONY: run test install system-deps docker-engine docker-engine-stop clean
 
@@ -24,7 +28,7 @@ run: $(STAMP) system-deps
 # the suite runs beside a private Docker engine (scripts/docker-engine.sh: started, its base image built or
 # reused, stopped after; best effort: without root or apt the docker tests skip and say why)
 test: $(STAMP) system-deps
-	PREFECT_SERVER_ANALYTICS_ENABLED=false GYRE_REQUIRE_SANDBOX=1 GYRE_REQUIRE_BROWSER=1 bash scripts/docker-engine.sh run $(PY) -m pytest -q
+	PREFECT_SERVER_ANALYTICS_ENABLED=false GYRE_REQUIRE_SANDBOX=1 GYRE_REQUIRE_BROWSER=1 bash scripts/docker-engine.sh run $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # a developer's engine for docker runs and tests: prints the `export` lines to paste (stop: docker-engine-stop)
 docker-engine:

@@ -38,10 +38,28 @@ def pytest_configure(config):
     _PREFECT_SERVER = PrefectServer(home=home).start()
 
 
+SHARED_GROUPS = {
+    "ray": ("test_cell_ranks", "test_cells_ray", "test_devices", "test_ray_local", "test_ray_multihost",
+            "test_tp_cell", "test_weights_ray"),
+    "host-processes": ("test_docker_build", "test_docker_live", "test_docker_run", "test_sandbox_docker",
+                       "test_in_container", "test_in_place", "test_sandbox_reaper"),
+}
+"""Test files that must not run beside each other under `pytest -n` (`make test`): each group runs on one
+worker, one file after another. `ray`: each starts a local Ray (some of whose ports are fixed) or a
+cluster in network namespaces; `host-processes`: they read the whole host (every container labelled
+gyre, every `sleep 300` of the sandbox's uid) to show that nothing was left behind."""
+_GROUP_OF = {name: group for group, names in SHARED_GROUPS.items() for name in names}
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests run only where torch sees a CUDA device."""
+    """`gpu` tests run only where torch sees a CUDA device. Under `pytest -n` (`--dist loadgroup`) a
+    file's tests stay on one worker (module fixtures are set up once, in order) and the files of a
+    `SHARED_GROUPS` group share one."""
     import torch
 
+    for item in items:
+        module = item.path.stem
+        item.add_marker(pytest.mark.xdist_group(_GROUP_OF.get(module, module)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (the gpu marker)")

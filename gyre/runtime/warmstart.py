@@ -163,6 +163,11 @@ def warmstart(base_model: Path, out: Path, queries: list[Query], spec: Warmstart
                         "base_identity": base_identity(base_model)}, indent=2) + "\n"
         )
         os.replace(tmp, out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not out.exists():
+            raise
+        check_cached(out, base_model)  # another process built the same warm start first: theirs is used
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -28,7 +28,7 @@ run: $(STAMP) system-deps
 # the suite runs beside a private Docker engine (scripts/docker-engine.sh: started, its base image built or
 # reused, stopped after; best effort: without root or apt the docker tests skip and say why)
 test: $(STAMP) system-deps
-	PREFECT_SERVER_ANALYTICS_ENABLED=false GYRE_REQUIRE_SANDBOX=1 GYRE_REQUIRE_BROWSER=1 bash scripts/docker-engine.sh run $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	PREFECT_SERVER_ANALYTICS_ENABLED=false GYRE_REQUIRE_SANDBOX=1 GYRE_REQUIRE_BROWSER=1 bash scripts/docker-engine.sh run $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # a developer's engine for docker runs and tests: prints the `export` lines to paste (stop: docker-engine-stop)
 docker-engine:

@@ -51,15 +51,26 @@ gyre, every `sleep 300` of the sandbox's uid) to show that nothing was left behi
 _GROUP_OF = {name: group for group, names in SHARED_GROUPS.items() for name in names}
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """Under `pytest -n N --dist loadfile` (`make test`): a file's tests on one worker, in order (module
+    fixtures set up once), and the files of a `SHARED_GROUPS` group on one worker too. (xdist's own
+    `loadgroup` marks tests by rewriting their ids, which pytest 9.2 no longer lets it do.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = Path(nodeid.split("::", 1)[0]).stem
+            return _GROUP_OF.get(module, module)
+
+    return FileGroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests run only where torch sees a CUDA device. Under `pytest -n` (`--dist loadgroup`) a
-    file's tests stay on one worker (module fixtures are set up once, in order) and the files of a
-    `SHARED_GROUPS` group share one."""
+    """`gpu` tests run only where torch sees a CUDA device."""
     import torch
 
-    for item in items:
-        module = item.path.stem
-        item.add_marker(pytest.mark.xdist_group(_GROUP_OF.get(module, module)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (the gpu marker)")

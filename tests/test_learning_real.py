@@ -179,3 +179,11 @@ def test_the_bench_runs_every_arm_through_gyre_run_and_reads_a_finished_bench_ba
     # ... unless its config differs: then it runs (and here meets the 1 s timeout)
     with pytest.raises(subprocess.TimeoutExpired):
         run_real({**base, "steps": 2}, tmp_path / "config.yaml", tmp_path / "changed", [0], timeout_s=1, prior=prior)
+
+
+def test_the_printed_figures_say_n_a_for_one_seed_and_never_a_signed_zero():
+    from gyre.cli.bench_learning import mean_pm
+
+    assert mean_pm({"mean": -2.7e-17, "se": 0.025}, sign="+") == "+0.000 ± 0.025"  # rl - rft when they tie
+    assert mean_pm({"mean": -0.01, "se": None}, sign="+") == "-0.010 ± n/a"
+    assert mean_pm({"mean": None, "se": None}) == "n/a"

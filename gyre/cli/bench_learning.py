@@ -103,10 +103,12 @@ def _read_prior(path: Path) -> dict:
 
 
 def mean_pm(s: dict | None, spread: str = "se", sign: str = "") -> str:
-    """`mean ± spread` of a `learning.stats` dict; the spread of one seed is undefined ("n/a")."""
+    """`mean ± spread` of a `learning.stats` dict; the spread of one seed is undefined ("n/a"). A mean
+    that rounds to zero prints 0.000 (float noise such as -3e-17 is not a sign)."""
     if s is None or s["mean"] is None:
         return "n/a"
-    return f"{s['mean']:{sign}.3f} ± " + ("n/a" if s[spread] is None else f"{s[spread]:.3f}")
+    mean = s["mean"] if round(s["mean"], 3) != 0 else 0.0
+    return f"{mean:{sign}.3f} ± " + ("n/a" if s[spread] is None else f"{s[spread]:.3f}")
 
 
 def print_real(summary: dict, out: Path, seeds: list[int]) -> None:

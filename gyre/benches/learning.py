@@ -30,7 +30,7 @@ import math
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import duckdb
@@ -56,6 +56,13 @@ class ArmRun:
     run_dir: str = ""
     curve: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     """Per held-out set, (step, pass rate) of every eval round: the learning curve."""
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ArmRun:
+        """The run `asdict` wrote (as JSON: `arm.json`, a result file's runs; other keys there ignored)."""
+        run = cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        run.curve = {k: [tuple(p) for p in v] for k, v in run.curve.items()}
+        return run
 
 
 def arm_config(base: dict, arm: str, seed: int, extra_sft_steps: int = 0) -> dict:
@@ -123,7 +130,7 @@ def run_arm(config: dict, run_dir: Path, arm: str, seed: int, timeout_s: float) 
     if done_file.exists():
         saved = json.loads(done_file.read_text(encoding="utf-8"))
         if saved.get("config") == config:
-            return ArmRun(**{**saved["run"], "curve": {k: [tuple(p) for p in v] for k, v in saved["run"]["curve"].items()}})
+            return ArmRun.from_dict(saved["run"])
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     stale = run_dir / "run"
     if stale.exists():  # an earlier attempt that did not finish: kept aside, never mixed into this one

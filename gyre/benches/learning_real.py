@@ -141,10 +141,7 @@ def prior_runs(prior: dict) -> dict[tuple[str, int], dict]:
 
 def _from_prior(record: dict) -> tuple[ArmRun, list[dict], list[dict]]:
     """(the run, its eval rounds, its step diagnostics) of a run recorded in a result file."""
-    fields = {k: record[k] for k in ("arm", "seed", "start", "end", "tokens_trained", "warmstart_steps",
-                                     "wall_s", "run_dir")}
-    curve = {k: [tuple(p) for p in v] for k, v in record.get("curve", {}).items()}
-    return ArmRun(**fields, curve=curve), record["rounds"], record.get("steps", [])
+    return ArmRun.from_dict(record), record["rounds"], record.get("steps", [])
 
 
 def run_real(base: dict, config_path: Path, out: Path, seeds: list[int], timeout_s: float,

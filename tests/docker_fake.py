@@ -106,9 +106,19 @@ def fake_sdk(handler: Handler | None = None) -> tuple[types.ModuleType, list[Fak
     class ImageNotFound(DockerException):
         pass
 
+    class NotFound(DockerException):
+        pass
+
+    def create(image, **kwargs):
+        """A stopped container of `image` for `seed_workspace`: the fake's images hold no files."""
+        def get_archive(path):
+            raise NotFound(f"{image} holds no {path}")
+        return types.SimpleNamespace(get_archive=get_archive, remove=lambda force=False: None)
+
     module = types.ModuleType("docker")
-    module.errors = types.SimpleNamespace(DockerException=DockerException, ImageNotFound=ImageNotFound)
-    module.from_env = lambda **_: types.SimpleNamespace(containers=types.SimpleNamespace(run=run),
+    module.errors = types.SimpleNamespace(DockerException=DockerException, ImageNotFound=ImageNotFound,
+                                          NotFound=NotFound)
+    module.from_env = lambda **_: types.SimpleNamespace(containers=types.SimpleNamespace(run=run, create=create),
                                                           images=types.SimpleNamespace(get=lambda name: name),
                                                           info=lambda: {"CgroupDriver": "cgroupfs"})
     return module, made

@@ -20,6 +20,7 @@ DOCKERFILE = """FROM --platform=linux/amd64 python:3.13-slim-bookworm AS base
 WORKDIR /app
 COPY data.txt /app/data.txt
 RUN echo built > /etc/gyre-built && mkdir -p /app/sub && echo y > /app/sub/y && ln -s /etc/passwd /app/abs-link
+RUN mknod /app/null-dev c 1 3
 FROM base
 """
 
@@ -110,9 +111,12 @@ def test_a_sandbox_runs_in_the_built_image_with_the_workspace_it_holds(tmp_path,
         assert box.exec("cat /etc/gyre-built", timeout_s=30).stdout == "built\n"
         assert (box.workspace / "data.txt").read_text() == "from the image\n"
         assert (box.workspace / "sub" / "y").read_text() == "y\n"
-        assert not os.path.lexists(box.workspace / "abs-link")  # a link out of the workspace is left out
+        # a link to an absolute path is kept, never followed on the host: inside, it is the container's file
+        assert os.readlink(box.workspace / "abs-link") == "/etc/passwd"
+        assert box.exec("head -c 5 abs-link", timeout_s=30).stdout == "root:"
+        assert not os.path.lexists(box.workspace / "null-dev")  # a device is left out
         assert box.image.startswith("built Dockerfile of test-sandbox as gyre-task:")
-        assert "left out of the workspace: abs-link" in box.image
+        assert "left out of the workspace: null-dev" in box.image
         assert box.exec("cat data.txt", timeout_s=30).stdout == "from the image\n"
     finally:
         box.destroy()

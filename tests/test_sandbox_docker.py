@@ -96,12 +96,15 @@ def test_cli_harnesses_are_allowed_in_docker(monkeypatch):
 def test_create_sandbox_starts_a_container_for_docker_and_a_local_sandbox_otherwise(tmp_path, monkeypatch):
     started: list[dict] = []
 
+    sdk, _ = fake_sdk()  # its errors, images (every image present) and stopped containers (holding no files)
+
     class FakeContainers:
+        create = staticmethod(sdk.from_env().containers.create)
+
         def run(self, **kwargs):
             started.append(kwargs)
             return types.SimpleNamespace(remove=lambda force: None)
 
-    sdk, _ = fake_sdk()  # its errors and images (every image present)
     sdk.from_env = lambda **_: types.SimpleNamespace(containers=FakeContainers(), images=types.SimpleNamespace(
         get=lambda name: name), info=lambda: {"CgroupDriver": "cgroupfs"})
     monkeypatch.setitem(sys.modules, "docker", sdk)  # the SDK is the outer edge

@@ -50,6 +50,10 @@ BASE_FILE = "base_commit"
 REPOS_DIR = "repos"
 HIDDEN_TESTS_DIR = "hidden_tests"
 RUN_TESTS = "run_tests.sh"
+WORKDIR = "/testbed"
+"""Where R2E-Gym's images hold the repository, and where its agent and `run_tests.sh` work."""
+TESTS_DIR = "r2e_tests"
+"""The hidden tests' directory in the repository (`run_tests.sh` runs `pytest ... r2e_tests`)."""
 CACHE_DIR = ".gyre-r2e"
 STATUSES = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL", "XPASS")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -124,6 +128,7 @@ def r2e_spec(query_root: Path) -> TaskSpec:
         format=R2E,
         scoring=SCORING_RULES[R2E],
         image=row.get("docker_image"),
+        workdir=WORKDIR,
         expected_statuses=_expected(row, Path(query_root) / ROW_FILE),
     )
 

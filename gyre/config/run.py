@@ -217,7 +217,7 @@ class EvaluatorConfig(Section):
     """Where Terminal-Bench and Harbor tasks are tested. `in_place` (upstream's way): in the agent's own
     sandbox session after it stops, processes it left running still alive (a server the tests call),
     the tests copied in then (`gyre.evaluators.formats.in_place`; local sandbox with bubblewrap, gyre as root;
-    `sandbox.type: docker`: the agent's own container, `gyre.evaluators.formats.in_container`; elsewhere
+    `sandbox.type: docker`: the agent's own container, R2E-Gym's too, `gyre.evaluators.formats.in_container`; elsewhere
     `fresh` is used, with a warning). `fresh`: a new local sandbox on a copy of the workspace."""
     max_dropped_share: float = Field(default=0.5, ge=0.0, le=1.0)
     """A run whose evaluator failures (dropped executions, never counted as zeros) exceed this share of its

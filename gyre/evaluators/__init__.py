@@ -6,7 +6,7 @@ credit, `nl2repo`; Terminal-Bench: binary, Harbor: reward file, `container_task`
 R2E-Gym / DeepSWE: binary exact statuses, `r2e`). Every scorer works on a copy of the
 workspace in a fresh sandbox with the pristine tests put in last (except Terminal-Bench and
 Harbor given the agent's live sandbox: its local session, `in_place`, or its docker
-container, `in_container`, as upstream tests them), and returns
+container, `in_container`, as upstream tests them; R2E-Gym in its docker container too), and returns
 `Score(status=ok, score in [0, 1])` for whatever the agent did (0 included) or
 `Score(status=error, score=None, detail=why)` when the evaluator itself failed (crash,
 infra error, unparseable output): such a score is dropped from its group and can be
@@ -119,8 +119,9 @@ def evaluate_query(
     A task needing more than the evaluation offers is not run: an evaluator failure naming
     what it needs (`needs.py`), never a 0.
     `live`: the execution's sandbox, still running (a session-mode `LocalSandbox`, or a `DockerSandbox`
-    made with `in_container.container_slots`): Terminal-Bench and Harbor tasks are then tested inside
-    it (`in_place`, `in_container`; no package index reaches a container); the caller closes it afterwards.
+    made with `in_container.container_slots`): Terminal-Bench and Harbor tasks (and R2E-Gym in a container) are
+    then tested inside it (`in_place`, `in_container`; no package index reaches a container); the caller closes
+    it afterwards.
     """
     from gyre.benchmarks.registry import task_spec
     from gyre.evaluators.common import SCORE_FILE, error

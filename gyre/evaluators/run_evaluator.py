@@ -5,7 +5,7 @@ executions whose evaluation failed. Both take their evaluator from here, so a re
 same evaluator as the run: the same test timeout, isolation, reward-hacking monitor and
 package-index access, and the same rule for which tasks are tested inside the agent's own,
 still-running sandbox (Terminal-Bench and Harbor with `evaluator.container_tasks: in_place`:
-the local session, `in_place`, or the docker container, `in_container`). Those can only be
+the local session, `in_place`, or the docker container, `in_container`, which also tests R2E-Gym). Those can only be
 evaluated while that sandbox lives, so a rerun cannot reproduce them (`tested_live`).
 """
 
@@ -33,7 +33,7 @@ class RunEvaluator:
     in_place: bool
     """Terminal-Bench/Harbor tasks are tested in the agent's live local session."""
     in_container: bool
-    """Terminal-Bench/Harbor tasks are tested in the agent's live docker container."""
+    """Terminal-Bench/Harbor/R2E-Gym tasks are tested in the agent's live docker container."""
 
     @classmethod
     def from_config(cls, config: RunConfig, isolation: Isolation) -> RunEvaluator:

@@ -1,7 +1,8 @@
 """An execution's sandbox, opened for its format, and what is recorded when it cannot be opened.
 
 Terminal-Bench and Harbor executions keep their sandbox alive for the evaluation (tested in the
-agent's live session, `in_place`, or its docker container, `in_container`); every other one is closed
+agent's live session, `in_place`, or its docker container, `in_container`, as R2E-Gym's docker
+executions are); every other one is closed
 after the agent. A sandbox that cannot start (`SandboxStartError`: the task's image did not build, the
 engine refused the container) is not the agent's doing: the execution is recorded `sandbox_error` with
 the reason, no agent runs, and its evaluation is an evaluator failure (dropped from its group, never a

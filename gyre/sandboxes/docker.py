@@ -163,7 +163,8 @@ class DockerSandbox:
         under gyre's own memory cgroup for the container (`sandbox.docker.cgroup_parent`; engines with the
         cgroupfs driver: one on systemd's keeps its own placement). `dockerfile`: the task's own, built
         (`docker_build.container_image`: when there is no `image`, or it is not on the engine and not pulled) and
-        run; the workspace then starts from what the image holds at `workdir` when the query has no `start/`."""
+        run. The workspace starts from the query's `start/` with what the image holds at `workdir` around it
+        (`docker_build.seed_workspace`), git history past the start commit stripped."""
         import docker  # the optional extra, imported only here
 
         workspace = Path(workspace).resolve()
@@ -172,7 +173,6 @@ class DockerSandbox:
         workspace.mkdir(parents=True, exist_ok=True)
         if query.start_dir is not None:
             shutil.copytree(query.start_dir, workspace, symlinks=True, dirs_exist_ok=True)
-            strip_git_history(workspace)
         limits = limits or SandboxLimits()
         workdir = workdir or DEFAULT_WORKDIR
         slot_root = workspace.parent / f".{workspace.name}{SLOTS_SUFFIX}"
@@ -182,12 +182,13 @@ class DockerSandbox:
         try:
             client = docker.from_env()
             wanted = image if image is not None else ("" if dockerfile is not None else DEFAULT_IMAGE)
-            used, note, built = container_image(client, query.query_id, wanted, dockerfile, base_images or {},
+            used, note, _built = container_image(client, query.query_id, wanted, dockerfile, base_images or {},
                                                 build_timeout_s, build_network, pull)
-            if built and query.start_dir is None:  # the workspace is bind-mounted over the image's workdir
-                left_out = seed_workspace(client, used, workdir, workspace)
-                if left_out:
-                    note += f"; left out of the workspace: {', '.join(left_out[:5])}"
+            left_out = seed_workspace(client, used, workdir, workspace)  # the bind mount hides the image's workdir
+            if left_out:
+                note += f"; left out of the workspace: {', '.join(left_out[:5])}"
+            if query.start_dir is not None:
+                strip_git_history(workspace)
             cgroup = cgroup_parent(cgroup_parent_name) if cgroup_parent_name and _cgroupfs(client) else None
             kwargs = container_kwargs(used, workspace, workdir, limits, dict(env or {}), f"gyre-{workspace.name}",
                                       binds, cgroup)

@@ -15,8 +15,10 @@ that is neither here nor mapped, and a build step that fails, are a `TaskImageEr
 the image or the step, the switches that would help, and the build log's last lines.
 
 `seed_workspace` copies what the image holds at the task's working directory into a fresh
-workspace (the workspace is bind-mounted there, hiding it): a task with no `start/` directory
-starts from what its Dockerfile put in `/app`, as upstream's container does.
+workspace (the workspace is bind-mounted there, hiding it), around the task's `start/` files: a task
+with no `start/` directory starts from what its Dockerfile put in `/app`, and an R2E-Gym repository
+keeps what its image built at `/testbed` beside the checked-out commit (`.venv`, compiled extensions),
+as upstream's container does.
 """
 
 from __future__ import annotations
@@ -185,9 +187,13 @@ def container_image(client, task: str, image: str, dockerfile: str | None, base_
 
 
 def seed_workspace(client, image: str, workdir: str, workspace: Path) -> list[str]:
-    """Copy the files `image` holds under `workdir` into the (empty, not yet shared) `workspace`; returns the
-    entries left out: tarfile's `data` filter refuses links that leave the directory (an absolute one included),
-    devices and paths outside it; ownership is gyre's, as for a `start/` copy. No such directory: nothing."""
+    """Copy the files `image` holds under `workdir` into the (not yet shared) `workspace`, around what is already
+    there: a file the task's `start/` put there is kept (start/ wins), a directory is merged, and the image's
+    `.git` is left out where start/ brought one (its history is the task's, stripped). Returns the entries left
+    out by tarfile's `data` filter (devices, hard links and paths leaving the directory); a symbolic link to an
+    absolute path is kept (a virtualenv's `bin/python -> /usr/bin/python3`): it resolves inside the container,
+    and gyre never follows a workspace link on the host. Ownership is gyre's, as for a `start/` copy. No such
+    directory in the image: nothing."""
     import docker
 
     container = client.containers.create(image, command=["true"], network_disabled=True)
@@ -200,13 +206,23 @@ def seed_workspace(client, image: str, workdir: str, workspace: Path) -> list[st
     finally:
         container.remove(force=True)
     left_out: list[str] = []
+    own_git = (workspace / ".git").exists() or (workspace / ".git").is_symlink()
 
     def keep(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+        name = member.name.removeprefix("./")
+        if own_git and (name == ".git" or name.startswith(".git/")):
+            return None
+        if not member.isdir() and os.path.lexists(os.path.join(dest, name)):
+            return None  # start/'s file
         try:
             return tarfile.data_filter(member, dest)
+        except (tarfile.AbsoluteLinkError, tarfile.LinkOutsideDestinationError) as exc:
+            if member.issym():
+                return tarfile.tar_filter(member, dest)
+            left_out.append(f"{name} ({type(exc).__name__})")
         except tarfile.FilterError as exc:
-            left_out.append(f"{member.name.removeprefix('./')} ({type(exc).__name__})")
-            return None
+            left_out.append(f"{name} ({type(exc).__name__})")
+        return None
 
     with tarfile.open(fileobj=data) as archive:
         members: list[Any] = [m for m in archive.getmembers() if m.name not in (".", "./")]

@@ -1,7 +1,7 @@
 """Evaluate a docker execution in its own container, after the agent, as Terminal-Bench and Harbor do.
 
-Upstream runs an agent in the task's image and, when it stops, copies the tests into that
-same container and runs them there: a server the agent left running answers them, and the
+Upstream (Terminal-Bench, Harbor, R2E-Gym) runs an agent in the task's image and, when it stops,
+copies the tests into that same container and runs them there: a server the agent left running answers them, and the
 image's own tools run them. With `sandbox.type: docker` gyre does the same
 (`coordinator.run_execution` keeps the `DockerSandbox` alive past `end_agent()`):
 
@@ -34,46 +34,61 @@ time on; canaries and the tally's ordering checks catch a patched runner and for
 the monitor reads the workspace. Not covered: an image whose user has the evaluation's uid
 (gyre not root, image user = gyre's uid) gives the agent the slots too.
 
-Only Terminal-Bench and Harbor are evaluated here: R2E-Gym and NL2RepoBench are scored on a
-cleaned copy of the workspace with gyre's own test environment (`r2e`, `nl2repo`), which the
-agent's live container cannot offer without rewriting the kept workspace. No package index is
-bridged into the container (a task needing one is unscorable here). Verdicts are
-`container_task`'s. A container gone (closed) is an evaluator failure (`container_gone`); one
+R2E-Gym is evaluated here too, as its own harness does (`bash /root/run_tests.sh` from `/testbed`
+in the agent's container): the tests slot is bound at `/testbed/r2e_tests` (where upstream links
+them), `run_tests.sh` goes into a runner slot, and the image's own `.venv` (seeded into the
+workspace, `docker_build.seed_workspace`) runs pytest; the verdict is `r2e.r2e_verdict`. Nothing
+in the workspace is reset (upstream resets nothing; the monitor flags a changed `conftest.py`).
+NL2RepoBench is scored on a cleaned copy with gyre's own test environment (`nl2repo`): its
+commands install the project from a package index, and no index is bridged into a container
+(a task needing one is unscorable here). Verdicts are
+`container_task`'s and `r2e`'s. A container gone (closed) is an evaluator failure (`container_gone`); one
 found stopped is started again, and what ran in it being gone is the workspace's result.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import shutil
 from pathlib import Path
 
 from gyre.benchmarks.harbor import REWARD_JSON, REWARD_TXT
-from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH, TaskSpec
+from gyre.benchmarks.r2e import RUN_TESTS
+from gyre.benchmarks.r2e import TESTS_DIR as R2E_TESTS
+from gyre.benchmarks.r2e import WORKDIR as R2E_WORKDIR
+from gyre.benchmarks.spec import HARBOR, R2E, TERMINAL_BENCH, TaskSpec
 from gyre.evaluators.common import EVAL_LIMITS, error, tampering, write_log
 from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.formats.container_task import (
     harbor_reward, place_task_tests, terminal_bench_verdict, verifier_runs_pytest,
 )
 from gyre.evaluators.formats.in_place import grant_access
+from gyre.evaluators.formats.r2e import r2e_verdict
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, FifoChannel, PluginInstall
 from gyre.evaluators.integrity.tally import tally
-from gyre.evaluators.observed import INTERRUPT_GRACE_S, Observed
+from gyre.evaluators.integrity.canaries import PristineFile
+from gyre.evaluators.observed import INTERRUPT_GRACE_S, Observed, place_pristine, read_sources
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 
 CONTAINER_GONE = "container_gone"
-IN_CONTAINER_FORMATS = (TERMINAL_BENCH, HARBOR)
+IN_CONTAINER_FORMATS = (TERMINAL_BENCH, HARBOR, R2E)
 """The formats whose upstream harness tests in the agent's own container."""
-TESTS_SLOT, PLUGIN_SLOT, RESULT_SLOT, LOGS_SLOT = "tests", "plugin", "result", "logs"
+TESTS_SLOT, PLUGIN_SLOT, RESULT_SLOT, LOGS_SLOT, RUNNER_SLOT = "tests", "plugin", "result", "logs", "runner"
 RESULT_DIR = "/run/gyre-result"
+RUNNER_DIR = "/run/gyre-runner"
+"""R2E: where `run_tests.sh` is put (upstream's image holds it at `/root/run_tests.sh`)."""
 AGENT_DIRS = (f"{LOGS_SLOT}/agent",)
 """Directories inside slots that belong to the agent (Harbor's /logs/agent)."""
 
 
 def container_slots(spec: TaskSpec) -> dict[str, str]:
     """The evaluation slots a container for `spec` needs (name -> inside path), bound at its creation."""
+    if spec.format == R2E:  # the hidden tests at /testbed/r2e_tests, where upstream links them
+        return {TESTS_SLOT: f"{spec.workdir or R2E_WORKDIR}/{R2E_TESTS}", RUNNER_SLOT: RUNNER_DIR,
+                PLUGIN_SLOT: PLUGIN_MOUNT, RESULT_SLOT: RESULT_DIR}
     slots = {TESTS_SLOT: spec.tests_mount or "/tests", PLUGIN_SLOT: PLUGIN_MOUNT, RESULT_SLOT: RESULT_DIR}
     if spec.logs_dir:
         slots[LOGS_SLOT] = spec.logs_dir
@@ -92,7 +107,11 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     reports.mkdir(parents=True)
     owner = sandbox.eval_user
     tests, tests_inside = sandbox.slot(TESTS_SLOT), sandbox.eval_slots[TESTS_SLOT]
-    pristine = place_task_tests(query, spec, tests, tests_inside)
+    if spec.format == R2E:
+        pristine = place_r2e_tests(query, tests, tests_inside, sandbox.slot(RUNNER_SLOT))
+        own(sandbox.slot(RUNNER_SLOT), owner)
+    else:
+        pristine = place_task_tests(query, spec, tests, tests_inside)
     own(tests, owner)
     if LOGS_SLOT in sandbox.eval_slots:
         logs = sandbox.slot(LOGS_SLOT)
@@ -113,6 +132,8 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     if plugins := task_plugins(query):
         env["GYRE_PLUGIN_DISTS"] = ",".join(plugins)
     (command,) = query.test_commands
+    if spec.format == R2E:
+        command = f"bash {sandbox.eval_slots[RUNNER_SLOT]}/{RUN_TESTS}"  # from the workdir, as upstream runs it
     try:
         result = sandbox.run_as(command, user=f"{owner[0]}:{owner[1]}", env=env, timeout_s=timeout_s,
                                 interrupt_grace_s=INTERRUPT_GRACE_S, max_output_bytes=limits.max_output_bytes)
@@ -122,6 +143,9 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     said.stopped = result.timed_out or bool(result.limit_hit)
     write_log(reports / "command_0.log", command, result)
     seen = Observed(result, said, tally(pristine, [said]), None)
+    if spec.format == R2E:
+        score = r2e_verdict(execution_id, spec, seen, pristine, command, timeout_s)
+        return score.model_copy(update={"detail": f"in container: {score.detail}{note}"})
     if (verdict := seen.settled(execution_id)) is not None:
         return seen.flagged(verdict)
     if spec.format == HARBOR:
@@ -133,6 +157,21 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     else:
         score = terminal_bench_verdict(execution_id, result, timeout_s, pristine, seen.counted, said.hello)
     return seen.flagged(score.model_copy(update={"detail": f"in container: {score.detail}{note}"}))
+
+
+def place_r2e_tests(query: Query, tests: Path, tests_inside: str, runner: Path) -> list[PristineFile]:
+    """R2E's hidden `r2e_tests/` into the tests slot (shown at `<workdir>/r2e_tests`) with canaries planned, and
+    `run_tests.sh` into the runner slot. A hidden file outside `r2e_tests/` has nowhere to go in the container: the
+    evaluator's failure, raised."""
+    prefix = f"{R2E_TESTS}/"
+    elsewhere = [rel for rel in query.test_files if rel != RUN_TESTS and not rel.startswith(prefix)]
+    if elsewhere:
+        raise ValueError(f"hidden files outside {R2E_TESTS}/ cannot be placed in the container: {elsewhere[:5]}")
+    hidden = Path(query.hidden_tests_dir)
+    sources = {rel.removeprefix(prefix): data for rel, data in
+               read_sources(hidden, [rel for rel in query.test_files if rel != RUN_TESTS]).items()}
+    shutil.copyfile(hidden / RUN_TESTS, runner / RUN_TESTS)
+    return place_pristine(tests, sources, tests_inside, random.Random(secrets.randbits(64)))
 
 
 def own(root: Path, owner: tuple[int, int]) -> None:

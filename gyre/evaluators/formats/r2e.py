@@ -30,6 +30,7 @@ import secrets
 import shutil
 from pathlib import Path
 
+from gyre.benchmarks.r2e import WORKDIR
 from gyre.benchmarks.spec import TaskSpec
 from gyre.evaluators.common import ok, tail, write_log
 from gyre.evaluators.environments.needs import task_plugins
@@ -38,7 +39,7 @@ from gyre.evaluators.integrity.canaries import PristineFile, test_id
 from gyre.evaluators.integrity.channel import TestResult
 from gyre.evaluators.integrity.control import no_verdict
 from gyre.evaluators.integrity.pytest_guard import PLANTED_FILE_NAMES, ROOT_CONFIG_NAMES, neutralise_pytest_config
-from gyre.evaluators.observed import IndexAccess, Observer, place_pristine, read_sources
+from gyre.evaluators.observed import IndexAccess, Observed, Observer, place_pristine, read_sources
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.layout import SandboxLayout
@@ -47,7 +48,6 @@ from gyre.sandboxes.local.privileges import protect
 from gyre.sandboxes.paths import clear_path
 from gyre.sandboxes.process import sandbox_env
 
-WORKDIR = "/testbed"
 _STATUS = {"passed": "PASSED", "failed": "FAILED", "error": "ERROR", "skipped": "SKIPPED"}
 CONFIG_NAMES = PLANTED_FILE_NAMES | ROOT_CONFIG_NAMES
 
@@ -86,8 +86,19 @@ def evaluate_r2e(
     (command,) = query.test_commands
     seen = observer.run_single(command, pristine, workspace=repo, scratch=scratch, layout=layout,
                                env=sandbox_env(Path(layout.inside(repo))), limits=limits, timeout_s=timeout_s)
+    write_log(reports / "command_0.log", command, seen.result)
+    return r2e_verdict(execution_id, spec, seen, pristine, command, timeout_s,
+                       f"restored {restored} config files")
+
+
+def r2e_verdict(execution_id: str, spec: TaskSpec, seen: Observed, pristine: list[PristineFile], command: str,
+                timeout_s: float, note: str = "") -> Score:
+    """Upstream's rule on what gyre's plugin saw (`seen`) of the hidden test modules (`pristine`): 1.0 iff as
+    many hidden tests were parsed as the expected map holds and each ended with its expected status; a script
+    that never started pytest is `no_verdict` (a timeout before it, the workspace's 0). The same for an
+    evaluation copy (`evaluate_r2e`) and the agent's own container (`in_container`)."""
     result, said = seen.result, seen.said
-    write_log(reports / "command_0.log", command, result)
+    total = len(spec.expected_statuses)
     if (verdict := seen.settled(execution_id)) is not None:
         return seen.flagged(verdict)
     if not said.hello:
@@ -105,7 +116,7 @@ def evaluate_r2e(
         if got != expected:
             mismatches.append(f"{test}: expected {expected}, got {got or 'not run'}")
     num_ok = total - len(mismatches)
-    detail = f"{num_ok}/{total} tests as expected; restored {restored} config files"
+    detail = f"{num_ok}/{total} tests as expected" + (f"; {note}" if note else "")
     if len(statuses) != total:
         mismatches.append(f"parsed {len(statuses)} hidden tests, the expected map has {total} (upstream scores 0)")
     if mismatches:

@@ -7,7 +7,8 @@ from the local base, the way such an image is made (the repository copied to `/t
 maps the row's image name to it (`sandbox.docker.base_images`). Checked: the workspace holds the image's
 `.venv` and built files around the checked-out commit (the image's `.git` left out), the hidden tests are out of
 the agent's reach at `/testbed/r2e_tests` while it works, and the container's own `.venv` runs them: the gold
-patch scores 1.0 by upstream's rule, the untouched repository 0.
+patch scores 1.0 by upstream's rule, the untouched repository 0, a workspace that stops the runner 0 (a control
+run in a new container of the image says whose failure it was).
 """
 
 from __future__ import annotations
@@ -103,6 +104,22 @@ def test_the_untouched_repository_scores_zero_in_its_own_container(tmp_path, r2e
     score = _evaluate(query, box, tmp_path / "eval")
     assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
     assert "TestDouble.test_positive: expected PASSED, got FAILED" in score.detail, score.detail
+
+
+def test_a_workspace_that_stops_the_runner_scores_zero_by_a_control_container(tmp_path, r2e):
+    """The agent deletes the image's `.venv`: `run_tests.sh` ends before pytest starts. A control run in a new
+    container of the same image, on the task's starting files, gives a verdict: the workspace broke the runner,
+    its 0 (never a dropped sample, the way out of a negative advantage); the control's container is gone."""
+    import docker
+
+    query, base_images = r2e
+    box = _box(query, tmp_path, base_images)
+    box.exec("rm -rf .venv", timeout_s=60)
+    score = _evaluate(query, box, tmp_path / "eval")
+    assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
+    assert "without starting pytest" in score.detail and "this workspace broke it" in score.detail, score.detail
+    assert any(flag.startswith("broke-runner") for flag in score.flags), score.flags
+    assert docker.from_env().containers.list(all=True, filters={"label": "gyre"}) == []
 
 
 @pytest.mark.slow

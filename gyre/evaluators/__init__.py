@@ -166,7 +166,7 @@ def _score(query: Query, spec, workspace: Path, eval_dir: Path, execution_id: st
     from gyre.benchmarks.spec import NL2REPO, R2E
     from gyre.evaluators.environments.deadline import capped
     from gyre.evaluators.formats.container_task import evaluate_container_task
-    from gyre.evaluators.formats.in_container import evaluate_in_container
+    from gyre.evaluators.formats.in_container import control_in_container, evaluate_in_container
     from gyre.evaluators.formats.in_place import IN_PLACE_FORMATS, evaluate_in_place
     from gyre.evaluators.formats.nl2repo import evaluate
     from gyre.evaluators.formats.r2e import evaluate_r2e
@@ -191,15 +191,18 @@ def _score(query: Query, spec, workspace: Path, eval_dir: Path, execution_id: st
         return scorer(query, spec, Path(ws).resolve(), directory, execution_id,
                       max(capped(test_timeout_s, deadline_s), 0.01), isolation or Isolation.detect(), limits, index)
 
+    # the control run (a workspace that stopped the runner, or made gyre raise): the same evaluation on the task's
+    # starting files, in a new container of the same image for one tested in its container
+    control = control_in_container(query, spec, live, execution_id, test_timeout_s, limits) if in_container else fresh
     try:
         if in_container:
-            return evaluate_in_container(query, spec, live, eval_dir, execution_id, test_timeout_s, limits)
-        if live is not None and not isinstance(live, DockerSandbox) and spec.format in IN_PLACE_FORMATS:
+            score = evaluate_in_container(query, spec, live, eval_dir, execution_id, test_timeout_s, limits)
+        elif live is not None and not isinstance(live, DockerSandbox) and spec.format in IN_PLACE_FORMATS:
             score = evaluate_in_place(query, spec, live, eval_dir, execution_id, test_timeout_s, limits, index)
         else:
             score = fresh(workspace, eval_dir)
     except Exception as exc:  # a recorded error, never an exception: but whose?
         score = crashed(execution_id, exc)
     if is_crash(score):  # the workspace's 0 if the task's starting files evaluate, else the evaluator's failure
-        return after_crash(score, query, eval_dir, fresh)
-    return with_control(score, query, eval_dir, fresh)  # a runner that gave no verdict: did the workspace break it?
+        return after_crash(score, query, eval_dir, control)
+    return with_control(score, query, eval_dir, control)  # a runner that gave no verdict: did the workspace break it?

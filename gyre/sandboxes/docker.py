@@ -133,6 +133,10 @@ class DockerSandbox:
     eval_user: tuple[int, int] = field(default_factory=evaluation_user)
     image: str | None = None
     """What `executions.image` records: the image, or `requested -> used` (`resolve_image`)."""
+    image_ref: str = ""
+    """The image the container runs from (a tag or id on this engine): what a control run starts again."""
+    cgroup_parent_name: str = ""
+    """`sandbox.docker.cgroup_parent` as created with (a control run's container goes under it too)."""
     closed: bool = field(default=False, init=False)
     restarts: int = field(default=0, init=False)
     """Times the container was found stopped and started again (`ensure_running`)."""
@@ -200,7 +204,8 @@ class DockerSandbox:
             remove_tree(slot_root)
             raise
         return cls(workspace=workspace, container=container, limits=limits, workdir=workdir, slot_root=slot_root,
-                   eval_slots=dict(eval_slots or {}), eval_user=owner, image=note)
+                   eval_slots=dict(eval_slots or {}), eval_user=owner, image=note, image_ref=used,
+                   cgroup_parent_name=cgroup_parent_name)
 
     def slot(self, name: str) -> Path:
         """The host directory of evaluation slot `name`."""

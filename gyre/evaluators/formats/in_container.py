@@ -66,9 +66,10 @@ from gyre.evaluators.formats.container_task import (
 )
 from gyre.evaluators.formats.in_place import grant_access
 from gyre.evaluators.formats.r2e import r2e_verdict
-from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, FifoChannel, PluginInstall
-from gyre.evaluators.integrity.tally import tally
 from gyre.evaluators.integrity.canaries import PristineFile
+from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, FifoChannel, PluginInstall
+from gyre.evaluators.integrity.control import is_no_verdict
+from gyre.evaluators.integrity.tally import tally
 from gyre.evaluators.observed import INTERRUPT_GRACE_S, Observed, place_pristine, read_sources
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
@@ -145,7 +146,7 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     seen = Observed(result, said, tally(pristine, [said]), None)
     if spec.format == R2E:
         score = r2e_verdict(execution_id, spec, seen, pristine, command, timeout_s)
-        return score.model_copy(update={"detail": f"in container: {score.detail}{note}"})
+        return _said_where(score, note)
     if (verdict := seen.settled(execution_id)) is not None:
         return seen.flagged(verdict)
     if spec.format == HARBOR:
@@ -156,7 +157,34 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
                               verifier_runs_pytest(query))
     else:
         score = terminal_bench_verdict(execution_id, result, timeout_s, pristine, seen.counted, said.hello)
-    return seen.flagged(score.model_copy(update={"detail": f"in container: {score.detail}{note}"}))
+    return seen.flagged(_said_where(score, note))
+
+
+def _said_where(score: Score, note: str) -> Score:
+    """`score` with "in container" in its detail, after `NO_VERDICT` where it starts so (`with_control` reads it)."""
+    if is_no_verdict(score):
+        return score.model_copy(update={"detail": f"{score.detail} (in container){note}"})
+    return score.model_copy(update={"detail": f"in container: {score.detail}{note}"})
+
+
+def control_in_container(query: Query, spec: TaskSpec, live, execution_id: str, timeout_s: float,
+                         limits: SandboxLimits = EVAL_LIMITS):
+    """A control run (`integrity.control`) for an evaluation in `live`: the same evaluation in a new container of
+    the same image, on the task's starting files (`DockerSandbox.create` lays them out as for an execution), with
+    no agent; the container and its workspace are removed afterwards."""
+    from gyre.sandboxes.docker import DockerSandbox
+
+    def run(_start: Path, directory: Path) -> Score:
+        box = DockerSandbox.create(query, directory / "workspace", image=live.image_ref, workdir=live.workdir,
+                                   eval_slots=live.eval_slots, agent_dirs=AGENT_DIRS, limits=live.limits,
+                                   cgroup_parent_name=live.cgroup_parent_name)
+        try:
+            box.end_agent()
+            return evaluate_in_container(query, spec, box, directory / "eval", execution_id, timeout_s, limits)
+        finally:
+            box.destroy()
+
+    return run
 
 
 def place_r2e_tests(query: Query, tests: Path, tests_inside: str, runner: Path) -> list[PristineFile]:

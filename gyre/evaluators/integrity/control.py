@@ -15,10 +15,10 @@ So such a failure (`no_verdict`, detail prefixed `NO_VERDICT`) is checked once m
 in a fresh sandbox, under `eval_dir/control/`. If the runner gives a verdict there (pytest
 started, a readable reward), it works and the workspace broke it: a valid 0 (status ok). If it
 fails there too, or the control cannot say (an unreachable index, a crash), the evaluator
-failure stands. The control costs a second run only when the first failed this way. Not done
-for docker executions tested in their own container (the control would need the image: their
-failures stand) nor for NL2RepoBench, whose setup commands are the workspace's build and are
-handled by `nl2repo` itself.
+failure stands. The control costs a second run only when the first failed this way. A docker
+execution tested in its own container (`in_container`) gets its control in a new container of the
+same image (`in_container.control_in_container`). Not done for NL2RepoBench, whose setup commands
+are the workspace's build and are handled by `nl2repo` itself.
 
 The same control decides when the evaluator itself raised while reading, copying, scanning or running a
 workspace (`after_crash`, every format: a module shadowing one pytest imports, a name that is not UTF-8,

@@ -39,8 +39,24 @@ def check_run_kwargs(kwargs: dict) -> None:
     _create_container_args(args)
 
 
+class Engine:
+    """The fake engine's state: `down` (it died: every call raises what the SDK raises then, the connection to
+    its socket refused)."""
+
+    def __init__(self) -> None:
+        self.down = False
+
+    def answer(self) -> None:
+        if self.down:
+            import requests
+
+            raise requests.exceptions.ConnectionError(
+                "('Connection aborted.', FileNotFoundError(2, 'No such file or directory'))")
+
+
 class FakeContainer:
-    def __init__(self, kwargs: dict, handler: Handler | None = None) -> None:
+    def __init__(self, kwargs: dict, handler: Handler | None = None, engine: Engine | None = None) -> None:
+        self.engine = engine or Engine()
         self.kwargs = kwargs
         self.handler = handler
         self.calls: list[tuple[list, dict]] = []
@@ -53,15 +69,18 @@ class FakeContainer:
     def exec_run(self, cmd, **kw):
         if SDKContainer is not None:
             inspect.signature(SDKContainer.exec_run).bind(self, cmd, **kw)  # the SDK's names only
+        self.engine.answer()
         self.calls.append((list(cmd), kw))
         exit_code, out, err = self.handler(self, list(cmd), kw) if self.handler else (0, b"", b"")
         return types.SimpleNamespace(exit_code=exit_code, output=(out, err) if kw.get("demux") else out + err)
 
     def pause(self) -> None:
+        self.engine.answer()
         self.calls.append((["<pause>"], {}))
         self.status = "paused"
 
     def unpause(self) -> None:
+        self.engine.answer()
         self.calls.append((["<unpause>"], {}))
         self.status = "running"
 
@@ -79,25 +98,31 @@ class FakeContainer:
         return text
 
     def reload(self) -> None:
-        pass
+        self.engine.answer()
 
     def start(self) -> None:
+        self.engine.answer()
         self.status, self.starts = "running", self.starts + 1
 
     def kill(self) -> None:
+        self.engine.answer()
         self.status, self.kills = "exited", self.kills + 1
 
     def remove(self, force: bool = False) -> None:
+        self.engine.answer()
         self.removed = True
 
 
 def fake_sdk(handler: Handler | None = None) -> tuple[types.ModuleType, list[FakeContainer]]:
-    """A `docker` module whose `from_env().containers.run(**kwargs)` makes FakeContainers."""
+    """A `docker` module whose `from_env().containers.run(**kwargs)` makes FakeContainers; `module.engine.down =
+    True` kills its engine (every call then raises)."""
     made: list[FakeContainer] = []
+    engine = Engine()
 
     def run(**kwargs):
+        engine.answer()
         check_run_kwargs(kwargs)
-        made.append(FakeContainer(kwargs, handler))
+        made.append(FakeContainer(kwargs, handler, engine))
         return made[-1]
 
     class DockerException(Exception):
@@ -111,11 +136,14 @@ def fake_sdk(handler: Handler | None = None) -> tuple[types.ModuleType, list[Fak
 
     def create(image, **kwargs):
         """A stopped container of `image` for `seed_workspace`: the fake's images hold no files."""
+        engine.answer()
+
         def get_archive(path):
             raise NotFound(f"{image} holds no {path}")
         return types.SimpleNamespace(get_archive=get_archive, remove=lambda force=False: None)
 
     module = types.ModuleType("docker")
+    module.engine = engine
     module.errors = types.SimpleNamespace(DockerException=DockerException, ImageNotFound=ImageNotFound,
                                           NotFound=NotFound)
     module.from_env = lambda **_: types.SimpleNamespace(containers=types.SimpleNamespace(run=run, create=create),

@@ -44,9 +44,9 @@ from gyre.records import Call, EvalRecord, EvalStatus, Execution, ExecutionStatu
 from gyre.runtime import simulated_durations
 from gyre.runtime.progress import ProgressEvent, emit
 from gyre.runtime.resolve import preflight
-from gyre.runtime.execution_sandbox import open_sandbox, unstarted_score
+from gyre.runtime.execution_sandbox import LOST, keep_for_evaluation, open_sandbox, unstarted_score
 from gyre.runtime.run_dir import set_aside_interrupted
-from gyre.sandboxes.base import SandboxStartError
+from gyre.sandboxes.base import SandboxLostError, SandboxStartError
 from gyre.sandboxes.factory import sandbox_limits
 from gyre.sandboxes.local.isolation import Isolation
 from gyre.storage.call_log import CallLog
@@ -207,15 +207,17 @@ class Coordinator:
                              group_index, self.config.rollout.group_size)
         try:
             outcome = self.harness.run(query, sandbox, endpoint, deadlines.harness_s, slot)
+        except SandboxLostError as exc:  # the engine died under the agent: not its doing, nothing to score
+            outcome = HarnessOutcome(ExecutionStatus.sandbox_error, 0, f"{LOST}: {exc}")
         except Exception as exc:  # deliberate: a harness crash is this execution's outcome, recorded
             outcome = HarnessOutcome(ExecutionStatus.harness_error, 0, f"{type(exc).__name__}: {exc}")
         finally:
-            if keep_live:  # its processes stay for the evaluation, which closes it
-                sandbox.end_agent()
-                with self._live_lock:
-                    self._live[execution_id] = sandbox
-            else:
+            kept = keep_live and keep_for_evaluation(sandbox, execution_id, self._live, self._live_lock)
+            if not kept:
                 sandbox.close()
+        if keep_live and not kept and outcome.status is not ExecutionStatus.sandbox_error:
+            outcome = HarnessOutcome(ExecutionStatus.sandbox_error, 0, f"{LOST}: the engine stopped answering "
+                                                                       "as the agent ended")
         return outcome
 
     def evaluate(self, result: ExecutionResult) -> Score:

@@ -6,7 +6,8 @@ executions are); every other one is closed
 after the agent. A sandbox that cannot start (`SandboxStartError`: the task's image did not build, the
 engine refused the container) is not the agent's doing: the execution is recorded `sandbox_error` with
 the reason, no agent runs, and its evaluation is an evaluator failure (dropped from its group, never a
-0; `unstarted_score`). The run goes on.
+0; `unstarted_score`). The run goes on. So is an execution whose sandbox stopped answering under its
+agent (`SandboxLostError`: the docker engine died): what its workspace holds is a truncated run, no score.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from gyre.evaluators.formats.in_container import AGENT_DIRS as CONTAINER_AGENT_D
 from gyre.evaluators.formats.in_container import IN_CONTAINER_FORMATS, container_slots
 from gyre.evaluators.formats.in_place import AGENT_DIRS, IN_PLACE_FORMATS, session_mounts, session_slots
 from gyre.records import Execution, ExecutionStatus, Query, Score
+from gyre.sandboxes.base import SandboxLostError
 from gyre.sandboxes.factory import create_sandbox
 
 
@@ -38,8 +40,27 @@ def open_sandbox(coord, query: Query, spec, execution_id: str, key: str):
     return sandbox, in_place or in_container
 
 
+def keep_for_evaluation(sandbox, execution_id: str, live: dict, lock) -> bool:
+    """Hand `sandbox` to its evaluation in `live` (under `lock`): its agent's commands stopped, what they left
+    running kept. False when its engine no longer answers (the caller closes it; nothing to score)."""
+    try:
+        sandbox.end_agent()
+    except SandboxLostError:
+        return False
+    with lock:
+        live[execution_id] = sandbox
+    return True
+
+
+LOST = "the sandbox was lost mid-execution"
+"""How an execution whose sandbox stopped answering under its agent (`SandboxLostError`) is recorded."""
+
+
 def unstarted_score(execution: Execution) -> Score | None:
-    """The evaluator failure of an execution whose sandbox never started, else None (evaluate it)."""
+    """The evaluator failure of an execution whose sandbox never started or was lost under its agent, else None
+    (evaluate it)."""
     if execution.status is not ExecutionStatus.sandbox_error:
         return None
+    if (execution.error or "").startswith(LOST):
+        return error(execution.execution_id, f"nothing to score: {execution.error}")
     return error(execution.execution_id, f"no sandbox started, nothing to score: {execution.error}")

@@ -30,6 +30,12 @@ class SandboxStartError(RuntimeError):
     build, the engine refused the container): the execution is recorded with it and dropped, the run goes on."""
 
 
+class SandboxLostError(RuntimeError):
+    """An execution's sandbox stopped answering mid-execution for a reason that is not the agent's (the docker
+    engine died): the execution is recorded `sandbox_error` with it and dropped, never scored, the run goes on.
+    Not an `OSError`, so no harness tool turns it into an observation for the model."""
+
+
 @dataclass(frozen=True)
 class ExecResult:
     """What one command did. `exit_code` is negative (-signal) when a signal killed it."""

@@ -71,10 +71,11 @@ from typing import Any
 
 from gyre.records import Query
 from gyre.sandboxes import file_tools
-from gyre.sandboxes.base import ExecResult, SandboxLimits, SandboxStartError
+from gyre.sandboxes.base import ExecResult, SandboxLimits, SandboxLostError, SandboxStartError
 from gyre.sandboxes.bridge import ProxyBridge, proxy_address
 from gyre.sandboxes.docker_container import (
-    BRIDGE_SLOT, DEFAULT_IMAGE, DEFAULT_WORKDIR, SLOTS_SUFFIX, cgroup_parent, container_kwargs, evaluation_user,
+    BRIDGE_SLOT, DEFAULT_IMAGE, DEFAULT_WORKDIR, SLOTS_SUFFIX, cgroup_parent, container_kwargs, container_name,
+    engine_answers, evaluation_user,
     make_slots,
 )
 from gyre.sandboxes.docker_build import container_image, seed_workspace
@@ -184,20 +185,11 @@ class DockerSandbox:
         owner = evaluation_user()
         binds = make_slots(slot_root, dict(eval_slots or {}), agent_dirs, owner)
         try:
-            client = docker.from_env()
-            wanted = image if image is not None else ("" if dockerfile is not None else DEFAULT_IMAGE)
-            used, note, _built = container_image(client, query.query_id, wanted, dockerfile, base_images or {},
-                                                build_timeout_s, build_network, pull)
-            left_out = seed_workspace(client, used, workdir, workspace)  # the bind mount hides the image's workdir
-            if left_out:
-                note += f"; left out of the workspace: {', '.join(left_out[:5])}"
-            if query.start_dir is not None:
-                strip_git_history(workspace)
-            cgroup = cgroup_parent(cgroup_parent_name) if cgroup_parent_name and _cgroupfs(client) else None
-            kwargs = container_kwargs(used, workspace, workdir, limits, dict(env or {}), f"gyre-{workspace.name}",
-                                      binds, cgroup)
-            container = client.containers.run(**kwargs)
-        except docker.errors.DockerException as exc:  # the engine refused or died: not the agent's doing
+            with engine_answers():
+                container, used, note = cls._start(docker.from_env(), query, workspace, workdir, limits, env, binds,
+                                                   image, dockerfile, base_images, cgroup_parent_name,
+                                                   build_timeout_s, build_network, pull)
+        except (docker.errors.DockerException, SandboxLostError) as exc:  # the engine refused or died: not the agent's
             remove_tree(slot_root)
             raise SandboxStartError(f"the container did not start: {exc}") from exc
         except BaseException:
@@ -207,6 +199,25 @@ class DockerSandbox:
                    eval_slots=dict(eval_slots or {}), eval_user=owner, image=note, image_ref=used,
                    cgroup_parent_name=cgroup_parent_name)
 
+    @staticmethod
+    def _start(client, query: Query, workspace: Path, workdir: str, limits: SandboxLimits, env, binds,
+               image: str | None, dockerfile: str | None, base_images, cgroup_parent_name: str, build_timeout_s: float,
+               build_network: str, pull: bool) -> tuple[Any, str, str]:
+        """The image (built or mapped), the workspace seeded from it, the container started: (container, image,
+        what the execution records)."""
+        wanted = image if image is not None else ("" if dockerfile is not None else DEFAULT_IMAGE)
+        used, note, _built = container_image(client, query.query_id, wanted, dockerfile, base_images or {},
+                                            build_timeout_s, build_network, pull)
+        left_out = seed_workspace(client, used, workdir, workspace)  # the bind mount hides the image's workdir
+        if left_out:
+            note += f"; left out of the workspace: {', '.join(left_out[:5])}"
+        if query.start_dir is not None:
+            strip_git_history(workspace)
+        cgroup = cgroup_parent(cgroup_parent_name) if cgroup_parent_name and _cgroupfs(client) else None
+        kwargs = container_kwargs(used, workspace, workdir, limits, dict(env or {}), f"gyre-{workspace.name}",
+                                  binds, cgroup)
+        return client.containers.run(**kwargs), used, note
+
     def slot(self, name: str) -> Path:
         """The host directory of evaluation slot `name`."""
         if name not in self.eval_slots or self.slot_root is None:
@@ -215,6 +226,10 @@ class DockerSandbox:
 
     def exec(self, command: str, timeout_s: float) -> ExecResult:
         """An agent command (the image's user); on timeout its processes are killed, the container stays."""
+        with engine_answers():
+            return self._exec(command, timeout_s)
+
+    def _exec(self, command: str, timeout_s: float) -> ExecResult:
         self._check_open()
         token = secrets.token_hex(8)
         with self._running_lock:
@@ -230,6 +245,12 @@ class DockerSandbox:
                interrupt_grace_s: float = 5.0, max_output_bytes: int | None = None) -> ExecResult:
         """An evaluation command as `user` ("uid:gid"): on timeout SIGINT (pytest still reports), SIGKILL
         after `interrupt_grace_s`; afterwards every process of `user` is killed (what the tests left)."""
+        with engine_answers():
+            return self._run_as(command, user=user, env=env, timeout_s=timeout_s, interrupt_grace_s=interrupt_grace_s,
+                                max_output_bytes=max_output_bytes)
+
+    def _run_as(self, command: str, *, user: str, env: Mapping[str, str], timeout_s: float,
+                interrupt_grace_s: float, max_output_bytes: int | None) -> ExecResult:
         self._check_open()
         stops = [(lambda: self._signal_user(user, "INT"), interrupt_grace_s),
                  (lambda: self._signal_user(user, "KILL"), STOP_WAIT_S)]
@@ -244,10 +265,11 @@ class DockerSandbox:
     def ensure_running(self) -> bool:
         """Start the container again if it stopped (OOM, the engine); True then: what ran in it is gone."""
         self._check_open()
-        self.container.reload()
-        if self.container.status == "running":
-            return False
-        self.container.start()
+        with engine_answers():
+            self.container.reload()
+            if self.container.status == "running":
+                return False
+            self.container.start()
         self.restarts += 1
         return True
 
@@ -257,20 +279,25 @@ class DockerSandbox:
         root work on its workspace from the host (an in-container evaluation's ACL grant) happens while
         nothing of the agent runs."""
         self._check_open()
-        self.container.pause()
+        with engine_answers():
+            self.container.pause()
         try:
             yield
         finally:
-            self.container.unpause()
+            with engine_answers():
+                self.container.unpause()
 
     def end_agent(self) -> None:
         """The agent is done: its commands still running are killed and its proxy route closed; the
         container and what the agent left running in it stay for the evaluation (then `close()`)."""
         with self._running_lock:
             running = sorted(self._running)
-        if running and not self.closed:
-            self._kill_execs(running)
-        self._close_bridge()
+        try:
+            if running and not self.closed:
+                with engine_answers():
+                    self._kill_execs(running)
+        finally:
+            self._close_bridge()
 
     def open_proxy(self, base_url: str) -> str:
         """Let commands reach the proxy at `base_url` (and nothing else); returns a shell prefix for them:
@@ -298,7 +325,12 @@ class DockerSandbox:
         self._close_bridge()
         if self.container is not None:
             try:
-                self.container.remove(force=True)
+                with engine_answers():
+                    self.container.remove(force=True)
+            except SandboxLostError as exc:  # deliberate: nothing to remove it with; its slots go all the same
+                log.warning("docker sandbox %s: its container %s could not be removed (%s); the engine keeps it, "
+                            "labelled gyre, until it answers again", self.workspace, container_name(self.container),
+                            exc)
             finally:
                 self.container = None
                 if self.slot_root is not None:

@@ -12,17 +12,20 @@ local one); `cgroup_parent` puts the containers' cgroups under gyre's own memory
 otherwise makes them at each hierarchy's root, where nothing gyre's limits cover charges them).
 `engine_problem()` says, before a run starts, why no container could be started here (SDK
 missing, no engine answering), so `sandbox.type: docker` fails at preflight with the reason
-instead of at the first execution. `gyre.sandboxes.docker` runs the container.
+instead of at the first execution; `engine_answers()` turns an engine that stops answering mid-run (its
+socket refused or cut) into `SandboxLostError`, never the agent's doing. `gyre.sandboxes.docker` runs the
+container.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gyre.sandboxes.base import SandboxLimits
+from gyre.sandboxes.base import SandboxLimits, SandboxLostError
 from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_DIR
 from gyre.sandboxes.local.session import EVAL_USER
 
@@ -135,3 +138,19 @@ def make_slots(slot_root: Path, slots: Mapping[str, str], agent_dirs: Iterable[s
         host.chmod(0o755 if opened else 0o700)
         binds.append((host, inside, "ro" if name in READ_ONLY_SLOTS else "rw"))
     return binds
+
+
+@contextmanager
+def engine_answers() -> Iterator[None]:
+    """Engine calls in this block that find no engine (the SDK's connection to its socket refused or cut: the
+    engine died or was stopped) raise `SandboxLostError`, not the agent's doing; every other error passes."""
+    import requests  # the docker SDK's transport
+
+    try:
+        yield
+    except requests.exceptions.ConnectionError as exc:
+        raise SandboxLostError(f"the docker engine stopped answering: {type(exc).__name__}: {exc}") from exc
+
+
+def container_name(container: Any) -> str:
+    return str(getattr(container, "name", None) or getattr(container, "id", "?"))

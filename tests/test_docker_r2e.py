@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from gyre.benchmarks import load_benchmark_report, task_spec
-from gyre.evaluators import evaluate_query
 from gyre.evaluators.formats.in_container import AGENT_DIRS, container_slots
 from gyre.records import EvalStatus
 from gyre.sandboxes.docker import DockerSandbox
 from gyre.sandboxes.docker_build import TAG_REPOSITORY, task_image
 from tests.fixtures.realformats.build import R2E, build_r2e
+from tests.test_in_container import _evaluate  # ends the agent, evaluates in the container, closes it
 
 STAND_IN = """FROM r2e-gym-base
 COPY testbed/ /testbed/
@@ -62,14 +62,6 @@ def _box(query, tmp_path: Path, base_images) -> DockerSandbox:
                                 eval_slots=container_slots(spec), agent_dirs=AGENT_DIRS, base_images=base_images)
 
 
-def _evaluate(query, box: DockerSandbox, eval_dir: Path):
-    box.end_agent()
-    try:
-        return evaluate_query(query, box.workspace, eval_dir, "x", timeout_s=120, live=box, monitor="record")
-    finally:
-        box.destroy()
-
-
 def test_the_gold_patch_scores_in_its_own_container_and_the_hidden_tests_stay_out_of_reach(tmp_path, r2e):
     query, base_images = r2e
     box = _box(query, tmp_path, base_images)
@@ -89,7 +81,7 @@ def test_the_gold_patch_scores_in_its_own_container_and_the_hidden_tests_stay_ou
         gold = (R2E / "solution" / "toylib" / "calc.py").read_text()
         box.exec(f"cat > toylib/calc.py <<'EOF'\n{gold}EOF\n(sleep 600 &)", timeout_s=30)
     except BaseException:
-        box.destroy()
+        box.close()
         raise
     score = _evaluate(query, box, tmp_path / "eval")
     assert (score.status, score.score) == (EvalStatus.ok, 1.0), score.detail

@@ -182,3 +182,42 @@ def test_an_image_the_engine_lacks_is_never_pulled_behind_the_configs_back(tmp_p
     used, note, built = container_image(client, "test-fallback", "ghcr.io/x/y:1", str(task / "Dockerfile"),
                                         {"python:3.13-slim-bookworm": base})
     assert built and used.startswith(f"{TAG_REPOSITORY}:") and note.startswith("ghcr.io/x/y:1 is not here: built")
+
+
+def test_an_images_workdir_is_laid_around_the_tasks_start_files(tmp_path):
+    """`seed_workspace`'s extraction (no engine: the image's tar stream made here): start/'s files win, directories
+    merge, the image's `.git` is left out where start/ has one, nothing goes under a start/ file, a venv's link to
+    an absolute path is kept as a link, a device is left out and named."""
+    import io
+    import tarfile
+
+    from gyre.sandboxes.docker_build import _extract_around
+
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "a.py").write_text("start\n")
+    (ws / "file_here").write_text("a start/ file\n")
+    (ws / ".git").mkdir()
+    (ws / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as archive:
+        def add(name: str, text: str | None = None, kind: bytes = tarfile.REGTYPE, target: str = "") -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.mode = kind, target, 0o755
+            body = (text or "").encode()
+            info.size = len(body) if kind == tarfile.REGTYPE else 0
+            archive.addfile(info, io.BytesIO(body) if kind == tarfile.REGTYPE else None)
+
+        for directory in ("./pkg", "./file_here", "./.git", "./.venv", "./.venv/bin"):
+            add(directory, kind=tarfile.DIRTYPE)
+        add("./pkg/a.py", "from the image\n")
+        add("./pkg/_ext.so", "built by the image\n")
+        add("./file_here/x", "under a start/ file\n")
+        add("./.git/future", "the fix commit\n")
+        add("./.venv/bin/python", kind=tarfile.SYMTYPE, target="/usr/bin/python3")
+        add("./null", kind=tarfile.CHRTYPE)
+    data.seek(0)
+    assert _extract_around(data, ws) == ["null (SpecialFileError)"]
+    assert (ws / "pkg" / "a.py").read_text() == "start\n" and (ws / "pkg" / "_ext.so").is_file()
+    assert (ws / "file_here").read_text() == "a start/ file\n" and not (ws / ".git" / "future").exists()
+    assert os.readlink(ws / ".venv" / "bin" / "python") == "/usr/bin/python3"

@@ -24,7 +24,6 @@ as upstream's container does.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import re
 import shutil
@@ -44,6 +43,8 @@ BUILT_DOCKERFILE = ".gyre.Dockerfile"
 ANY_BASE = "*"
 """The `base_images` key that replaces every FROM image the engine does not have and no other key names."""
 LOG_TAIL_LINES = 12
+SEED_IN_MEMORY_BYTES = 64 << 20
+"""An image's workdir archive up to this size is read in memory, a larger one through a temporary file."""
 
 _FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
 _locks: dict[str, threading.Lock] = {}
@@ -196,24 +197,43 @@ def seed_workspace(client, image: str, workdir: str, workspace: Path) -> list[st
     directory in the image: nothing."""
     import docker
 
-    container = client.containers.create(image, command=["true"], network_disabled=True)
-    try:
+    with tempfile.SpooledTemporaryFile(max_size=SEED_IN_MEMORY_BYTES) as data:  # a venv can be a GB: to disk
+        container = client.containers.create(image, command=["true"], network_disabled=True)
         try:
-            stream, _ = container.get_archive(workdir.rstrip("/") + "/.")
-        except docker.errors.NotFound:
-            return []
-        data = io.BytesIO(b"".join(stream))
-    finally:
-        container.remove(force=True)
+            try:
+                stream, _ = container.get_archive(workdir.rstrip("/") + "/.")
+            except docker.errors.NotFound:
+                return []
+            for chunk in stream:
+                data.write(chunk)
+        finally:
+            container.remove(force=True)
+        data.seek(0)
+        return _extract_around(data, workspace)
+
+
+def _extract_around(data, workspace: Path) -> list[str]:
+    """`seed_workspace`'s extraction of the image's tar stream `data` around what `workspace` already holds."""
     left_out: list[str] = []
     own_git = (workspace / ".git").exists() or (workspace / ".git").is_symlink()
 
+    def taken(dest: str, name: str, is_dir: bool) -> bool:
+        """start/ has this path, or something that is not a real directory on the way to it."""
+        parts = name.split("/")
+        for depth in range(1, len(parts) + 1):
+            path = os.path.join(dest, *parts[:depth])
+            if not os.path.lexists(path):
+                return False
+            if os.path.islink(path) or not os.path.isdir(path):
+                return True
+        return not is_dir
+
     def keep(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-        name = member.name.removeprefix("./")
+        name = member.name.removeprefix("./").rstrip("/")
         if own_git and (name == ".git" or name.startswith(".git/")):
             return None
-        if not member.isdir() and os.path.lexists(os.path.join(dest, name)):
-            return None  # start/'s file
+        if taken(dest, name, member.isdir()):
+            return None  # start/'s
         try:
             return tarfile.data_filter(member, dest)
         except (tarfile.AbsoluteLinkError, tarfile.LinkOutsideDestinationError) as exc:

@@ -86,6 +86,23 @@ def test_zero_variance_and_singleton_groups_give_no_gradient():
         group_advantages({"a": float("nan"), "b": 1.0})
 
 
+def test_without_a_baseline_the_advantage_is_the_score():
+    """`algo.baseline: none` (REINFORCE without a baseline): nothing pushed down, a group scored alike still trains,
+    a failed evaluation still gets nothing; the run's config reaches the algorithm."""
+    from gyre.algo import make_algorithm
+    from gyre.config.run import AlgoConfig
+
+    assert group_advantages({"a": 1.0, "b": 0.25, "c": 0.0, "d": None}, baseline="none") == {
+        "a": 1.0, "b": 0.25, "c": 0.0}
+    assert group_advantages({"a": 1.0, "b": 1.0}, baseline="none") == {"a": 1.0, "b": 1.0}
+    algo = make_algorithm(AlgoConfig(baseline="none"))
+    assert algo.advantages({"a": 0.5, "b": 0.5}) == {"a": 0.5, "b": 0.5}
+    with pytest.raises(ValueError, match="baseline must be one of group_mean, none"):
+        GSPO(baseline="running")
+    with pytest.raises(ValueError, match="baseline"):
+        AlgoConfig(baseline="running")
+
+
 def test_step_diagnostics_add_up_over_micro_batches():
     """Counts from two micro-batches give the same diagnostics as one batch holding both."""
     algo = GSPO()

@@ -18,4 +18,5 @@ def make_algorithm(config) -> Algorithm:
         return RFT(config.rft_solved_score)
     from gyre.algo.gspo import GSPO
 
-    return GSPO(config.token_ratio_cap, config.seq_clip_low, config.seq_clip_high, normalize_std=config.normalize_std)
+    return GSPO(config.token_ratio_cap, config.seq_clip_low, config.seq_clip_high, normalize_std=config.normalize_std,
+                baseline=config.baseline)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gyre.algo.advantages import group_advantages
+from gyre.algo.advantages import BASELINES, group_advantages
 from gyre.algo.base import segment_ids
 
 
@@ -38,10 +38,14 @@ class GSPO:
     name: str = "gspo"
     normalize_std: bool = True
     """Group-relative advantages divided by the group's standard deviation (`advantages`)."""
+    baseline: str = "group_mean"
+    """What a score's advantage is measured from: its group's mean, or `none` (the score itself; `advantages`)."""
 
     def __post_init__(self) -> None:
         if self.token_ratio_cap <= 1.0:
             raise ValueError(f"token_ratio_cap must be > 1, got {self.token_ratio_cap}")
+        if self.baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {', '.join(BASELINES)}, got {self.baseline!r}")
         if not 0 < self.seq_clip_low <= 1.0 <= self.seq_clip_high:
             raise ValueError(
                 f"sequence clip range must contain 1, got [{self.seq_clip_low}, {self.seq_clip_high}]"
@@ -49,7 +53,7 @@ class GSPO:
 
     def advantages(self, scores: dict[str, float | None]) -> dict[str, float]:
         """One group's advantages (execution id -> A_i), `gyre.algo.advantages`."""
-        return group_advantages(scores, normalize_std=self.normalize_std)
+        return group_advantages(scores, normalize_std=self.normalize_std, baseline=self.baseline)
 
     def loss(self, logp_BT, behaviour_logp_BT, mask_BT, weight_BT, advantage_S, segment_BT=None):
         """Scalar loss and stats. Trajectory i's tokens are those with `segment_BT == i`

@@ -328,6 +328,10 @@ class AlgoConfig(Section):
     """Upper clip of the sequence-level ratio."""
     normalize_std: bool = True
     """Divide group-relative advantages by the group's standard deviation."""
+    baseline: Literal["group_mean", "none"] = "group_mean"
+    """`gspo`: what a score's advantage is measured from. `group_mean` (GRPO's): its group's mean, so a group's
+    advantages sum to zero and a group scored alike trains nothing. `none` (REINFORCE without a baseline): the
+    score itself, every partly solved sample pushed up by its score, nothing down (`gyre.algo.advantages`)."""
     rft_solved_score: float = Field(default=1.0, gt=0.0, le=1.0)
     """`rft`: the score at which a sample counts as solved and is trained on (1.0: every hidden test passed)."""
 

@@ -37,7 +37,6 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
-from gyre.algo.advantages import group_advantages
 from gyre.algo.gspo import diagnostics, is_summed
 from gyre.cells.topology import BatchShape
 from gyre.cluster import grad_reduce, tp_cell
@@ -202,7 +201,7 @@ class TrainingPlane:
         with self._books:
             if results[0].execution.execution_id not in self.advantages:
                 scores = {r.execution.execution_id: s.score for r, s in group}
-                self.advantages.update(group_advantages(scores, normalize_std=self.coord.config.algo.normalize_std))
+                self.advantages.update(self.coord.algorithm.advantages(scores))  # the run's objective's (rft: solved)
             books = self.books.setdefault(step, StepBooks())
         batch = self._batch(step, results)
         if not batch.sequences or books.skipped is not None:

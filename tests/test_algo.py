@@ -97,6 +97,8 @@ def test_without_a_baseline_the_advantage_is_the_score():
     assert group_advantages({"a": 1.0, "b": 1.0}, baseline="none") == {"a": 1.0, "b": 1.0}
     algo = make_algorithm(AlgoConfig(baseline="none"))
     assert algo.advantages({"a": 0.5, "b": 0.5}) == {"a": 0.5, "b": 0.5}
+    solved = make_algorithm(AlgoConfig(reward="solved"))  # partial credit ignored: 1 solved, 0 otherwise
+    assert solved.advantages({"a": 1.0, "b": 0.75, "c": None}) == group_advantages({"a": 1.0, "b": 0.0})
     with pytest.raises(ValueError, match="baseline must be one of group_mean, none"):
         GSPO(baseline="running")
     with pytest.raises(ValueError, match="baseline"):

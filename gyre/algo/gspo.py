@@ -40,6 +40,8 @@ class GSPO:
     """Group-relative advantages divided by the group's standard deviation (`advantages`)."""
     baseline: str = "group_mean"
     """What a score's advantage is measured from: its group's mean, or `none` (the score itself; `advantages`)."""
+    solved_score: float | None = None
+    """When set, the reward is 1 for a score at or above it (solved) and 0 below: partial credit ignored."""
 
     def __post_init__(self) -> None:
         if self.token_ratio_cap <= 1.0:
@@ -53,6 +55,8 @@ class GSPO:
 
     def advantages(self, scores: dict[str, float | None]) -> dict[str, float]:
         """One group's advantages (execution id -> A_i), `gyre.algo.advantages`."""
+        if self.solved_score is not None:
+            scores = {eid: None if s is None else float(s >= self.solved_score) for eid, s in scores.items()}
         return group_advantages(scores, normalize_std=self.normalize_std, baseline=self.baseline)
 
     def loss(self, logp_BT, behaviour_logp_BT, mask_BT, weight_BT, advantage_S, segment_BT=None):

@@ -332,6 +332,9 @@ class AlgoConfig(Section):
     """`gspo`: what a score's advantage is measured from. `group_mean` (GRPO's): its group's mean, so a group's
     advantages sum to zero and a group scored alike trains nothing. `none` (REINFORCE without a baseline): the
     score itself, every partly solved sample pushed up by its score, nothing down (`gyre.algo.advantages`)."""
+    reward: Literal["score", "solved"] = "score"
+    """`gspo`: the reward advantages are taken from. `score`: the evaluation's score (partial credit: the share of
+    hidden tests passed). `solved`: 1 at `rft_solved_score` or above, else 0 (what `rft` filters on)."""
     rft_solved_score: float = Field(default=1.0, gt=0.0, le=1.0)
     """`rft`: the score at which a sample counts as solved and is trained on (1.0: every hidden test passed)."""
 

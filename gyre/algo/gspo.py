@@ -28,6 +28,7 @@ import torch
 
 from gyre.algo.advantages import BASELINES, group_advantages
 from gyre.algo.base import segment_ids
+from gyre.algo.rft import solved_weights
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class GSPO:
     def advantages(self, scores: dict[str, float | None]) -> dict[str, float]:
         """One group's advantages (execution id -> A_i), `gyre.algo.advantages`."""
         if self.solved_score is not None:
-            scores = {eid: None if s is None else float(s >= self.solved_score) for eid, s in scores.items()}
+            scores = solved_weights(scores, self.solved_score)  # rft's filter as the reward: 1 solved, else 0
         return group_advantages(scores, normalize_std=self.normalize_std, baseline=self.baseline)
 
     def loss(self, logp_BT, behaviour_logp_BT, mask_BT, weight_BT, advantage_S, segment_BT=None):

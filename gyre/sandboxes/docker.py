@@ -186,9 +186,19 @@ class DockerSandbox:
         binds = make_slots(slot_root, dict(eval_slots or {}), agent_dirs, owner)
         try:
             with engine_answers():
-                container, used, note = cls._start(docker.from_env(), query, workspace, workdir, limits, env, binds,
-                                                   image, dockerfile, base_images, cgroup_parent_name,
-                                                   build_timeout_s, build_network, pull)
+                client = docker.from_env()
+                wanted = image if image is not None else ("" if dockerfile is not None else DEFAULT_IMAGE)
+                used, note, _built = container_image(client, query.query_id, wanted, dockerfile, base_images or {},
+                                                    build_timeout_s, build_network, pull)
+                left_out = seed_workspace(client, used, workdir, workspace)  # the bind mount hides its workdir
+                if left_out:
+                    note += f"; left out of the workspace: {', '.join(left_out[:5])}"
+                if query.start_dir is not None:
+                    strip_git_history(workspace)
+                cgroup = cgroup_parent(cgroup_parent_name) if cgroup_parent_name and _cgroupfs(client) else None
+                kwargs = container_kwargs(used, workspace, workdir, limits, dict(env or {}), f"gyre-{workspace.name}",
+                                          binds, cgroup)
+                container = client.containers.run(**kwargs)
         except (docker.errors.DockerException, SandboxLostError) as exc:  # the engine refused or died: not the agent's
             remove_tree(slot_root)
             raise SandboxStartError(f"the container did not start: {exc}") from exc
@@ -198,25 +208,6 @@ class DockerSandbox:
         return cls(workspace=workspace, container=container, limits=limits, workdir=workdir, slot_root=slot_root,
                    eval_slots=dict(eval_slots or {}), eval_user=owner, image=note, image_ref=used,
                    cgroup_parent_name=cgroup_parent_name)
-
-    @staticmethod
-    def _start(client, query: Query, workspace: Path, workdir: str, limits: SandboxLimits, env, binds,
-               image: str | None, dockerfile: str | None, base_images, cgroup_parent_name: str, build_timeout_s: float,
-               build_network: str, pull: bool) -> tuple[Any, str, str]:
-        """The image (built or mapped), the workspace seeded from it, the container started: (container, image,
-        what the execution records)."""
-        wanted = image if image is not None else ("" if dockerfile is not None else DEFAULT_IMAGE)
-        used, note, _built = container_image(client, query.query_id, wanted, dockerfile, base_images or {},
-                                            build_timeout_s, build_network, pull)
-        left_out = seed_workspace(client, used, workdir, workspace)  # the bind mount hides the image's workdir
-        if left_out:
-            note += f"; left out of the workspace: {', '.join(left_out[:5])}"
-        if query.start_dir is not None:
-            strip_git_history(workspace)
-        cgroup = cgroup_parent(cgroup_parent_name) if cgroup_parent_name and _cgroupfs(client) else None
-        kwargs = container_kwargs(used, workspace, workdir, limits, dict(env or {}), f"gyre-{workspace.name}",
-                                  binds, cgroup)
-        return client.containers.run(**kwargs), used, note
 
     def slot(self, name: str) -> Path:
         """The host directory of evaluation slot `name`."""

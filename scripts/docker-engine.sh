@@ -24,8 +24,12 @@ START_WAIT_S=30
 STOP_WAIT_S=20
 BASE_PACKAGES="python3,python-is-python3,python3-venv,python3-pip,python3-pytest,procps"
 BASE_SUITE=bookworm
+# The base stands in for python:3.x images (python.org's build, no PEP 668 marker): a task's runner that
+# runs `pip install pytest==8.4.1` there must not meet Debian's "externally-managed-environment" here.
+BASE_CUSTOMIZE='rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED'
 LOCAL_TAG=gyre-base:local   # what configs name (`sandbox.docker.base_images`): the newest base built here
-BASE_TAG="gyre-base:$(printf '%s %s essential eatmydata' "$BASE_SUITE" "$BASE_PACKAGES" | sha256sum | cut -c1-12)"
+BASE_TAG="gyre-base:$(printf '%s %s essential eatmydata %s' "$BASE_SUITE" "$BASE_PACKAGES" "$BASE_CUSTOMIZE" \
+  | sha256sum | cut -c1-12)"
 
 say() { echo "docker-engine: $*" >&2; }
 
@@ -73,7 +77,8 @@ build_base() {
   say "building base image $BASE_TAG offline from Debian's packages ($BASE_PACKAGES; ~2-3 min)"
   local tar="$STATE/rootfs-$$.tar"
   if ! unshare -m --propagation private mmdebstrap --quiet --mode=root --variant=essential \
-      --hook-dir=/usr/share/mmdebstrap/hooks/eatmydata --include="$BASE_PACKAGES" "$BASE_SUITE" "$tar" \
+      --hook-dir=/usr/share/mmdebstrap/hooks/eatmydata --customize-hook="$BASE_CUSTOMIZE" \
+      --include="$BASE_PACKAGES" "$BASE_SUITE" "$tar" \
       >"$STATE/mmdebstrap.log" 2>&1; then
     say "mmdebstrap failed; its log ends:"; tail -5 "$STATE/mmdebstrap.log" >&2; rm -f "$tar"; return 1
   fi

@@ -17,6 +17,7 @@ import pytest
 
 from gyre.benchmarks import load_benchmark_report, task_spec
 from gyre.evaluators import evaluate_query
+from gyre.evaluators.formats.container_index import INDEX_DIR
 from gyre.evaluators.formats.in_container import AGENT_DIRS, RESULT_DIR, container_slots
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT
 from gyre.records import EvalStatus
@@ -107,11 +108,11 @@ def test_container_is_made_with_the_evaluation_slots(tmp_path, monkeypatch):
     query = _harbor(tmp_path)
     box, (container,) = _sandbox(query, tmp_path, monkeypatch, _handler())
     volumes = {v["bind"]: (Path(h), v["mode"]) for h, v in container.kwargs["volumes"].items()}
-    assert set(volumes) == {"/app", "/run/gyre", "/tests", PLUGIN_MOUNT, RESULT_DIR, "/logs"}
+    assert set(volumes) == {"/app", "/run/gyre", "/tests", PLUGIN_MOUNT, RESULT_DIR, "/logs", INDEX_DIR}
     assert volumes["/tests"][1] == volumes[PLUGIN_MOUNT][1] == volumes["/run/gyre"][1] == "ro"
-    assert volumes[RESULT_DIR][1] == volumes["/logs"][1] == volumes["/app"][1] == "rw"
+    assert volumes[RESULT_DIR][1] == volumes["/logs"][1] == volumes["/app"][1] == volumes[INDEX_DIR][1] == "rw"
     assert container.kwargs["network_mode"] == "none" and container.kwargs["read_only"] is True
-    for inside in ("/tests", PLUGIN_MOUNT, RESULT_DIR):  # the agent (root, no capabilities) cannot enter
+    for inside in ("/tests", PLUGIN_MOUNT, RESULT_DIR, INDEX_DIR):  # the agent (root, no capabilities) cannot enter
         stat = volumes[inside][0].stat()
         assert stat.st_mode & 0o777 == 0o700 and (stat.st_uid, stat.st_gid) == evaluation_user()
     assert (volumes["/logs"][0] / "agent").stat().st_mode & 0o777 == 0o777  # /logs/agent is the agent's

@@ -341,6 +341,7 @@ def test_json_api_on_request(proxy, fake):
     assert whl["hashes"] == {"sha256": _sha(fake.files[fake.demo_wheel])}
     assert whl["requires-python"] == ">=3.8"
     assert whl["core-metadata"] == {"sha256": _sha(fake.meta[fake.demo_wheel])}
+    assert "dist-info-metadata" not in whl  # PEP 714: the old JSON key's dict crashes pip 23.0 (Debian bookworm's)
     assert files["demo-pkg-1.0.tar.gz"]["yanked"] == "broken build"
     root = _get(proxy.base_url, headers={"Accept": JSON_V1})
     assert root.json()["projects"] == [{"name": "demo-pkg"}, {"name": "flaky"}, {"name": "pytest-fake-ctrf"},

@@ -28,11 +28,24 @@ if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/ve
 
 
 def test_terminal_bench_standard_script():
-    assert script_needs(TB_RUN_TESTS) == {"apt", "network:astral.sh", "uv", "package-index"}
+    """Its apt lines only fetch curl for uv's installer: the installer is the need (met in a task's container
+    with the index, `uv_installer`), not apt or astral.sh."""
+    assert script_needs(TB_RUN_TESTS) == {"uv-installer:0.7.13", "uv", "package-index"}
+    assert unmet(sorted(script_needs(TB_RUN_TESTS)), Available(package_index=True, uv_installer=True)) == []
+    assert unmet(sorted(script_needs(TB_RUN_TESTS)), Available(package_index=True)) == ["uv", "uv-installer:0.7.13"]
 
 
 def test_harbor_standard_script():
-    assert script_needs(HARBOR_TEST_SH) == {"apt", "network:astral.sh", "uv", "python:3.13", "package-index"}
+    assert script_needs(HARBOR_TEST_SH) == {"uv-installer:0.9.7", "uv", "python:3.13", "package-index"}
+
+
+def test_apt_or_a_fetch_beyond_the_installer_stays_a_need():
+    assert "apt" in script_needs(TB_RUN_TESTS.replace("install -y curl", "install -y curl gcc"))
+    assert "apt" in script_needs(TB_RUN_TESTS.replace("apt-get update", "apt-get update && apt-get upgrade -y"))
+    other = script_needs(TB_RUN_TESTS + "curl -fsSL https://example.com/data.csv -o data.csv\n")
+    assert {"apt", "network:example.com", "uv-installer:0.7.13"} <= other
+    unpinned = script_needs(TB_RUN_TESTS.replace("uv/0.7.13/install.sh", "uv/install.sh"))
+    assert {"apt", "network:astral.sh"} <= unpinned and not any(n.startswith("uv-installer") for n in unpinned)
 
 
 def test_local_only_commands_need_nothing():
@@ -47,6 +60,7 @@ def test_local_only_commands_need_nothing():
 def test_unmet_against_what_is_available():
     needs = ["apt", "network:astral.sh", "package-index", "python:3.13", "uv"]
     assert unmet(needs, Available(python="3.11")) == needs
+    assert unmet(needs, Available(python="3.11", uv_installer=True)) == needs  # uv from no installer
     assert unmet(needs, Available(python="3.13", uv=True, package_index=True,
                                   network_hosts=frozenset({"astral.sh"}))) == ["apt"]
 
@@ -58,9 +72,24 @@ def test_task_needs_reads_the_scripts_a_command_runs(tmp_path):
     (root / "tests" / "test.sh").write_text(HARBOR_TEST_SH)
     tb = Query(query_id="t", benchmark="tb", instruction="x", root=root, hidden_tests_dir=root / "tests",
                test_files=[], test_commands=["bash run-tests.sh"], test_case_count=1)
-    assert "network:astral.sh" in task_needs(tb) and "python:3.13" not in task_needs(tb)
+    assert "uv-installer:0.7.13" in task_needs(tb) and "python:3.13" not in task_needs(tb)
     harbor = tb.model_copy(update={"test_commands": ["bash /tests/test.sh"]})
     assert "python:3.13" in task_needs(harbor)
+
+
+def test_task_needs_reads_the_scripts_a_script_sources(tmp_path):
+    """42 of the 94 published Terminal-Bench tasks surveyed run `source $TEST_DIR/setup-uv-pytest.sh` from
+    run-tests.sh: what that script needs is the task's need (it was missed: `check` called them scorable)."""
+    root = tmp_path / "task"
+    (root / "tests").mkdir(parents=True)
+    (root / "run-tests.sh").write_text("#!/bin/bash\nsource $TEST_DIR/setup-uv-pytest.sh\n"
+                                       "bash $TEST_DIR/run-uv-pytest.sh\n")
+    (root / "tests" / "setup-uv-pytest.sh").write_text(TB_RUN_TESTS.replace("gcc", "").split("uv venv")[0]
+                                                       + "uv init\nuv add pytest==8.4.1\n")
+    (root / "tests" / "run-uv-pytest.sh").write_text("uv run pytest $TEST_DIR/test_outputs.py -rA\n")
+    tb = Query(query_id="t", benchmark="tb", instruction="x", root=root, hidden_tests_dir=root / "tests",
+               test_files=[], test_commands=["bash /tests/run-tests.sh"], test_case_count=1)
+    assert task_needs(tb) == ["package-index", "uv", "uv-installer:0.7.13"]
 
 
 def test_a_task_needing_the_network_is_unscorable_here_never_zero(tmp_path):
@@ -75,7 +104,7 @@ def test_a_task_needing_the_network_is_unscorable_here_never_zero(tmp_path):
     workspace.mkdir()
     score = evaluate_query(query, workspace, tmp_path / "eval", "x")
     assert (score.status, score.score) == (EvalStatus.error, None)
-    assert "unscorable here" in score.detail and "apt" in score.detail and "network:astral.sh" in score.detail
+    assert "unscorable here" in score.detail and "uv-installer:0.9.7" in score.detail and "python:3.13" in score.detail
 
 
 def test_preflight_names_the_unscorable_queries(tmp_path, caplog):
@@ -91,7 +120,7 @@ def test_preflight_names_the_unscorable_queries(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="gyre.runtime.resolve"):
         found = warn_unscorable([needy, local], RunConfig())
     assert [qid for qid, _ in found] == ["needy"]
-    assert "1 of 2 queries cannot be scored here" in caplog.text and "network:astral.sh" in caplog.text
+    assert "1 of 2 queries cannot be scored here" in caplog.text and "uv-installer:0.7.13" in caplog.text
 
 
 JUDGE_TEST = """\

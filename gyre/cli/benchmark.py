@@ -44,6 +44,9 @@ def benchmark_check(
     eval_fraction: float = typer.Option(0.25, min=0.0, max=0.99, help="Held-out share for the split shown."),
     held_out_kind: list[str] = typer.Option([], "--held-out-kind", help="A tiny template held out entirely."),
     network: str = typer.Option("none", "--network", help="The evaluations' network: none or package-index."),
+    sandbox: str = typer.Option("local", "--sandbox", help="The run's sandbox.type: local, or docker (Terminal-Bench, "
+                                "Harbor and R2E tasks evaluated in their own container, where uv's installer is "
+                                "stood in for from the package index)."),
     control: bool = typer.Option(False, "--control", help="Also score each task's starting files, as a run's "
                                  "control run does: an evaluator failure there is unscorable (slow: one "
                                  "evaluation per task)."),
@@ -71,13 +74,15 @@ def benchmark_check(
         fmt = kind
     if network not in ("none", "package-index"):
         _fail(ValueError(f"--network must be none or package-index, got {network!r}"))
+    if sandbox not in ("local", "docker"):
+        _fail(ValueError(f"--sandbox must be local or docker, got {sandbox!r}"))
     try:
         resolved = resolve_kind(fmt, root)
         queries, malformed = load_benchmark_report(resolved, root)
     except (*INPUT_ERRORS, ValueError) as exc:
         _fail(exc)
     report = _check_report(root, resolved, queries, malformed, eval_fraction, held_out_kind,
-                           package_index=network == "package-index")
+                           package_index=network == "package-index", docker=sandbox == "docker")
     if control:
         _add_control(report, queries, network, index_url, timeout_s, control_dir)
     if as_json:
@@ -89,16 +94,19 @@ def benchmark_check(
 
 
 def _check_report(root: Path, resolved: str, queries, malformed, eval_fraction: float,
-                  held_out_kind: list[str], package_index: bool = False) -> dict:
+                  held_out_kind: list[str], package_index: bool = False, docker: bool = False) -> dict:
     """What `check` says of a loaded benchmark: good and malformed tasks, the tasks this machine
     cannot score (with what they need), the content split and the contents that repeat."""
     from gyre.benchmarks.content import duplicates, split_by_content
+    from gyre.benchmarks.registry import task_spec
     from gyre.evaluators.environments.needs import available_here, task_needs, unmet
+    from gyre.evaluators.formats.in_container import IN_CONTAINER_FORMATS
 
     unscorable = []
     for query in queries:
         try:
-            missing = unmet(task_needs(query), available_here(package_index=package_index))
+            in_container = docker and task_spec(query).format in IN_CONTAINER_FORMATS
+            missing = unmet(task_needs(query), available_here(package_index=package_index, in_container=in_container))
         except OSError as exc:  # a script it runs cannot be read: say so, do not hide the task
             missing = [f"unreadable script ({exc})"]
         if missing:
@@ -225,3 +233,50 @@ def benchmark_score(
     else:
         console.print(f"{escape(query_id)}: score {result['score']} ({result['status']}) {escape(result['reason'])}")
         console.print(f"evaluation kept in {escape(result['eval_dir'])}")
+
+
+@benchmark_app.command("oracle")
+def benchmark_oracle(
+    root: Path = typer.Argument(..., help="Benchmark directory (Terminal-Bench or Harbor tasks)."),
+    config: Path | None = typer.Option(None, "--config", help="A run config: its sandbox and evaluator settings "
+                                       "(e.g. configs/terminal-bench-docker.yaml); default: RunConfig's defaults."),
+    task: list[str] = typer.Option([], "--task", help="Only these tasks (repeatable)."),
+    out: Path = typer.Option(Path("oracle"), "--out", help="Where the workspaces and evaluations are kept."),
+    fmt: str = typer.Option("auto", "--format", help="Format: auto, terminal-bench, harbor."),
+    network: str | None = typer.Option(None, "--network", help="none or package-index: overrides the config's "
+                                       "evaluator.network (real runners install their test tools)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+) -> None:
+    """Upstream's oracle check: each task's reference solution, and its untouched start, run and scored as a
+    run would (gyre/runtime/oracle.py). Solved should score as upstream does, untouched 0; a task that cannot
+    be built or scored here says why."""
+    import json
+    from dataclasses import asdict
+
+    from gyre.benchmarks import load_benchmark_report, resolve_kind
+    from gyre.config.run import RunConfig, load_config
+    from gyre.runtime.oracle import oracle_rows
+
+    try:
+        run_config = load_config(config) if config is not None else RunConfig()
+        if network is not None:
+            run_config = run_config.model_copy(update={"evaluator": run_config.evaluator.model_validate(
+                {**run_config.evaluator.model_dump(), "network": network})})
+        queries, malformed = load_benchmark_report(resolve_kind(fmt, root), root)
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+    unknown = sorted(set(task) - {q.query_id for q in queries})
+    if unknown:
+        _fail(ValueError(f"no such task in {root}: {', '.join(unknown)}"))
+    if out.exists() and any(out.iterdir()):
+        _fail(ValueError(f"--out {out} is not empty: each oracle run keeps its workspaces in a directory of its own"))
+    rows = oracle_rows([q for q in queries if not task or q.query_id in task], run_config, out)
+    if as_json:
+        print(json.dumps([asdict(r) for r in rows], indent=2))
+        return
+    table = Table("task", "arm", "status", "score", "detail")
+    for r in rows:
+        table.add_row(escape(r.task), r.arm, r.status, "" if r.score is None else f"{r.score:g}",
+                      escape(r.detail[:160]))
+    console.print(table)
+    console.print(f"workspaces and evaluations kept in {escape(str(out))}")

@@ -120,7 +120,8 @@ def evaluate_query(
     what it needs (`needs.py`), never a 0.
     `live`: the execution's sandbox, still running (a session-mode `LocalSandbox`, or a `DockerSandbox`
     made with `in_container.container_slots`): Terminal-Bench and Harbor tasks (and R2E-Gym in a container) are
-    then tested inside it (`in_place`, `in_container`; no package index reaches a container); the caller closes
+    then tested inside it (`in_place`, `in_container`; `index` is bridged into the container,
+    `container_index`); the caller closes
     it afterwards.
     """
     from gyre.benchmarks.registry import task_spec
@@ -138,7 +139,7 @@ def evaluate_query(
     eval_dir = Path(eval_dir).resolve()
     in_container = isinstance(live, DockerSandbox) and spec is not None and spec.format in IN_CONTAINER_FORMATS
     missing = [] if spec is None else unmet(task_needs(query),
-                                            available_here(package_index=index is not None and not in_container))
+                                            available_here(package_index=index is not None, in_container=in_container))
     late = past(deadline_s)
     if late or missing or spec is None:
         eval_dir.mkdir(parents=True, exist_ok=False)
@@ -193,10 +194,11 @@ def _score(query: Query, spec, workspace: Path, eval_dir: Path, execution_id: st
 
     # the control run (a workspace that stopped the runner, or made gyre raise): the same evaluation on the task's
     # starting files, in a new container of the same image for one tested in its container
-    control = control_in_container(query, spec, live, execution_id, test_timeout_s, limits) if in_container else fresh
+    control = (control_in_container(query, spec, live, execution_id, test_timeout_s, limits, index) if in_container
+               else fresh)
     try:
         if in_container:
-            score = evaluate_in_container(query, spec, live, eval_dir, execution_id, test_timeout_s, limits)
+            score = evaluate_in_container(query, spec, live, eval_dir, execution_id, test_timeout_s, limits, index)
         elif live is not None and not isinstance(live, DockerSandbox) and spec.format in IN_PLACE_FORMATS:
             score = evaluate_in_place(query, spec, live, eval_dir, execution_id, test_timeout_s, limits, index)
         else:

@@ -102,6 +102,18 @@ def place_pristine(dest: Path, sources: Mapping[str, bytes], inside: str, rng: r
     return placed
 
 
+def index_findings(index: IndexProxy, counted: Tally, image_denials: frozenset[str] = frozenset()) -> str | None:
+    """What a stopped index proxy says about the evaluation: each denied project (but those the image's own
+    packages asked for) is tampering evidence added to `counted`; an upstream error is returned as an
+    evaluator-failure reason (None: the index served)."""
+    counted.tampering += [f"the workspace tried to install {name!r} (the project itself) from the index"
+                          for name in index.denials() if name not in image_denials]
+    errors = index.upstream_errors()
+    if errors:
+        return f"the package index failed during the evaluation: {errors[0].detail or errors[0].status}"
+    return None
+
+
 def read_sources(root: Path, rels: list[str]) -> dict[str, bytes]:
     return {rel: (Path(root) / rel).read_bytes() for rel in rels}
 
@@ -199,12 +211,7 @@ class Observer:
         if index is None:
             return None
         index.stop()
-        counted.tampering += [f"the workspace tried to install {name!r} (the project itself) from the index"
-                              for name in index.denials() if name not in self.image_denials]
-        errors = index.upstream_errors()
-        if errors:
-            return f"the package index failed during the evaluation: {errors[0].detail or errors[0].status}"
-        return None
+        return index_findings(index, counted, self.image_denials)
 
     def run(self, command: str, *, workspace: Path, scratch: Path, layout: SandboxLayout, env: dict[str, str],
             limits: SandboxLimits, timeout_s: float, addopts: tuple[str, ...] = ()) -> tuple[ExecResult, ChannelResults]:

@@ -228,8 +228,13 @@ def warn_unscorable(queries: list[Query], config: RunConfig) -> list[tuple[str, 
     They still run (the agent's part is the same), and their evaluations are evaluator failures
     naming the need, dropped from their groups: never zeros.
     """
-    available = available_here(package_index=config.evaluator.network == "package-index")
-    unscorable = [(q.query_id, missing) for q in queries if (missing := unmet(task_needs(q), available))]
+    from gyre.benchmarks.registry import task_spec
+    from gyre.evaluators.formats.in_container import IN_CONTAINER_FORMATS
+
+    index = config.evaluator.network == "package-index"
+    docker = config.sandbox.type == "docker"
+    unscorable = [(q.query_id, missing) for q in queries if (missing := unmet(task_needs(q), available_here(
+        package_index=index, in_container=docker and task_spec(q).format in IN_CONTAINER_FORMATS)))]
     if unscorable:
         shown = "; ".join(f"{qid}: needs {', '.join(missing)}" for qid, missing in unscorable[:10])
         _warn_once(f"{len(unscorable)} of {len(queries)} queries cannot be scored here (their evaluations will be "

@@ -13,6 +13,12 @@ only thing bound into the sandbox from outside:
 
 So the base URL means the same inside as outside, and the only destination reachable
 through it is the proxy, which authenticates every request with the execution's key.
+
+Where something else may already listen on that port inside (an in-container evaluation's index
+route: the agent's processes share the container's loopback and may have bound the port first),
+`shell_prefix(ready=...)` makes the inside half say it bound the port by creating a file only the
+evaluation can write, and the command stops (`BRIDGE_FAILED_EXIT`) when it did not: otherwise the
+squatter would answer the evaluation's installs.
 """
 
 from __future__ import annotations
@@ -29,10 +35,13 @@ from urllib.parse import urlsplit
 SOCKET_NAME = "proxy.sock"
 INSIDE_DIR = "/run/gyre"
 _CHUNK = 65536
+BRIDGE_FAILED_EXIT = 97
+"""Exit status of a command whose inside half could not bind its port (`shell_prefix(ready=...)`)."""
 
 INSIDE_FORWARDER = r"""
 import socket, sys, threading
 port, path = int(sys.argv[1]), sys.argv[2]
+ready = sys.argv[3] if len(sys.argv) > 3 else None
 def pipe(a, b):
     try:
         while True:
@@ -52,6 +61,8 @@ srv = socket.socket()
 srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 srv.bind(("127.0.0.1", port))
 srv.listen(64)
+if ready:
+    open(ready, "x").close()
 while True:
     conn, _ = srv.accept()
     up = socket.socket(socket.AF_UNIX)
@@ -106,14 +117,25 @@ class ProxyBridge:
         threading.Thread(target=self._accept, name="gyre-proxy-bridge", daemon=True).start()
         return self
 
-    def shell_prefix(self, python: str = "python3") -> str:
-        """Shell text to put before a command inside the sandbox: start the inside half, wait for it."""
+    def shell_prefix(self, python: str = "python3", ready: str | None = None) -> str:
+        """Shell text to put before a command inside the sandbox: start the inside half, wait for it.
+        `ready`: a path (inside) the inside half creates once it holds the port; the command stops with
+        `BRIDGE_FAILED_EXIT` if it does not appear (the port taken by another process, no python)."""
         port = self.target[1]
         sock = f"{self.inside_dir}/{SOCKET_NAME}"
+        start = f"{shlex.quote(python)} -c {shlex.quote(INSIDE_FORWARDER)} {port} {sock}"
+        if ready is None:
+            return (
+                f"{start} >/dev/null 2>&1 & "
+                f"for _gyre_i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && break; "
+                "sleep 0.05; done; "
+            )
+        flag = shlex.quote(ready)
         return (
-            f"{shlex.quote(python)} -c {shlex.quote(INSIDE_FORWARDER)} {port} {sock} >/dev/null 2>&1 & "
-            f"for _gyre_i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && break; "
-            "sleep 0.05; done; "
+            f"{start} {flag} >/dev/null 2>&1 & "
+            f"for _gyre_i in $(seq 100); do [ -e {flag} ] && break; sleep 0.05; done; "
+            f"[ -e {flag} ] || {{ echo 'gyre: the package index could not be bridged in: 127.0.0.1:{port} is taken "
+            f"inside the container, or {python} cannot run' >&2; exit {BRIDGE_FAILED_EXIT}; }}; "
         )
 
     def close(self) -> None:

@@ -8,7 +8,13 @@ itself: a false zero that would be trained on. So each task's scripts are read f
 (`task_needs`: the command lines of `test_commands`, and the scripts they run from the
 task's own directory, e.g. `run-tests.sh`, `tests/test.sh`) and every need is named:
 
-- `apt`: apt-get / apt / dpkg installs (never available in the local sandbox);
+- `apt`: apt-get / apt / dpkg installs (never available in the local sandbox). Not counted where
+  the apt lines only update or install curl (and ca-certificates) and every fetch of the script is
+  uv's installer (below): they only serve the installer, and fail harmlessly when it is provided;
+- `uv-installer:<version>`: `curl ... https://astral.sh/uv/<version>/install.sh | sh` (Terminal-Bench's
+  boilerplate). Met where the evaluation provides what the installer would leave: in a task's
+  container with the package index, `uv==<version>` from the index into `$HOME/.local/bin` with the
+  installer's `env` file (`uv_installer.py`); elsewhere unmet;
 - `network:<host>`: a URL fetched with curl or wget (the sandbox has no network), or named in a
   hidden Python test file that imports a network client (`requests`, `httpx`, `urllib`, ...: a
   test that asks a remote judge; loopback hosts are the task's own servers, `test_hosts`);
@@ -30,7 +36,9 @@ task's own directory, e.g. `run-tests.sh`, `tests/test.sh`) and every need is na
   can always reach that copy (`/gyre-tools` is bound into every evaluation): never met here.
 
 `task_plugins(query)` reads, from the same scripts, the pytest plugin distributions they install
-(`pytest-json-ctrf`): gyre's plugin loads exactly those by name, autoloading staying off.
+(`pytest-json-ctrf`): gyre's plugin loads exactly those by name, autoloading staying off. The task's
+scripts are the test commands, the task's own scripts they name, and those these name in turn
+(`source $TEST_DIR/setup-uv-pytest.sh`), `_SCRIPT_DEPTH` levels deep.
 
 `unmet(needs, available)` keeps the needs this evaluation cannot meet (`available_here` is
 what an evaluation on this machine offers: the evaluator, the run's preflight and
@@ -59,6 +67,7 @@ from gyre.records import Query
 
 APT = "apt"
 UV = "uv"
+UV_INSTALLER = "uv-installer"
 PACKAGE_INDEX = "package-index"
 TOOL_CLASH = "tool-clash"
 PROGRAM = "program"
@@ -76,7 +85,12 @@ _UV = re.compile(r"(^|[\s;&|(/])(uv|uvx)\s")
 _INSTALL = re.compile(r"(?:^|[\s;&|(])(?:(?:pip3?|python3?\s+-m\s+pip|uv\s+pip)\s+install|uv\s+add|uv\s+tool\s+install)"
                       r"\b([^\n;|&]*)")
 _UVX_PACKAGES = re.compile(r"(?:^|[\s;&|(])uvx\b")
+UV_INSTALLER_URL = re.compile(r"https://astral\.sh/uv/(\d+\.\d+\.\d+)/install\.sh")
+"""uv's standalone installer at a pinned version (an unpinned one has no version to provide)."""
+_INSTALLER_HELPERS = frozenset({"curl", "ca-certificates"})
+"""What apt lines install only to fetch an installer."""
 _MAX_SCRIPT_BYTES = 1 << 20
+_SCRIPT_DEPTH = 3
 _NET_IMPORT = re.compile(r"^\s*(?:(?:import|from)\s+(?:requests|httpx|urllib3|urllib\.request|aiohttp|http\.client|"
                          r"websockets?|grpc)\b|from\s+urllib\s+import\s+.*\brequest\b)", re.M)
 _MOCKED = re.compile(r"\b(mock|patch|monkeypatch|responses|respx|httpretty|requests_mock|vcr|aioresponses)\b")
@@ -93,23 +107,35 @@ class Available:
     package_index: bool = False
     python: str = f"{sys.version_info.major}.{sys.version_info.minor}"
     uv: bool = False
+    uv_installer: bool = False
+    """uv's installer is provided (`uv_installer.py`): an evaluation in the task's container with the index."""
 
 
-def available_here(package_index: bool = False) -> Available:
+def available_here(package_index: bool = False, in_container: bool = False) -> Available:
     """What an evaluation on this machine offers: uv when its tools hold uv
-    (`toolenv.tools_have_uv`), a package index when the evaluation gets the index proxy."""
-    return Available(package_index=package_index, uv=tools_have_uv())
+    (`toolenv.tools_have_uv`), a package index when the evaluation gets the index proxy, uv's installer
+    when it runs in the task's container with the index."""
+    return Available(package_index=package_index, uv=tools_have_uv(), uv_installer=package_index and in_container)
 
 
 def task_scripts(query: Query) -> list[str]:
-    """The text of `query`'s test commands and of the task's own scripts they run (never the workspace's)."""
+    """The text of `query`'s test commands and of the task's own scripts they run, and those these run
+    (`_SCRIPT_DEPTH` levels), each once (never the workspace's)."""
     texts = list(query.test_commands)
-    root = Path(query.root)
-    for command in query.test_commands:
-        for word in _words(command):
-            for candidate in _script_candidates(root, Path(query.hidden_tests_dir), word):
-                if candidate.is_file() and candidate.stat().st_size <= _MAX_SCRIPT_BYTES:
-                    texts.append(candidate.read_text(encoding="utf-8", errors="replace"))
+    root, hidden = Path(query.root), Path(query.hidden_tests_dir)
+    seen: set[Path] = set()
+    level = list(query.test_commands)
+    for _ in range(_SCRIPT_DEPTH):
+        found = []
+        for command in level:
+            for word in _words(command):
+                for candidate in _script_candidates(root, hidden, word):
+                    if candidate in seen or not candidate.is_file() or candidate.stat().st_size > _MAX_SCRIPT_BYTES:
+                        continue
+                    seen.add(candidate)
+                    found.append(candidate.read_text(encoding="utf-8", errors="replace"))
+        texts += found
+        level = found
     return texts
 
 
@@ -226,10 +252,16 @@ def script_needs(text: str) -> set[str]:
     """Needs one shell text states (comments ignored)."""
     text = "\n".join(line.split("#", 1)[0] if not line.lstrip().startswith("#!") else "" for line in text.splitlines())
     needs: set[str] = set()
-    if _APT.search(text):
+    fetches = [fetch.group(0) for fetch in _FETCH.finditer(text) if _URL.search(fetch.group(0))]  # not `install curl`
+    installers = [v for fetch in fetches for v in UV_INSTALLER_URL.findall(fetch)]
+    only_installer = bool(installers) and all(UV_INSTALLER_URL.search(fetch) for fetch in fetches)
+    if any(not (only_installer and _installs_only(line, _INSTALLER_HELPERS)) for line in text.splitlines()
+           if _APT.search(line)):
         needs.add(APT)
-    for fetch in _FETCH.finditer(text):
-        needs |= {f"network:{host.lower()}" for host in _URL.findall(fetch.group(0))}
+    needs |= {f"{UV_INSTALLER}:{version}" for version in installers}
+    for fetch in fetches:
+        if not UV_INSTALLER_URL.search(fetch):
+            needs |= {f"network:{host.lower()}" for host in _URL.findall(fetch)}
     needs |= {f"python:{version}" for version in _PYTHON.findall(text)}
     if _UV.search(text):
         needs.add(UV)
@@ -246,6 +278,7 @@ def script_needs(text: str) -> set[str]:
 
 def unmet(needs: list[str], available: Available) -> list[str]:
     """The needs an evaluation with `available` cannot meet."""
+    installs_uv = any(need.startswith(f"{UV_INSTALLER}:") for need in needs)  # uv from its installer, when provided
     missing = []
     for need in needs:
         kind, _, value = need.partition(":")
@@ -255,10 +288,27 @@ def unmet(needs: list[str], available: Available) -> list[str]:
             missing.append(need)
         elif kind == PROGRAM and not program_available(value):
             missing.append(need)
-        elif kind == TOOL_CLASH or need == APT or (need == UV and not available.uv) or (
+        elif kind == UV_INSTALLER and not available.uv_installer:
+            missing.append(need)
+        elif need == UV and not (available.uv or (available.uv_installer and installs_uv)):
+            missing.append(need)
+        elif kind == TOOL_CLASH or need == APT or (
                 need == PACKAGE_INDEX and not available.package_index):
             missing.append(need)
     return missing
+
+
+def _installs_only(line: str, packages: frozenset[str]) -> bool:
+    """Whether an apt line only updates the lists or installs some of `packages`."""
+    parts = [part for part in re.split(r"&&|\|\||;", line) if _APT.search(part)]
+    for part in parts:
+        words = [w for w in _words(part) if not w.startswith("-") and not _ASSIGNMENT.fullmatch(w)]
+        verbs = [i for i, w in enumerate(words) if w in ("install", "update", "upgrade")]
+        if not verbs or words[verbs[0]] == "upgrade":
+            return False
+        if words[verbs[0]] == "install" and not set(words[verbs[0] + 1:]) <= packages:
+            return False
+    return True
 
 
 def _words(command: str) -> list[str]:

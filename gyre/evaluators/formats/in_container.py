@@ -39,9 +39,10 @@ in the agent's container): the tests slot is bound at `/testbed/r2e_tests` (wher
 them), `run_tests.sh` goes into a runner slot, and the image's own `.venv` (seeded into the
 workspace, `docker_build.seed_workspace`) runs pytest; the verdict is `r2e.r2e_verdict`. Nothing
 in the workspace is reset (upstream resets nothing; the monitor flags a changed `conftest.py`).
-NL2RepoBench is scored on a cleaned copy with gyre's own test environment (`nl2repo`): its
-commands install the project from a package index, and no index is bridged into a container
-(a task needing one is unscorable here). Verdicts are
+With `evaluator.network: package-index` the runner installs through gyre's index proxy, bridged
+into the container's index slot (`container_index`), and a runner that fetches uv's installer from
+astral.sh finds uv where the installer puts it (`uv_installer`). NL2RepoBench is still scored on a cleaned copy
+with gyre's own test environment (`nl2repo`). Verdicts are
 `container_task`'s and `r2e`'s. A container gone (closed) is an evaluator failure (`container_gone`); one
 found stopped is started again, and what ran in it being gone is the workspace's result.
 """
@@ -61,6 +62,8 @@ from gyre.benchmarks.r2e import WORKDIR as R2E_WORKDIR
 from gyre.benchmarks.spec import HARBOR, R2E, TERMINAL_BENCH, TaskSpec
 from gyre.evaluators.common import EVAL_LIMITS, error, tampering, write_log
 from gyre.evaluators.environments.needs import task_plugins
+from gyre.evaluators.environments.uv_installer import installer_version, provide_uv
+from gyre.evaluators.formats.container_index import INDEX_DIR, INDEX_SLOT, ContainerIndex
 from gyre.evaluators.formats.container_task import (
     harbor_reward, place_task_tests, terminal_bench_verdict, verifier_runs_pytest,
 )
@@ -70,7 +73,7 @@ from gyre.evaluators.integrity.canaries import PristineFile
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, FifoChannel, PluginInstall
 from gyre.evaluators.integrity.control import is_no_verdict
 from gyre.evaluators.integrity.tally import tally
-from gyre.evaluators.observed import INTERRUPT_GRACE_S, Observed, place_pristine, read_sources
+from gyre.evaluators.observed import INTERRUPT_GRACE_S, IndexAccess, Observed, place_pristine, read_sources
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 
@@ -89,16 +92,19 @@ def container_slots(spec: TaskSpec) -> dict[str, str]:
     """The evaluation slots a container for `spec` needs (name -> inside path), bound at its creation."""
     if spec.format == R2E:  # the hidden tests at /testbed/r2e_tests, where upstream links them
         return {TESTS_SLOT: f"{spec.workdir or R2E_WORKDIR}/{R2E_TESTS}", RUNNER_SLOT: RUNNER_DIR,
-                PLUGIN_SLOT: PLUGIN_MOUNT, RESULT_SLOT: RESULT_DIR}
-    slots = {TESTS_SLOT: spec.tests_mount or "/tests", PLUGIN_SLOT: PLUGIN_MOUNT, RESULT_SLOT: RESULT_DIR}
+                PLUGIN_SLOT: PLUGIN_MOUNT, RESULT_SLOT: RESULT_DIR, INDEX_SLOT: INDEX_DIR}
+    slots = {TESTS_SLOT: spec.tests_mount or "/tests", PLUGIN_SLOT: PLUGIN_MOUNT, RESULT_SLOT: RESULT_DIR,
+             INDEX_SLOT: INDEX_DIR}
     if spec.logs_dir:
         slots[LOGS_SLOT] = spec.logs_dir
     return slots
 
 
 def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path, execution_id: str,
-                          timeout_s: float, limits: SandboxLimits = EVAL_LIMITS) -> Score:
-    """Score the agent's live `sandbox` (a `DockerSandbox` with `container_slots`); see the module docstring."""
+                          timeout_s: float, limits: SandboxLimits = EVAL_LIMITS, index: IndexAccess | None = None
+                          ) -> Score:
+    """Score the agent's live `sandbox` (a `DockerSandbox` with `container_slots`); see the module docstring.
+    `index`: the runner installs through gyre's index proxy, bridged in (`container_index`); None: no network."""
     if sandbox is None or sandbox.closed or sandbox.container is None:
         return error(execution_id, f"{CONTAINER_GONE}: the execution's container was removed; an in-container "
                                    "evaluation cannot be rerun (its processes are gone)")
@@ -135,15 +141,28 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     (command,) = query.test_commands
     if spec.format == R2E:
         command = f"bash {sandbox.eval_slots[RUNNER_SLOT]}/{RUN_TESTS}"  # from the workdir, as upstream runs it
+    route = None if index is None else ContainerIndex.open(index, sandbox.slot(INDEX_SLOT),
+                                                           sandbox.eval_slots[INDEX_SLOT], owner)
+    run = command
+    if route is not None and (uv := installer_version(query)) is not None:  # astral.sh's installer, stood in for
+        run = provide_uv(uv) + command
+        note += f"; uv {uv} from the package index stood in for astral.sh's installer"
     try:
-        result = sandbox.run_as(command, user=f"{owner[0]}:{owner[1]}", env=env, timeout_s=timeout_s,
-                                interrupt_grace_s=INTERRUPT_GRACE_S, max_output_bytes=limits.max_output_bytes)
+        if route is not None:
+            env.update(route.env())
+        result = sandbox.run_as(run if route is None else route.wrap(run), user=f"{owner[0]}:{owner[1]}",
+                                env=env, timeout_s=timeout_s, interrupt_grace_s=INTERRUPT_GRACE_S,
+                                max_output_bytes=limits.max_output_bytes)
     finally:
         said = channel.close()
         said.audits += audits.close().audits
+        if route is not None:
+            route.close()
     said.stopped = result.timed_out or bool(result.limit_hit)
     write_log(reports / "command_0.log", command, result)
     seen = Observed(result, said, tally(pristine, [said]), None)
+    if route is not None and (index_failed := route.findings(seen.counted)):
+        return error(execution_id, f"{index_failed} (in container)")
     if spec.format == R2E:
         score = r2e_verdict(execution_id, spec, seen, pristine, command, timeout_s)
         return _said_where(score, note)
@@ -168,7 +187,7 @@ def _said_where(score: Score, note: str) -> Score:
 
 
 def control_in_container(query: Query, spec: TaskSpec, live, execution_id: str, timeout_s: float,
-                         limits: SandboxLimits = EVAL_LIMITS):
+                         limits: SandboxLimits = EVAL_LIMITS, index: IndexAccess | None = None):
     """A control run (`integrity.control`) for an evaluation in `live`: the same evaluation in a new container of
     the same image, on the task's starting files (`DockerSandbox.create` lays them out as for an execution), with
     no agent; the container and its workspace are removed afterwards."""
@@ -180,7 +199,8 @@ def control_in_container(query: Query, spec: TaskSpec, live, execution_id: str, 
                                    cgroup_parent_name=live.cgroup_parent_name)
         try:
             box.end_agent()
-            return evaluate_in_container(query, spec, box, directory / "eval", execution_id, timeout_s, limits)
+            return evaluate_in_container(query, spec, box, directory / "eval", execution_id, timeout_s, limits,
+                                         index)
         finally:
             box.destroy()
 

@@ -318,9 +318,10 @@ class IndexProxy:
             fid = hashlib.sha256(upstream_url.encode()).hexdigest()[:24]
             self._listed[fid] = _Listed(upstream_url, filename, project)
             entry = {**f, "url": f"/{self._token}/files/{fid}/{quote(filename)}"}
-            meta = f.get("core-metadata", f.get("dist-info-metadata"))
-            if meta:  # PEP 714: both names, whichever one upstream used
-                entry["core-metadata"] = entry["dist-info-metadata"] = meta
+            meta = entry.pop("dist-info-metadata", None)
+            meta = f.get("core-metadata", meta)
+            if meta:  # PEP 714: `core-metadata`, whichever name upstream used; never the old JSON key, whose hash
+                entry["core-metadata"] = meta  # dict crashes pip 23.0 (Debian bookworm's: "unhashable type: 'dict'")
             kept.append(entry)
         detail = ""
         if dropped:

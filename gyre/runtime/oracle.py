@@ -1,0 +1,106 @@
+"""Upstream's oracle run: each task's reference solution, and its untouched start, scored as a run would.
+
+Before anyone trains on a benchmark they ask whether gyre scores it as upstream does: a task's own
+solution must get upstream's score (1.0 for Terminal-Bench, Harbor's reward) and its starting files
+0, and a task that cannot be scored here must say why rather than score 0. Terminal-Bench's
+`tb run --agent oracle` and Harbor's oracle agent answer that upstream; `gyre benchmark oracle`
+(`oracle_rows`) answers it for gyre, with a run config's sandbox and evaluator settings:
+
+- per task, two executions in fresh sandboxes made as a run makes them (`create_sandbox`: with
+  `sandbox.type: docker` the task's Dockerfile built, its base image mapped, evaluation slots bound):
+  `solution` runs the task's `solution.sh` (Terminal-Bench) or `solution/solve.sh` (Harbor) as the
+  agent, in the workdir, with no network, as upstream's oracle runs it; `untouched` runs nothing;
+- each is scored by `evaluate_query`, in the container for the formats tested there, with the
+  config's package index (`evaluator.network`); a sandbox that does not start (an image that does not
+  build) is a row with its reason, never a score.
+
+Rows carry the execution's image record, the solution's exit status and the score's detail; the
+workspaces and evaluations stay under the output directory.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from gyre.benchmarks.registry import task_spec
+from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH
+from gyre.config.run import RunConfig
+from gyre.evaluators import evaluate_query, index_access
+from gyre.evaluators.formats.in_container import AGENT_DIRS, IN_CONTAINER_FORMATS, container_slots
+from gyre.records import Query
+from gyre.sandboxes.base import SandboxStartError
+from gyre.sandboxes.factory import create_sandbox, sandbox_limits
+from gyre.sandboxes.local.isolation import Isolation
+
+SOLUTIONS = {TERMINAL_BENCH: "solution.sh", HARBOR: "solution/solve.sh"}
+"""Where each format keeps its reference solution, relative to the task directory."""
+DEFAULT_SOLUTION_TIMEOUT_S = 600.0
+"""Seconds a solution may run when the task states no agent timeout."""
+ARMS = ("solution", "untouched")
+
+
+@dataclass
+class OracleRow:
+    task: str
+    arm: str
+    status: str
+    """`ok`, `tampering`, `error` (the evaluation's status), `sandbox_error` (no sandbox started) or
+    `no_solution` (the task ships none in a shell script)."""
+    score: float | None
+    detail: str
+    image: str | None = None
+    solution_exit: int | None = None
+    execution_id: str | None = None
+    """Its workspace is `<out>/workspaces/<execution_id>`, its evaluation `<out>/evaluations/<execution_id>`."""
+
+
+def solution_script(query: Query, fmt: str) -> str | None:
+    """The text of the task's reference solution script, or None when it ships none."""
+    rel = SOLUTIONS.get(fmt)
+    path = Path(query.root) / rel if rel else None
+    return path.read_text(encoding="utf-8") if path is not None and path.is_file() else None
+
+
+def oracle_rows(queries: list[Query], config: RunConfig, out: Path) -> list[OracleRow]:
+    """Both arms of every query in `queries` (see the module docstring); workspaces and evaluations under `out`."""
+    rows = []
+    for query in queries:
+        for arm in ARMS:
+            rows.append(_arm(query, arm, config, Path(out)))
+    return rows
+
+
+def _arm(query: Query, arm: str, config: RunConfig, out: Path) -> OracleRow:
+    spec = task_spec(query)
+    script = solution_script(query, spec.format) if arm == "solution" else None
+    if arm == "solution" and script is None:
+        return OracleRow(query.query_id, arm, "no_solution", None,
+                         f"no {SOLUTIONS.get(spec.format, 'solution script')} in the task")
+    execution_id = f"{query.query_id}-{arm}-{secrets.token_hex(3)}"  # its container's name: unique on the engine
+    in_container = config.sandbox.type == "docker" and spec.format in IN_CONTAINER_FORMATS
+    slots = dict(eval_slots=container_slots(spec), agent_dirs=AGENT_DIRS) if in_container else {}
+    try:
+        box = create_sandbox(config.sandbox, query, out / "workspaces" / execution_id, {},
+                             sandbox_limits(config.sandbox), Isolation.detect(), image=spec.image,
+                             dockerfile=spec.dockerfile, workdir=spec.workdir, **slots)
+    except SandboxStartError as exc:
+        return OracleRow(query.query_id, arm, "sandbox_error", None, str(exc), execution_id=execution_id)
+    image = getattr(box, "image", None)
+    try:
+        exit_code = None
+        if script is not None:
+            exit_code = box.exec(script, timeout_s=spec.agent_timeout_s or DEFAULT_SOLUTION_TIMEOUT_S).exit_code
+        if in_container:
+            box.end_agent()
+        else:
+            box.close()
+        score = evaluate_query(query, box.workspace, out / "evaluations" / execution_id, execution_id,
+                               timeout_s=config.evaluator.timeout_s, monitor=config.evaluator.monitor,
+                               index=index_access(config.evaluator), live=box if in_container else None)
+    finally:
+        if not box.closed:
+            box.close()  # the workspace stays under `out`
+    return OracleRow(query.query_id, arm, score.status.value, score.score, score.detail, image, exit_code,
+                     execution_id)

@@ -87,13 +87,45 @@ def test_a_task_image_is_built_once_per_build_context(tmp_path, engine):
 def test_a_failed_build_and_an_unknown_base_say_why(tmp_path, engine):
     client, base = engine
     failing = _task(tmp_path / "a", "FROM python:3.13-slim\nRUN echo reaching the index && pip download six\n")
-    with pytest.raises(TaskImageError, match=r"task test-fail: its image did not build .*build_network: host") \
-            as caught:
+    with pytest.raises(TaskImageError,
+                       match=r"task test-fail: its image did not build .*build_network: package-index") as caught:
         task_image(client, "test-fail", failing, failing / "Dockerfile", {"python:3.13-slim": base}, 600)
     assert "reaching the index" in str(caught.value)  # the build log's tail
     unknown = _task(tmp_path / "b", "FROM nosuch/image:1\n")
     with pytest.raises(TaskImageError, match=r"FROM nosuch/image:1, which this engine does not have"):
         task_image(client, "test-unknown", unknown, unknown / "Dockerfile", {}, 600)
+
+
+def test_build_steps_reach_the_package_index_and_nothing_else(tmp_path, engine):
+    """`build_network: package-index`: a `RUN pip install` step installs from gyre's proxy (the fake index on
+    127.0.0.1 upstream); a step that fetches from anywhere else finds no network; nothing of the route is left
+    in the image's environment, and no helper container stays."""
+    import docker
+
+    from tests.test_index_proxy import FakeIndex
+
+    client, base = engine
+    fake = FakeIndex()
+    try:
+        text = ("FROM python:3.13-slim\nWORKDIR /app\nRUN pip install --no-cache-dir demo-pkg==1.0 && "
+                "python3 -c 'import demo_pkg; print(demo_pkg.VALUE)' > /app/value.txt\n")
+        task = _task(tmp_path / "ok", text)
+        built = task_image(client, "test-index", task, task / "Dockerfile", {"python:3.13-slim": base}, 600,
+                           "package-index", f"{fake.url}/simple/")
+        assert "reached the package index through gyre's proxy" in built.note, built.note
+        assert any("/simple/demo-pkg/" in hit for hit in fake.hits)
+        probe = "cat /app/value.txt; env | grep -c PIP_INDEX_URL || true"
+        out = client.containers.run(built.tag, ["bash", "-c", probe],
+                                    remove=True, network_mode="none")
+        assert out.decode().split() == ["1", "0"]  # installed; the build argument is not in the image's env
+        other = _task(tmp_path / "net", "FROM python:3.13-slim\nRUN python3 -c \"import urllib.request as u; "
+                      "u.urlopen('http://example.com', timeout=5)\"\n")
+        with pytest.raises(TaskImageError, match="reached only the package index"):
+            task_image(client, "test-index-net", other, other / "Dockerfile", {"python:3.13-slim": base}, 600,
+                       "package-index", f"{fake.url}/simple/")
+    finally:
+        fake.server.stop()
+    assert docker.from_env().containers.list(all=True, filters={"label": "gyre=build-route"}) == []
 
 
 def test_a_sandbox_runs_in_the_built_image_with_the_workspace_it_holds(tmp_path, engine):

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from gyre.benchmarks import load_benchmark_report
 from gyre.cli.main import app
 from gyre.config.run import RunConfig
-from gyre.runtime.oracle import oracle_rows
+from gyre.runtime.oracle import oracle_rows, task_verdicts
 from tests.test_benchmarks_formats import write_harbor
 
 TESTS = "from pathlib import Path\n\n\ndef test_answer():\n    assert Path('/app/answer.txt').read_text().strip() == '42'\n"
@@ -51,6 +51,9 @@ def test_solutions_score_one_untouched_zero_and_the_rest_say_why(tmp_path, docke
         row = rows["apt-image", arm]
         assert row.status == "sandbox_error" and "did not build" in row.detail and row.score is None, row
     assert rows["no-solution", "solution"].status == "no_solution" and rows["no-solution", "untouched"].score == 0.0
+    verdicts = task_verdicts(list(rows.values()))
+    assert verdicts["answer"] == "reproduced" and verdicts["apt-image"].startswith("does not build here")
+    assert verdicts["no-solution"] == "untouched 0; no reference solution to check"
     assert (tmp_path / "out" / "workspaces" / solved.execution_id / "answer.txt").read_text() == "42\n"
     ids = {f"gyre-{row.execution_id}" for row in rows.values()}
     assert not [c for c in docker.from_env().containers.list(all=True, filters={"label": "gyre"}) if c.name in ids]
@@ -66,10 +69,27 @@ def test_the_command_runs_a_harbor_solution_and_refuses_a_used_out(tmp_path, doc
     args = ["benchmark", "oracle", str(root), "--config", str(config), "--out", str(tmp_path / "out"), "--json"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    rows = {r["arm"]: r for r in json.loads(result.output)}
+    printed = json.loads(result.output)
+    assert printed["tasks"] == {"count": "reproduced"}
+    rows = {r["arm"]: r for r in printed["rows"]}
     assert (rows["solution"]["status"], rows["solution"]["score"]) == ("ok", 1.0), rows["solution"]
     assert (rows["untouched"]["status"], rows["untouched"]["score"]) == ("ok", 0.0), rows["untouched"]
     again = CliRunner().invoke(app, args)
     assert again.exit_code != 0 and "is not empty" in again.output
     unknown = CliRunner().invoke(app, [*args[:-3], "--task", "nope", "--out", str(tmp_path / "o2")])
     assert unknown.exit_code != 0 and "no such task" in unknown.output
+
+
+def test_verdicts_name_what_differs_from_upstream():
+    from gyre.runtime.oracle import OracleRow
+
+    def rows(solution, untouched):
+        return [OracleRow("t", "solution", "ok", solution, "", solution_exit=0),
+                OracleRow("t", "untouched", "ok", untouched, "")]
+
+    assert task_verdicts(rows(1.0, 0.0)) == {"t": "reproduced"}
+    assert "reward for nothing" in task_verdicts(rows(1.0, 1.0))["t"]  # a base image that lacks what the task breaks
+    assert "reference solution scores 0" in task_verdicts(rows(0.0, 0.0))["t"]
+    failed = [OracleRow("t", "solution", "error", None, "unscorable here: needs apt"),
+              OracleRow("t", "untouched", "ok", 0.0, "")]
+    assert task_verdicts(failed)["t"] == "not scorable here (solution): unscorable here: needs apt"

@@ -255,7 +255,7 @@ def benchmark_oracle(
 
     from gyre.benchmarks import load_benchmark_report, resolve_kind
     from gyre.config.run import RunConfig, load_config
-    from gyre.runtime.oracle import oracle_rows
+    from gyre.runtime.oracle import REPRODUCED, oracle_rows, task_verdicts
 
     try:
         run_config = load_config(config) if config is not None else RunConfig()
@@ -271,12 +271,18 @@ def benchmark_oracle(
     if out.exists() and any(out.iterdir()):
         _fail(ValueError(f"--out {out} is not empty: each oracle run keeps its workspaces in a directory of its own"))
     rows = oracle_rows([q for q in queries if not task or q.query_id in task], run_config, out)
+    verdicts = task_verdicts(rows)
     if as_json:
-        print(json.dumps([asdict(r) for r in rows], indent=2))
+        print(json.dumps({"rows": [asdict(r) for r in rows], "tasks": verdicts}, indent=2))
         return
     table = Table("task", "arm", "status", "score", "detail")
     for r in rows:
         table.add_row(escape(r.task), r.arm, r.status, "" if r.score is None else f"{r.score:g}",
                       escape(r.detail[:160]))
     console.print(table)
+    reproduced = sum(v == REPRODUCED for v in verdicts.values())
+    console.print(f"{reproduced} of {len(verdicts)} tasks reproduced (solution 1, untouched 0); the others:")
+    for name, verdict in verdicts.items():
+        if verdict != REPRODUCED:
+            console.print(f"  {escape(name)}: {escape(verdict)}")
     console.print(f"workspaces and evaluations kept in {escape(str(out))}")

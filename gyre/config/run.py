@@ -159,9 +159,13 @@ class DockerConfig(Section):
     working directory when the task has no `start/`; false: `sandbox.image` for every task."""
     build_timeout_s: float = Field(default=1800.0, gt=0)
     """Seconds one task image's build may take."""
-    build_network: Literal["none", "host"] = "none"
-    """The network a task image's build steps get: none, or the host's (what upstream's `docker compose build`
-    gives: a `RUN apt-get install ...` needs it; the build runs the task's Dockerfile, never the agent's code)."""
+    build_network: Literal["none", "package-index", "host"] = "none"
+    """The network a task image's build steps get: none; `package-index`, gyre's allow-listed index proxy and
+    nothing else (`RUN pip install ...` works, apt and curl do not: `gyre.sandboxes.build_index`); or the host's
+    (what upstream's `docker compose build` gives: a `RUN apt-get install ...` needs it; the build runs the
+    task's Dockerfile, never the agent's code)."""
+    build_index_url: str | None = None
+    """The index `build_network: package-index` proxies (None: the one pip on this machine is configured with)."""
     pull: bool = False
     """Pull an image the engine does not have from its registry (a cluster's). Off: never; a missing image is
     replaced (`base_images`, the task's Dockerfile built) or the execution records why it could not start (no

@@ -104,3 +104,34 @@ def _arm(query: Query, arm: str, config: RunConfig, out: Path) -> OracleRow:
             box.close()  # the workspace stays under `out`
     return OracleRow(query.query_id, arm, score.status.value, score.score, score.detail, image, exit_code,
                      execution_id)
+
+
+REPRODUCED = "reproduced"
+
+
+def task_verdicts(rows: list[OracleRow]) -> dict[str, str]:
+    """Per task, whether gyre reproduces upstream's scoring of it here: `reproduced` (solution 1.0, untouched 0),
+    else what differs, first the row that says most (a build that failed, an evaluator failure, an untouched
+    start that scores: a reward for nothing, a solution that does not score)."""
+    by_task: dict[str, dict[str, OracleRow]] = {}
+    for row in rows:
+        by_task.setdefault(row.task, {})[row.arm] = row
+    verdicts = {}
+    for task, arms in by_task.items():
+        solution, untouched = arms.get("solution"), arms.get("untouched")
+        broken = next((r for r in (untouched, solution) if r is not None and r.status == "sandbox_error"), None)
+        failed = next((r for r in (untouched, solution) if r is not None and r.status == "error"), None)
+        if broken is not None:
+            verdicts[task] = f"does not build here: {broken.detail[:300]}"
+        elif failed is not None:
+            verdicts[task] = f"not scorable here ({failed.arm}): {failed.detail[:300]}"
+        elif untouched is not None and (untouched.score or 0) > 0:
+            verdicts[task] = f"the untouched start scores {untouched.score:g} here (upstream: 0): a reward for nothing"
+        elif solution is None or solution.status == "no_solution":
+            verdicts[task] = "untouched 0; no reference solution to check"
+        elif solution.score != 1.0:
+            verdicts[task] = (f"the reference solution scores {solution.score:g} here ({solution.status}; upstream: 1; "
+                              f"it exited {solution.solution_exit})")
+        else:
+            verdicts[task] = REPRODUCED
+    return verdicts

@@ -163,6 +163,7 @@ class DockerSandbox:
         build_timeout_s: float = 1800.0,
         build_network: str = "none",
         pull: bool = False,
+        build_index_url: str | None = None,
     ) -> DockerSandbox:
         """`base_images`: `sandbox.docker.base_images` (`resolve_image`); `cgroup_parent_name`: the cgroup made
         under gyre's own memory cgroup for the container (`sandbox.docker.cgroup_parent`; engines with the
@@ -189,7 +190,7 @@ class DockerSandbox:
                 client = docker.from_env()
                 wanted = image if image is not None else ("" if dockerfile is not None else DEFAULT_IMAGE)
                 used, note, _built = container_image(client, query.query_id, wanted, dockerfile, base_images or {},
-                                                    build_timeout_s, build_network, pull)
+                                                    build_timeout_s, build_network, pull, build_index_url)
                 left_out = seed_workspace(client, used, workdir, workspace)  # the bind mount hides its workdir
                 if left_out:
                     note += f"; left out of the workspace: {', '.join(left_out[:5])}"

@@ -35,13 +35,17 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gyre.sandboxes.base import SandboxStartError
+from gyre.sandboxes.build_index import declare_args, index_route
 from gyre.sandboxes.docker_container import resolve_image
+from gyre.sandboxes.index.pip_config import client_env
 
 TAG_REPOSITORY = "gyre-task"
 BUILT_DOCKERFILE = ".gyre.Dockerfile"
 """The Dockerfile as built (its FROM lines mapped), written into a copy of the build context."""
 ANY_BASE = "*"
 """The `base_images` key that replaces every FROM image the engine does not have and no other key names."""
+PACKAGE_INDEX = "package-index"
+"""`build_network` value: build steps reach gyre's allow-listed index proxy and nothing else (`build_index`)."""
 LOG_TAIL_LINES = 12
 SEED_IN_MEMORY_BYTES = 64 << 20
 """An image's workdir archive up to this size is read in memory, a larger one through a temporary file."""
@@ -119,9 +123,10 @@ def context_digest(context: Path, dockerfile_text: str) -> str:
 
 
 def task_image(client, task: str, context: Path, dockerfile: Path, base_images: Mapping[str, str],
-               timeout_s: float, network: str = "none") -> BuiltImage:
+               timeout_s: float, network: str = "none", index_url: str | None = None) -> BuiltImage:
     """The image `dockerfile` builds from `context` for task `task`: built once per digest (concurrent
-    executions of one task wait for the one build), reused after. `network`: its build steps' (none, host)."""
+    executions of one task wait for the one build), reused after. `network`: its build steps' (none,
+    package-index: `build_index`, through a proxy of `index_url`, None: pip's configured index; host)."""
 
     def present(name: str) -> bool:
         return _present(client, name)
@@ -140,11 +145,22 @@ def task_image(client, task: str, context: Path, dockerfile: Path, base_images: 
             raise TaskImageError(f"task {task}: its Dockerfile starts FROM {missing}, which this engine does not "
                                  f"have and cannot pull (no registry answers here): map it to a local image "
                                  f"in sandbox.docker.base_images")
-        _build(client, task, Path(context), text, tag, timeout_s, network)
+        if network == PACKAGE_INDEX:
+            text = declare_args(text, sorted(client_env("http://127.0.0.1:1/").keys()))
+            if not bases:
+                raise TaskImageError(f"task {task}: its Dockerfile names no base image to run the build's route to "
+                                     "the package index in (FROM $ARG)")
+            with index_route(client, bases[-1], index_url) as route:
+                _build(client, task, Path(context), text, tag, timeout_s, route.network_mode, route.buildargs)
+                note += f"; its build steps reached the package index through gyre's proxy ({route.requests()} " \
+                        "requests)"
+        else:
+            _build(client, task, Path(context), text, tag, timeout_s, network)
     return BuiltImage(tag, note, cached=False)
 
 
-def _build(client, task: str, context: Path, text: str, tag: str, timeout_s: float, network: str) -> None:
+def _build(client, task: str, context: Path, text: str, tag: str, timeout_s: float, network: str,
+           buildargs: Mapping[str, str] | None = None) -> None:
     import docker
 
     with tempfile.TemporaryDirectory(prefix="gyre-build-") as tmp:
@@ -154,18 +170,22 @@ def _build(client, task: str, context: Path, text: str, tag: str, timeout_s: flo
         try:
             client.images.build(path=str(copy), dockerfile=BUILT_DOCKERFILE, tag=tag, rm=True, forcerm=True,
                                 pull=False, network_mode=network, labels={"gyre": "task-image", "gyre.task": task},
-                                timeout=int(timeout_s))
+                                timeout=int(timeout_s), buildargs=dict(buildargs or {}))
         except docker.errors.BuildError as exc:
             lines = [str(chunk.get("stream") or chunk.get("error") or "").rstrip() for chunk in exc.build_log]
             tail = "\n".join(line for line in lines if line)[-2000:].splitlines()[-LOG_TAIL_LINES:]
-            offline = ("; its build had no network: sandbox.docker.build_network: host builds with the host's, "
-                       "build_task_images: false runs the task on sandbox.image") if network == "none" else ""
+            offline = ("; its build had no network: sandbox.docker.build_network: package-index gives its steps the "
+                       "package index, host the host's network; build_task_images: false runs the task on "
+                       "sandbox.image") if network == "none" else (
+                "; its build steps reached only the package index (apt, curl and git find no network)"
+                if buildargs else "")
             raise TaskImageError(f"task {task}: its image did not build ({exc.msg}{offline}):\n"
                                  + "\n".join(tail)) from exc
 
 
 def container_image(client, task: str, image: str, dockerfile: str | None, base_images: Mapping[str, str],
-                    timeout_s: float = 1800.0, network: str = "none", pull: bool = False) -> tuple[str, str, bool]:
+                    timeout_s: float = 1800.0, network: str = "none", pull: bool = False,
+                    index_url: str | None = None) -> tuple[str, str, bool]:
     """The image an execution's container runs from, what its execution records, and whether it was built from
     the task's Dockerfile. `image` (the task's, else `sandbox.image`) mapped through `base_images` is used when the
     engine has it (or pulls it, with `pull`); else the task's `dockerfile` is built; else `base_images["*"]`;
@@ -183,7 +203,8 @@ def container_image(client, task: str, image: str, dockerfile: str | None, base_
                 return base_images[ANY_BASE], f"{image} -> {base_images[ANY_BASE]}", False
             raise TaskImageError(f"task {task}: its image {used} is not on this engine and is not pulled "
                                  f"(sandbox.docker.pull is off): map it to a local image in sandbox.docker.base_images")
-    built = task_image(client, task, Path(dockerfile).parent, Path(dockerfile), base_images, timeout_s, network)
+    built = task_image(client, task, Path(dockerfile).parent, Path(dockerfile), base_images, timeout_s, network,
+                       index_url)
     return built.tag, (f"{image} is not here: " if image else "") + built.note, True
 
 

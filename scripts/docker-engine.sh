@@ -22,12 +22,15 @@ RUN=${GYRE_DOCKER_RUN:-/run/gyre-docker}              # socket, exec root, pidfi
 SOCK="$RUN/docker.sock"
 START_WAIT_S=30
 STOP_WAIT_S=20
-BASE_PACKAGES="python3,python-is-python3,python3-venv,python3-pip,python3-pytest,procps"
+# libstdc++6 and ca-certificates: in every python:3.x-slim image (through apt), and numpy's wheels need the former
+BASE_PACKAGES="python3,python-is-python3,python3-venv,python3-pip,python3-pytest,procps,libstdc++6,ca-certificates"
 BASE_SUITE=bookworm
 # The base stands in for python:3.x images (python.org's build, no PEP 668 marker): a task's runner that
 # runs `pip install pytest==8.4.1` there must not meet Debian's "externally-managed-environment" here.
-BASE_CUSTOMIZE='rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED'
+# /app exists, as in Terminal-Bench's base images (`COPY x /app` puts x in it, not a file named /app).
+BASE_CUSTOMIZE='rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED; mkdir -p "$1"/app'
 LOCAL_TAG=gyre-base:local   # what configs name (`sandbox.docker.base_images`): the newest base built here
+TBENCH_TAG=gyre-base:tbench # the same with WORKDIR /app, as Terminal-Bench's ghcr.io/laude-institute/t-bench/* end
 BASE_TAG="gyre-base:$(printf '%s %s essential eatmydata %s' "$BASE_SUITE" "$BASE_PACKAGES" "$BASE_CUSTOMIZE" \
   | sha256sum | cut -c1-12)"
 
@@ -68,11 +71,19 @@ start_engine() {
   return 1
 }
 
+tag_flavours() {
+  local out
+  DOCKER_HOST="unix://$SOCK" docker tag "$BASE_TAG" "$LOCAL_TAG" || return 1
+  out=$(printf 'FROM %s\nWORKDIR /app\n' "$BASE_TAG" \
+    | DOCKER_HOST="unix://$SOCK" docker build -q --network none -t "$TBENCH_TAG" - 2>&1) \
+    || { say "could not tag $TBENCH_TAG: $out"; return 1; }
+}
+
 build_base() {
   if DOCKER_HOST="unix://$SOCK" docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
     say "base image $BASE_TAG cached"
-    DOCKER_HOST="unix://$SOCK" docker tag "$BASE_TAG" "$LOCAL_TAG"
-    return 0
+    tag_flavours
+    return
   fi
   say "building base image $BASE_TAG offline from Debian's packages ($BASE_PACKAGES; ~2-3 min)"
   local tar="$STATE/rootfs-$$.tar"
@@ -82,8 +93,7 @@ build_base() {
       >"$STATE/mmdebstrap.log" 2>&1; then
     say "mmdebstrap failed; its log ends:"; tail -5 "$STATE/mmdebstrap.log" >&2; rm -f "$tar"; return 1
   fi
-  DOCKER_HOST="unix://$SOCK" docker import -c 'CMD ["bash"]' "$tar" "$BASE_TAG" >/dev/null \
-    && DOCKER_HOST="unix://$SOCK" docker tag "$BASE_TAG" "$LOCAL_TAG"
+  DOCKER_HOST="unix://$SOCK" docker import -c 'CMD ["bash"]' "$tar" "$BASE_TAG" >/dev/null && tag_flavours
   local rc=$?
   rm -f "$tar"
   [ $rc -eq 0 ] && say "base image $BASE_TAG built" || say "docker import failed"

@@ -36,6 +36,12 @@ def test_from_lines_are_mapped_and_stages_left_alone():
     text = "FROM present:1\nFROM absent:2\n"
     mapped, swaps, _ = map_from_lines(text, {ANY_BASE: "gyre-base:local"}, lambda name: name == "present:1")
     assert mapped == "FROM present:1\nFROM gyre-base:local\n" and swaps == ["absent:2 -> gyre-base:local"]
+    # a pattern key: Terminal-Bench's base images (WORKDIR /app) to a local image with /app, the rest to "*"
+    images = {"ghcr.io/laude-institute/t-bench/*": "tb:local", "ghcr.io/laude-institute/*": "other:local",
+              ANY_BASE: "gyre-base:local"}
+    text = "FROM ghcr.io/laude-institute/t-bench/python-3-13:20250620\nFROM ghcr.io/laude-institute/x:1\nFROM y:2\n"
+    mapped, swaps, _ = map_from_lines(text, images, lambda _: False)
+    assert mapped == "FROM tb:local\nFROM other:local\nFROM gyre-base:local\n", mapped
 
 
 def test_the_digest_follows_every_file_its_mode_and_the_dockerfile(tmp_path):

@@ -16,7 +16,8 @@ from gyre.config.run import RunConfig
 from gyre.runtime.oracle import oracle_rows, task_verdicts
 from tests.test_benchmarks_formats import write_harbor
 
-TESTS = "from pathlib import Path\n\n\ndef test_answer():\n    assert Path('/app/answer.txt').read_text().strip() == '42'\n"
+TESTS = ("from pathlib import Path\n\n\ndef test_answer():\n"
+         "    assert Path('/app/answer.txt').read_text().strip() == '42'\n")
 
 
 def _terminal_bench(root: Path, name: str, dockerfile: str, solution: str | None) -> None:
@@ -39,8 +40,13 @@ def test_solutions_score_one_untouched_zero_and_the_rest_say_why(tmp_path, docke
     root = tmp_path / "tb"
     plain = "FROM python:3.13-slim-bookworm\nWORKDIR /app\n"
     _terminal_bench(root, "answer", plain, "#!/bin/bash\necho 42 > answer.txt\n")
-    _terminal_bench(root, "apt-image", plain + "RUN apt-get update && apt-get install -y tmux\n", "echo 42 > answer.txt")
+    apt = plain + "RUN apt-get update && apt-get install -y tmux\n"
+    _terminal_bench(root, "apt-image", apt, "echo 42 > answer.txt")
     _terminal_bench(root, "no-solution", plain, None)
+    _terminal_bench(root, "keystrokes", plain, None)  # upstream's solution.yaml: commands typed in order
+    (root / "keystrokes" / "solution.yaml").write_text(
+        '- command: "echo 4 > part"\n  min_timeout_sec: 0.5\n  block: true\n  append_enter: true\n'
+        '- command: "echo $(cat part)2 > answer.txt"\n')
     queries, _ = load_benchmark_report("terminal-bench", root)
     rows = {(r.task, r.arm): r for r in oracle_rows(queries, _config(docker_image), tmp_path / "out")}
     solved, untouched = rows["answer", "solution"], rows["answer", "untouched"]
@@ -54,6 +60,7 @@ def test_solutions_score_one_untouched_zero_and_the_rest_say_why(tmp_path, docke
     verdicts = task_verdicts(list(rows.values()))
     assert verdicts["answer"] == "reproduced" and verdicts["apt-image"].startswith("does not build here")
     assert verdicts["no-solution"] == "untouched 0; no reference solution to check"
+    assert verdicts["keystrokes"] == "reproduced", rows["keystrokes", "solution"]
     assert (tmp_path / "out" / "workspaces" / solved.execution_id / "answer.txt").read_text() == "42\n"
     ids = {f"gyre-{row.execution_id}" for row in rows.values()}
     assert not [c for c in docker.from_env().containers.list(all=True, filters={"label": "gyre"}) if c.name in ids]

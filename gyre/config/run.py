@@ -151,7 +151,8 @@ class DockerConfig(Section):
     """Images this machine cannot pull, replaced by local ones: requested name -> local name (e.g.
     `python:3.11-slim: gyre-base:local`, the Debian base `scripts/docker-engine.sh` builds offline). Applied
     to every image a container starts from (a task's, `sandbox.image`, the default) and to the FROM lines of a
-    task's Dockerfile when it is built (there the key `"*"` replaces any other image the engine lacks); an
+    task's Dockerfile when it is built (there the key `"*"` replaces any other image the engine lacks). A key
+    with `*` is a pattern (`ghcr.io/laude-institute/t-bench/*`), the longest match wins after an exact key; an
     execution whose image was replaced records `requested -> used` in `executions.image`."""
     build_task_images: bool = True
     """Build a Terminal-Bench or Harbor task's own Dockerfile (cached by its build context's digest,

@@ -8,7 +8,8 @@ solution must get upstream's score (1.0 for Terminal-Bench, Harbor's reward) and
 
 - per task, two executions in fresh sandboxes made as a run makes them (`create_sandbox`: with
   `sandbox.type: docker` the task's Dockerfile built, its base image mapped, evaluation slots bound):
-  `solution` runs the task's `solution.sh` (Terminal-Bench) or `solution/solve.sh` (Harbor) as the
+  `solution` runs the task's `solution.sh` (Terminal-Bench; else the commands of its `solution.yaml`) or
+  `solution/solve.sh` (Harbor) as the
   agent, in the workdir, with no network, as upstream's oracle runs it; `untouched` runs nothing;
 - each is scored by `evaluate_query`, in the container for the formats tested there, with the
   config's package index (`evaluator.network`); a sandbox that does not start (an image that does not
@@ -23,6 +24,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from gyre.benchmarks.registry import task_spec
 from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH
@@ -57,10 +60,21 @@ class OracleRow:
 
 
 def solution_script(query: Query, fmt: str) -> str | None:
-    """The text of the task's reference solution script, or None when it ships none."""
+    """The text of the task's reference solution script, or None when it ships none. A Terminal-Bench task may
+    ship `solution.yaml` instead (the keystrokes upstream's oracle types into its tmux session: a list of
+    `command` entries): its commands, one per line, in order. ValueError names a malformed one."""
     rel = SOLUTIONS.get(fmt)
     path = Path(query.root) / rel if rel else None
-    return path.read_text(encoding="utf-8") if path is not None and path.is_file() else None
+    if path is not None and path.is_file():
+        return path.read_text(encoding="utf-8")
+    steps_file = Path(query.root) / "solution.yaml"
+    if fmt != TERMINAL_BENCH or not steps_file.is_file():
+        return None
+    steps = yaml.safe_load(steps_file.read_text(encoding="utf-8"))
+    if not isinstance(steps, list) or not all(isinstance(s, dict) and isinstance(s.get("command"), str)
+                                              for s in steps):
+        raise ValueError(f"{steps_file}: expected a list of entries with a `command` string")
+    return "\n".join(step["command"] for step in steps) + "\n"
 
 
 def oracle_rows(queries: list[Query], config: RunConfig, out: Path) -> list[OracleRow]:
@@ -74,7 +88,10 @@ def oracle_rows(queries: list[Query], config: RunConfig, out: Path) -> list[Orac
 
 def _arm(query: Query, arm: str, config: RunConfig, out: Path) -> OracleRow:
     spec = task_spec(query)
-    script = solution_script(query, spec.format) if arm == "solution" else None
+    try:
+        script = solution_script(query, spec.format) if arm == "solution" else None
+    except ValueError as exc:  # a malformed solution.yaml: this row says so, the other tasks go on
+        return OracleRow(query.query_id, arm, "no_solution", None, str(exc))
     if arm == "solution" and script is None:
         return OracleRow(query.query_id, arm, "no_solution", None,
                          f"no {SOLUTIONS.get(spec.format, 'solution script')} in the task")

@@ -36,7 +36,7 @@ from typing import Any, Mapping
 
 from gyre.sandboxes.base import SandboxStartError
 from gyre.sandboxes.build_index import declare_args, index_route
-from gyre.sandboxes.docker_container import resolve_image
+from gyre.sandboxes.docker_container import mapped_image, resolve_image
 from gyre.sandboxes.index.pip_config import client_env
 
 TAG_REPOSITORY = "gyre-task"
@@ -80,7 +80,7 @@ def map_from_lines(dockerfile: str, base_images: Mapping[str, str], present) -> 
             head, flags, image, rest = match.groups()
             alias = re.search(r"\bAS\s+(\S+)", rest, re.IGNORECASE)
             if image.lower() not in stages and "$" not in image:
-                used = base_images.get(image) or (None if present(image) else base_images.get(ANY_BASE))
+                used = mapped_image(image, base_images) or (None if present(image) else base_images.get(ANY_BASE))
                 if used is not None and used != image:
                     swaps.append(f"{image} -> {used}")
                     line = f"{head}{flags}{used}{rest}"

@@ -19,6 +19,7 @@ container.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -52,10 +53,21 @@ def engine_problem() -> str | None:
     return None
 
 
+def mapped_image(requested: str, base_images: Mapping[str, str]) -> str | None:
+    """What `base_images` maps `requested` to: its own key, else the longest pattern key that matches it
+    (`ghcr.io/laude-institute/t-bench/*`, shell-style); None when none does (the key `"*"` alone is not a
+    pattern here: it replaces only what the engine lacks, `docker_build.map_from_lines`)."""
+    if requested in base_images:
+        return base_images[requested]
+    patterns = sorted((k for k in base_images if "*" in k and k != "*" and fnmatch.fnmatchcase(requested, k)),
+                      key=len, reverse=True)
+    return base_images[patterns[0]] if patterns else None
+
+
 def resolve_image(requested: str, base_images: Mapping[str, str]) -> tuple[str, str]:
     """The image a container starts from for `requested`, and what its execution records
     (`executions.image`): `requested -> used` when `base_images` replaced it, else the image."""
-    used = base_images.get(requested, requested)
+    used = mapped_image(requested, base_images) or requested
     return used, requested if used == requested else f"{requested} -> {used}"
 
 

@@ -73,6 +73,21 @@ def test_a_timed_out_command_loses_only_its_own_processes(tmp_path, docker_image
         box.destroy()
 
 
+def test_a_command_filling_the_workspace_is_stopped_with_the_reason(tmp_path, docker_image):
+    """The workspace is a bind mount on the host's disk (the container's own root is read-only, its /tmp a
+    capped tmpfs): a command writing past `max_workspace_bytes` is stopped, says why, and the sandbox goes on."""
+    box = _box(tmp_path, docker_image, limits=SandboxLimits(max_workspace_bytes=8 << 20))
+    try:
+        started = time.monotonic()
+        filling = box.exec("while :; do head -c 1048576 /dev/zero >> fill.bin; done", timeout_s=60)
+        assert filling.limit_hit and "disk limit" in filling.limit_hit and not filling.timed_out, filling
+        assert time.monotonic() - started < 30
+        assert (box.workspace / "fill.bin").stat().st_size < 1 << 30  # the write rate x the check interval past it
+        assert box.exec("rm fill.bin && echo ok", timeout_s=30).stdout == "ok\n"
+    finally:
+        box.destroy()
+
+
 def test_a_fork_storm_past_its_timeout_leaves_nothing_running(tmp_path, docker_image, monkeypatch):
     """A command filling `pids_limit` times out and nothing of it survives: its kill (an exec) reaps it, with
     docker's init as PID 1 reaping the orphans (under `sleep infinity` their zombies held the limit, and

@@ -123,6 +123,38 @@ def test_preflight_names_the_unscorable_queries(tmp_path, caplog):
     assert "1 of 2 queries cannot be scored here" in caplog.text and "uv-installer:0.7.13" in caplog.text
 
 
+def test_check_and_preflight_meet_the_installer_in_a_tasks_container(tmp_path):
+    """A Terminal-Bench task with the boilerplate runner: unscorable in the local sandbox (astral.sh is not
+    reachable), scorable in its own container with the index, where uv from the index stands in."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from gyre.benchmarks import load_benchmark
+    from gyre.cli.main import app
+    from gyre.config.run import RunConfig
+    from gyre.runtime.resolve import warn_unscorable
+
+    task = tmp_path / "tb" / "boiler"
+    (task / "tests").mkdir(parents=True)
+    (task / "task.yaml").write_text("instruction: do it\n")
+    (task / "run-tests.sh").write_text(TB_RUN_TESTS)
+    (task / "tests" / "test_outputs.py").write_text("def test_x():\n    assert True\n")
+
+    def unscorable(*flags):
+        result = CliRunner().invoke(app, ["benchmark", "check", str(task.parent), "--json", *flags])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)["unscorable_here"]
+
+    (local,) = unscorable("--network", "package-index")  # (uv itself is met where gyre's tools hold it)
+    assert local["id"] == "boiler" and "uv-installer:0.7.13" in local["needs"]
+    assert unscorable("--network", "package-index", "--sandbox", "docker") == []
+    assert unscorable("--sandbox", "docker")[0]["needs"] == ["package-index", "uv-installer:0.7.13"]
+    queries = load_benchmark("terminal-bench", task.parent)
+    docker = RunConfig.model_validate({"sandbox": {"type": "docker"}, "evaluator": {"network": "package-index"}})
+    assert warn_unscorable(queries, docker) == []
+
+
 JUDGE_TEST = """\
 import requests
 

@@ -81,6 +81,7 @@ from gyre.sandboxes.docker_container import (
 from gyre.sandboxes.docker_build import container_image, seed_workspace
 from gyre.sandboxes.fdwalk import strip_special_bits
 from gyre.sandboxes.git_history import strip_git_history
+from gyre.sandboxes.local.diskwatch import DEFAULT_INTERVAL_S, DiskWatch
 from gyre.sandboxes.paths import remove_tree
 from gyre.sandboxes.process import BoundedCapture
 
@@ -89,6 +90,9 @@ log = logging.getLogger(__name__)
 """Evaluation slots the evaluation only reads (bound read-only: even its own user cannot change them)."""
 EXEC_ENV = "GYRE_EXEC"
 STOP_WAIT_S = 10.0
+DISK_CHECK_S = DEFAULT_INTERVAL_S
+"""How often a running command's workspace is measured against the disk and file-count limits (a walk of it;
+the local sandbox's interval): what a command writes past the limit is bounded by its write rate times this."""
 """How long a command may take to end after its processes were sent SIGKILL."""
 KILL_EXECS = r"""
 for pass in 1 2 3; do
@@ -342,8 +346,9 @@ class DockerSandbox:
 
     def _bounded(self, argv: list[str], kwargs: dict[str, Any], timeout_s: float,
                  stops: list[tuple[Callable[[], None], float]], max_output_bytes: int | None = None) -> ExecResult:
-        """`exec_run(argv, **kwargs)` in a thread; past `timeout_s` each stop step runs, then waits its
-        seconds; a command outliving them all kills the container (the sandbox closes)."""
+        """`exec_run(argv, **kwargs)` in a thread; past `timeout_s`, or once the workspace holds more than the
+        limits allow (`limit_hit`: the disk and file-count watch, every `DISK_CHECK_S`), each stop step runs,
+        then waits its seconds; a command outliving them all kills the container (the sandbox closes)."""
         started = time.monotonic()
         outcome: dict[str, Any] = {}
 
@@ -355,9 +360,15 @@ class DockerSandbox:
 
         worker = threading.Thread(target=run, daemon=True)
         worker.start()
-        worker.join(timeout_s)
-        timed_out = worker.is_alive()
-        for stop, wait_s in stops if timed_out else ():
+        # the workspace is a bind mount on the host's disk: a command that fills it is stopped like a timed-out one
+        watch = DiskWatch([self.workspace], self.limits.max_workspace_bytes, self.limits.max_workspace_files,
+                          interval_s=DISK_CHECK_S)
+        deadline, limit_hit = started + timeout_s, None
+        while worker.is_alive() and limit_hit is None and (left := deadline - time.monotonic()) > 0:
+            worker.join(min(DISK_CHECK_S, left))
+            limit_hit = watch() if worker.is_alive() else None
+        timed_out = worker.is_alive() and limit_hit is None
+        for stop, wait_s in stops if worker.is_alive() else ():
             stop()
             worker.join(wait_s)
             if not worker.is_alive():
@@ -365,7 +376,7 @@ class DockerSandbox:
         if worker.is_alive():
             self.container.kill()
             self.closed = True
-            return ExecResult(-9, "", "", True, time.monotonic() - started)
+            return ExecResult(-9, "", "", timed_out, time.monotonic() - started, limit_hit)
         if "error" in outcome:
             raise outcome["error"]
         result = outcome["result"]
@@ -375,7 +386,7 @@ class DockerSandbox:
         out.add(stdout or b"")
         err.add(stderr or b"")
         return ExecResult(result.exit_code if result.exit_code is not None else -1, out.text(), err.text(),
-                          timed_out, time.monotonic() - started)
+                          timed_out, time.monotonic() - started, limit_hit)
 
     def _kill_execs(self, tokens: Sequence[str]) -> None:
         self.container.exec_run(["bash", "-c", KILL_EXECS, "gyre-kill", *tokens], demux=True)

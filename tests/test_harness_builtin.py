@@ -82,3 +82,19 @@ def test_harness_deadline_ends_the_execution_and_keeps_the_workspace(tmp_path, t
     assert any(sandbox.workspace.iterdir())
     score = evaluate(query, sandbox.workspace, tmp_path / "eval", "exec")
     assert score.score == 1.0  # the partial artifact is still scored
+
+
+def test_a_command_stopped_at_a_limit_tells_the_model_which():
+    """A command the sandbox stopped for a limit (the workspace past `max_workspace_bytes`) is not silent: the
+    model reads why, as it reads a timeout."""
+    import time
+
+    from gyre.harnesses.builtin_tools import run_sandbox_tool
+    from gyre.sandboxes.base import ExecResult
+
+    class Stopped:
+        def exec(self, command, timeout_s):
+            return ExecResult(-9, "", "", False, 0.5, "disk limit: writable directories hold more than 8 bytes")
+
+    text = run_sandbox_tool(Stopped(), "run_shell", {"command": "yes > f"}, time.monotonic() + 60, 10)
+    assert text.startswith("exit code -9 (stopped: disk limit: writable directories hold more than 8 bytes)")

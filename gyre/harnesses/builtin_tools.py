@@ -77,7 +77,8 @@ def run_sandbox_tool(
             return "error: run_shell needs a string 'command'"
         timeout = max(0.1, min(command_timeout_s, deadline_s - time.monotonic()))
         res = sandbox.exec(command, timeout_s=timeout)
-        text = f"exit code {res.exit_code}" + (" (timed out)" if res.timed_out else "")
+        text = f"exit code {res.exit_code}" + (" (timed out)" if res.timed_out else "") + (
+            f" (stopped: {res.limit_hit})" if res.limit_hit else "")
         return text + f"\n{res.stdout}{res.stderr}"
     if name == "write_file":
         path, content = args.get("path"), args.get("content")

@@ -92,7 +92,8 @@ class TextHarness:
         if isinstance(action, RunCommand):
             timeout = max(0.1, min(self.command_timeout_s, deadline_s - time.monotonic()))
             res = sandbox.exec(action.command, timeout_s=timeout)
-            return action, res.exit_code, res.stdout + res.stderr + ("\n(timed out)" if res.timed_out else "")
+            note = "\n(timed out)" if res.timed_out else f"\n(stopped: {res.limit_hit})" if res.limit_hit else ""
+            return action, res.exit_code, res.stdout + res.stderr + note
         try:
             sandbox.write_file(action.path, action.content)
         except (ValueError, OSError) as exc:

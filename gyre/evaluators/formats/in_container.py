@@ -130,6 +130,9 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     plugin = PluginInstall.write(sandbox.slot(PLUGIN_SLOT))
     plugin.write_plan(pristine, secrets.randbits(63))
     own(plugin.directory, owner)
+    # the index first: unreachable is the evaluator's failure, raised before any result pipe is opened
+    route = None if index is None else ContainerIndex.open(index, sandbox.slot(INDEX_SLOT),
+                                                           sandbox.eval_slots[INDEX_SLOT], owner)
     name = f"{secrets.token_hex(8)}.fifo"
     channel = FifoChannel(sandbox.slot(RESULT_SLOT) / name, f"{sandbox.eval_slots[RESULT_SLOT]}/{name}", owner)
     audits = FifoChannel(sandbox.slot(RESULT_SLOT) / f"a{name}", f"{sandbox.eval_slots[RESULT_SLOT]}/a{name}", owner,
@@ -141,8 +144,6 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     (command,) = query.test_commands
     if spec.format == R2E:
         command = f"bash {sandbox.eval_slots[RUNNER_SLOT]}/{RUN_TESTS}"  # from the workdir, as upstream runs it
-    route = None if index is None else ContainerIndex.open(index, sandbox.slot(INDEX_SLOT),
-                                                           sandbox.eval_slots[INDEX_SLOT], owner)
     run = command
     if route is not None and (uv := installer_version(query)) is not None:  # astral.sh's installer, stood in for
         run = provide_uv(uv) + command

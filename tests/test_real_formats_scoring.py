@@ -52,7 +52,8 @@ def test_standard_installer_scripts_are_unscorable_here_not_zero(tmp_path):
         ws = workspace(FIXTURES / directory / task, tmp_path / task)
         score = evaluate_query(query, ws, tmp_path / f"e-{task}", task, timeout_s=60)
         assert (score.status, score.score) == (EvalStatus.error, None), score.detail
-        assert "unscorable here" in score.detail and "apt" in score.detail
+        # astral.sh's uv installer: stood in for only in the task's own container with the index (uv_installer)
+        assert "unscorable here" in score.detail and "uv-installer:" in score.detail
 
 
 def test_harbor_json_reward_with_its_own_workdir(tmp_path):

@@ -12,8 +12,8 @@ with), reached through the same two-halved bridge as the model proxy (`gyre.sand
 - the build runs with `network_mode="container:<helper>"`: every `RUN` step shares that namespace, so
   loopback holds the proxy's port and there is no other interface, no DNS, no route;
 - pip and uv in the steps are pointed at the proxy by build arguments (`client_env`), declared by an
-  `ARG` line after each `FROM` of the built copy of the Dockerfile: build-time only, nothing of it is
-  left in the image's environment.
+  `ARG` line after each `FROM` of the built copy of the Dockerfile (`docker_build.declare_args`):
+  build-time only, nothing of it is left in the image's environment.
 
 So `pip install` and `uv pip install` work as upstream's build; `apt-get`, `curl`, `git clone` fail as
 offline builds do, and the build error names the step. An upstream that does not answer the proxy's
@@ -54,15 +54,6 @@ class BuildRoute:
     def requests(self) -> int:
         """How many requests the build's steps made through the proxy so far."""
         return len(self.proxy.requests())
-
-
-def declare_args(dockerfile: str, names: list[str]) -> str:
-    """`dockerfile` with `ARG <name>` lines after each FROM line: build arguments the steps of every stage see."""
-    from gyre.sandboxes.docker_build import _FROM
-
-    declared = "".join(f"ARG {name}\n" for name in names)
-    return "".join(line + (declared if _FROM.match(line.rstrip("\n")) else "")
-                   for line in dockerfile.splitlines(keepends=True))
 
 
 @contextmanager

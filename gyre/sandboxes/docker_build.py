@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gyre.sandboxes.base import SandboxStartError
-from gyre.sandboxes.build_index import declare_args, index_route
+from gyre.sandboxes.build_index import index_route
 from gyre.sandboxes.docker_container import mapped_image, resolve_image
 from gyre.sandboxes.index.pip_config import client_env
 
@@ -100,6 +100,13 @@ def _present(client, name: str) -> bool:
         return True
     except docker.errors.ImageNotFound:
         return False
+
+
+def declare_args(dockerfile: str, names: list[str]) -> str:
+    """`dockerfile` with `ARG <name>` lines after each FROM line: build arguments the steps of every stage see."""
+    declared = "".join(f"ARG {name}\n" for name in names)
+    return "".join(line + (declared if _FROM.match(line.rstrip("\n")) else "")
+                   for line in dockerfile.splitlines(keepends=True))
 
 
 def context_digest(context: Path, dockerfile_text: str) -> str:

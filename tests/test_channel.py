@@ -199,3 +199,40 @@ class TestMoves:
 '''
     assert defined_tests(source) == {("test_text",), ("test_without_json",), ("test_with_json",),
                                      ("TestMoves", "test_move"), ("TestMoves", "test_always")}
+
+
+def test_a_fixture_named_like_a_test_is_no_test():
+    """Terminal-Bench's chem-property-targeting defines `@pytest.fixture def test_data()`: pytest never collects
+    it, so gyre must not wait for its result (the task's own solution scored 0: 7 of 8 "tests" passed)."""
+    from gyre.evaluators.integrity.canaries import defined_tests
+
+    source = '''
+import pytest
+from pytest import fixture
+import pytest_asyncio
+
+@pytest.fixture
+def test_data():
+    return 1
+
+@fixture(scope="module")
+def test_config():
+    return 2
+
+@pytest_asyncio.fixture
+async def test_client():
+    return 3
+
+@pytest.mark.parametrize("x", [1])
+def test_real(x, test_data):
+    assert test_data == x
+
+class TestThing:
+    @pytest.fixture
+    def test_setup(self):
+        return 4
+
+    def test_it(self, test_setup):
+        assert test_setup == 4
+'''
+    assert defined_tests(source) == {("test_real",), ("TestThing", "test_it")}

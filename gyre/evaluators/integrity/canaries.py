@@ -57,11 +57,24 @@ def defined_tests(source: str) -> set[TestId]:
     classes = {node.name: node for node in _statements(tree.body) if isinstance(node, ast.ClassDef)}
     found: set[TestId] = set()
     for node in _statements(tree.body):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test") \
+                and not _is_fixture(node):
             found.add((node.name,))
         elif isinstance(node, ast.ClassDef):
             found |= _class_tests(node, classes, ())
     return found
+
+
+def _is_fixture(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Decorated `@pytest.fixture` / `@fixture(...)` (pytest_asyncio's too): a fixture named `test_*` is never
+    collected as a test (Terminal-Bench's chem-property-targeting has `def test_data` as a fixture; counting it
+    made the task's own solution a 0)."""
+    for decorator in node.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+        if name == "fixture":
+            return True
+    return False
 
 
 def _statements(body: list[ast.stmt]) -> list[ast.stmt]:
@@ -92,7 +105,8 @@ def _class_tests(node: ast.ClassDef, classes: dict[str, ast.ClassDef], outer: Te
     found: set[TestId] = set()
     for cls in _lineage(node, classes):
         for item in _statements(cls.body):
-            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test"):
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test") \
+                    and not _is_fixture(item):
                 found.add((*prefix, item.name))
             elif isinstance(item, ast.ClassDef) and cls is node:
                 found |= _class_tests(item, classes, prefix)

@@ -97,6 +97,9 @@ def test_a_failed_build_and_an_unknown_base_say_why(tmp_path, engine):
                        match=r"task test-fail: its image did not build .*build_network: package-index") as caught:
         task_image(client, "test-fail", failing, failing / "Dockerfile", {"python:3.13-slim": base}, 600)
     assert "reaching the index" in str(caught.value)  # the build log's tail
+    heredoc = _task(tmp_path / "c", "FROM python:3.13-slim\nCOPY <<EOT /app/x.txt\nhello\nEOT\n")
+    with pytest.raises(TaskImageError, match=r"task test-heredoc: its image did not build: the engine refused"):
+        task_image(client, "test-heredoc", heredoc, heredoc / "Dockerfile", {"python:3.13-slim": base}, 600)
     unknown = _task(tmp_path / "b", "FROM nosuch/image:1\n")
     with pytest.raises(TaskImageError, match=r"FROM nosuch/image:1, which this engine does not have"):
         task_image(client, "test-unknown", unknown, unknown / "Dockerfile", {}, 600)

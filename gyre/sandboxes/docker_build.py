@@ -188,6 +188,12 @@ def _build(client, task: str, context: Path, text: str, tag: str, timeout_s: flo
                 if buildargs else "")
             raise TaskImageError(f"task {task}: its image did not build ({exc.msg}{offline}):\n"
                                  + "\n".join(tail)) from exc
+        except docker.errors.APIError as exc:  # refused before any step ran (a Dockerfile this builder cannot parse)
+            if exc.status_code is None or exc.status_code >= 500:
+                raise  # the engine's own failure: the caller's SandboxStartError says so
+            raise TaskImageError(f"task {task}: its image did not build: the engine refused its Dockerfile "
+                                 f"({exc.explanation or exc}; a `COPY <<EOF` heredoc or `RUN --mount` needs BuildKit, "
+                                 "which this engine's builder is not)") from exc
 
 
 def container_image(client, task: str, image: str, dockerfile: str | None, base_images: Mapping[str, str],

@@ -162,3 +162,29 @@ def test_a_port_taken_by_the_agent_inside_is_the_workspace_zero(tmp_path, docker
     log = (tmp_path / "eval" / "reports" / "command_0.log").read_text()
     assert "could not be bridged in" in log and str(BRIDGE_FAILED_EXIT) in log
     assert len(boxes) == 2  # the control ran in a container of its own
+
+
+def test_the_agent_installs_through_its_own_route_until_it_ends(tmp_path, docker_image, fake):
+    """`sandbox.docker.agent_network: package-index`: the agent's pip reaches gyre's proxy (upstream's agents have
+    the network: reference solutions install what they need), the task's own name is denied, the route closes
+    with `end_agent`, and nothing else is reachable."""
+    from tests.test_index_proxy import DENIED
+
+    query = _task(tmp_path).model_copy(update={"query_id": DENIED})  # a task named like the denied project
+    box = DockerSandbox.create(query, tmp_path / "ws", image=docker_image, workdir="/app",
+                               index_url=f"{fake.url}/simple/", agent_index=True)
+    try:
+        # the root filesystem is read-only: the agent installs into the workspace (a venv there)
+        installed = box.exec("python3 -m venv v && v/bin/pip install demo-pkg==1.0 && "
+                             "v/bin/python -c 'import demo_pkg; print(demo_pkg.VALUE)'", timeout_s=120)
+        assert installed.exit_code == 0 and installed.stdout.strip().endswith("1"), installed
+        denied = box.exec(f"v/bin/pip install {DENIED}", timeout_s=120)
+        assert denied.exit_code != 0, denied
+        elsewhere = box.exec("python3 -c \"import urllib.request as u; u.urlopen('http://example.com', timeout=5)\"",
+                             timeout_s=60)
+        assert elsewhere.exit_code != 0
+        box.end_agent()
+        after = box.exec("v/bin/pip download --no-deps -d /tmp/x demo-pkg==1.0", timeout_s=120)
+        assert after.exit_code != 0, after  # the route closed with the agent
+    finally:
+        box.destroy()

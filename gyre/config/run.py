@@ -165,8 +165,13 @@ class DockerConfig(Section):
     nothing else (`RUN pip install ...` works, apt and curl do not: `gyre.sandboxes.build_index`); or the host's
     (what upstream's `docker compose build` gives: a `RUN apt-get install ...` needs it; the build runs the
     task's Dockerfile, never the agent's code)."""
-    build_index_url: str | None = None
-    """The index `build_network: package-index` proxies (None: the one pip on this machine is configured with)."""
+    agent_network: Literal["none", "package-index"] = "none"
+    """The agent's network: none (the default), or `package-index`: gyre's allow-listed index proxy and nothing
+    else, its own per execution, closed when the agent ends (`gyre.sandboxes.agent_index`; upstream's agents have
+    the network: reference solutions `pip install` what they need)."""
+    index_url: str | None = None
+    """The index `build_network` / `agent_network: package-index` proxy (None: the one pip here is configured
+    with)."""
     pull: bool = False
     """Pull an image the engine does not have from its registry (a cluster's). Off: never; a missing image is
     replaced (`base_images`, the task's Dockerfile built) or the execution records why it could not start (no

@@ -71,6 +71,7 @@ from typing import Any
 
 from gyre.records import Query
 from gyre.sandboxes import file_tools
+from gyre.sandboxes.agent_index import AGENT_INDEX_DIR, AGENT_INDEX_SLOT, AgentIndex
 from gyre.sandboxes.base import ExecResult, SandboxLimits, SandboxLostError, SandboxStartError
 from gyre.sandboxes.bridge import ProxyBridge, proxy_address
 from gyre.sandboxes.docker_container import (
@@ -148,6 +149,7 @@ class DockerSandbox:
     _running: set[str] = field(default_factory=set, init=False)
     _running_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _bridge: ProxyBridge | None = field(default=None, init=False)
+    _agent_index: AgentIndex | None = field(default=None, init=False)
 
     @classmethod
     def create(
@@ -167,7 +169,8 @@ class DockerSandbox:
         build_timeout_s: float = 1800.0,
         build_network: str = "none",
         pull: bool = False,
-        build_index_url: str | None = None,
+        index_url: str | None = None,
+        agent_index: bool = False,
     ) -> DockerSandbox:
         """`base_images`: `sandbox.docker.base_images` (`resolve_image`); `cgroup_parent_name`: the cgroup made
         under gyre's own memory cgroup for the container (`sandbox.docker.cgroup_parent`; engines with the
@@ -189,30 +192,39 @@ class DockerSandbox:
         remove_tree(slot_root)
         owner = evaluation_user()
         binds = make_slots(slot_root, dict(eval_slots or {}), agent_dirs, owner)
+        env, route = dict(env or {}), None
         try:
+            if agent_index:  # the agent's own route to the package index (`agent_index`)
+                route = AgentIndex.open(slot_root / AGENT_INDEX_SLOT, index_url, query.query_id)
+                binds.append((route.bridge.directory, AGENT_INDEX_DIR, "ro"))
+                env.update(route.env())
             with engine_answers():
                 client = docker.from_env()
                 wanted = image if image is not None else ("" if dockerfile is not None else DEFAULT_IMAGE)
                 used, note, _built = container_image(client, query.query_id, wanted, dockerfile, base_images or {},
-                                                    build_timeout_s, build_network, pull, build_index_url)
+                                                    build_timeout_s, build_network, pull, index_url)
                 left_out = seed_workspace(client, used, workdir, workspace)  # the bind mount hides its workdir
                 if left_out:
                     note += f"; left out of the workspace: {', '.join(left_out[:5])}"
                 if query.start_dir is not None:
                     strip_git_history(workspace)
                 cgroup = cgroup_parent(cgroup_parent_name) if cgroup_parent_name and _cgroupfs(client) else None
-                kwargs = container_kwargs(used, workspace, workdir, limits, dict(env or {}), f"gyre-{workspace.name}",
+                kwargs = container_kwargs(used, workspace, workdir, limits, env, f"gyre-{workspace.name}",
                                           binds, cgroup)
                 container = client.containers.run(**kwargs)
+                if route is not None:
+                    route.start_inside(container)
         except (docker.errors.DockerException, SandboxLostError) as exc:  # the engine refused or died: not the agent's
-            remove_tree(slot_root)
+            _abandon(slot_root, route)
             raise SandboxStartError(f"the container did not start: {exc}") from exc
         except BaseException:
-            remove_tree(slot_root)
+            _abandon(slot_root, route)
             raise
-        return cls(workspace=workspace, container=container, limits=limits, workdir=workdir, slot_root=slot_root,
-                   eval_slots=dict(eval_slots or {}), eval_user=owner, image=note, image_ref=used,
-                   cgroup_parent_name=cgroup_parent_name)
+        box = cls(workspace=workspace, container=container, limits=limits, workdir=workdir, slot_root=slot_root,
+                  eval_slots=dict(eval_slots or {}), eval_user=owner, image=note, image_ref=used,
+                  cgroup_parent_name=cgroup_parent_name)
+        box._agent_index = route
+        return box
 
     def slot(self, name: str) -> Path:
         """The host directory of evaluation slot `name`."""
@@ -397,10 +409,21 @@ class DockerSandbox:
                                 user=user, demux=True)
 
     def _close_bridge(self) -> None:
+        """The agent's routes out: to the model proxy, and to the package index when it had one."""
         if self._bridge is not None:
             self._bridge.close()
             self._bridge = None
+        if self._agent_index is not None:
+            self._agent_index.close()
+            self._agent_index = None
 
     def _check_open(self) -> None:
         if self.closed or self.container is None:
             raise RuntimeError(f"sandbox for {self.workspace} is closed")
+
+
+def _abandon(slot_root: Path, route: AgentIndex | None) -> None:
+    """What a container that did not start leaves: its slots, the agent's index route."""
+    if route is not None:
+        route.close()
+    remove_tree(slot_root)

@@ -71,7 +71,8 @@ def create_sandbox(
                                     cgroup_parent_name=config.docker.cgroup_parent, dockerfile=build,
                                     build_timeout_s=config.docker.build_timeout_s,
                                     build_network=config.docker.build_network, pull=config.docker.pull,
-                                    build_index_url=config.docker.build_index_url)
+                                    index_url=config.docker.index_url,
+                                    agent_index=config.docker.agent_network == "package-index")
     from gyre.sandboxes.local.sandbox import LocalSandbox
 
     layout = SandboxLayout(workdir=workdir, mounts=mounts) if isolation.bwrap else None

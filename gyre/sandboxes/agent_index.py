@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gyre.sandboxes.base import SandboxStartError
-from gyre.sandboxes.bridge import INSIDE_FORWARDER, SOCKET_NAME, ProxyBridge, proxy_address
+from gyre.sandboxes.bridge import INSIDE_FORWARDER, SOCKET_NAME, ProxyBridge
+from gyre.sandboxes.index.bridged import open_bridged
 from gyre.sandboxes.index.proxy import IndexProxy, IndexProxyConfig, client_env
 
 AGENT_INDEX_SLOT = ".agent-index"
@@ -41,18 +42,10 @@ class AgentIndex:
     @classmethod
     def open(cls, directory: Path, upstream: str | None, task: str) -> AgentIndex:
         """Probe and start the proxy (denying `task`), its bridge's host half in `directory` (made here)."""
-        proxy = IndexProxy(IndexProxyConfig.for_upstream(upstream, frozenset({task})))
-        problem = proxy.probe()
-        if problem is not None:
-            raise SandboxStartError(f"the agent's package index is unreachable (sandbox.docker.agent_network): "
-                                    f"{problem}")
-        url = proxy.start()
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            bridge = ProxyBridge(proxy_address(url), directory, AGENT_INDEX_DIR).start()
-        except BaseException:
-            proxy.stop()
-            raise
+        proxy, url, bridge = open_bridged(
+            IndexProxyConfig.for_upstream(upstream, frozenset({task})), directory, AGENT_INDEX_DIR,
+            lambda problem: SandboxStartError(f"the agent's package index is unreachable "
+                                              f"(sandbox.docker.agent_network): {problem}"))
         return cls(proxy, bridge, url)
 
     def env(self) -> dict[str, str]:

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gyre.sandboxes.base import SandboxStartError
-from gyre.sandboxes.bridge import INSIDE_FORWARDER, ProxyBridge, proxy_address
+from gyre.sandboxes.bridge import INSIDE_FORWARDER, SOCKET_NAME
+from gyre.sandboxes.index.bridged import open_bridged
 from gyre.sandboxes.index.proxy import IndexProxy, IndexProxyConfig, client_env
 
 READY_WAIT_S = 20.0
@@ -59,19 +60,20 @@ class BuildRoute:
 @contextmanager
 def index_route(client, helper_image: str, upstream: str | None = None) -> Iterator[BuildRoute]:
     """The route a build's steps take to the index while the block runs; helper and proxy removed after."""
-    proxy = IndexProxy(IndexProxyConfig.for_upstream(upstream))
-    problem = proxy.probe()
-    if problem is not None:
-        raise BuildIndexError(f"the package index its build steps would install from is unreachable: {problem}")
-    url = proxy.start()
     directory = Path(tempfile.mkdtemp(prefix="gyre-build-route-"))
-    bridge = helper = None
     try:
-        bridge = ProxyBridge(proxy_address(url), directory, HELPER_DIR).start()
+        proxy, url, bridge = open_bridged(IndexProxyConfig.for_upstream(upstream), directory, HELPER_DIR,
+                                          lambda problem: BuildIndexError(
+                                              f"the package index its build steps would install from is "
+                                              f"unreachable: {problem}"))
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    helper = None
+    try:
         directory.chmod(0o777)  # the helper's python3 (any uid the image runs as) writes its ready file here
-        port = str(proxy_address(url)[1])
         helper = client.containers.run(
-            helper_image, ["python3", "-c", INSIDE_FORWARDER, port, f"{HELPER_DIR}/proxy.sock",
+            helper_image, ["python3", "-c", INSIDE_FORWARDER, str(bridge.target[1]), f"{HELPER_DIR}/{SOCKET_NAME}",
                            f"{HELPER_DIR}/{READY_NAME}"],
             detach=True, network_mode="none", volumes={str(directory): {"bind": HELPER_DIR, "mode": "rw"}},
             labels={"gyre": "build-route"}, entrypoint=[])
@@ -87,7 +89,6 @@ def index_route(client, helper_image: str, upstream: str | None = None) -> Itera
     finally:
         if helper is not None:
             helper.remove(force=True)
-        if bridge is not None:
-            bridge.close()
+        bridge.close()
         proxy.stop()
         shutil.rmtree(directory, ignore_errors=True)

@@ -91,10 +91,10 @@ log = logging.getLogger(__name__)
 """Evaluation slots the evaluation only reads (bound read-only: even its own user cannot change them)."""
 EXEC_ENV = "GYRE_EXEC"
 STOP_WAIT_S = 10.0
+"""How long a command may take to end after its processes were sent SIGKILL."""
 DISK_CHECK_S = DEFAULT_INTERVAL_S
 """How often a running command's workspace is measured against the disk and file-count limits (a walk of it;
 the local sandbox's interval): what a command writes past the limit is bounded by its write rate times this."""
-"""How long a command may take to end after its processes were sent SIGKILL."""
 KILL_EXECS = r"""
 for pass in 1 2 3; do
   found=

@@ -37,7 +37,6 @@ from typing import Any, Mapping
 from gyre.sandboxes.base import SandboxStartError
 from gyre.sandboxes.build_index import index_route
 from gyre.sandboxes.docker_container import mapped_image, resolve_image
-from gyre.sandboxes.index.pip_config import client_env
 
 TAG_REPOSITORY = "gyre-task"
 BUILT_DOCKERFILE = ".gyre.Dockerfile"
@@ -153,12 +152,12 @@ def task_image(client, task: str, context: Path, dockerfile: Path, base_images: 
                                  f"have and cannot pull (no registry answers here): map it to a local image "
                                  f"in sandbox.docker.base_images")
         if network == PACKAGE_INDEX:
-            text = declare_args(text, sorted(client_env("http://127.0.0.1:1/").keys()))
             if not bases:
                 raise TaskImageError(f"task {task}: its Dockerfile names no base image to run the build's route to "
                                      "the package index in (FROM $ARG)")
             with index_route(client, bases[-1], index_url) as route:
-                _build(client, task, Path(context), text, tag, timeout_s, route.network_mode, route.buildargs)
+                _build(client, task, Path(context), declare_args(text, sorted(route.buildargs)), tag, timeout_s,
+                       route.network_mode, route.buildargs)
                 note += f"; its build steps reached the package index through gyre's proxy ({route.requests()} " \
                         "requests)"
         else:

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from gyre.evaluators.integrity.tally import Tally
 from gyre.evaluators.observed import IndexAccess, IndexUnreachable, index_findings
-from gyre.sandboxes.bridge import ProxyBridge, proxy_address
+from gyre.sandboxes.bridge import ProxyBridge
+from gyre.sandboxes.index.bridged import open_bridged
 from gyre.sandboxes.index.proxy import IndexProxy, IndexProxyConfig, client_env
 
 INDEX_SLOT = "index"
@@ -50,18 +51,16 @@ class ContainerIndex:
     @classmethod
     def open(cls, access: IndexAccess, slot: Path, inside: str, owner: tuple[int, int],
              denied_projects: frozenset[str] = frozenset()) -> ContainerIndex:
-        proxy = IndexProxy(IndexProxyConfig.for_upstream(access.upstream, denied_projects, access.extra_hosts))
-        problem = proxy.probe()
-        if problem is not None:
-            raise IndexUnreachable(f"package index unreachable (probed before the workspace ran): {problem}")
-        url = proxy.start()
+        config = IndexProxyConfig.for_upstream(access.upstream, denied_projects, access.extra_hosts)
+        proxy, url, bridge = open_bridged(config, slot, inside, lambda problem: IndexUnreachable(
+            f"package index unreachable (probed before the workspace ran): {problem}"))
         try:
-            bridge = ProxyBridge(proxy_address(url), slot, inside).start()
             for path, mode in ((bridge.socket_path, 0o600), (slot, 0o700)):  # the evaluation user's alone
                 if os.geteuid() == 0:
                     os.chown(path, *owner)
                 path.chmod(mode)
         except BaseException:
+            bridge.close()
             proxy.stop()
             raise
         return cls(proxy, url, bridge, f"{inside}/ready-{secrets.token_hex(8)}")

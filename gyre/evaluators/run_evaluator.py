@@ -26,6 +26,11 @@ from gyre.sandboxes.local.session import available as session_available
 log = logging.getLogger("gyre.evaluators")
 
 
+def tests_in_container(config: RunConfig) -> bool:
+    """Whether the run tests Terminal-Bench/Harbor/R2E-Gym tasks in the agent's own docker container."""
+    return config.evaluator.container_tasks == "in_place" and config.sandbox.type == "docker"
+
+
 @dataclass(frozen=True)
 class RunEvaluator:
     config: RunConfig
@@ -43,8 +48,7 @@ class RunEvaluator:
                         "gyre running as root: Terminal-Bench/Harbor tasks are evaluated in a fresh sandbox instead "
                         "(processes the agent left running are gone by then)")
             in_place = False
-        in_container = config.evaluator.container_tasks == "in_place" and config.sandbox.type == "docker"
-        return cls(config, isolation, in_place, in_container)
+        return cls(config, isolation, in_place, tests_in_container(config))
 
     def tested_live(self, fmt: str) -> bool:
         """Is a task of format `fmt` tested inside the agent's live sandbox (gone once the run closed it)?"""

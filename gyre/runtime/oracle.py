@@ -9,11 +9,11 @@ solution must get upstream's score (1.0 for Terminal-Bench, Harbor's reward) and
 - per task, two executions in fresh sandboxes made as a run makes them (`create_sandbox`: with
   `sandbox.type: docker` the task's Dockerfile built, its base image mapped, evaluation slots bound):
   `solution` runs the task's `solution.sh` (Terminal-Bench; else the commands of its `solution.yaml`) or
-  `solution/solve.sh` (Harbor) as the
-  agent, in the workdir, with no network, as upstream's oracle runs it; `untouched` runs nothing;
-- each is scored by `evaluate_query`, in the container for the formats tested there, with the
-  config's package index (`evaluator.network`); a sandbox that does not start (an image that does not
-  build) is a row with its reason, never a score.
+  `solution/solve.sh` (Harbor) as the agent, in the workdir, with no network, as upstream's oracle runs
+  it; `untouched` runs nothing;
+- each is scored by the run's evaluator (`RunEvaluator`: its timeout, monitor and package index), in the
+  container for the formats a run tests there (`evaluator.container_tasks: in_place` with docker); a
+  sandbox that does not start (an image that does not build) is a row with its reason, never a score.
 
 Rows carry the execution's image record, the solution's exit status and the score's detail; the
 workspaces and evaluations stay under the output directory.
@@ -30,8 +30,8 @@ import yaml
 from gyre.benchmarks.registry import task_spec
 from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH
 from gyre.config.run import RunConfig
-from gyre.evaluators import evaluate_query, index_access
 from gyre.evaluators.formats.in_container import AGENT_DIRS, IN_CONTAINER_FORMATS, container_slots
+from gyre.evaluators.run_evaluator import RunEvaluator
 from gyre.records import Query
 from gyre.sandboxes.base import SandboxStartError
 from gyre.sandboxes.factory import create_sandbox, sandbox_limits
@@ -79,14 +79,11 @@ def solution_script(query: Query, fmt: str) -> str | None:
 
 def oracle_rows(queries: list[Query], config: RunConfig, out: Path) -> list[OracleRow]:
     """Both arms of every query in `queries` (see the module docstring); workspaces and evaluations under `out`."""
-    rows = []
-    for query in queries:
-        for arm in ARMS:
-            rows.append(_arm(query, arm, config, Path(out)))
-    return rows
+    evaluator = RunEvaluator.from_config(config, Isolation.detect(config.sandbox.isolation))
+    return [_arm(query, arm, config, evaluator, Path(out)) for query in queries for arm in ARMS]
 
 
-def _arm(query: Query, arm: str, config: RunConfig, out: Path) -> OracleRow:
+def _arm(query: Query, arm: str, config: RunConfig, evaluator: RunEvaluator, out: Path) -> OracleRow:
     spec = task_spec(query)
     try:
         script = solution_script(query, spec.format) if arm == "solution" else None
@@ -96,11 +93,11 @@ def _arm(query: Query, arm: str, config: RunConfig, out: Path) -> OracleRow:
         return OracleRow(query.query_id, arm, "no_solution", None,
                          f"no {SOLUTIONS.get(spec.format, 'solution script')} in the task")
     execution_id = f"{query.query_id}-{arm}-{secrets.token_hex(3)}"  # its container's name: unique on the engine
-    in_container = config.sandbox.type == "docker" and spec.format in IN_CONTAINER_FORMATS
+    in_container = evaluator.in_container and spec.format in IN_CONTAINER_FORMATS
     slots = dict(eval_slots=container_slots(spec), agent_dirs=AGENT_DIRS) if in_container else {}
     try:
         box = create_sandbox(config.sandbox, query, out / "workspaces" / execution_id, {},
-                             sandbox_limits(config.sandbox), Isolation.detect(), image=spec.image,
+                             sandbox_limits(config.sandbox), evaluator.isolation, image=spec.image,
                              dockerfile=spec.dockerfile, workdir=spec.workdir, **slots)
     except SandboxStartError as exc:
         return OracleRow(query.query_id, arm, "sandbox_error", None, str(exc), execution_id=execution_id)
@@ -113,9 +110,8 @@ def _arm(query: Query, arm: str, config: RunConfig, out: Path) -> OracleRow:
             box.end_agent()
         else:
             box.close()
-        score = evaluate_query(query, box.workspace, out / "evaluations" / execution_id, execution_id,
-                               timeout_s=config.evaluator.timeout_s, monitor=config.evaluator.monitor,
-                               index=index_access(config.evaluator), live=box if in_container else None)
+        score = evaluator.evaluate(query, box.workspace, out / "evaluations" / execution_id, execution_id,
+                                   live=box if in_container else None)
     finally:
         if not box.closed:
             box.close()  # the workspace stays under `out`

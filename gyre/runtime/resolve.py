@@ -230,9 +230,10 @@ def warn_unscorable(queries: list[Query], config: RunConfig) -> list[tuple[str, 
     """
     from gyre.benchmarks.registry import task_spec
     from gyre.evaluators.formats.in_container import IN_CONTAINER_FORMATS
+    from gyre.evaluators.run_evaluator import tests_in_container
 
     index = config.evaluator.network == "package-index"
-    docker = config.sandbox.type == "docker"
+    docker = tests_in_container(config)  # the formats tested in their container, as the run's evaluator does
     unscorable = [(q.query_id, missing) for q in queries if (missing := unmet(task_needs(q), available_here(
         package_index=index, in_container=docker and task_spec(q).format in IN_CONTAINER_FORMATS)))]
     if unscorable:

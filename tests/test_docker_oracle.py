@@ -100,3 +100,15 @@ def test_verdicts_name_what_differs_from_upstream():
     failed = [OracleRow("t", "solution", "error", None, "unscorable here: needs apt"),
               OracleRow("t", "untouched", "ok", 0.0, "")]
     assert task_verdicts(failed)["t"] == "not scorable here (solution): unscorable here: needs apt"
+
+
+def test_no_engine_is_said_once_before_any_task(tmp_path, monkeypatch):
+    monkeypatch.setattr("gyre.sandboxes.docker_container.engine_problem", lambda: "no engine answers at the socket")
+    root = tmp_path / "tb"
+    _terminal_bench(root, "answer", "FROM python:3.13-slim-bookworm\n", "echo 42 > answer.txt")
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({"sandbox": {"type": "docker"}}))
+    result = CliRunner().invoke(app, ["benchmark", "oracle", str(root), "--config", str(config),
+                                      "--out", str(tmp_path / "out")])
+    assert result.exit_code != 0 and "no engine answers" in " ".join(result.output.split())
+    assert not (tmp_path / "out").exists()

@@ -34,7 +34,7 @@ from gyre.evaluators.formats.in_container import AGENT_DIRS, IN_CONTAINER_FORMAT
 from gyre.evaluators.run_evaluator import RunEvaluator
 from gyre.records import Query
 from gyre.sandboxes.base import SandboxStartError
-from gyre.sandboxes.factory import create_sandbox, sandbox_limits
+from gyre.sandboxes.factory import check_backend, create_sandbox, sandbox_limits
 from gyre.sandboxes.local.isolation import Isolation
 
 SOLUTIONS = {TERMINAL_BENCH: "solution.sh", HARBOR: "solution/solve.sh"}
@@ -78,7 +78,9 @@ def solution_script(query: Query, fmt: str) -> str | None:
 
 
 def oracle_rows(queries: list[Query], config: RunConfig, out: Path) -> list[OracleRow]:
-    """Both arms of every query in `queries` (see the module docstring); workspaces and evaluations under `out`."""
+    """Both arms of every query in `queries` (see the module docstring); workspaces and evaluations under `out`.
+    `SandboxBackendError` before any task when the sandbox backend cannot run here (no docker engine)."""
+    check_backend(config.sandbox)
     evaluator = RunEvaluator.from_config(config, Isolation.detect(config.sandbox.isolation))
     return [_arm(query, arm, config, evaluator, Path(out)) for query in queries for arm in ARMS]
 

@@ -22,8 +22,10 @@ RUN=${GYRE_DOCKER_RUN:-/run/gyre-docker}              # socket, exec root, pidfi
 SOCK="$RUN/docker.sock"
 START_WAIT_S=30
 STOP_WAIT_S=20
-# libstdc++6 and ca-certificates: in every python:3.x-slim image (through apt), and numpy's wheels need the former
-BASE_PACKAGES="python3,python-is-python3,python3-venv,python3-pip,python3-pytest,procps,libstdc++6,ca-certificates"
+# libstdc++6 and ca-certificates: in every python:3.x-slim image (through apt), and numpy's wheels need the former.
+# python3-tk and python3-gdbm: the standard library's tkinter and dbm.gnu, which python.org's build (python:3.x)
+# holds and Debian splits out (six's real tests skip 14 cases without them: gyre bench fidelity --docker-image).
+BASE_PACKAGES="python3,python-is-python3,python3-venv,python3-pip,python3-pytest,python3-tk,python3-gdbm,procps,libstdc++6,ca-certificates"
 BASE_SUITE=bookworm
 # The base stands in for python:3.x images (python.org's build, no PEP 668 marker): a task's runner that
 # runs `pip install pytest==8.4.1` there must not meet Debian's "externally-managed-environment" here.

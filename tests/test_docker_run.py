@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import duckdb
@@ -32,11 +33,17 @@ def test_a_docker_run_executes_every_execution_in_a_container_and_leaves_none(tm
         f"  docker:\n    base_images:\n      python:3.11-slim: {docker_image}\n"
     )
     client = docker.from_env()
-    time.sleep(1.05 - time.time() % 1)  # events count by the second: none of an earlier test's falls in this one's
-    since = int(time.time())
+    # streamed while the run goes: the engine keeps only its last 256 events, and every evaluation's container and
+    # each exec add theirs
+    events = client.events(decode=True, filters={"type": "container", "event": "create", "label": "gyre"})
+    seen: list[dict] = []
+    watcher = threading.Thread(target=lambda: seen.extend(events), daemon=True)
+    watcher.start()
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", COLUMNS="160")
     proc = subprocess.run([*GYRE, "run", "--config", str(config), "run"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=900)
+    time.sleep(1.0)  # the last events on their way
+    events.close()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
     rows = con.execute("select purpose, image, eval_status, count(*) from executions group by all "
@@ -44,10 +51,13 @@ def test_a_docker_run_executes_every_execution_in_a_container_and_leaves_none(tm
     note = f"python:3.11-slim -> {docker_image}"
     assert rows == [("eval", note, "ok", 4), ("train", note, "ok", 8)], rows  # 2 rounds of 2; 2 steps of 4
     assert con.execute("select count(*) from calls").fetchone()[0] >= 12
-    # the engine made one container per execution, with gyre's label, and none is left
-    created = [e for e in client.events(since=since, until=int(time.time()) + 1, decode=True,
-                                        filters={"type": "container", "event": "create", "label": "gyre"})
-               if re.fullmatch(r"gyre-[se]\d{4}-.+", e["Actor"]["Attributes"]["name"])]  # this run's executions
+    details = [d for (d,) in con.execute("select eval_detail from executions").fetchall()]
+    assert all(f"in a fresh container of {note}" in d for d in details), details  # the image the agent ran in
+    # the engine made one container per execution, with gyre's label, and one per evaluation (a fresh one of the
+    # same image, as NL2RepoBench upstream tests), and none is left
+    names = [e["Actor"]["Attributes"]["name"] for e in seen]
+    created = [e for e in seen if re.fullmatch(r"gyre-[se]\d{4}-.+", e["Actor"]["Attributes"]["name"])]
+    assert sum(name.startswith("gyre-eval-") for name in names) >= 12, names
     assert len(created) == 12 and {e["Actor"]["Attributes"]["image"] for e in created} == {docker_image}
     assert client.containers.list(all=True, filters={"label": "gyre"}) == []
 

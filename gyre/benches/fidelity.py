@@ -15,7 +15,10 @@ scores the real source twice, in the same place:
 and an unsolved workspace (empty) by gyre, which must score 0. A project matches when the two scores
 are within `MATCH_TOLERANCE`; it is comparable only when the stand-in's pytest ran the tests at all
 (`StandIn.ran_tests`: start.md's package list does not always make a working environment here). Everything each side ran is kept under `--out` (the stand-in's command
-logs, gyre's evaluation directories). Both sides run this machine's Python, not the image's.
+logs, gyre's evaluation directories). Both sides run this machine's Python, not the image's; with
+`docker_image` gyre's side runs as a docker run evaluates NL2RepoBench instead (`nl2repo_image`): in a fresh
+container of the task's image, built FROM `docker_image` with start.md's packages, its build reaching only the
+package index.
 """
 
 from __future__ import annotations
@@ -134,16 +137,32 @@ def run_standin(project: FidelityProject, source: Path, venv: Path, work: Path,
 
 
 def score_with_gyre(project: FidelityProject, task_dir: Path, workspace: Path, eval_dir: Path, name: str,
-                    timeout_s: float, index: IndexAccess | None):
-    """gyre's score of `workspace` on the task, as a run scores it (monitor recording)."""
+                    timeout_s: float, index: IndexAccess | None, docker_image: str | None = None):
+    """gyre's score of `workspace` on the task, as a run scores it (monitor recording); `docker_image`: as a docker
+    run with that base image scores it."""
     query = load_nl2repo_query(task_dir)
     return evaluate_query(query, workspace, eval_dir, f"fidelity-{project.task}-{name}", timeout_s,
-                          monitor="record", index=index)
+                          monitor="record", index=index, image=_task_image(query, docker_image))
+
+
+def _task_image(query, base: str | None):
+    """A docker run's `TaskImage` for `query` on `base` (its build through the package index), or None."""
+    if base is None:
+        return None
+    from gyre.benchmarks.registry import task_spec
+    from gyre.config.run import SandboxConfig
+    from gyre.evaluators.formats.nl2repo_image import TaskImage, docker_placement
+    from gyre.sandboxes.factory import docker_image
+
+    config = SandboxConfig.model_validate({"type": "docker", "image": base,
+                                           "docker": {"build_network": "package-index"}})
+    placement = docker_placement(task_spec(query))
+    return TaskImage(lambda: docker_image(config, query, **placement))
 
 
 def run_project(project: FidelityProject, out: Path, *, cache: Path = CACHE_DIR, source: Path | None = None,
                 venv: Path | None = None, timeout_s: float = COMMAND_TIMEOUT_S,
-                index: IndexAccess | None = None) -> ProjectResult:
+                index: IndexAccess | None = None, docker_image: str | None = None) -> ProjectResult:
     """Both sides on one project. `source`: a source tree instead of the index's sdist; `venv`: an
     environment for the stand-in instead of one built from the project's packages (both: offline tests)."""
     started = time.monotonic()
@@ -158,8 +177,9 @@ def run_project(project: FidelityProject, out: Path, *, cache: Path = CACHE_DIR,
     shutil.copytree(source, solved, symlinks=True)
     empty = work / "empty"
     empty.mkdir()
-    real = score_with_gyre(project, task_dir, solved, work / "eval-solved", "solved", timeout_s, index)
-    unsolved = score_with_gyre(project, task_dir, empty, work / "eval-unsolved", "unsolved", timeout_s, index)
+    real = score_with_gyre(project, task_dir, solved, work / "eval-solved", "solved", timeout_s, index, docker_image)
+    unsolved = score_with_gyre(project, task_dir, empty, work / "eval-unsolved", "unsolved", timeout_s, index,
+                               docker_image)
     match = standin.ran_tests and real.score is not None and abs(real.score - standin.score) <= MATCH_TOLERANCE
     return ProjectResult(
         task=project.task, dist=project.dist, version=project.version, upstream=round(standin.score, 4),
@@ -171,14 +191,17 @@ def run_project(project: FidelityProject, out: Path, *, cache: Path = CACHE_DIR,
 
 
 def run(tasks: list[str] | None = None, out: Path = Path("runs/fidelity"), *, cache: Path = CACHE_DIR,
-        timeout_s: float = COMMAND_TIMEOUT_S, on_result: Callable[[ProjectResult], None] | None = None) -> dict:
-    """Every project (or `tasks`), one after another; the summary and each project's row."""
+        timeout_s: float = COMMAND_TIMEOUT_S, on_result: Callable[[ProjectResult], None] | None = None,
+        docker_image: str | None = None) -> dict:
+    """Every project (or `tasks`), one after another; the summary and each project's row. `docker_image`: gyre's
+    side in docker, its task images built FROM it."""
     projects = load_projects(tasks=tasks)
     out.mkdir(parents=True, exist_ok=False)
     rows = []
     for project in projects:
         try:
-            result = run_project(project, out, cache=cache, timeout_s=timeout_s, index=IndexAccess())
+            result = run_project(project, out, cache=cache, timeout_s=timeout_s, index=IndexAccess(),
+                                 docker_image=docker_image)
         except Exception as exc:  # a project the bench could not set up is reported, and the others still run
             result = ProjectResult(project.task, project.dist, project.version, None, None, None, "bench error",
                                    None, None, "bench error", False, False, [], f"{type(exc).__name__}: {exc}"[:300],
@@ -198,6 +221,7 @@ def run(tasks: list[str] | None = None, out: Path = Path("runs/fidelity"), *, ca
         "flags": flag_counts(rows),
         "zeroed_by_monitor": sorted(r["task"] for r in rows if any(_acts(f) for f in r["flags"])),
         "out": str(out),
+        "docker_image": docker_image,
         "rows": rows,
     }
 

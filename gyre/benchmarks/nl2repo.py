@@ -50,6 +50,9 @@ TEST_CASE_COUNT_FILE = "test_case_count.txt"
 TEST_COMMANDS_FILE = "test_commands.json"
 TEST_FILES_FILE = "test_files.json"
 HIDDEN_TESTS_DIR = "hidden_tests"
+WORKSPACE_DIR = "/workspace"
+"""Where upstream's image holds the project (`WORKDIR /workspace`, `ENV PYTHONPATH=/workspace`): the workspace's
+place in a docker sandbox, and the tests'."""
 START_DIR = "start"
 
 UPSTREAM_REMOVED_PACKAGE_FILES = (

@@ -23,6 +23,11 @@ def bench_fidelity(
         help="Also score the Terminal-Bench tasks under this directory whose reference solution is in the open "
              "(terminal-bench-datasets' aider-polyglot tasks; not shipped: gyre/benches/fidelity_tb.py)."),
     nl2repo: bool = typer.Option(True, "--nl2repo/--no-nl2repo", help="Score the NL2RepoBench projects."),
+    docker_image: str | None = typer.Option(
+        None, "--docker-image",
+        help="Score gyre's side as a docker run does (sandbox.type: docker): each project in a fresh container of "
+             "its task image, built FROM this image (e.g. the one `make docker-engine` prints) with its start.md "
+             "packages through the package index."),
     as_json: bool = JSON,
 ) -> None:
     """Real NL2RepoBench projects, their real released sources scored by gyre and by a stand-in of
@@ -47,7 +52,7 @@ def bench_fidelity(
                           + (f": {row.detail}" if row.gyre_status == "bench error" else ""))
 
     try:
-        result = run(task or None, out, timeout_s=timeout_s, on_result=progress)
+        result = run(task or None, out, timeout_s=timeout_s, on_result=progress, docker_image=docker_image)
     except (*INPUT_ERRORS, ValueError) as exc:  # an unknown --task, a malformed projects file
         _fail(exc)
     if terminal_bench is not None:

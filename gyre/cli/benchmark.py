@@ -106,7 +106,8 @@ def _check_report(root: Path, resolved: str, queries, malformed, eval_fraction: 
     for query in queries:
         try:
             in_container = docker and task_spec(query).format in IN_CONTAINER_FORMATS
-            missing = unmet(task_needs(query), available_here(package_index=package_index, in_container=in_container))
+            missing = unmet(task_needs(query, image_holds_packages=docker and package_index),  # its image's build
+                            available_here(package_index=package_index, in_container=in_container))
         except OSError as exc:  # a script it runs cannot be read: say so, do not hide the task
             missing = [f"unreadable script ({exc})"]
         if missing:

@@ -109,6 +109,7 @@ def evaluate_query(
     monitor: str = "record",
     index: IndexAccess | None = None,
     live=None,
+    image=None,
 ) -> Score:
     """Score `workspace` on `query` by its benchmark's own rule; see the module docstring.
 
@@ -123,6 +124,8 @@ def evaluate_query(
     then tested inside it (`in_place`, `in_container`; `index` is bridged into the container,
     `container_index`); the caller closes
     it afterwards.
+    `image` (`nl2repo_image.TaskImage`, docker runs): an NL2RepoBench task is tested in a fresh container of its
+    image, as upstream tests it, instead of the local sandbox.
     """
     from gyre.benchmarks.registry import task_spec
     from gyre.evaluators.common import SCORE_FILE, error
@@ -138,7 +141,7 @@ def evaluate_query(
         spec, spec_error = None, f"{type(exc).__name__}: {exc}"
     eval_dir = Path(eval_dir).resolve()
     in_container = isinstance(live, DockerSandbox) and spec is not None and spec.format in IN_CONTAINER_FORMATS
-    missing = [] if spec is None else unmet(task_needs(query),
+    missing = [] if spec is None else unmet(task_needs(query, image_holds_packages=image is not None),
                                             available_here(package_index=index is not None, in_container=in_container))
     late = past(deadline_s)
     if late or missing or spec is None:
@@ -149,7 +152,7 @@ def evaluate_query(
         score = overall_timeout_error(execution_id, why) if late else error(execution_id, why)
     else:
         score = _score(query, spec, workspace, eval_dir, execution_id, timeout_s, isolation, limits, deadline_s,
-                       index, live, in_container)
+                       index, live, in_container, image)
     if past(deadline_s) and not score.detail.startswith(OVERALL_TIMEOUT):
         score = overall_timeout_error(execution_id, f"evaluation still running at the overall deadline ({score.detail})")
     if monitor != "off" and Path(workspace).is_dir():
@@ -160,7 +163,7 @@ def evaluate_query(
 
 def _score(query: Query, spec, workspace: Path, eval_dir: Path, execution_id: str, timeout_s: float,
            isolation: Isolation | None, limits: SandboxLimits, deadline_s: float | None, index: IndexAccess | None,
-           live, in_container: bool) -> Score:
+           live, in_container: bool, image=None) -> Score:
     """The format's own scorer; Terminal-Bench, Harbor and R2E in a fresh sandbox (or the live one). When the
     runner gave no verdict or the evaluation raised, a control run on the task's starting files decides whose
     failure it was (`integrity.control`): the evaluator's only if it fails there too."""
@@ -170,12 +173,16 @@ def _score(query: Query, spec, workspace: Path, eval_dir: Path, execution_id: st
     from gyre.evaluators.formats.in_container import control_in_container, evaluate_in_container
     from gyre.evaluators.formats.in_place import IN_PLACE_FORMATS, evaluate_in_place
     from gyre.evaluators.formats.nl2repo import evaluate
+    from gyre.evaluators.formats.nl2repo_image import evaluate_in_image
     from gyre.evaluators.formats.r2e import evaluate_r2e
     from gyre.evaluators.integrity.control import after_crash, crashed, is_crash, with_control
     from gyre.sandboxes.docker import DockerSandbox
 
     if spec.format == NL2REPO:
         def nl2repo(ws: Path, directory: Path) -> Score:
+            if image is not None:  # docker: in a fresh container of the task's image, as upstream
+                return evaluate_in_image(query, ws, directory, execution_id, timeout_s, image, limits=limits,
+                                         deadline_s=deadline_s, index=index)
             return evaluate(query, ws, directory, execution_id, timeout_s, isolation=isolation, limits=limits,
                             deadline_s=deadline_s, index=index)
 

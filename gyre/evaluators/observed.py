@@ -200,6 +200,10 @@ class Observer:
         bridge = (Mount(self.bridge.directory, BRIDGE_INSIDE_DIR),) if self.bridge else ()
         return (Mount(self.plugin.directory, PLUGIN_MOUNT), *self.env.mounts(True), *bridge)
 
+    def seal(self) -> EnvSeal:
+        """The environment's packages as they are now, to check after each command (`EnvSeal.broken`)."""
+        return EnvSeal.take(self.env.directory)
+
     def finish(self, counted: Tally) -> str | None:
         """Stop the index proxy; its denials become tampering evidence. Returns an evaluator-failure
         reason if the index itself failed during the run, else None. Safe to call again (a no-op)."""
@@ -305,7 +309,7 @@ class Observer:
         observer finished."""
         try:
             self.plant(pristine)
-            seal = EnvSeal.take(self.env.directory)
+            seal = self.seal()
             result, said_all, notes = self.run_through(command, **run_kwargs)
         except BaseException:
             self.finish(Tally())

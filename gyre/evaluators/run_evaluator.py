@@ -15,11 +15,15 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from gyre.benchmarks.registry import task_spec
+from gyre.benchmarks.spec import NL2REPO
 from gyre.config.run import RunConfig
 from gyre.evaluators import evaluate_query, index_access
 from gyre.evaluators.formats.in_container import IN_CONTAINER_FORMATS
 from gyre.evaluators.formats.in_place import IN_PLACE_FORMATS
+from gyre.evaluators.formats.nl2repo_image import TaskImage, docker_placement
 from gyre.records import Query, Score
+from gyre.sandboxes.factory import docker_image
 from gyre.sandboxes.local.isolation import Isolation
 from gyre.sandboxes.local.session import available as session_available
 
@@ -66,4 +70,24 @@ class RunEvaluator:
             monitor=evaluator.monitor,
             index=index_access(evaluator),
             live=live,
+            image=self.task_image(query),
         )
+
+    def task_image(self, query: Query) -> TaskImage | None:
+        """Docker runs: the image an NL2RepoBench execution ran in, where it is evaluated (`nl2repo_image`); else
+        None (scored in the local sandbox)."""
+        sandbox = self.config.sandbox
+        if sandbox.type != "docker":
+            return None
+        try:
+            spec = task_spec(query)
+        except Exception:  # deliberate: `evaluate_query` turns a format it cannot read into its clear error
+            return None
+        if spec.format != NL2REPO:
+            return None
+
+        def resolve() -> tuple[str, str]:
+            return docker_image(sandbox, query, image=spec.image, dockerfile=spec.dockerfile,
+                                **docker_placement(spec))
+
+        return TaskImage(resolve, sandbox.docker.cgroup_parent)

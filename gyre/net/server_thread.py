@@ -19,8 +19,12 @@ STARTUP_TIMEOUT_S = 30.0
 class ServerThread:
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, lifespan: str = "off",
                  name: str = "gyre-proxy") -> None:
-        # lifespan="on" for apps that open resources in their server's event loop (an httpx client)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan=lifespan)
+        # lifespan="on" for apps that open resources in their server's event loop (an httpx client).
+        # log_config=None: uvicorn's default runs logging.config.dictConfig, which shuts every existing handler
+        # down under logging's global lock; Prefect's API log handler flushes through a worker thread that needs that
+        # lock, so an index proxy started inside a Prefect task deadlocked the evaluation (gyre rerun-failed)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan=lifespan,
+                                log_config=None)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name=name, daemon=True)
         self.name = name

@@ -17,6 +17,7 @@ from pathlib import Path
 from gyre.evaluators.common import error
 from gyre.evaluators.formats.in_container import AGENT_DIRS as CONTAINER_AGENT_DIRS
 from gyre.evaluators.formats.in_container import IN_CONTAINER_FORMATS, container_slots
+from gyre.evaluators.formats.nl2repo_image import docker_placement
 from gyre.evaluators.formats.in_place import AGENT_DIRS, IN_PLACE_FORMATS, session_mounts, session_slots
 from gyre.records import Execution, ExecutionStatus, Query, Score
 from gyre.sandboxes.base import SandboxLostError
@@ -32,10 +33,11 @@ def open_sandbox(coord, query: Query, spec, execution_id: str, key: str):
         if in_place else {}
     if in_container:
         session = dict(eval_slots=container_slots(spec), agent_dirs=CONTAINER_AGENT_DIRS)
+    placement = docker_placement(spec) if coord.config.sandbox.type == "docker" else {"workdir": spec.workdir}
     sandbox = create_sandbox(
         coord.config.sandbox, query, Path(coord.run_dir) / "workspaces" / execution_id,
         {"OPENAI_BASE_URL": coord.server.base_url, "OPENAI_API_KEY": key}, coord.limits, coord.isolation,
-        image=spec.image, dockerfile=spec.dockerfile, workdir=spec.workdir, **session,
+        image=spec.image, dockerfile=spec.dockerfile, **placement, **session,
     )
     return sandbox, in_place or in_container
 

@@ -234,7 +234,8 @@ def warn_unscorable(queries: list[Query], config: RunConfig) -> list[tuple[str, 
 
     index = config.evaluator.network == "package-index"
     docker = tests_in_container(config)  # the formats tested in their container, as the run's evaluator does
-    unscorable = [(q.query_id, missing) for q in queries if (missing := unmet(task_needs(q), available_here(
+    built = config.sandbox.type == "docker" and config.sandbox.docker.build_network != "none"  # NL2RepoBench images
+    unscorable = [(q.query_id, missing) for q in queries if (missing := unmet(task_needs(q, built), available_here(
         package_index=index, in_container=docker and task_spec(q).format in IN_CONTAINER_FORMATS)))]
     if unscorable:
         shown = "; ".join(f"{qid}: needs {', '.join(missing)}" for qid, missing in unscorable[:10])

@@ -79,7 +79,7 @@ from gyre.sandboxes.docker_container import (
     engine_answers, evaluation_user,
     make_slots,
 )
-from gyre.sandboxes.docker_build import container_image, seed_workspace
+from gyre.sandboxes.docker_build import execution_image, seed_workspace
 from gyre.sandboxes.fdwalk import strip_special_bits
 from gyre.sandboxes.git_history import strip_git_history
 from gyre.sandboxes.local.diskwatch import DEFAULT_INTERVAL_S, DiskWatch
@@ -171,12 +171,14 @@ class DockerSandbox:
         pull: bool = False,
         index_url: str | None = None,
         agent_index: bool = False,
+        packages: tuple[str, ...] = (),
     ) -> DockerSandbox:
         """`base_images`: `sandbox.docker.base_images` (`resolve_image`); `cgroup_parent_name`: the cgroup made
         under gyre's own memory cgroup for the container (`sandbox.docker.cgroup_parent`; engines with the
         cgroupfs driver: one on systemd's keeps its own placement). `dockerfile`: the task's own, built
         (`docker_build.container_image`: when there is no `image`, or it is not on the engine and not pulled) and
-        run. The workspace starts from the query's `start/` with what the image holds at `workdir` around it
+        run; `packages`: what the task's image holds on top (NL2RepoBench, `docker_build.packages_image`).
+        The workspace starts from the query's `start/` with what the image holds at `workdir` around it
         (`docker_build.seed_workspace`), git history past the start commit stripped."""
         import docker  # the optional extra, imported only here
 
@@ -201,8 +203,8 @@ class DockerSandbox:
             with engine_answers():
                 client = docker.from_env()
                 wanted = image if image is not None else ("" if dockerfile is not None else DEFAULT_IMAGE)
-                used, note, _built = container_image(client, query.query_id, wanted, dockerfile, base_images or {},
-                                                    build_timeout_s, build_network, pull, index_url)
+                used, note = execution_image(client, query.query_id, wanted, dockerfile, base_images or {},
+                                             build_timeout_s, build_network, pull, index_url, packages, workdir)
                 left_out = seed_workspace(client, used, workdir, workspace)  # the bind mount hides its workdir
                 if left_out:
                     note += f"; left out of the workspace: {', '.join(left_out[:5])}"
@@ -224,6 +226,33 @@ class DockerSandbox:
                   eval_slots=dict(eval_slots or {}), eval_user=owner, image=note, image_ref=used,
                   cgroup_parent_name=cgroup_parent_name)
         box._agent_index = route
+        return box
+
+    @classmethod
+    def around(cls, directory: Path, image: str, workdir: str, eval_slots: Mapping[str, str],
+               limits: SandboxLimits, cgroup_parent_name: str = "") -> DockerSandbox:
+        """A container of `image` (on the engine: nothing is built or pulled) on `directory` as it is, at
+        `workdir`, with evaluation slots and no agent: where an evaluation that upstream runs in a fresh container
+        of the task's image runs (NL2RepoBench). Its slots lie beside `directory`."""
+        import docker
+
+        directory = Path(directory).resolve()
+        slot_root = directory.parent / f".{directory.name}{SLOTS_SUFFIX}"
+        owner = evaluation_user()
+        binds = make_slots(slot_root, dict(eval_slots), (), owner)
+        try:
+            with engine_answers():
+                client = docker.from_env()
+                cgroup = cgroup_parent(cgroup_parent_name) if cgroup_parent_name and _cgroupfs(client) else None
+                container = client.containers.run(**container_kwargs(image, directory, workdir, limits, {},
+                                                                     f"gyre-eval-{secrets.token_hex(6)}", binds, cgroup))
+        except (docker.errors.DockerException, SandboxLostError) as exc:
+            _abandon(slot_root, None)
+            raise SandboxStartError(f"the container did not start: {exc}") from exc
+        box = cls(workspace=directory, container=container, limits=limits, workdir=workdir, slot_root=slot_root,
+                  eval_slots=dict(eval_slots), eval_user=owner, image=image, image_ref=image,
+                  cgroup_parent_name=cgroup_parent_name)
+        box.end_agent()
         return box
 
     def slot(self, name: str) -> Path:

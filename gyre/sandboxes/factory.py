@@ -53,6 +53,7 @@ def create_sandbox(
     agent_dirs: tuple[str, ...] = (),
     mounts: tuple[Mount, ...] = (),
     eval_slots: Mapping[str, str] | None = None,
+    packages: tuple[str, ...] = (),
 ) -> Sandbox:
     """A fresh sandbox for one execution; `image` / `dockerfile` / `workdir` are what the query's format asks
     for (docker: the task's image, else its Dockerfile built when `sandbox.docker.build_task_images`).
@@ -60,7 +61,8 @@ def create_sandbox(
     `session_slots` (local, bubblewrap): one long-lived session with these evaluation slots, for an
     in-place evaluation (`gyre.sandboxes.local.session`); `mounts` are added read-only.
     `eval_slots` (docker): evaluation slots bound into the container for an in-container evaluation
-    (`gyre.evaluators.formats.in_container`); `agent_dirs` applies to them as to session slots."""
+    (`gyre.evaluators.formats.in_container`); `agent_dirs` applies to them as to session slots.
+    `packages` (docker): what the task's image holds on top of its base (NL2RepoBench, `docker_image`)."""
     if config.type == "docker":
         from gyre.sandboxes.docker import DockerSandbox
 
@@ -72,12 +74,31 @@ def create_sandbox(
                                     build_timeout_s=config.docker.build_timeout_s,
                                     build_network=config.docker.build_network, pull=config.docker.pull,
                                     index_url=config.docker.index_url,
-                                    agent_index=config.docker.agent_network == "package-index")
+                                    agent_index=config.docker.agent_network == "package-index",
+                                    packages=packages)
     from gyre.sandboxes.local.sandbox import LocalSandbox
 
     layout = SandboxLayout(workdir=workdir, mounts=mounts) if isolation.bwrap else None
     return LocalSandbox.create(query, workspace, env=env, limits=limits, isolation=isolation, layout=layout,
                                session_slots=session_slots if isolation.bwrap else None, agent_dirs=agent_dirs)
+
+
+def docker_image(config: SandboxConfig, query: Query, *, image: str | None = None, dockerfile: str | None = None,
+                 workdir: str | None = None, packages: tuple[str, ...] = ()) -> tuple[str, str]:
+    """The image `create_sandbox` runs an execution of `query` from under `config` (docker), and what the execution
+    records: built or found as for the agent (`docker_build.execution_image`), so an evaluation that runs in a
+    fresh container of it (NL2RepoBench) finds the agent's image in the engine's cache."""
+    import docker
+
+    from gyre.sandboxes.docker_build import execution_image
+    from gyre.sandboxes.docker_container import DEFAULT_IMAGE, DEFAULT_WORKDIR, engine_answers
+
+    build = dockerfile if config.docker.build_task_images else None
+    wanted = image or ("" if build else config.image or DEFAULT_IMAGE)
+    with engine_answers():
+        return execution_image(docker.from_env(), query.query_id, wanted, build, config.docker.base_images,
+                               config.docker.build_timeout_s, config.docker.build_network, config.docker.pull,
+                               config.docker.index_url, packages, workdir or DEFAULT_WORKDIR)
 
 
 def sandbox_limits(config: SandboxConfig) -> SandboxLimits:

@@ -175,12 +175,15 @@ def test_hosts(query: Query) -> set[str]:
     return needs
 
 
-def task_needs(query: Query) -> list[str]:
-    """Sorted needs of `query`'s test commands, the task scripts they run, and its hidden Python tests."""
+def task_needs(query: Query, image_holds_packages: bool = False) -> list[str]:
+    """Sorted needs of `query`'s test commands, the task scripts they run, and its hidden Python tests.
+    `image_holds_packages`: the task is tested in its own image, built with its packages (NL2RepoBench in
+    docker, `nl2repo_image`): they need no index at evaluation time."""
     texts = task_scripts(query)
     clash = _tool_clash(query)
     programs = {f"{PROGRAM}:{name}" for name in command_programs(query.test_commands) if not program_available(name)}
-    image = {PACKAGE_INDEX} if beyond_tools(_image_packages(query)) else set()  # installed from the index first
+    # installed from the index first, unless the image holds them
+    image = {PACKAGE_INDEX} if not image_holds_packages and beyond_tools(_image_packages(query)) else set()
     return sorted(set().union(*(script_needs(t) for t in texts), programs, image, test_hosts(query),
                               {f"{TOOL_CLASH}:{clash}"} if clash else set()))
 

@@ -41,8 +41,8 @@ workspace, `docker_build.seed_workspace`) runs pytest; the verdict is `r2e.r2e_v
 in the workspace is reset (upstream resets nothing; the monitor flags a changed `conftest.py`).
 With `evaluator.network: package-index` the runner installs through gyre's index proxy, bridged
 into the container's index slot (`container_index`), and a runner that fetches uv's installer from
-astral.sh finds uv where the installer puts it (`uv_installer`). NL2RepoBench is still scored on a cleaned copy
-with gyre's own test environment (`nl2repo`). Verdicts are
+astral.sh finds uv where the installer puts it (`uv_installer`). NL2RepoBench is tested as upstream tests it, in
+a fresh container of the task's image on a cleaned copy (`nl2repo_image`), not here. Verdicts are
 `container_task`'s and `r2e`'s. A container gone (closed) is an evaluator failure (`container_gone`); one
 found stopped is started again, and what ran in it being gone is the workspace's result.
 """

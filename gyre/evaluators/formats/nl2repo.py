@@ -55,6 +55,7 @@ from __future__ import annotations
 import json
 import random
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -68,7 +69,6 @@ from gyre.evaluators.integrity.control import crashed, no_verdict
 from gyre.evaluators.integrity.origins import Watch, mismatches
 from gyre.evaluators.integrity.pytest_guard import imported_modules, neutralise_pytest_config, pin_rootdir
 from gyre.evaluators.integrity.pytest_settings import project_settings, python_files, render_ini, sanitise
-from gyre.evaluators.environments.seal import EnvSeal
 from gyre.evaluators.integrity.runtime import with_runtime
 from gyre.evaluators.integrity.tally import Tally, tally
 from gyre.evaluators.observed import IndexAccess, Observer, install_image, place_pristine, read_sources
@@ -142,6 +142,41 @@ def _score(
     deadline_s: float | None = None,
     index: IndexAccess | None = None,
 ) -> Score:
+    # no workdir is set: commands see the repository at its host path
+    ready = prepare(query, workspace, eval_dir, execution_id, limits, str(eval_dir / "repo"), isolation.hand_over)
+    if isinstance(ready, Score):
+        return ready
+    observer = Observer.create(eval_dir, isolation, index, frozenset({query.query_id}),
+                               plugin_dists=task_plugins(query))
+    observer.plant(ready.pristine)
+    try:
+        notes = install_image(observer, task_spec(query).image_packages, query.query_id, eval_dir, ready.scratch,
+                              limits, capped(timeout_s, deadline_s))
+        return run_and_count(query, ready, execution_id, timeout_s, limits, deadline_s, observer, notes)
+    finally:
+        observer.finish(Tally())  # idempotent clean-up if counting did not get there
+
+
+@dataclass
+class Prepared:
+    """A cleaned copy of the workspace with the pristine tests in (`prepare`), ready for the test commands."""
+
+    repo: Path
+    inside: str
+    """`repo` as the test commands see it."""
+    reports: Path
+    scratch: Path
+    pristine: list
+    neutralised: list[str]
+    watch: Watch
+    settings_kept: bool
+
+
+def prepare(query: Query, workspace: Path, eval_dir: Path, execution_id: str, limits: SandboxLimits, inside: str,
+            hand_over: Callable[[Path], None]) -> Prepared | Score:
+    """`eval_dir/repo`: the workspace copied, cleaned, the pristine tests in last, handed to the commands' user
+    (`hand_over`), the pristine files made read-only, watched; or the workspace's 0 when it is too big to copy.
+    `inside`: where the commands will see `repo`."""
     repo = eval_dir / "repo"
     reports = eval_dir / "reports"
     scratch = eval_dir / "tmp"
@@ -156,11 +191,10 @@ def _score(
     settings, source = project_settings(repo)  # the project's own, carried on by gyre's pinned pytest.ini
     kept, removed = sanitise(settings, source or "")
     neutralised = [*neutralise_pytest_config(repo, query.test_files, project, keep_root=True), *removed]
-    # no workdir is set: commands see the repository at its host path
-    pristine = place_pristine(repo, sources, str(repo), random.Random(secrets.randbits(64)),
+    pristine = place_pristine(repo, sources, inside, random.Random(secrets.randbits(64)),
                               python_files=python_files(kept))
     pinned = pin_rootdir(repo, query.test_files, render_ini(kept))
-    isolation.hand_over(repo)
+    hand_over(repo)
     protect(repo, query.test_files, writable_dirs=True, writable_data=True)  # tests may write beside themselves
     protect(repo, ["pytest.ini"])  # and change their data files, as upstream's do
     data = {rel: content for rel, content in sources.items() if PurePosixPath(rel).suffix not in CODE_SUFFIXES}
@@ -168,21 +202,20 @@ def _score(
                         data)
     reports.mkdir()
     scratch.mkdir()
-    observer = Observer.create(eval_dir, isolation, index, frozenset({query.query_id}),
-                               plugin_dists=task_plugins(query))
-    observer.plant(pristine)
-    try:
-        notes = install_image(observer, task_spec(query).image_packages, query.query_id, eval_dir, scratch, limits,
-                              capped(timeout_s, deadline_s))
-        return _run_and_count(query, repo, reports, scratch, execution_id, timeout_s, limits, deadline_s,
-                              pristine, neutralised, observer, notes, watch, bool(kept))
-    finally:
-        observer.finish(Tally())  # idempotent clean-up if counting did not get there
+    return Prepared(repo, inside, reports, scratch, pristine, neutralised, watch, bool(kept))
+
+
+def run_and_count(query: Query, ready: Prepared, execution_id: str, timeout_s: float, limits: SandboxLimits,
+                  deadline_s: float | None, observer: Observer, notes: list[str]) -> Score:
+    """Run the task's commands on the `prepare`d copy through `observer` and count what passed."""
+    return _run_and_count(query, ready.repo, ready.reports, ready.scratch, execution_id, timeout_s, limits,
+                          deadline_s, ready.pristine, ready.neutralised, observer, notes, ready.watch,
+                          ready.settings_kept, ready.inside)
 
 
 def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execution_id: str, timeout_s: float,
                    limits: SandboxLimits, deadline_s: float | None, pristine, neutralised: list[str],
-                   observer: Observer, notes: list[str], watch: Watch, settings_kept: bool) -> Score:
+                   observer: Observer, notes: list[str], watch: Watch, settings_kept: bool, inside: str) -> Score:
     if neutralised:
         (reports / "neutralised.txt").write_text("\n".join(neutralised) + "\n", encoding="utf-8",
                                                  errors="backslashreplace")  # a name that is not UTF-8
@@ -191,7 +224,7 @@ def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execu
     if isinstance(ran, Score):
         return ran
     ran.notes[:0] = notes
-    return _count(query, execution_id, reports, pristine, neutralised, observer, ran, watch.present)
+    return _count(query, execution_id, reports, pristine, neutralised, observer, ran, inside, watch.present)
 
 
 @dataclass
@@ -222,7 +255,7 @@ def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execut
     setup_ran = False  # a command before this one ran the workspace's own build (no plugin in it)
     refused = False  # pytest stopped on the project's own settings carried by gyre's pytest.ini
     moved: list[str] = []  # tampering evidence: gyre's pin replaced, a pytest configuration planted
-    seal = EnvSeal.take(observer.env.directory)  # the image's packages are in; no workspace code has run
+    seal = observer.seal()  # the image's packages are in; no workspace code has run
     ran_before = False  # ... before the last command
     for i, command in enumerate(query.test_commands):
         ran_before = setup_ran
@@ -265,11 +298,11 @@ def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execut
 
 
 def _count(query: Query, execution_id: str, reports: Path, pristine, neutralised: list[str], observer: Observer,
-           ran: _Ran, present: frozenset[str] = frozenset()) -> Score:
+           ran: _Ran, inside: str, present: frozenset[str] = frozenset()) -> Score:
     """The score from what the commands reported: passed pristine cases over `test_case_count`, or
     tampering, or an evaluator failure when pytest never ran before any workspace code did."""
     counted = tally(pristine, ran.runs)
-    counted.tampering += [*mismatches(query.test_files, str(reports.parent / "repo"), ran.runs, present), *ran.moved]
+    counted.tampering += [*mismatches(query.test_files, inside, ran.runs, present), *ran.moved]
     index_failure = observer.finish(counted)
     (reports / "results.json").write_text(json.dumps({
         "passed": sorted("::".join((path, *tid)) for path, tid in counted.passed),

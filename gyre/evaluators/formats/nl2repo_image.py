@@ -1,0 +1,230 @@
+"""Score an NL2RepoBench execution in a fresh container of its task's image, as upstream does.
+
+Upstream (`openhands/post_processor.py`) builds `FROM nl2repobench/<project>:1.0` + `COPY workspace /workspace`
+and runs the task's commands in one container of it: the image's Python with the packages the project needs, the
+workspace at `/workspace` and on `PYTHONPATH`. With `sandbox.type: docker` gyre does the same
+(`evaluators.evaluate_query` with a `TaskImage`): the image is the one the execution's agent ran in
+(`docker_build.execution_image`: the run's base image with the packages the task's `start.md` lists,
+`packages_image`; the same arguments find the same cached image, so `gyre rerun-failed` works too), and the
+evaluation is the local one's (`nl2repo`) in every other respect:
+
+- the copy is made and cleaned by `nl2repo.prepare` (pristine tests with canaries in last, gyre's pinned
+  `pytest.ini`, handed to the evaluation's user, `docker_container.evaluation_user()`; pristine files root-owned
+  and read-only), then bound at `/workspace` in a new container (`DockerSandbox.around`: no network, no
+  capabilities, read-only root, the limits of `SandboxLimits`) with three slots: gyre's plugin (read-only), the
+  result FIFOs, the package index's bridge;
+- each command runs with `docker exec --user <evaluation user>` in `/workspace` (`bash -c`), gyre's plugin loaded
+  by name, the image's pytest plugins by theirs (listed in the image before any workspace code runs), autoloading
+  off; what the plugin says comes back over a FIFO made for that command (`channel.FifoChannel`: `docker exec`
+  passes no fd). `HOME` is on the container's tmpfs: `pip install -e .` (the image's site-packages are read-only
+  there) installs into the user's site, which the tests' interpreter then sees;
+- with `evaluator.network: package-index` the commands reach gyre's allow-listed index proxy through the index
+  slot (`container_index`; a fresh ready file per command, the project itself denied), else pip has no index and
+  builds without isolation from the image's setuptools;
+- the count and the verdict are `nl2repo`'s (`run_and_count`), the paths the pristine files report are checked
+  against `/workspace`.
+
+No agent ever ran in this container, so nothing the agent left running takes part (upstream's is fresh too); the
+workspace's own code (its setup commands, the modules the tests import) runs as the evaluation's user. An image
+that cannot be made or started, or an engine that stops answering, is the evaluator's failure (`crashed`), decided
+like every other by a control run on the task's starting files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gyre.benchmarks.nl2repo import WORKSPACE_DIR
+from gyre.benchmarks.spec import NL2REPO, TaskSpec
+from gyre.evaluators.common import EVAL_LIMITS, SCORE_FILE
+from gyre.evaluators.environments.needs import task_plugins
+from gyre.evaluators.environments.toolenv import UV_OFFLINE_ENV
+from gyre.evaluators.formats.container_index import INDEX_DIR, INDEX_SLOT, ContainerIndex
+from gyre.evaluators.formats.in_container import PLUGIN_SLOT, RESULT_DIR, RESULT_SLOT, own
+from gyre.evaluators.formats.nl2repo import Prepared, prepare, run_and_count
+from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, FifoChannel, PluginInstall
+from gyre.evaluators.integrity.control import crashed
+from gyre.evaluators.integrity.tally import Tally
+from gyre.evaluators.observed import INTERRUPT_GRACE_S, IndexAccess, Observer
+from gyre.records import Query, Score
+from gyre.sandboxes.base import ExecResult, SandboxLimits
+from gyre.sandboxes.docker import DockerSandbox
+from gyre.sandboxes.docker_build import PACKAGES_LEFT_OUT
+from gyre.sandboxes.docker_container import evaluation_user
+from gyre.sandboxes.local.privileges import SandboxUser, hand_over
+
+HOME = "/tmp/gyre-home"
+"""The evaluation user's home inside the container (its tmpfs): where `pip install -e .` puts the project."""
+OFFLINE_PIP = {"PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "false", **UV_OFFLINE_ENV}
+"""pip and uv with no index: a build uses the image's own setuptools (pip reads `PIP_NO_BUILD_ISOLATION=false` as
+`--no-build-isolation`, as `toolenv` sets it)."""
+LIST_PLUGINS = ("import importlib.metadata as m\n"
+                "print('\\n'.join(sorted({p.module for d in m.distributions() for p in d.entry_points "
+                "if p.group == 'pytest11' and p.module})))")
+"""Run with `python3 -I` from `/` (no workspace on the path): the image's `pytest11` modules, one a line."""
+
+
+@dataclass(frozen=True)
+class TaskImage:
+    """Where an NL2RepoBench evaluation runs under `sandbox.type: docker`."""
+
+    resolve: Callable[[], tuple[str, str]]
+    """The execution's image (built or found: `docker_build.execution_image`) and what it records."""
+    cgroup_parent_name: str = ""
+    """`sandbox.docker.cgroup_parent`: the container's cgroup under gyre's own."""
+
+
+def docker_placement(spec: TaskSpec) -> dict:
+    """Where a docker execution of `spec` works (`workdir`) and, for NL2RepoBench, the packages its image holds on
+    top of the run's base image (`packages`), as upstream's `nl2repobench/<project>` image has them."""
+    if spec.format == NL2REPO:
+        return {"workdir": spec.workdir or WORKSPACE_DIR, "packages": spec.image_packages}
+    return {"workdir": spec.workdir}
+
+
+def evaluate_in_image(query: Query, workspace: Path, eval_dir: Path, execution_id: str, timeout_s: float,
+                      image: TaskImage, *, limits: SandboxLimits = EVAL_LIMITS, deadline_s: float | None = None,
+                      index: IndexAccess | None = None) -> Score:
+    """`nl2repo.evaluate`, in a fresh container of the task's image; see the module docstring. `eval_dir` must not
+    exist; `score.json` is written there."""
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    eval_dir = Path(eval_dir).resolve()
+    eval_dir.mkdir(parents=True, exist_ok=False)
+    try:
+        score = _score(query, Path(workspace).resolve(), eval_dir, execution_id, timeout_s, image, limits,
+                       deadline_s, index)
+    except Exception as exc:  # a recorded error, never a zero; `evaluate_query` asks a control run whose it is
+        score = crashed(execution_id, exc)
+    (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    return score
+
+
+def _score(query: Query, workspace: Path, eval_dir: Path, execution_id: str, timeout_s: float, image: TaskImage,
+           limits: SandboxLimits, deadline_s: float | None, index: IndexAccess | None) -> Score:
+    ref, note = image.resolve()  # before the copy: an image that cannot be had is the evaluator's failure
+    box = None
+    try:
+        ready = prepare(query, workspace, eval_dir, execution_id, limits, WORKSPACE_DIR, _hand_over)
+        if isinstance(ready, Score):
+            return ready
+        box = DockerSandbox.around(ready.repo, ref, WORKSPACE_DIR,
+                                   {PLUGIN_SLOT: PLUGIN_MOUNT, RESULT_SLOT: RESULT_DIR, INDEX_SLOT: INDEX_DIR},
+                                   limits, image.cgroup_parent_name)
+        observer = ContainerObserver.open(box, query, index)
+        try:
+            notes = [f"in a fresh container of {note}", *observer.image_notes(ready, limits)]
+            observer.plant(ready.pristine)
+            return run_and_count(query, ready, execution_id, timeout_s, limits, deadline_s, observer, notes)
+        finally:
+            observer.finish(Tally())  # idempotent clean-up if counting did not get there
+    finally:
+        if box is not None:
+            box.close()
+
+
+def _hand_over(repo: Path) -> None:
+    """The copy to the evaluation's user (gyre's own copy: no agent process can reach it meanwhile)."""
+    if os.geteuid() == 0:
+        hand_over(repo, SandboxUser(*evaluation_user()))
+
+
+@dataclass
+class ContainerObserver(Observer):
+    """`Observer` whose commands run in a container (`DockerSandbox.run_as` as the evaluation's user): its plugin
+    in the plugin slot, a FIFO per command for what the plugin says, the index through the index slot."""
+
+    box: DockerSandbox | None = None
+    route: ContainerIndex | None = None
+
+    @classmethod
+    def open(cls, box: DockerSandbox, query: Query, index: IndexAccess | None) -> ContainerObserver:
+        """The plugin written into `box`'s plugin slot, the index (if any) probed and bridged into its slot."""
+        plugin = PluginInstall.write(box.slot(PLUGIN_SLOT))
+        own(plugin.directory, box.eval_user)
+        route = None if index is None else ContainerIndex.open(
+            index, box.slot(INDEX_SLOT), box.eval_slots[INDEX_SLOT], box.eval_user, frozenset({query.query_id}))
+        return cls(isolation=None, plugin=plugin, env=None, plugin_dists=task_plugins(query), box=box,  # type: ignore[arg-type]
+                   route=route)
+
+    def image_notes(self, ready: Prepared, limits: SandboxLimits) -> list[str]:
+        """Read, before any workspace code runs, what the image holds: its pytest plugins (loaded by name in each
+        command) and the packages its build could not install; `reports/image_packages.txt` lists both."""
+        listed = self._as_user(f"cd / && python3 -I -c {shlex.quote(LIST_PLUGINS)}", limits)
+        if listed.exit_code != 0:
+            raise RuntimeError(f"could not list the image's pytest plugins (exit {listed.exit_code}): "
+                               f"{listed.stderr[-500:]}")
+        self.image_plugins = tuple(line for line in listed.stdout.split() if line)
+        left = self._as_user(f"cat {PACKAGES_LEFT_OUT} 2>/dev/null; true", limits)
+        left_out = [line for line in left.stdout.split() if line]
+        (ready.reports / "image_packages.txt").write_text("\n".join(
+            ["not installable when the image was built:", *left_out, "", "pytest plugins loaded:",
+             *self.image_plugins]) + "\n", encoding="utf-8")
+        notes = [f"{len(left_out)} of the image's packages not installable here (reports/image_packages.txt)"] \
+            if left_out else []
+        return notes + ([f"plugins loaded: {', '.join(self.image_plugins)}"] if self.image_plugins else [])
+
+    def _as_user(self, command: str, limits: SandboxLimits) -> ExecResult:
+        return self.box.run_as(command, user=_user(self.box), env={"HOME": HOME}, timeout_s=60.0,
+                               max_output_bytes=limits.max_output_bytes)
+
+    def plant(self, files, seed: int | None = None) -> None:
+        super().plant(files, seed)
+        own(self.plugin.directory, self.box.eval_user)  # the plan is read by the evaluation's user
+
+    def mounts(self) -> tuple:
+        return ()  # bound at the container's creation
+
+    def seal(self):
+        return _NoSeal()  # the image's site-packages are on its read-only root
+
+    def run(self, command: str, *, workspace: Path, scratch: Path, layout, env: dict[str, str], limits: SandboxLimits,
+            timeout_s: float, addopts: tuple[str, ...] = ()) -> tuple[ExecResult, ChannelResults]:
+        box, owner = self.box, self.box.eval_user
+        name = f"{secrets.token_hex(8)}.fifo"
+        results = box.slot(RESULT_SLOT)
+        channel = FifoChannel(results / name, f"{box.eval_slots[RESULT_SLOT]}/{name}", owner)
+        audits = FifoChannel(results / f"a{name}", f"{box.eval_slots[RESULT_SLOT]}/a{name}", owner, audit_only=True)
+        full_env = {"HOME": HOME, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+                    "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+                    **{k: v for k, v in env.items() if k.startswith("GYRE_")},
+                    **self.plugin.env(box.eval_slots[PLUGIN_SLOT], addopts), **channel.env(), **audits.env()}
+        if self.plugin_dists:
+            full_env["GYRE_PLUGIN_DISTS"] = ",".join(self.plugin_dists)
+        if self.route is None:
+            full_env.update(OFFLINE_PIP)
+        else:  # a fresh ready file: the inside half of the last command is gone
+            fresh = f"{self.route.ready.rsplit('-', 1)[0]}-{secrets.token_hex(8)}"
+            route = dataclasses.replace(self.route, ready=fresh)
+            full_env.update(route.env())
+            command = route.wrap(command)
+        try:
+            result = box.run_as(command, user=_user(box), env=full_env, timeout_s=timeout_s,
+                                interrupt_grace_s=INTERRUPT_GRACE_S, max_output_bytes=limits.max_output_bytes)
+        finally:
+            said = channel.close()
+            said.audits += audits.close().audits
+        said.stopped = result.timed_out or bool(result.limit_hit)
+        return result, said
+
+    def finish(self, counted: Tally) -> str | None:
+        route, self.route = self.route, None
+        if route is None:
+            return None
+        route.close()
+        return route.findings(counted)
+
+
+class _NoSeal:
+    def broken(self) -> list[str]:
+        return []
+
+
+def _user(box: DockerSandbox) -> str:
+    return f"{box.eval_user[0]}:{box.eval_user[1]}"

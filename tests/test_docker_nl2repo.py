@@ -93,14 +93,14 @@ def test_a_real_shaped_project_scores_in_its_image_as_in_the_local_sandbox(tmp_p
     assert _gyre_containers() == []
 
 
-def _demo_query(tmp_path: Path, tests: str = DEMO_TESTS, start_md: str = START_MD):
+def _demo_query(tmp_path: Path, tests: str = DEMO_TESTS, start_md: str = START_MD, listed: str = "tests"):
     project = tmp_path / "bench" / "calc"
     (project / "hidden_tests" / "tests").mkdir(parents=True)
     (project / "hidden_tests" / "tests" / "test_calc.py").write_text(tests)
     (project / "start.md").write_text(start_md)
     (project / "test_case_count.txt").write_text("4\n")
     (project / "test_commands.json").write_text(json.dumps(["python -m pytest -q tests"]))
-    (project / "test_files.json").write_text(json.dumps(["tests"]))
+    (project / "test_files.json").write_text(json.dumps([listed]))
     (query,) = load_nl2repo(project.parent)
     return query
 
@@ -180,6 +180,21 @@ def test_a_forged_result_from_the_workspace_earns_nothing(tmp_path, docker_image
     # the one honest pass (`1 == 1`) counts, nothing forged does (or the forgery is caught: tampering, 0)
     assert (score.status, score.score) in ((EvalStatus.ok, 0.25), (EvalStatus.tampering, 0.0)), score.detail
     assert _gyre_containers() == []
+
+
+def test_the_projects_own_files_beside_listed_tests_are_no_tampering(tmp_path, docker_image):
+    """humanize lists its test files, not `tests/`: the release's own `tests/__init__.py` stays, and was there
+    before any command (found as a false tampering by `gyre bench fidelity --docker-image`: compared at its host
+    path against the path the container reported)."""
+    query = _demo_query(tmp_path, DEMO_TESTS.replace("import demo_pkg\n", "").replace("demo_pkg.VALUE", "1"),
+                        START_MD.split("##")[0], listed="tests/test_calc.py")
+    workspace = tmp_path / "ws"
+    (workspace / "tests").mkdir(parents=True)
+    (workspace / "tests" / "__init__.py").write_text("")
+    (workspace / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    image = TaskImage(lambda: (docker_image, docker_image))
+    score = evaluate_in_image(query, workspace, tmp_path / "eval", "x", 120, image)
+    assert (score.status, score.score) == (EvalStatus.ok, 1.0), score.detail
 
 
 def _limits():

@@ -53,6 +53,7 @@ and collection errors.
 from __future__ import annotations
 
 import json
+import os
 import random
 import secrets
 from collections.abc import Callable
@@ -224,7 +225,9 @@ def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execu
     if isinstance(ran, Score):
         return ran
     ran.notes[:0] = notes
-    return _count(query, execution_id, reports, pristine, neutralised, observer, ran, inside, watch.present)
+    # the files found beside the hidden tests before any command, as the commands see them
+    present = frozenset(os.path.normpath(os.path.join(inside, os.path.relpath(path, repo))) for path in watch.present)
+    return _count(query, execution_id, reports, pristine, neutralised, observer, ran, inside, present)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Upstream builds `FROM nl2repobench/<project>:1.0` (the project's dependencies installed) + `COPY workspace /workspace`
 and runs the task's commands in one fresh container of it. With `sandbox.type: docker` gyre builds that image from
-the run's base and the packages the task's `start.md` lists (`docker_build.packages_image`, its build steps reaching
+the run's base and the packages the task's `start.md` lists (`packages_image`, its build steps reaching
 only the package index: the fake PEP 503 index on 127.0.0.1 here), runs the agent in it at `/workspace`, and tests a
 cleaned copy of the workspace in a fresh container of the same image (`nl2repo_image`). Checked: the fixture's
 real-shaped project (`pip install -e .`, then pytest) scores as in the local sandbox, solved 1.0 and untouched 0; a
@@ -93,12 +93,13 @@ def test_a_real_shaped_project_scores_in_its_image_as_in_the_local_sandbox(tmp_p
     assert _gyre_containers() == []
 
 
-def _demo_query(tmp_path: Path, tests: str = DEMO_TESTS, start_md: str = START_MD, listed: str = "tests"):
-    project = tmp_path / "bench" / "calc"
+def _demo_query(tmp_path: Path, tests: str = DEMO_TESTS, start_md: str = START_MD, listed: str = "tests",
+                name: str = "calc", count: int = 4):
+    project = tmp_path / "bench" / name
     (project / "hidden_tests" / "tests").mkdir(parents=True)
     (project / "hidden_tests" / "tests" / "test_calc.py").write_text(tests)
     (project / "start.md").write_text(start_md)
-    (project / "test_case_count.txt").write_text("4\n")
+    (project / "test_case_count.txt").write_text(f"{count}\n")
     (project / "test_commands.json").write_text(json.dumps(["python -m pytest -q tests"]))
     (project / "test_files.json").write_text(json.dumps([listed]))
     (query,) = load_nl2repo(project.parent)
@@ -119,7 +120,7 @@ def built_images():
 
     client = docker.from_env()
     for image in client.images.list(name=TAG_REPOSITORY):
-        if image.labels.get("gyre.task") == "calc":
+        if image.labels.get("gyre.task") in ("calc", "demo_pkg-master"):
             client.images.remove(image.id, force=True)
 
 
@@ -130,7 +131,8 @@ def test_the_task_image_holds_its_packages_for_the_agent_and_the_tests(tmp_path,
     assert spec.image_packages == ("demo-pkg==1.0",)
     config = SandboxConfig.model_validate({"type": "docker", "image": docker_image, "docker": {
         "build_network": "package-index", "index_url": f"{fake_index.url}/simple/"}})
-    box = create_sandbox(config, query, tmp_path / "ws", {}, _limits(), Isolation.detect(), **docker_placement(spec))
+    placement = docker_placement(query, spec)
+    box = create_sandbox(config, query, tmp_path / "ws", {}, _limits(), Isolation.detect(), **placement)
     try:
         assert box.workdir == "/workspace" and "packages of calc's image" in box.image, box.image
         seen = box.exec("python3 -c 'import demo_pkg, os; print(demo_pkg.VALUE, os.getcwd())'", timeout_s=60)
@@ -138,7 +140,7 @@ def test_the_task_image_holds_its_packages_for_the_agent_and_the_tests(tmp_path,
         box.exec("printf 'def add(a, b):\\n    return a + b\\n' > calc.py", timeout_s=30)
     finally:
         box.close()
-    built = image_for(config, query, **docker_placement(spec))  # the evaluation finds the agent's image, cached
+    built = image_for(config, query, **docker_placement(query, spec))  # the evaluation finds the agent's image, cached
     assert built[0] == box.image_ref
     image = TaskImage(lambda: built)
     solved = evaluate_query(query, box.workspace, tmp_path / "eval", "x", timeout_s=120, monitor="off", image=image)
@@ -148,6 +150,29 @@ def test_the_task_image_holds_its_packages_for_the_agent_and_the_tests(tmp_path,
     wrong = evaluate_query(query, box.workspace, tmp_path / "wrong", "x", timeout_s=120, monitor="off", image=image)
     assert (wrong.status, wrong.score, wrong.tests_passed) == (EvalStatus.ok, 0.5, 2), wrong.detail
     assert _gyre_containers() == []
+
+
+def test_the_project_itself_never_comes_with_its_image(tmp_path, docker_image, fake_index, built_images):
+    """A task's list can bring the project the agent must write (Jinja's: `sphinx` requires `Jinja2`; an empty
+    workspace scored 0.998 on jinja in its image, `gyre bench fidelity --docker-image`): it is removed again."""
+    query = _demo_query(tmp_path, "import demo_pkg\n\n\ndef test_value():\n    assert demo_pkg.VALUE == 1\n",
+                        name="demo_pkg-master", count=1)
+    spec = task_spec(query)
+    assert spec.image_packages == ("demo-pkg==1.0",)  # named unlike the task: the list keeps it
+    config = SandboxConfig.model_validate({"type": "docker", "image": docker_image, "docker": {
+        "build_network": "package-index", "index_url": f"{fake_index.url}/simple/"}})
+    built = image_for(config, query, **docker_placement(query, spec))
+    assert "demo-pkg removed (the project itself)" in built[1], built
+    image = TaskImage(lambda: built)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    unsolved = evaluate_query(query, empty, tmp_path / "eval", "x", timeout_s=120, monitor="off", image=image)
+    assert (unsolved.status, unsolved.score) == (EvalStatus.ok, 0.0), unsolved.detail
+    solved = tmp_path / "solved"
+    solved.mkdir()
+    (solved / "demo_pkg.py").write_text("VALUE = 1\n")
+    score = evaluate_query(query, solved, tmp_path / "eval-solved", "x", timeout_s=120, monitor="off", image=image)
+    assert (score.status, score.score) == (EvalStatus.ok, 1.0), score.detail
 
 
 FORGED = """import os

@@ -156,7 +156,7 @@ def _task_image(query, base: str | None):
 
     config = SandboxConfig.model_validate({"type": "docker", "image": base,
                                            "docker": {"build_network": "package-index"}})
-    placement = docker_placement(task_spec(query))
+    placement = docker_placement(query, task_spec(query))
     return TaskImage(lambda: docker_image(config, query, **placement))
 
 

@@ -88,6 +88,6 @@ class RunEvaluator:
 
         def resolve() -> tuple[str, str]:
             return docker_image(sandbox, query, image=spec.image, dockerfile=spec.dockerfile,
-                                **docker_placement(spec))
+                                **docker_placement(query, spec))
 
         return TaskImage(resolve, sandbox.docker.cgroup_parent)

@@ -33,7 +33,7 @@ def open_sandbox(coord, query: Query, spec, execution_id: str, key: str):
         if in_place else {}
     if in_container:
         session = dict(eval_slots=container_slots(spec), agent_dirs=CONTAINER_AGENT_DIRS)
-    placement = docker_placement(spec) if coord.config.sandbox.type == "docker" else {"workdir": spec.workdir}
+    placement = docker_placement(query, spec) if coord.config.sandbox.type == "docker" else {"workdir": spec.workdir}
     sandbox = create_sandbox(
         coord.config.sandbox, query, Path(coord.run_dir) / "workspaces" / execution_id,
         {"OPENAI_BASE_URL": coord.server.base_url, "OPENAI_API_KEY": key}, coord.limits, coord.isolation,

@@ -172,12 +172,14 @@ class DockerSandbox:
         index_url: str | None = None,
         agent_index: bool = False,
         packages: tuple[str, ...] = (),
+        is_project: Callable[[str, list[str]], bool] | None = None,
     ) -> DockerSandbox:
         """`base_images`: `sandbox.docker.base_images` (`resolve_image`); `cgroup_parent_name`: the cgroup made
         under gyre's own memory cgroup for the container (`sandbox.docker.cgroup_parent`; engines with the
         cgroupfs driver: one on systemd's keeps its own placement). `dockerfile`: the task's own, built
         (`docker_build.container_image`: when there is no `image`, or it is not on the engine and not pulled) and
-        run; `packages`: what the task's image holds on top (NL2RepoBench, `docker_build.packages_image`).
+        run; `packages`: what the task's image holds on top, never the project itself (`is_project`; NL2RepoBench,
+        `packages_image`).
         The workspace starts from the query's `start/` with what the image holds at `workdir` around it
         (`docker_build.seed_workspace`), git history past the start commit stripped."""
         import docker  # the optional extra, imported only here
@@ -204,7 +206,8 @@ class DockerSandbox:
                 client = docker.from_env()
                 wanted = image if image is not None else ("" if dockerfile is not None else DEFAULT_IMAGE)
                 used, note = execution_image(client, query.query_id, wanted, dockerfile, base_images or {},
-                                             build_timeout_s, build_network, pull, index_url, packages, workdir)
+                                             build_timeout_s, build_network, pull, index_url, packages, workdir,
+                                             is_project)
                 left_out = seed_workspace(client, used, workdir, workspace)  # the bind mount hides its workdir
                 if left_out:
                     note += f"; left out of the workspace: {', '.join(left_out[:5])}"
@@ -244,8 +247,9 @@ class DockerSandbox:
             with engine_answers():
                 client = docker.from_env()
                 cgroup = cgroup_parent(cgroup_parent_name) if cgroup_parent_name and _cgroupfs(client) else None
-                container = client.containers.run(**container_kwargs(image, directory, workdir, limits, {},
-                                                                     f"gyre-eval-{secrets.token_hex(6)}", binds, cgroup))
+                name = f"gyre-eval-{secrets.token_hex(6)}"
+                container = client.containers.run(**container_kwargs(image, directory, workdir, limits, {}, name,
+                                                                     binds, cgroup))
         except (docker.errors.DockerException, SandboxLostError) as exc:
             _abandon(slot_root, None)
             raise SandboxStartError(f"the container did not start: {exc}") from exc

@@ -26,14 +26,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shlex
 import shutil
 import tarfile
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from gyre.sandboxes.base import SandboxStartError
 from gyre.sandboxes.build_index import index_route
@@ -221,47 +220,20 @@ def container_image(client, task: str, image: str, dockerfile: str | None, base_
     return built.tag, (f"{image} is not here: " if image else "") + built.note, True
 
 
-PACKAGES_LEFT_OUT = "/usr/local/share/gyre-image/left-out.txt"
-"""In an image `packages_image` built: the requirements pip could not install there, one a line (none: empty)."""
-PACKAGES_DOCKERFILE = """FROM {base}
-RUN mkdir -p /usr/local/share/gyre-image && : > {left_out} && \\
-    {{ python3 -m pip install --no-cache-dir --quiet {packages} || \\
-      for p in {packages}; do python3 -m pip install --no-cache-dir --quiet "$p" || echo "$p" >> {left_out}; done; }}
-WORKDIR {workdir}
-ENV PYTHONPATH={workdir}
-"""
-
-
-def packages_image(client, task: str, base: str, packages: tuple[str, ...], workdir: str, timeout_s: float,
-                   network: str = "none", index_url: str | None = None) -> BuiltImage:
-    """An NL2RepoBench task's image, as upstream's `nl2repobench/<project>:1.0` holds it: `base` with the packages
-    the task's `start.md` lists installed (all at once; if pip refuses the set, one at a time, what still fails
-    listed at `PACKAGES_LEFT_OUT`), `workdir` the working directory and on `PYTHONPATH`. Built and cached by
-    `task_image` (the same task and base: one build). Without packages: `base` itself, nothing built."""
-    if not packages:
-        return BuiltImage(base, base, cached=True)
-    text = PACKAGES_DOCKERFILE.format(base=base, left_out=PACKAGES_LEFT_OUT, workdir=workdir,
-                                      packages=" ".join(shlex.quote(p) for p in packages))
-    with tempfile.TemporaryDirectory(prefix="gyre-packages-") as tmp:
-        dockerfile = Path(tmp) / "Dockerfile"
-        dockerfile.write_text(text, encoding="utf-8")
-        dockerfile.chmod(0o644)  # the digest covers modes: the same under any umask
-        built = task_image(client, task, Path(tmp), dockerfile, {}, timeout_s, network, index_url)
-    return BuiltImage(built.tag, f"{base} with the {len(packages)} packages of {task}'s image"
-                      + built.note.partition(f" of {task}")[2], built.cached)
-
-
 def execution_image(client, task: str, image: str, dockerfile: str | None, base_images: Mapping[str, str],
                     timeout_s: float = 1800.0, network: str = "none", pull: bool = False,
-                    index_url: str | None = None, packages: tuple[str, ...] = (), workdir: str = "/app"
-                    ) -> tuple[str, str]:
-    """`container_image`, then, for a task whose image holds `packages` (NL2RepoBench), `packages_image` on it:
-    the image an execution runs from and what it records. The same arguments give the same (cached) image, so the
-    evaluation of an execution finds the one its agent ran in."""
+                    index_url: str | None = None, packages: tuple[str, ...] = (), workdir: str = "/app",
+                    is_project: Callable[[str, list[str]], bool] | None = None) -> tuple[str, str]:
+    """`container_image`, then, for a task whose image holds `packages` (NL2RepoBench), `packages_image` on it
+    (`is_project`: which installed distribution is the task's own project, removed again): the image an execution
+    runs from and what it records. The same arguments give the same (cached) image, so the evaluation of an
+    execution finds the one its agent ran in."""
+    from gyre.sandboxes.packages_image import packages_image
+
     used, note, _built = container_image(client, task, image, dockerfile, base_images, timeout_s, network, pull,
                                          index_url)
     if packages:
-        built = packages_image(client, task, used, packages, workdir, timeout_s, network, index_url)
+        built = packages_image(client, task, used, packages, workdir, timeout_s, network, index_url, is_project)
         used, note = built.tag, f"{note}; {built.note}" if note != used else built.note
     return used, note
 

@@ -8,7 +8,7 @@ with the reason and what to do about it, instead of failing every execution.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from gyre.config.run import SandboxConfig
@@ -54,6 +54,7 @@ def create_sandbox(
     mounts: tuple[Mount, ...] = (),
     eval_slots: Mapping[str, str] | None = None,
     packages: tuple[str, ...] = (),
+    is_project: Callable[[str, list[str]], bool] | None = None,
 ) -> Sandbox:
     """A fresh sandbox for one execution; `image` / `dockerfile` / `workdir` are what the query's format asks
     for (docker: the task's image, else its Dockerfile built when `sandbox.docker.build_task_images`).
@@ -62,7 +63,8 @@ def create_sandbox(
     in-place evaluation (`gyre.sandboxes.local.session`); `mounts` are added read-only.
     `eval_slots` (docker): evaluation slots bound into the container for an in-container evaluation
     (`gyre.evaluators.formats.in_container`); `agent_dirs` applies to them as to session slots.
-    `packages` (docker): what the task's image holds on top of its base (NL2RepoBench, `docker_image`)."""
+    `packages` (docker): what the task's image holds on top of its base (NL2RepoBench, `docker_image`); `is_project`:
+    which of its distributions is the task's own project (removed again, `packages_image`)."""
     if config.type == "docker":
         from gyre.sandboxes.docker import DockerSandbox
 
@@ -75,7 +77,7 @@ def create_sandbox(
                                     build_network=config.docker.build_network, pull=config.docker.pull,
                                     index_url=config.docker.index_url,
                                     agent_index=config.docker.agent_network == "package-index",
-                                    packages=packages)
+                                    packages=packages, is_project=is_project)
     from gyre.sandboxes.local.sandbox import LocalSandbox
 
     layout = SandboxLayout(workdir=workdir, mounts=mounts) if isolation.bwrap else None
@@ -84,7 +86,8 @@ def create_sandbox(
 
 
 def docker_image(config: SandboxConfig, query: Query, *, image: str | None = None, dockerfile: str | None = None,
-                 workdir: str | None = None, packages: tuple[str, ...] = ()) -> tuple[str, str]:
+                 workdir: str | None = None, packages: tuple[str, ...] = (),
+                 is_project: Callable[[str, list[str]], bool] | None = None) -> tuple[str, str]:
     """The image `create_sandbox` runs an execution of `query` from under `config` (docker), and what the execution
     records: built or found as for the agent (`docker_build.execution_image`), so an evaluation that runs in a
     fresh container of it (NL2RepoBench) finds the agent's image in the engine's cache."""
@@ -98,7 +101,7 @@ def docker_image(config: SandboxConfig, query: Query, *, image: str | None = Non
     with engine_answers():
         return execution_image(docker.from_env(), query.query_id, wanted, build, config.docker.base_images,
                                config.docker.build_timeout_s, config.docker.build_network, config.docker.pull,
-                               config.docker.index_url, packages, workdir or DEFAULT_WORKDIR)
+                               config.docker.index_url, packages, workdir or DEFAULT_WORKDIR, is_project)
 
 
 def sandbox_limits(config: SandboxConfig) -> SandboxLimits:

@@ -5,8 +5,8 @@ and runs the task's commands in one container of it: the image's Python with the
 workspace at `/workspace` and on `PYTHONPATH`. With `sandbox.type: docker` gyre does the same
 (`evaluators.evaluate_query` with a `TaskImage`): the image is the one the execution's agent ran in
 (`docker_build.execution_image`: the run's base image with the packages the task's `start.md` lists,
-`packages_image`; the same arguments find the same cached image, so `gyre rerun-failed` works too), and the
-evaluation is the local one's (`nl2repo`) in every other respect:
+`packages_image.packages_image`, the project itself removed; the same arguments find the same cached image, so
+`gyre rerun-failed` works too), and the evaluation is the local one's (`nl2repo`) in every other respect:
 
 - the copy is made and cleaned by `nl2repo.prepare` (pristine tests with canaries in last, gyre's pinned
   `pytest.ini`, handed to the evaluation's user, `docker_container.evaluation_user()`; pristine files root-owned
@@ -38,12 +38,14 @@ import secrets
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from gyre.benchmarks.nl2repo import WORKSPACE_DIR
 from gyre.benchmarks.spec import NL2REPO, TaskSpec
 from gyre.evaluators.common import EVAL_LIMITS, SCORE_FILE
 from gyre.evaluators.environments.needs import task_plugins
+from gyre.evaluators.environments.own_project import is_the_project
 from gyre.evaluators.environments.toolenv import UV_OFFLINE_ENV
 from gyre.evaluators.formats.container_index import INDEX_DIR, INDEX_SLOT, ContainerIndex
 from gyre.evaluators.formats.in_container import PLUGIN_SLOT, RESULT_DIR, RESULT_SLOT, own
@@ -55,7 +57,7 @@ from gyre.evaluators.observed import INTERRUPT_GRACE_S, IndexAccess, Observer
 from gyre.records import Query, Score
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.docker import DockerSandbox
-from gyre.sandboxes.docker_build import PACKAGES_LEFT_OUT
+from gyre.sandboxes.packages_image import PACKAGES_LEFT_OUT
 from gyre.sandboxes.docker_container import evaluation_user
 from gyre.sandboxes.local.privileges import SandboxUser, hand_over
 
@@ -80,11 +82,13 @@ class TaskImage:
     """`sandbox.docker.cgroup_parent`: the container's cgroup under gyre's own."""
 
 
-def docker_placement(spec: TaskSpec) -> dict:
-    """Where a docker execution of `spec` works (`workdir`) and, for NL2RepoBench, the packages its image holds on
-    top of the run's base image (`packages`), as upstream's `nl2repobench/<project>` image has them."""
+def docker_placement(query: Query, spec: TaskSpec) -> dict:
+    """Where a docker execution of `query` (its format's `spec`) works (`workdir`) and, for NL2RepoBench, the
+    packages its image holds on top of the run's base image (`packages`), as upstream's `nl2repobench/<project>`
+    image has them, the project itself never among them (`is_project`, `own_project`)."""
     if spec.format == NL2REPO:
-        return {"workdir": spec.workdir or WORKSPACE_DIR, "packages": spec.image_packages}
+        return {"workdir": spec.workdir or WORKSPACE_DIR, "packages": spec.image_packages,
+                "is_project": partial(is_the_project, query.query_id)}
     return {"workdir": spec.workdir}
 
 

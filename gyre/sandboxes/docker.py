@@ -79,7 +79,8 @@ from gyre.sandboxes.docker_container import (
     engine_answers, evaluation_user,
     make_slots,
 )
-from gyre.sandboxes.docker_build import execution_image, seed_workspace
+from gyre.sandboxes.docker_build import seed_workspace
+from gyre.sandboxes.packages_image import execution_image
 from gyre.sandboxes.fdwalk import strip_special_bits
 from gyre.sandboxes.git_history import strip_git_history
 from gyre.sandboxes.local.diskwatch import DEFAULT_INTERVAL_S, DiskWatch

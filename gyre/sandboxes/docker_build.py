@@ -32,7 +32,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from gyre.sandboxes.base import SandboxStartError
 from gyre.sandboxes.build_index import index_route
@@ -218,24 +218,6 @@ def container_image(client, task: str, image: str, dockerfile: str | None, base_
     built = task_image(client, task, Path(dockerfile).parent, Path(dockerfile), base_images, timeout_s, network,
                        index_url)
     return built.tag, (f"{image} is not here: " if image else "") + built.note, True
-
-
-def execution_image(client, task: str, image: str, dockerfile: str | None, base_images: Mapping[str, str],
-                    timeout_s: float = 1800.0, network: str = "none", pull: bool = False,
-                    index_url: str | None = None, packages: tuple[str, ...] = (), workdir: str = "/app",
-                    is_project: Callable[[str, list[str]], bool] | None = None) -> tuple[str, str]:
-    """`container_image`, then, for a task whose image holds `packages` (NL2RepoBench), `packages_image` on it
-    (`is_project`: which installed distribution is the task's own project, removed again): the image an execution
-    runs from and what it records. The same arguments give the same (cached) image, so the evaluation of an
-    execution finds the one its agent ran in."""
-    from gyre.sandboxes.packages_image import packages_image
-
-    used, note, _built = container_image(client, task, image, dockerfile, base_images, timeout_s, network, pull,
-                                         index_url)
-    if packages:
-        built = packages_image(client, task, used, packages, workdir, timeout_s, network, index_url, is_project)
-        used, note = built.tag, f"{note}; {built.note}" if note != used else built.note
-    return used, note
 
 
 def seed_workspace(client, image: str, workdir: str, workspace: Path) -> list[str]:

@@ -89,11 +89,11 @@ def docker_image(config: SandboxConfig, query: Query, *, image: str | None = Non
                  workdir: str | None = None, packages: tuple[str, ...] = (),
                  is_project: Callable[[str, list[str]], bool] | None = None) -> tuple[str, str]:
     """The image `create_sandbox` runs an execution of `query` from under `config` (docker), and what the execution
-    records: built or found as for the agent (`docker_build.execution_image`), so an evaluation that runs in a
+    records: built or found as for the agent (`packages_image.execution_image`), so an evaluation that runs in a
     fresh container of it (NL2RepoBench) finds the agent's image in the engine's cache."""
     import docker
 
-    from gyre.sandboxes.docker_build import execution_image
+    from gyre.sandboxes.packages_image import execution_image
     from gyre.sandboxes.docker_container import DEFAULT_IMAGE, DEFAULT_WORKDIR, engine_answers
 
     build = dockerfile if config.docker.build_task_images else None

@@ -17,10 +17,10 @@ from __future__ import annotations
 import json
 import shlex
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from gyre.sandboxes.docker_build import BuiltImage, task_image
+from gyre.sandboxes.docker_build import BuiltImage, container_image, task_image
 
 PACKAGES_LEFT_OUT = "/usr/local/share/gyre-image/left-out.txt"
 """In an image `packages_image` built: the requirements pip could not install there, one a line (none: empty)."""
@@ -62,6 +62,22 @@ def packages_image(client, task: str, base: str, packages: tuple[str, ...], work
         base=built.tag, names=" ".join(shlex.quote(n) for n in sorted(own))), timeout_s, "none", None)
     return BuiltImage(removed.tag, f"{note}; {', '.join(sorted(own))} removed (the project itself) as {removed.tag}",
                       built.cached and removed.cached)
+
+
+def execution_image(client, task: str, image: str, dockerfile: str | None, base_images: Mapping[str, str],
+                    timeout_s: float = 1800.0, network: str = "none", pull: bool = False,
+                    index_url: str | None = None, packages: tuple[str, ...] = (), workdir: str = "/app",
+                    is_project: Callable[[str, list[str]], bool] | None = None) -> tuple[str, str]:
+    """`container_image`, then, for a task whose image holds `packages` (NL2RepoBench), `packages_image` on it
+    (`is_project`: which installed distribution is the task's own project, removed again): the image an execution
+    runs from and what it records. The same arguments give the same (cached) image, so the evaluation of an
+    execution finds the one its agent ran in."""
+    used, note, _built = container_image(client, task, image, dockerfile, base_images, timeout_s, network, pull,
+                                         index_url)
+    if packages:
+        built = packages_image(client, task, used, packages, workdir, timeout_s, network, index_url, is_project)
+        used, note = built.tag, f"{note}; {built.note}" if note != used else built.note
+    return used, note
 
 
 def _from_text(client, task: str, text: str, timeout_s: float, network: str, index_url: str | None) -> BuiltImage:

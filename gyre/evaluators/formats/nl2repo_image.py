@@ -4,7 +4,7 @@ Upstream (`openhands/post_processor.py`) builds `FROM nl2repobench/<project>:1.0
 and runs the task's commands in one container of it: the image's Python with the packages the project needs, the
 workspace at `/workspace` and on `PYTHONPATH`. With `sandbox.type: docker` gyre does the same
 (`evaluators.evaluate_query` with a `TaskImage`): the image is the one the execution's agent ran in
-(`docker_build.execution_image`: the run's base image with the packages the task's `start.md` lists,
+(`packages_image.execution_image`: the run's base image with the packages the task's `start.md` lists,
 `packages_image.packages_image`, the project itself removed; the same arguments find the same cached image, so
 `gyre rerun-failed` works too), and the evaluation is the local one's (`nl2repo`) in every other respect:
 
@@ -77,7 +77,7 @@ class TaskImage:
     """Where an NL2RepoBench evaluation runs under `sandbox.type: docker`."""
 
     resolve: Callable[[], tuple[str, str]]
-    """The execution's image (built or found: `docker_build.execution_image`) and what it records."""
+    """The execution's image (built or found: `packages_image.execution_image`) and what it records."""
     cgroup_parent_name: str = ""
     """`sandbox.docker.cgroup_parent`: the container's cgroup under gyre's own."""
 

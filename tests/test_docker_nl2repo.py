@@ -175,6 +175,25 @@ def test_the_project_itself_never_comes_with_its_image(tmp_path, docker_image, f
     assert (score.status, score.score) == (EvalStatus.ok, 1.0), score.detail
 
 
+def test_a_project_the_base_image_holds_is_removed_from_it(tmp_path, docker_image):
+    """The Debian base's pytest brings more-itertools 8.10 (python.org's images hold no such thing): an empty
+    more-itertools workspace scored 0.76 in its image. Removed, Debian's copy included, with no package listed."""
+    query = _demo_query(tmp_path, "import more_itertools\n\n\ndef test_first():\n    "
+                        "assert more_itertools.first([3, 4]) == 3\n", START_MD.split("##")[0],
+                        name="more-itertools", count=1)
+    config = SandboxConfig.model_validate({"type": "docker", "image": docker_image})
+    built = image_for(config, query, **docker_placement(query, task_spec(query)))
+    assert "more-itertools removed (the project itself)" in built[1], built
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    score = evaluate_query(query, empty, tmp_path / "eval", "x", timeout_s=120, monitor="off",
+                           image=TaskImage(lambda: built))
+    assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
+    import docker
+
+    docker.from_env().images.remove(built[0], force=True)
+
+
 FORGED = """import os
 import sys
 

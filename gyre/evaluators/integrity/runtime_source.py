@@ -15,7 +15,7 @@ gyre's pytest plugin imports the same module for what only pytest has (`snapshot
 It records an event only when the code that caused it (the "actor": the innermost Python frame, past
 frames of wrapper modules such as `inspect`, `linecache`, `importlib` and code compiled from strings)
 is the workspace's: a file outside the interpreter's own directories and the environment's (its
-`sys.path` at start, less anything under the working directory) that is not one of the pristine
+`sys.path` at start, less anything under the working directory or `GYRE_WORKSPACE_ROOT`) that is not one of the pristine
 files gyre placed (nor a copy of one). Each record goes on the audit pipe (`GYRE_AUDIT_FD`, or the
 FIFO at `GYRE_AUDIT_PATH`; without either, the result pipe once the plugin binds it) as
 `{"event": "audit", "kind", "where": "file:line", "detail", "pid"}`, at most `_PER_KIND` distinct places
@@ -34,6 +34,10 @@ import sysconfig as _sysconfig
 _PER_KIND = 20
 _CODE = type((lambda: 0).__code__)
 _HERE = _os.path.realpath(_os.getcwd())
+_WORKSPACES = tuple(dict.fromkeys(
+    [_HERE, *[_os.path.realpath(_os.environ[k]) for k in ("GYRE_WORKSPACE_ROOT",) if _os.environ.get(k)]]))
+"""Never trusted, whatever is on `sys.path`: the working directory, and the workspace the evaluator names (a
+test's subprocess started elsewhere still finds the project's `src/` on its path, through an editable install)."""
 _STAT = _os.stat
 _PLUGIN = __name__[:-len("_monitor")] if __name__.endswith("_monitor") else __name__
 _dumps, _write = _json.dumps, _os.write
@@ -94,7 +98,7 @@ def _trusted_dirs():
     found = []
     for d in dirs:
         for p in dict.fromkeys((_os.path.normpath(d), _os.path.realpath(d))):
-            if not (p + _os.sep).startswith(_HERE + _os.sep) and _os.path.isdir(p):
+            if not any((p + _os.sep).startswith(w + _os.sep) for w in _WORKSPACES) and _os.path.isdir(p):
                 found.append(p + _os.sep)
     return tuple(dict.fromkeys(found))
 

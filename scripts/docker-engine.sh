@@ -35,6 +35,12 @@ LOCAL_TAG=gyre-base:local   # what configs name (`sandbox.docker.base_images`): 
 TBENCH_TAG=gyre-base:tbench # the same with WORKDIR /app, as Terminal-Bench's ghcr.io/laude-institute/t-bench/* end
 BASE_TAG="gyre-base:$(printf '%s %s essential eatmydata %s' "$BASE_SUITE" "$BASE_PACKAGES" "$BASE_CUSTOMIZE" \
   | sha256sum | cut -c1-12)"
+# The same with a C compiler and Python's headers, as python.org's full python:3.x images hold them (the slim
+# ones do not): an NL2RepoBench project whose `pip install -e .` compiles an extension (markupsafe) builds there;
+# configs/nl2repobench-docker.yaml names it. gyre bench fidelity --docker-image: markupsafe 0.0 on the base, 1.0 here.
+BUILD_EXTRA="gcc,libc6-dev,python3-dev"
+BUILD_TAG="gyre-base:build-$(printf '%s %s' "${BASE_TAG#gyre-base:}" "$BUILD_EXTRA" | sha256sum | cut -c1-12)"
+BUILD_LOCAL_TAG=gyre-base:build   # what configs name: the newest such image built here
 
 say() { echo "docker-engine: $*" >&2; }
 
@@ -76,30 +82,41 @@ start_engine() {
 tag_flavours() {
   local out
   DOCKER_HOST="unix://$SOCK" docker tag "$BASE_TAG" "$LOCAL_TAG" || return 1
+  DOCKER_HOST="unix://$SOCK" docker tag "$BUILD_TAG" "$BUILD_LOCAL_TAG" || return 1
   out=$(printf 'FROM %s\nWORKDIR /app\n' "$BASE_TAG" \
     | DOCKER_HOST="unix://$SOCK" docker build -q --network none -t "$TBENCH_TAG" - 2>&1) \
     || { say "could not tag $TBENCH_TAG: $out"; return 1; }
 }
 
-build_base() {
-  if DOCKER_HOST="unix://$SOCK" docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
-    say "base image $BASE_TAG cached"
-    tag_flavours
-    return
-  fi
-  say "building base image $BASE_TAG offline from Debian's packages ($BASE_PACKAGES; ~2-3 min)"
-  local tar="$STATE/rootfs-$$.tar"
+bootstrap() {  # bootstrap TAG PACKAGES: a Debian image of PACKAGES, built offline, imported as TAG
+  local tar="$STATE/rootfs-$$.tar" rc
   if ! unshare -m --propagation private mmdebstrap --quiet --mode=root --variant=essential \
       --hook-dir=/usr/share/mmdebstrap/hooks/eatmydata --customize-hook="$BASE_CUSTOMIZE" \
-      --include="$BASE_PACKAGES" "$BASE_SUITE" "$tar" \
+      --include="$2" "$BASE_SUITE" "$tar" \
       >"$STATE/mmdebstrap.log" 2>&1; then
     say "mmdebstrap failed; its log ends:"; tail -5 "$STATE/mmdebstrap.log" >&2; rm -f "$tar"; return 1
   fi
-  DOCKER_HOST="unix://$SOCK" docker import -c 'CMD ["bash"]' "$tar" "$BASE_TAG" >/dev/null && tag_flavours
-  local rc=$?
+  DOCKER_HOST="unix://$SOCK" docker import -c 'CMD ["bash"]' "$tar" "$1" >/dev/null
+  rc=$?
   rm -f "$tar"
-  [ $rc -eq 0 ] && say "base image $BASE_TAG built" || say "docker import failed"
+  [ $rc -eq 0 ] && say "image $1 built" || say "docker import of $1 failed"
   return $rc
+}
+
+build_base() {
+  if DOCKER_HOST="unix://$SOCK" docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
+    say "base image $BASE_TAG cached"
+  else
+    say "building base image $BASE_TAG offline from Debian's packages ($BASE_PACKAGES; ~2-3 min)"
+    bootstrap "$BASE_TAG" "$BASE_PACKAGES" || return 1
+  fi
+  if DOCKER_HOST="unix://$SOCK" docker image inspect "$BUILD_TAG" >/dev/null 2>&1; then
+    say "base image with a compiler $BUILD_TAG cached"
+  else
+    say "building $BUILD_TAG: the base with $BUILD_EXTRA (~1 min)"
+    bootstrap "$BUILD_TAG" "$BASE_PACKAGES,$BUILD_EXTRA" || return 1
+  fi
+  tag_flavours
 }
 
 stop_engine() {

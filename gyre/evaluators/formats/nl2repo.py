@@ -118,18 +118,24 @@ def evaluate(
     deadline, time.monotonic) all of them: a command it cuts makes an `overall_timeout`
     evaluator failure (`gyre.evaluators.evaluate_query` labels it).
     """
+    return recorded(eval_dir, execution_id, timeout_s, lambda fresh: _score(
+        query, Path(workspace).resolve(), fresh, execution_id, timeout_s, isolation or Isolation.detect(), limits,
+        deadline_s, index))
+
+
+def recorded(eval_dir: Path, execution_id: str, timeout_s: float, score: Callable[[Path], Score]) -> Score:
+    """`score(eval_dir)` in the fresh directory `eval_dir` (resolved: commands run inside it, paths must be
+    absolute; FileExistsError if it exists), an exception recorded as the evaluator's crash, `score.json` written."""
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    eval_dir = Path(eval_dir).resolve()  # commands run inside eval_dir/repo: paths must be absolute
+    eval_dir = Path(eval_dir).resolve()
     eval_dir.mkdir(parents=True, exist_ok=False)
     try:
-        isolation = isolation or Isolation.detect()
-        score = _score(query, Path(workspace).resolve(), eval_dir, execution_id, timeout_s, isolation, limits,
-                       deadline_s, index)
+        result = score(eval_dir)
     except Exception as exc:  # a recorded error, never a zero; `evaluate_query` asks a control run whose it is
-        score = crashed(execution_id, exc)
-    (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    return score
+        result = crashed(execution_id, exc)
+    (eval_dir / SCORE_FILE).write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    return result
 
 
 def _score(

@@ -43,15 +43,14 @@ from pathlib import Path
 
 from gyre.benchmarks.nl2repo import WORKSPACE_DIR
 from gyre.benchmarks.spec import NL2REPO, TaskSpec
-from gyre.evaluators.common import EVAL_LIMITS, SCORE_FILE
+from gyre.evaluators.common import EVAL_LIMITS
 from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.own_project import is_the_project
 from gyre.evaluators.environments.toolenv import UV_OFFLINE_ENV
 from gyre.evaluators.formats.container_index import INDEX_DIR, INDEX_SLOT, ContainerIndex
 from gyre.evaluators.formats.in_container import PLUGIN_SLOT, RESULT_DIR, RESULT_SLOT, own
-from gyre.evaluators.formats.nl2repo import Prepared, prepare, run_and_count
+from gyre.evaluators.formats.nl2repo import Prepared, prepare, recorded, run_and_count
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, FifoChannel, PluginInstall
-from gyre.evaluators.integrity.control import crashed
 from gyre.evaluators.integrity.tally import Tally
 from gyre.evaluators.observed import INTERRUPT_GRACE_S, IndexAccess, Observer
 from gyre.records import Query, Score
@@ -97,17 +96,8 @@ def evaluate_in_image(query: Query, workspace: Path, eval_dir: Path, execution_i
                       index: IndexAccess | None = None) -> Score:
     """`nl2repo.evaluate`, in a fresh container of the task's image; see the module docstring. `eval_dir` must not
     exist; `score.json` is written there."""
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    eval_dir = Path(eval_dir).resolve()
-    eval_dir.mkdir(parents=True, exist_ok=False)
-    try:
-        score = _score(query, Path(workspace).resolve(), eval_dir, execution_id, timeout_s, image, limits,
-                       deadline_s, index)
-    except Exception as exc:  # a recorded error, never a zero; `evaluate_query` asks a control run whose it is
-        score = crashed(execution_id, exc)
-    (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    return score
+    return recorded(eval_dir, execution_id, timeout_s, lambda fresh: _score(
+        query, Path(workspace).resolve(), fresh, execution_id, timeout_s, image, limits, deadline_s, index))
 
 
 def _score(query: Query, workspace: Path, eval_dir: Path, execution_id: str, timeout_s: float, image: TaskImage,

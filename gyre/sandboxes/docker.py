@@ -75,9 +75,9 @@ from gyre.sandboxes.agent_index import AGENT_INDEX_DIR, AGENT_INDEX_SLOT, AgentI
 from gyre.sandboxes.base import ExecResult, SandboxLimits, SandboxLostError, SandboxStartError
 from gyre.sandboxes.bridge import ProxyBridge, proxy_address
 from gyre.sandboxes.docker_container import (
-    BRIDGE_SLOT, DEFAULT_IMAGE, DEFAULT_WORKDIR, SLOTS_SUFFIX, cgroup_parent, container_kwargs, container_name,
+    BRIDGE_SLOT, DEFAULT_WORKDIR, SLOTS_SUFFIX, cgroup_parent, container_kwargs, container_name,
     engine_answers, evaluation_user,
-    make_slots,
+    make_slots, requested_image,
 )
 from gyre.sandboxes.docker_build import seed_workspace
 from gyre.sandboxes.packages_image import execution_image
@@ -205,8 +205,8 @@ class DockerSandbox:
                 env.update(route.env())
             with engine_answers():
                 client = docker.from_env()
-                wanted = image if image is not None else ("" if dockerfile is not None else DEFAULT_IMAGE)
-                used, note = execution_image(client, query.query_id, wanted, dockerfile, base_images or {},
+                used, note = execution_image(client, query.query_id, requested_image(image, dockerfile), dockerfile,
+                                             base_images or {},
                                              build_timeout_s, build_network, pull, index_url, packages, workdir,
                                              is_project)
                 left_out = seed_workspace(client, used, workdir, workspace)  # the bind mount hides its workdir

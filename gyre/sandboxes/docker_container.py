@@ -53,6 +53,12 @@ def engine_problem() -> str | None:
     return None
 
 
+def requested_image(image: str | None, dockerfile: str | None) -> str:
+    """The image a container is asked for: `image`; with none, "" when the task's Dockerfile is built, else
+    `DEFAULT_IMAGE`."""
+    return image if image is not None else ("" if dockerfile is not None else DEFAULT_IMAGE)
+
+
 def mapped_image(requested: str, base_images: Mapping[str, str]) -> str | None:
     """What `base_images` maps `requested` to: its own key, else the longest pattern key that matches it
     (`ghcr.io/laude-institute/t-bench/*`, shell-style); None when none does (the key `"*"` alone is not a

@@ -68,8 +68,8 @@ def create_sandbox(
     if config.type == "docker":
         from gyre.sandboxes.docker import DockerSandbox
 
-        build = dockerfile if config.docker.build_task_images else None
-        return DockerSandbox.create(query, workspace, env, limits, image=image or (None if build else config.image),
+        image, build = _docker_request(config, image, dockerfile)
+        return DockerSandbox.create(query, workspace, env, limits, image=image,
                                     workdir=workdir, eval_slots=eval_slots, agent_dirs=agent_dirs,
                                     base_images=config.docker.base_images,
                                     cgroup_parent_name=config.docker.cgroup_parent, dockerfile=build,
@@ -93,15 +93,22 @@ def docker_image(config: SandboxConfig, query: Query, *, image: str | None = Non
     fresh container of it (NL2RepoBench) finds the agent's image in the engine's cache."""
     import docker
 
+    from gyre.sandboxes.docker_container import DEFAULT_WORKDIR, engine_answers, requested_image
     from gyre.sandboxes.packages_image import execution_image
-    from gyre.sandboxes.docker_container import DEFAULT_IMAGE, DEFAULT_WORKDIR, engine_answers
 
-    build = dockerfile if config.docker.build_task_images else None
-    wanted = image or ("" if build else config.image or DEFAULT_IMAGE)
+    image, build = _docker_request(config, image, dockerfile)
     with engine_answers():
-        return execution_image(docker.from_env(), query.query_id, wanted, build, config.docker.base_images,
+        return execution_image(docker.from_env(), query.query_id, requested_image(image, build),
+                               build, config.docker.base_images,
                                config.docker.build_timeout_s, config.docker.build_network, config.docker.pull,
                                config.docker.index_url, packages, workdir or DEFAULT_WORKDIR, is_project)
+
+
+def _docker_request(config: SandboxConfig, image: str | None, dockerfile: str | None) -> tuple[str | None, str | None]:
+    """The image a docker execution asks for and the Dockerfile it builds: the task's image, else its Dockerfile
+    (`sandbox.docker.build_task_images`), else `sandbox.image`."""
+    build = dockerfile if config.docker.build_task_images else None
+    return image or (None if build else config.image), build
 
 
 def sandbox_limits(config: SandboxConfig) -> SandboxLimits:

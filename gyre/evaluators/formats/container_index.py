@@ -23,6 +23,7 @@ they can install through the same proxy too (allow-listed and logged, like the t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 from dataclasses import dataclass
@@ -68,6 +69,10 @@ class ContainerIndex:
     def env(self) -> dict[str, str]:
         """pip's and uv's environment: the proxy, nothing else (`client_env`)."""
         return client_env(self.url)
+
+    def fresh(self) -> ContainerIndex:
+        """The same route with a new ready file, for the next command (the last one's inside half is gone)."""
+        return dataclasses.replace(self, ready=f"{self.ready.rsplit('/', 1)[0]}/ready-{secrets.token_hex(8)}")
 
     def wrap(self, command: str) -> str:
         """`command` after the inside half has the port (or stopped with `BRIDGE_FAILED_EXIT`)."""

@@ -133,10 +133,7 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     # the index first: unreachable is the evaluator's failure, raised before any result pipe is opened
     route = None if index is None else ContainerIndex.open(index, sandbox.slot(INDEX_SLOT),
                                                            sandbox.eval_slots[INDEX_SLOT], owner)
-    name = f"{secrets.token_hex(8)}.fifo"
-    channel = FifoChannel(sandbox.slot(RESULT_SLOT) / name, f"{sandbox.eval_slots[RESULT_SLOT]}/{name}", owner)
-    audits = FifoChannel(sandbox.slot(RESULT_SLOT) / f"a{name}", f"{sandbox.eval_slots[RESULT_SLOT]}/a{name}", owner,
-                         audit_only=True)
+    channel, audits = result_fifos(sandbox)
     env = {"TEST_DIR": tests_inside, "HOME": sandbox.workdir,
            **plugin.env(sandbox.eval_slots[PLUGIN_SLOT]), **channel.env(), **audits.env()}
     if plugins := task_plugins(query):
@@ -178,6 +175,13 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     else:
         score = terminal_bench_verdict(execution_id, result, timeout_s, pristine, seen.counted, said.hello)
     return seen.flagged(_said_where(score, note))
+
+
+def result_fifos(sandbox) -> tuple[FifoChannel, FifoChannel]:
+    """A fresh result FIFO and audit FIFO in `sandbox`'s result slot, the evaluation user's (one pair a command)."""
+    name, host, inside = f"{secrets.token_hex(8)}.fifo", sandbox.slot(RESULT_SLOT), sandbox.eval_slots[RESULT_SLOT]
+    return (FifoChannel(host / name, f"{inside}/{name}", sandbox.eval_user),
+            FifoChannel(host / f"a{name}", f"{inside}/a{name}", sandbox.eval_user, audit_only=True))
 
 
 def _said_where(score: Score, note: str) -> Score:

@@ -32,9 +32,7 @@ like every other by a control run on the task's starting files.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import secrets
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,9 +46,9 @@ from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.own_project import is_the_project
 from gyre.evaluators.environments.toolenv import UV_OFFLINE_ENV
 from gyre.evaluators.formats.container_index import INDEX_DIR, INDEX_SLOT, ContainerIndex
-from gyre.evaluators.formats.in_container import PLUGIN_SLOT, RESULT_DIR, RESULT_SLOT, own
+from gyre.evaluators.formats.in_container import PLUGIN_SLOT, RESULT_DIR, RESULT_SLOT, own, result_fifos
 from gyre.evaluators.formats.nl2repo import Prepared, prepare, recorded, run_and_count
-from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, FifoChannel, PluginInstall
+from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall
 from gyre.evaluators.integrity.tally import Tally
 from gyre.evaluators.observed import INTERRUPT_GRACE_S, IndexAccess, Observer
 from gyre.records import Query, Score
@@ -180,11 +178,8 @@ class ContainerObserver(Observer):
 
     def run(self, command: str, *, workspace: Path, scratch: Path, layout, env: dict[str, str], limits: SandboxLimits,
             timeout_s: float, addopts: tuple[str, ...] = ()) -> tuple[ExecResult, ChannelResults]:
-        box, owner = self.box, self.box.eval_user
-        name = f"{secrets.token_hex(8)}.fifo"
-        results = box.slot(RESULT_SLOT)
-        channel = FifoChannel(results / name, f"{box.eval_slots[RESULT_SLOT]}/{name}", owner)
-        audits = FifoChannel(results / f"a{name}", f"{box.eval_slots[RESULT_SLOT]}/a{name}", owner, audit_only=True)
+        box = self.box
+        channel, audits = result_fifos(box)
         full_env = {"HOME": HOME, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                     "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
                     "GYRE_WORKSPACE_ROOT": WORKSPACE_DIR,  # the runtime monitor trusts nothing under it
@@ -194,9 +189,8 @@ class ContainerObserver(Observer):
             full_env["GYRE_PLUGIN_DISTS"] = ",".join(self.plugin_dists)
         if self.route is None:
             full_env.update(OFFLINE_PIP)
-        else:  # a fresh ready file: the inside half of the last command is gone
-            fresh = f"{self.route.ready.rsplit('-', 1)[0]}-{secrets.token_hex(8)}"
-            route = dataclasses.replace(self.route, ready=fresh)
+        else:
+            route = self.route.fresh()
             full_env.update(route.env())
             command = route.wrap(command)
         try:

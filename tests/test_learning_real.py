@@ -141,6 +141,10 @@ def test_the_cli_gives_a_real_model_config_its_arms_and_refuses_bad_input_before
         bad_prior = CliRunner().invoke(app, ["bench", "learning", "-c", str(config), "--out", str(out),
                                              "--prior", str(tmp_path / "prior.json")])
         assert bad_prior.exit_code == 2 and says in " ".join(bad_prior.output.split()), bad_prior.output
+    for item, says in (("rl:seed=1", "seed is what the arm itself sets"), ("rft:train.lrr=1", "train.lrr")):
+        bad_set = CliRunner().invoke(app, ["bench", "learning", "-c", str(config), "--out", str(out),
+                                           "--arm-set", item])
+        assert bad_set.exit_code == 2 and says in " ".join(bad_set.output.split()), bad_set.output
     assert not (out / "rl-s0").exists()
 
 
@@ -187,3 +191,28 @@ def test_the_printed_figures_say_n_a_for_one_seed_and_never_a_signed_zero():
     assert mean_pm({"mean": -2.7e-17, "se": 0.025}, sign="+") == "+0.000 ± 0.025"  # rl - rft when they tie
     assert mean_pm({"mean": -0.01, "se": None}, sign="+") == "-0.010 ± n/a"
     assert mean_pm({"mean": None, "se": None}) == "n/a"
+
+
+def test_an_arm_gets_its_own_knob_value_recorded_in_its_config_and_bad_overrides_are_refused():
+    from gyre.benches.learning_real import check_arm_configs, parse_arm_overrides
+
+    overrides = parse_arm_overrides(["rft:train.lr=3e-4", "rl:train.grad_clip=2", "rl:algo.reward=solved"])
+    assert overrides == {"rft": {"train": {"lr": 3e-4}},
+                         "rl": {"train": {"grad_clip": 2}, "algo": {"reward": "solved"}}}
+    base = {**BASE, "train": {"lr": 1e-4, "trainable_layers": 8}}
+    rl, rft = (real_arm_config(base, arm, 0, "held_out", overrides) for arm in ("rl", "rft"))
+    assert rft["train"] == {"lr": 3e-4, "trainable_layers": 8} and rl["train"]["lr"] == 1e-4
+    assert rl["train"]["grad_clip"] == 2 and rl["algo"] == {"name": "gspo", "reward": "solved"}
+    assert base["train"] == {"lr": 1e-4, "trainable_layers": 8}  # the base config is not changed
+    check_arm_configs({("rl", 0): rl, ("rft", 0): rft})
+    for item, says in (("rft:train.lr", "write ARM:dotted.key=VALUE"), ("base:train.lr=1", "ARM rl or rft"),
+                       ("rl:algo.name=rft", "algo.name is what the arm itself sets"),
+                       ("rl:train..lr=1", "write ARM:dotted.key=VALUE")):
+        with pytest.raises(ValueError, match=says):
+            parse_arm_overrides([item])
+    typo = real_arm_config(base, "rft", 0, "held_out", parse_arm_overrides(["rft:train.lrr=1"]))
+    with pytest.raises(ValueError, match=r"(?s)the rft arm.s config .seed 0. is not a run config.*train.lrr"):
+        check_arm_configs({("rft", 0): typo})
+    unmatched = real_arm_config(base, "rl", 0, "held_out", parse_arm_overrides(["rl:rollout.group_size=4"]))
+    with pytest.raises(ValueError, match="the same number of rollouts"):
+        check_arm_configs({("rl", 0): unmatched, ("rft", 0): rft})

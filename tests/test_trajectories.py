@@ -83,6 +83,20 @@ def test_weights_average_within_then_across_executions():
     assert [d.execution_id for d in batch.drops] == ["e3"]  # no advantage: dropped, recorded
 
 
+@pytest.mark.parametrize("packing", ["per_trajectory", "tree"])
+def test_a_constant_token_norm_weighs_every_token_alike_whatever_its_execution_s_length(packing):
+    calls = {"e1": [_call(0, [1], [2, 3, 4, 5], "e1")], "e2": [_call(0, [1], [2], "e2")]}
+    settings = settings_from_config(TrajectoryConfig(packing=packing, loss_norm_tokens=8), 4096)
+    assert settings.norm_tokens == 8
+    batch = process_batch(calls, {"e1": 1.0, "e2": -1.0}, settings)
+    for s in batch.sequences:
+        assert np.asarray(s.weights)[np.asarray(s.trainable)] == pytest.approx(1 / 16)  # 1 / (N * E): N 8, E 2
+    assert sum(float(np.sum(s.weights)) for s in batch.sequences) == pytest.approx(5 / 16)  # 5 targets
+    assert [p.token_weight(2) for p in batch.plans] == pytest.approx([1 / 16, 1 / 16])  # per-exec mean: 1/8, 1/2
+    with pytest.raises(ValueError, match="loss_norm_tokens"):
+        TrajectoryConfig(loss_norm_tokens=0)
+
+
 def _kinds(execution, **hints):
     tree = build_tree(execution.calls)
     return sorted(RuleClassifier(ClassifierHints(**hints)).classify(tree)), tree

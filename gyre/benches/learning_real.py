@@ -17,7 +17,9 @@ What is read is pass@1 (a task solved: every hidden test passed; `pass_at_k.py`)
 at the first and last round, with pass@k from the same samples and the mean score beside it.
 `eval_set` says which set the rounds sample: `held_out` (what the bench reports) or `validation`
 (carved from training: what every knob was chosen on, so the held-out set is read only with the
-chosen knobs). The curves go to `out/learning.png` (`learning_plot.py`). The goal
+chosen knobs). `overrides` (`--arm-set rft:train.lr=3e-4`) give one arm its own value of a knob, as a
+learning rate tuned per arm on the validation set; each run's recorded config carries them. The curves
+go to `out/learning.png` (`learning_plot.py`). The goal
 the issue sets: `rl` ends >= 5 points above `base` at >= 2 standard errors over seeds, and above `rft`.
 """
 
@@ -28,6 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import duckdb
+import yaml
 
 from gyre.benches.learning import ArmRun, run_arm, stats
 from gyre.benches.learning_plot import plot_real
@@ -42,8 +45,49 @@ def is_real_model_config(base: dict) -> bool:
     return not ((base.get("model") or {}).get("warmstart") or {}).get("steps")
 
 
-def real_arm_config(base: dict, arm: str, seed: int, eval_set: str) -> dict:
-    """The run config (a dict) of `arm` ("rl" or "rft") for `seed`, its eval rounds on `eval_set`."""
+ARM_KEYS = ("seed", "algo.name", "evaluation.set", "evaluation.at_start")
+"""What each arm sets itself: an override may not change them."""
+
+
+def parse_arm_overrides(items: list[str]) -> dict[str, dict]:
+    """`ARM:dotted.key=VALUE` items (`rft:train.lr=3e-4`) as {arm: nested dict}; VALUE is read as YAML (a
+    number written `3e-4` too). ValueError naming the item that is not one."""
+    overrides: dict[str, dict] = {}
+    for item in items:
+        arm, sep, rest = item.partition(":")
+        key, eq, text = rest.partition("=")
+        if not sep or not eq or arm not in ("rl", "rft") or not key or any(not p for p in key.split(".")):
+            raise ValueError(f"--arm-set {item!r}: write ARM:dotted.key=VALUE with ARM rl or rft "
+                             "(e.g. rft:train.lr=3e-4)")
+        if key in ARM_KEYS:
+            raise ValueError(f"--arm-set {item!r}: {key} is what the arm itself sets")
+        value = yaml.safe_load(text)
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        node = overrides.setdefault(arm, {})
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--arm-set {item!r}: {part} is already given a value")
+        node[leaf] = value
+    return overrides
+
+
+def _merge(config: dict, override: dict) -> None:
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            _merge(config[key], value)
+        else:
+            config[key] = json.loads(json.dumps(value))
+
+
+def real_arm_config(base: dict, arm: str, seed: int, eval_set: str, overrides: dict[str, dict] | None = None) -> dict:
+    """The run config (a dict) of `arm` ("rl" or "rft") for `seed`, its eval rounds on `eval_set`, with the
+    arm's `overrides` (`parse_arm_overrides`) merged in."""
     if arm not in ("rl", "rft"):
         raise ValueError(f"unknown run arm {arm!r}; the arms that run are rl and rft (base is rl's first round)")
     config = json.loads(json.dumps(base))
@@ -54,7 +98,29 @@ def real_arm_config(base: dict, arm: str, seed: int, eval_set: str) -> dict:
     config.setdefault("algo", {})["name"] = "gspo" if arm == "rl" else "rft"
     if arm == "rft":
         evaluation["at_start"] = False  # the base model's round is rl's, the same weights
+    _merge(config, (overrides or {}).get(arm, {}))
     return config
+
+
+def check_arm_configs(configs: dict[tuple[str, int], dict]) -> None:
+    """Every arm's run config validated before any run starts, and the arms of a seed sampling the same
+    number of rollouts (what makes rft the matched baseline): ConfigError naming the arm and what is wrong."""
+    from pydantic import ValidationError
+
+    from gyre.config.base import ConfigError
+    from gyre.config.run import RunConfig
+
+    rollouts: dict[int, dict[str, int]] = {}
+    for (arm, seed), config in configs.items():
+        try:
+            run = RunConfig.model_validate(config)
+        except ValidationError as exc:
+            raise ConfigError(f"the {arm} arm's config (seed {seed}) is not a run config: {exc}") from exc
+        rollouts.setdefault(seed, {})[arm] = run.steps * run.rollout.queries_per_step * run.rollout.group_size
+    for seed, per_arm in rollouts.items():
+        if len(set(per_arm.values())) > 1:
+            raise ConfigError(f"the arms must sample the same number of rollouts (steps x queries_per_step x "
+                             f"group_size), seed {seed} has {per_arm}: give both arms the same budget")
 
 
 def pass_curve(db: Path) -> tuple[list[tuple[int, float]], list[dict]]:
@@ -145,22 +211,26 @@ def _from_prior(record: dict) -> tuple[ArmRun, list[dict], list[dict]]:
 
 
 def run_real(base: dict, config_path: Path, out: Path, seeds: list[int], timeout_s: float,
-             arms: tuple[str, ...] = REAL_ARMS, eval_set: str = "held_out", prior: dict | None = None) -> dict:
-    """`arms` x `seeds` from the real-model config dict `base`; the summary (also `out/learning.json`).
+             arms: tuple[str, ...] = REAL_ARMS, eval_set: str = "held_out", prior: dict | None = None,
+             overrides: dict[str, dict] | None = None) -> dict:
+    """`arms` x `seeds` from the real-model config dict `base`, each arm with its `overrides`; the summary
+    (also `out/learning.json`).
 
     A run in `prior` (an earlier summary) with the same arm, seed and config is taken from it, not run."""
     check_real_arms(arms)
+    configs = {(arm, seed): real_arm_config(base, arm, seed, eval_set, overrides)
+               for seed in seeds for arm in ("rl", "rft") if arm in arms}
+    check_arm_configs(configs)
     earlier = prior_runs(prior) if prior is not None else {}
     runs: dict[tuple[str, int], ArmRun] = {}
     rounds: dict[tuple[str, int], list[dict]] = {}
     steps: dict[tuple[str, int], list[dict]] = {}
-    configs: dict[tuple[str, int], dict] = {}
     for seed in seeds:
         for arm in ("rl", "rft"):
             if arm not in arms:
                 continue
             key = (arm, seed)
-            configs[key] = config = real_arm_config(base, arm, seed, eval_set)
+            config = configs[key]
             if key in earlier and earlier[key]["config"] == config:
                 runs[key], rounds[key], steps[key] = _from_prior(earlier[key])
                 continue
@@ -175,7 +245,8 @@ def run_real(base: dict, config_path: Path, out: Path, seeds: list[int], timeout
         run["config"] = configs[(run["arm"], run["seed"])]
     summary["budget"] = {"config": str(config_path), "steps": base.get("steps"), "seeds": seeds, "arms": list(arms),
                          "rollouts_per_run": (base.get("steps") or 0) * (base.get("rollout") or {}).get(
-                             "queries_per_step", 2) * (base.get("rollout") or {}).get("group_size", 16)}
+                             "queries_per_step", 2) * (base.get("rollout") or {}).get("group_size", 16),
+                         "arm_overrides": overrides or {}}
     out.mkdir(parents=True, exist_ok=True)
     (out / "learning.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     summary["plot"] = str(plot_real(summary, out / "learning.png"))

@@ -28,6 +28,8 @@ def bench_learning(
     prior: Path | None = typer.Option(None, "--prior", help="Real model: an earlier result file (learning.json, "
                                       "e.g. docs/results/learning-smollm2.json); its runs with the same arm, seed "
                                       "and config are taken from it, not run again."),
+    arm_set: list[str] = typer.Option([], "--arm-set", help="Real model: one arm's own value of a knob, "
+                                      "ARM:dotted.key=VALUE (e.g. rft:train.lr=3e-4); repeatable."),
     as_json: bool = JSON,
 ) -> None:
     """Held-out pass rate per arm, start and end, mean and spread over seeds. A warm-started config: clean
@@ -35,7 +37,8 @@ def bench_learning(
     (gyre/benches/learning.py). A real model as it is: RL, rejection-sampling fine-tuning from the same
     rollouts, the base model; pass@1 (gyre/benches/learning_real.py)."""
     from gyre.benches.learning import ARMS, load_base, run
-    from gyre.benches.learning_real import REAL_ARMS, check_real_arms, is_real_model_config, run_real
+    from gyre.benches.learning_real import (REAL_ARMS, check_real_arms, is_real_model_config, parse_arm_overrides,
+                                            run_real)
 
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
@@ -45,7 +48,8 @@ def bench_learning(
         _fail(ValueError(f"--eval-set must be held_out or validation, got {eval_set!r}"))
     try:
         earlier = _read_prior(prior) if prior is not None else None
-    except ValueError as exc:  # a bad --prior: said before any run
+        overrides = parse_arm_overrides(arm_set)
+    except ValueError as exc:  # a bad --prior or --arm-set: said before any run
         _fail(exc)
     out = _out_dir(out, "learning")
     try:
@@ -57,9 +61,10 @@ def bench_learning(
                 check_real_arms(chosen)
             except ValueError as exc:  # bad --arms: said before any run
                 _fail(exc)
-        if prior is not None and not real:
-            _fail(ValueError("--prior continues a real-model bench; this config has a warm start"))
-        summary = (run_real(base, config, out, seed_list, 4 * 3600, chosen, eval_set, earlier) if real
+        if (prior is not None or overrides) and not real:
+            _fail(ValueError(f"{'--prior' if prior is not None else '--arm-set'} is for a real-model bench; "
+                             "this config has a warm start"))
+        summary = (run_real(base, config, out, seed_list, 4 * 3600, chosen, eval_set, earlier, overrides) if real
                    else run(config, out, seed_list, steps, arms=chosen))
     except INPUT_ERRORS as exc:
         _fail(exc)

@@ -312,6 +312,11 @@ class TrajectoryConfig(Section):
     """Without agent ids, a trajectory is the main agent's iff it shares this fraction of the first prompt."""
     compaction_markers: list[str] = []
     """Text of the harness's compaction instruction(s), tokenized with the run's tokenizer (a classifier hint)."""
+    loss_norm_tokens: int | None = Field(default=None, gt=0)
+    """None (DESIGN.md's rule): the loss is the mean over an execution's trainable tokens, then over executions.
+    N: every token weighs 1 / (N * executions), a constant (Dr. GRPO's aggregation; N about the longest reply):
+    the per-execution mean pushes a long failed reply down less per token than a short one, so under RL
+    replies drift longer (docs/learning.md). Applies to every objective (`gspo`, `rft`)."""
 
     @field_validator("jmax")
     @classmethod

@@ -36,6 +36,7 @@ class ProcessorSettings:
     packing: PackingMode = "tree"
     row_tokens: int = 16384
     pair_cost: float = 0.0  # the train engine's attention cost per pair, in token units (TreePacker)
+    norm_tokens: int | None = None  # a target's weight 1 / (norm_tokens * E) instead of 1 / (U_e * E) (targets.py)
     classifier: Classifier = field(default_factory=RuleClassifier)
 
 
@@ -54,6 +55,7 @@ def settings_from_config(
         packing=config.packing,
         row_tokens=config.row_tokens or micro_batch_tokens,
         pair_cost=pair_cost,
+        norm_tokens=config.loss_norm_tokens,
         classifier=RuleClassifier(ClassifierHints(compaction_markers=markers, main_share=config.main_share)),
     )
 
@@ -98,7 +100,7 @@ def classify_and_sample(tree: TrajectoryTree, settings: ProcessorSettings) -> li
 def plan(calls: Sequence[Call] | Sequence[CallTokens], advantage: float, settings: ProcessorSettings) -> ExecutionPlan:
     """Tree, kinds, Jmax sampling and target owners for one execution."""
     tree = build_tree(as_call_tokens(list(calls)))
-    return plan_execution(tree, classify_and_sample(tree, settings), advantage)
+    return plan_execution(tree, classify_and_sample(tree, settings), advantage, settings.norm_tokens)
 
 
 def process_batch(

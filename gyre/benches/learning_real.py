@@ -26,6 +26,7 @@ the issue sets: `rl` ends >= 5 points above `base` at >= 2 standard errors over 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -45,6 +46,9 @@ def is_real_model_config(base: dict) -> bool:
     return not ((base.get("model") or {}).get("warmstart") or {}).get("steps")
 
 
+NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+"""A number in exponent form, `3e-4`, which YAML 1.1 reads as a string."""
+
 ARM_KEYS = ("seed", "algo.name", "evaluation.set", "evaluation.at_start")
 """What each arm sets itself: an override may not change them."""
 
@@ -61,12 +65,7 @@ def parse_arm_overrides(items: list[str]) -> dict[str, dict]:
                              "(e.g. rft:train.lr=3e-4)")
         if key in ARM_KEYS:
             raise ValueError(f"--arm-set {item!r}: {key} is what the arm itself sets")
-        value = yaml.safe_load(text)
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                pass
+        value = float(text) if NUMBER.fullmatch(text.strip()) else yaml.safe_load(text)
         node = overrides.setdefault(arm, {})
         *parents, leaf = key.split(".")
         for part in parents:

@@ -204,7 +204,7 @@ def test_an_arm_gets_its_own_knob_value_recorded_in_its_config_and_bad_overrides
     assert rft["train"] == {"lr": 3e-4, "trainable_layers": 8} and rl["train"]["lr"] == 1e-4
     assert rl["train"]["grad_clip"] == 2 and rl["algo"] == {"name": "gspo", "reward": "solved"}
     assert base["train"] == {"lr": 1e-4, "trainable_layers": 8}  # the base config is not changed
-    check_arm_configs({("rl", 0): rl, ("rft", 0): rft})
+    assert check_arm_configs({("rl", 0): rl, ("rft", 0): rft}) == 8 * 2 * 16  # steps x the defaults' 2 x 16
     for item, says in (("rft:train.lr", "write ARM:dotted.key=VALUE"), ("base:train.lr=1", "ARM rl or rft"),
                        ("rl:algo.name=rft", "algo.name is what the arm itself sets"),
                        ("rl:train..lr=1", "write ARM:dotted.key=VALUE")):

@@ -101,9 +101,10 @@ def real_arm_config(base: dict, arm: str, seed: int, eval_set: str, overrides: d
     return config
 
 
-def check_arm_configs(configs: dict[tuple[str, int], dict]) -> None:
+def check_arm_configs(configs: dict[tuple[str, int], dict]) -> int:
     """Every arm's run config validated before any run starts, and the arms of a seed sampling the same
-    number of rollouts (what makes rft the matched baseline): ConfigError naming the arm and what is wrong."""
+    number of rollouts (what makes rft the matched baseline): ConfigError naming the arm and what is wrong.
+    Returns that number, the rollouts of one run (steps x queries_per_step x group_size)."""
     from pydantic import ValidationError
 
     from gyre.config.base import ConfigError
@@ -120,6 +121,7 @@ def check_arm_configs(configs: dict[tuple[str, int], dict]) -> None:
         if len(set(per_arm.values())) > 1:
             raise ConfigError(f"the arms must sample the same number of rollouts (steps x queries_per_step x "
                              f"group_size), seed {seed} has {per_arm}: give both arms the same budget")
+    return max((n for per_arm in rollouts.values() for n in per_arm.values()), default=0)
 
 
 def pass_curve(db: Path) -> tuple[list[tuple[int, float]], list[dict]]:
@@ -219,7 +221,7 @@ def run_real(base: dict, config_path: Path, out: Path, seeds: list[int], timeout
     check_real_arms(arms)
     configs = {(arm, seed): real_arm_config(base, arm, seed, eval_set, overrides)
                for seed in seeds for arm in ("rl", "rft") if arm in arms}
-    check_arm_configs(configs)
+    rollouts_per_run = check_arm_configs(configs)
     earlier = prior_runs(prior) if prior is not None else {}
     runs: dict[tuple[str, int], ArmRun] = {}
     rounds: dict[tuple[str, int], list[dict]] = {}
@@ -243,8 +245,7 @@ def run_real(base: dict, config_path: Path, out: Path, seeds: list[int], timeout
         run["steps"] = steps.get((run["arm"], run["seed"]), [])
         run["config"] = configs[(run["arm"], run["seed"])]
     summary["budget"] = {"config": str(config_path), "steps": base.get("steps"), "seeds": seeds, "arms": list(arms),
-                         "rollouts_per_run": (base.get("steps") or 0) * (base.get("rollout") or {}).get(
-                             "queries_per_step", 2) * (base.get("rollout") or {}).get("group_size", 16),
+                         "rollouts_per_run": rollouts_per_run,
                          "arm_overrides": overrides or {}}
     out.mkdir(parents=True, exist_ok=True)
     (out / "learning.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

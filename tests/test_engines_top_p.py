@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 import torch
 
 from gyre.engines.base import GenerationRequest, SamplingParams
@@ -68,3 +70,34 @@ def test_top_p_samples_inside_the_nucleus_with_its_logprobs(tiny_model_dir, tiny
             kept_mass = float(probs[ranked[:nucleus]].sum())
             assert abs(lp - (float(full[pos, tok]) - torch.log(torch.tensor(kept_mass)).item())) < 1e-4
             assert lp >= float(full[pos, tok]) - 1e-6  # renormalised: never below the full log-prob
+
+
+def _requests(*params: SamplingParams) -> list[GenerationRequest]:
+    return [GenerationRequest([1, 2, 3], p) for p in params]
+
+
+def test_the_sampler_keeps_every_tensor_on_the_engines_device():
+    """A temperature left on the CPU against CUDA logits failed the first decode step on a GPU (gpu_check on an
+    H200); the meta device stands in for any device but the CPU here, through construction and row selection."""
+    from gyre.engines.torch.sampling import BatchSampler
+
+    reqs = _requests(SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0.0),
+                     SamplingParams(temperature=1.0, top_k=4))
+    sampler = BatchSampler(reqs, torch.device("meta"))
+    assert sampler.truncating
+    assert {name: t.device.type for name, t in sampler.tensors().items()} == dict.fromkeys(sampler.tensors(), "meta")
+    sampler.select(torch.tensor([0, 2], device="meta"))
+    assert all(t.device.type == "meta" and t.shape[0] == 2 for t in sampler.tensors().values())
+    assert not BatchSampler(_requests(SamplingParams(temperature=0.0, top_p=0.5)), "cpu").truncating  # greedy
+
+
+@pytest.mark.gpu
+def test_the_rollout_engine_samples_on_cuda(tiny_model_dir, tiny_tokenizer):
+    """The engine's decode loop on CUDA (runs only where torch sees a GPU): tokens sampled, log-probs finite."""
+    engine = TorchRolloutEngine(tiny_model_dir, seed=5, device="cuda")
+    prompt = _prompt(tiny_tokenizer, "write calc.py")
+    for params in (SamplingParams(temperature=0.7, max_new_tokens=8), SamplingParams(temperature=0.7, top_p=0.9,
+                                                                                     max_new_tokens=8)):
+        result = engine.generate(GenerationRequest(prompt, params))
+        assert len(result.output_ids) == len(result.logprobs) > 0
+        assert all(lp <= 0.0 and lp == lp for lp in result.logprobs)

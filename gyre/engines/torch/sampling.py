@@ -19,19 +19,26 @@ class BatchSampler:
     row asks for it; behaviour log-probs are those of the distribution each token was drawn from."""
 
     def __init__(self, requests: list[GenerationRequest], device) -> None:
-        self.temps_B1 = torch.tensor([[max(r.params.temperature, 0.0)] for r in requests], dtype=torch.float32)
+        # every tensor on the logits' device: a CPU temperature against CUDA logits fails the first decode step
+        # (found by scripts/gpu_check.sh on an H200; tests/test_rollout_sampling.py checks the placement)
+        self.temps_B1 = torch.tensor([[max(r.params.temperature, 0.0)] for r in requests], dtype=torch.float32,
+                                     device=device)
         self.greedy_B = self.temps_B1[:, 0] == 0.0
-        top_p_B = torch.tensor([r.params.top_p for r in requests], dtype=torch.float32)
-        top_k_B = torch.tensor([r.params.top_k for r in requests], dtype=torch.long)
+        top_p_B = torch.tensor([r.params.top_p for r in requests], dtype=torch.float32, device=device)
+        top_k_B = torch.tensor([r.params.top_k for r in requests], dtype=torch.long, device=device)
         truncate_B = ~self.greedy_B & ((top_p_B < 1.0) | (top_k_B > 0))
-        self.truncating = bool(truncate_B.any())
-        if self.truncating:
-            top_p_B, top_k_B, truncate_B = top_p_B.to(device), top_k_B.to(device), truncate_B.to(device)
+        self.truncating = any(r.params.temperature > 0 and (r.params.top_p < 1.0 or r.params.top_k > 0)
+                              for r in requests)  # from the requests: no device sync
         self.top_p_B, self.top_k_B, self.truncate_B = top_p_B, top_k_B, truncate_B
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """What the sampler holds, by name (for checking where it lives)."""
+        return {"temps_B1": self.temps_B1, "greedy_B": self.greedy_B, "top_p_B": self.top_p_B,
+                "top_k_B": self.top_k_B, "truncate_B": self.truncate_B}
 
     def select(self, indices: torch.Tensor) -> None:
         """Keep only the batch rows `indices` (the decode loop drops finished rows)."""
-        self.temps_B1, self.greedy_B = self.temps_B1[indices.cpu()], self.greedy_B[indices.cpu()]
+        self.temps_B1, self.greedy_B = self.temps_B1[indices], self.greedy_B[indices]
         if self.truncating:
             self.top_p_B, self.top_k_B, self.truncate_B = (
                 self.top_p_B[indices], self.top_k_B[indices], self.truncate_B[indices])

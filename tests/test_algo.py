@@ -125,3 +125,25 @@ def test_step_diagnostics_add_up_over_micro_batches():
     nll = -sum(sum(logp) for logp, _ in rows) / 6
     assert d["sampled_entropy"] == pytest.approx(nll)
     assert diagnostics({}) == dict.fromkeys(d)
+
+
+def test_negative_weight_scales_only_the_pushes_down():
+    """`algo.negative_weight`: a failed sample's advantage shrinks by the factor, a solved one's is GSPO's own; 1 is
+    the zero-sum default, out-of-range values are refused at the config and at the class."""
+    from gyre.algo import make_algorithm
+    from gyre.config.run import AlgoConfig
+
+    scores = {"a": 1.0, "b": 0.0, "c": 0.0, "d": 0.0, "e": None}
+    full = group_advantages(scores)
+    asym = make_algorithm(AlgoConfig(negative_weight=0.25)).advantages(scores)
+    assert set(asym) == {"a", "b", "c", "d"}
+    assert asym["a"] == pytest.approx(full["a"]) and full["a"] > 0
+    for eid in "bcd":
+        assert full[eid] < 0 and asym[eid] == pytest.approx(0.25 * full[eid])
+    assert sum(asym.values()) > 0 and sum(full.values()) == pytest.approx(0.0, abs=1e-9)
+    assert make_algorithm(AlgoConfig()).advantages(scores) == full
+    assert make_algorithm(AlgoConfig(negative_weight=0.0)).advantages({"a": 0.0, "b": 0.0}) == {"a": 0.0, "b": 0.0}
+    with pytest.raises(ValueError, match="negative_weight"):
+        GSPO(negative_weight=1.5)
+    with pytest.raises(ValueError, match="negative_weight"):
+        AlgoConfig(negative_weight=-0.1)

@@ -19,4 +19,5 @@ def make_algorithm(config) -> Algorithm:
     from gyre.algo.gspo import GSPO
 
     return GSPO(config.token_ratio_cap, config.seq_clip_low, config.seq_clip_high, normalize_std=config.normalize_std,
-                baseline=config.baseline, solved_score=config.rft_solved_score if config.reward == "solved" else None)
+                baseline=config.baseline, solved_score=config.rft_solved_score if config.reward == "solved" else None,
+                negative_weight=config.negative_weight)

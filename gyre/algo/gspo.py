@@ -43,12 +43,17 @@ class GSPO:
     """What a score's advantage is measured from: its group's mean, or `none` (the score itself; `advantages`)."""
     solved_score: float | None = None
     """When set, the reward is 1 for a score at or above it (solved) and 0 below: partial credit ignored."""
+    negative_weight: float = 1.0
+    """Scale on negative advantages (1: GSPO's zero-sum group advantages; below 1 a failed sample is pushed down
+    less than a solved one is pushed up: AsymRE-style asymmetry, `advantages`)."""
 
     def __post_init__(self) -> None:
         if self.token_ratio_cap <= 1.0:
             raise ValueError(f"token_ratio_cap must be > 1, got {self.token_ratio_cap}")
         if self.baseline not in BASELINES:
             raise ValueError(f"baseline must be one of {', '.join(BASELINES)}, got {self.baseline!r}")
+        if not 0.0 <= self.negative_weight <= 1.0:
+            raise ValueError(f"negative_weight must be in [0, 1], got {self.negative_weight}")
         if not 0 < self.seq_clip_low <= 1.0 <= self.seq_clip_high:
             raise ValueError(
                 f"sequence clip range must contain 1, got [{self.seq_clip_low}, {self.seq_clip_high}]"
@@ -58,7 +63,10 @@ class GSPO:
         """One group's advantages (execution id -> A_i), `gyre.algo.advantages`."""
         if self.solved_score is not None:
             scores = solved_weights(scores, self.solved_score)  # rft's filter as the reward: 1 solved, else 0
-        return group_advantages(scores, normalize_std=self.normalize_std, baseline=self.baseline)
+        advantages = group_advantages(scores, normalize_std=self.normalize_std, baseline=self.baseline)
+        if self.negative_weight == 1.0:
+            return advantages
+        return {eid: a * self.negative_weight if a < 0 else a for eid, a in advantages.items()}
 
     def loss(self, logp_BT, behaviour_logp_BT, mask_BT, weight_BT, advantage_S, segment_BT=None):
         """Scalar loss and stats. Trajectory i's tokens are those with `segment_BT == i`

@@ -351,6 +351,11 @@ class AlgoConfig(Section):
     reward: Literal["score", "solved"] = "score"
     """`gspo`: the reward advantages are taken from. `score`: the evaluation's score (partial credit: the share of
     hidden tests passed). `solved`: 1 at `rft_solved_score` or above, else 0 (what `rft` filters on)."""
+    negative_weight: float = Field(default=1.0, ge=0.0, le=1.0)
+    """`gspo`: scale on negative advantages. 1 (GSPO's): a group's advantages sum to zero. Below 1 the failed samples
+    of a group with a solved one are pushed down by that share of their advantage while the solved ones keep all of
+    theirs, so the tokens they share (format, the `def` line) get a net push up; 0 keeps only the pushes up
+    (docs/learning.md, attempt 7)."""
     rft_solved_score: float = Field(default=1.0, gt=0.0, le=1.0)
     """`rft`: the score at which a sample counts as solved and is trained on (1.0: every hidden test passed)."""
 

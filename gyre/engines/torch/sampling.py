@@ -20,7 +20,7 @@ class BatchSampler:
 
     def __init__(self, requests: list[GenerationRequest], device) -> None:
         # every tensor on the logits' device: a CPU temperature against CUDA logits fails the first decode step
-        # (found by scripts/gpu_check.sh on an H200; tests/test_rollout_sampling.py checks the placement)
+        # (found by scripts/gpu_check.sh on an H200; tests/test_engines_top_p.py checks the placement)
         self.temps_B1 = torch.tensor([[max(r.params.temperature, 0.0)] for r in requests], dtype=torch.float32,
                                      device=device)
         self.greedy_B = self.temps_B1[:, 0] == 0.0

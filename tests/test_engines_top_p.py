@@ -95,6 +95,7 @@ def test_the_sampler_keeps_every_tensor_on_the_engines_device():
 def test_the_rollout_engine_samples_on_cuda(tiny_model_dir, tiny_tokenizer):
     """The engine's decode loop on CUDA (runs only where torch sees a GPU): tokens sampled, log-probs finite."""
     engine = TorchRolloutEngine(tiny_model_dir, seed=5, device="cuda")
+    assert not torch.backends.cuda.cudnn_sdp_enabled()  # a plan per decode length: 9x slower bf16 decoding
     prompt = _prompt(tiny_tokenizer, "write calc.py")
     for params in (SamplingParams(temperature=0.7, max_new_tokens=8), SamplingParams(temperature=0.7, top_p=0.9,
                                                                                      max_new_tokens=8)):

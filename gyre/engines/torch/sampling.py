@@ -24,12 +24,12 @@ class BatchSampler:
         self.temps_B1 = torch.tensor([[max(r.params.temperature, 0.0)] for r in requests], dtype=torch.float32,
                                      device=device)
         self.greedy_B = self.temps_B1[:, 0] == 0.0
-        top_p_B = torch.tensor([r.params.top_p for r in requests], dtype=torch.float32, device=device)
-        top_k_B = torch.tensor([r.params.top_k for r in requests], dtype=torch.long, device=device)
-        truncate_B = ~self.greedy_B & ((top_p_B < 1.0) | (top_k_B > 0))
-        self.truncating = any(r.params.temperature > 0 and (r.params.top_p < 1.0 or r.params.top_k > 0)
-                              for r in requests)  # from the requests: no device sync
-        self.top_p_B, self.top_k_B, self.truncate_B = top_p_B, top_k_B, truncate_B
+        # which rows truncate, from the requests (no device sync to learn whether any does)
+        truncate = [r.params.temperature > 0 and (r.params.top_p < 1.0 or r.params.top_k > 0) for r in requests]
+        self.truncating = any(truncate)
+        self.top_p_B = torch.tensor([r.params.top_p for r in requests], dtype=torch.float32, device=device)
+        self.top_k_B = torch.tensor([r.params.top_k for r in requests], dtype=torch.long, device=device)
+        self.truncate_B = torch.tensor(truncate, dtype=torch.bool, device=device)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """What the sampler holds, by name (for checking where it lives)."""

@@ -57,12 +57,11 @@ import json
 import os
 import secrets
 import threading
+from importlib import resources
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from gyre.evaluators.integrity.plugin_source import PLUGIN_SOURCE
-from gyre.evaluators.integrity.runtime_source import MONITOR_SOURCE, SITECUSTOMIZE_SOURCE
 
 MAX_MESSAGES = 200_000
 MAX_LINE_BYTES = 16_384
@@ -327,6 +326,11 @@ class FifoChannel(ResultChannel):
             self.path.unlink(missing_ok=True)
 
 
+def inprocess_source(module: str) -> bytes:
+    """The text of one of the modules that run inside the test process (`gyre.evaluators.integrity.inprocess`)."""
+    return (resources.files("gyre.evaluators.integrity.inprocess") / f"{module}.py").read_bytes()
+
+
 @dataclass(frozen=True)
 class PluginInstall:
     """The plugin written for one evaluation: its module name and host directory."""
@@ -336,14 +340,13 @@ class PluginInstall:
 
     @classmethod
     def write(cls, directory: Path) -> PluginInstall:
-        """The plugin, its runtime monitor (`runtime_source`) and the `sitecustomize` that loads the monitor in
+        """The plugin, its runtime monitor (`inprocess/monitor.py`) and the `sitecustomize` that loads the monitor in
         every Python process started with the plugin's directory on `PYTHONPATH`."""
         name = f"gyre_results_{secrets.token_hex(8)}"
         directory.mkdir(parents=True, exist_ok=True)  # a session's slot exists already (empty)
-        (directory / f"{name}.py").write_text(PLUGIN_SOURCE, encoding="utf-8")
-        (directory / f"{name}_monitor.py").write_text(MONITOR_SOURCE, encoding="utf-8")
-        (directory / "sitecustomize.py").write_text(SITECUSTOMIZE_SOURCE.replace("__MONITOR__", f"{name}_monitor"),
-                                                    encoding="utf-8")
+        for module, target in (("plugin", f"{name}.py"), ("monitor", f"{name}_monitor.py"),
+                               ("sitecustomize", "sitecustomize.py")):
+            (directory / target).write_bytes(inprocess_source(module))
         return cls(name, directory)
 
     def write_plan(self, files: Iterable, seed: int) -> None:

@@ -1,6 +1,6 @@
 """What the runtime monitor saw, as execution flags, and which of them `monitor: zero` acts on.
 
-The monitor itself runs inside every test process (`runtime_source`, part of gyre's result
+The monitor itself runs inside every test process (`inprocess/monitor.py`, part of gyre's result
 plugin): a PEP 578 audit hook, installed before any conftest, test module or workspace module
 loads, that records what the workspace's own code (never pytest's, the standard library's or the
 pristine tests') does that a solution has little reason to do and a forger needs. Each kind:

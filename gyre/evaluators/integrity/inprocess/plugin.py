@@ -1,12 +1,3 @@
-"""The source of gyre's pytest result plugin, written read-only per evaluation (`channel.PluginInstall`).
-
-What it sends and why is `gyre.evaluators.integrity.channel`'s docstring; the canaries it adds are
-`canaries`'; its runtime monitor is `runtime_source`'s module, which the plugin imports (a `sitecustomize` has
-loaded it already, unless Python ran without `site`). This file only holds the text the test process
-runs.
-"""
-
-PLUGIN_SOURCE = r'''
 """gyre's result channel for this evaluation (written by the evaluator, read-only)."""
 import json as _json
 import os as _os
@@ -81,7 +72,7 @@ def _load_plan():
 
 _PLAN, _SEED = _load_plan()
 _ORIGIN = {}  # node id -> (the pristine file's path as placed, whether this module is a copy of it)
-_mon = __import__(__name__ + "_monitor")  # gyre's runtime monitor (`runtime_source`): sitecustomize loaded it
+_mon = __import__(__name__ + "_monitor")  # gyre's runtime monitor (`monitor.py`): sitecustomize loaded it
 _mon.bind(_FD)  # where its records go if the command has no audit pipe
 _mon.watch_channel(_FD)
 
@@ -276,4 +267,3 @@ def pytest_sessionfinish(session, exitstatus, _send=_send, _send_modules=_send_m
 
 
 _mon.snapshot()
-'''

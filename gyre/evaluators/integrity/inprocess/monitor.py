@@ -1,29 +1,3 @@
-"""The runtime monitor's source: a module of its own, loaded in every Python process of a test command.
-
-Why a runtime monitor: canaries and the channel's ordering checks catch a forged result after
-the fact; what the workspace's code did to get there (walk `gc` to find pytest's objects, read the
-hidden test's source to return the literal it compares against, write to the result pipe, replace
-the process with `/bin/true`) is only visible while it happens. PEP 578 audit hooks see it, and no
-Python code can remove one (only the interpreter's shutdown clears them). The host side (what each
-kind means, which ones `monitor: zero` acts on) is `gyre.evaluators.integrity.runtime`.
-
-`channel.PluginInstall` writes this module as `<plugin>_monitor.py` beside gyre's result plugin,
-and a `sitecustomize.py` that imports it (then runs the environment's own `sitecustomize`, if any):
-the plugin's directory is first on `PYTHONPATH`, so every Python process the command starts (pytest,
-a verifier script, a subprocess of a test) has the hook before its first line of its own code, and
-gyre's pytest plugin imports the same module for what only pytest has (`snapshot`, `check_patched`).
-It records an event only when the code that caused it (the "actor": the innermost Python frame, past
-frames of wrapper modules such as `inspect`, `linecache`, `importlib` and code compiled from strings)
-is the workspace's: a file outside the interpreter's own directories and the environment's (its
-`sys.path` at start, less anything under the working directory or `GYRE_WORKSPACE_ROOT`) that is not one of the pristine
-files gyre placed (nor a copy of one). Each record goes on the audit pipe (`GYRE_AUDIT_FD`, or the
-FIFO at `GYRE_AUDIT_PATH`; without either, the result pipe once the plugin binds it) as
-`{"event": "audit", "kind", "where": "file:line", "detail", "pid"}`, at most `_PER_KIND` distinct places
-per kind and process. Anyone can write on that pipe; only "audit" lines are read from it, so a forger
-can only add flags against itself.
-"""
-
-MONITOR_SOURCE = r'''
 """gyre's runtime monitor for this evaluation (written by the evaluator, read-only)."""
 import _thread as _threadmod
 import json as _json
@@ -413,33 +387,11 @@ def _plan_paths():
     return plan.get("protected", []), plan.get("test_code", [])
 
 
-try:
-    if "GYRE_RESULT_FD" in _os.environ and _pipe(int(_os.environ["GYRE_RESULT_FD"]))[0] is not None:
-        watch_channel(int(_os.environ["GYRE_RESULT_FD"]))
-    protect(*_plan_paths())
-except (OSError, ValueError):
-    pass  # no plan or no pipe here: the hook still runs
-_sys.addaudithook(_audit)
-'''
-
-SITECUSTOMIZE_SOURCE = r'''
-"""gyre's runtime monitor in every Python process of this evaluation (written by the evaluator, read-only);
-then the environment's own sitecustomize, if it has one, as Python would have run it."""
-import os as _os
-import sys as _sys
-
-import __MONITOR__  # noqa: F401
-
-
-def _chain():
-    import importlib.machinery
-    here = _os.path.realpath(_os.path.dirname(_os.path.abspath(__file__)))
-    rest = [p for p in _sys.path if p and _os.path.realpath(p) != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
-    if spec is not None and spec.origin and spec.loader is not None:
-        with open(spec.origin, "rb") as f:
-            exec(compile(f.read(), spec.origin, "exec"), globals())
-
-
-_chain()
-'''
+if not __package__:  # the evaluation's copy (a top-level module), never `gyre.evaluators.integrity.inprocess.monitor`
+    try:
+        if "GYRE_RESULT_FD" in _os.environ and _pipe(int(_os.environ["GYRE_RESULT_FD"]))[0] is not None:
+            watch_channel(int(_os.environ["GYRE_RESULT_FD"]))
+        protect(*_plan_paths())
+    except (OSError, ValueError):
+        pass  # no plan or no pipe here: the hook still runs
+    _sys.addaudithook(_audit)

@@ -25,7 +25,7 @@ from gyre.sandboxes.local.isolation import Isolation, probe_bwrap
 from gyre.sandboxes.local.sandbox import LocalSandbox
 from gyre.sandboxes.local.session import available
 from tests.test_attack_evaluator import ENV_LITERAL_READER
-from tests.test_attack_forging_routes import KILL_IN_THE_LAST_TEARDOWN, SPARE_THE_LAST_FOUR, WRAP_THE_SENDER
+from tests.test_attack_forging_routes import KILL_IN_THE_LAST_TEARDOWN, SPARE_THE_LAST, WRAP_THE_SENDER
 from tests.test_benchmarks_formats import write_harbor, write_terminal_bench
 from tests.test_evaluator_nl2repo import CALC_TESTS, _calc_query, _tiny_query, _workspace
 from tests.test_mutants import FLIP_WHAT_CALLED_ME
@@ -50,7 +50,7 @@ def add(a, b):
 ROUTES = {
     "flip what called me (gc)": FLIP_WHAT_CALLED_ME,
     "wrap the plugin's sender": WRAP_THE_SENDER,
-    "spare the last four": SPARE_THE_LAST_FOUR,
+    "spare the last": SPARE_THE_LAST,
     "kill in the last teardown": KILL_IN_THE_LAST_TEARDOWN,
     "literal from PYTEST_CURRENT_TEST": ENV_LITERAL_READER,
     "literal from the frame": FRAME_LITERAL_READER,
@@ -127,8 +127,9 @@ def _score(fmt: str, tmp_path: Path, code: str, monitor: str = "record"):
 def test_no_forging_route_earns_anything_in_any_format(tmp_path, fmt, route):
     score = _score(fmt, tmp_path, ROUTES[route])
     assert score.status in (EvalStatus.ok, EvalStatus.tampering) and score.score == 0.0, (score.status, score.detail)
-    if route != "wrap the plugin's sender":  # that one changes nothing: the plugin's hooks bound the real sender
-        assert score.status is EvalStatus.tampering, score.detail
+    # a route that made a pristine test pass is caught; one that forged nothing here earns its honest 0 (there is
+    # no sender to wrap; a file PYTEST_CURRENT_TEST names relative to a rootdir elsewhere cannot be read)
+    assert score.status is EvalStatus.tampering or not score.tests_passed, score.detail
 
 
 @pytest.mark.parametrize("monitor", ["record", "zero"])

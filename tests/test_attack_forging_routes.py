@@ -18,16 +18,16 @@ from tests.test_evaluator_nl2repo import _calc_query, _workspace
 
 pytestmark = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable")
 
-SPARE_THE_LAST_FOUR = '''
+SPARE_THE_LAST = '''
 import _pytest.python
 
 _real = _pytest.python.Function.runtest
 
 
 def _runtest(self):
-    """Pass every item but the last four of its module without running it: the old canaries sat last."""
+    """Pass every item but the last of its module without running it: the old must-pass canary sat last."""
     mine = [item for item in self.session.items if item.parent is self.parent]
-    if mine.index(self) < len(mine) - 4:
+    if mine.index(self) < len(mine) - 1:
         return None
     return _real(self)
 
@@ -85,9 +85,9 @@ def add(a, b):
 '''
 
 
-@pytest.mark.parametrize("route", ["spare the last four", "kill in the last teardown"])
+@pytest.mark.parametrize("route", ["spare the last", "kill in the last teardown"])
 def test_a_patched_runner_that_spares_or_dies_is_tampering(tmp_path, route):
-    source = SPARE_THE_LAST_FOUR if route == "spare the last four" else KILL_IN_THE_LAST_TEARDOWN
+    source = SPARE_THE_LAST if route == "spare the last" else KILL_IN_THE_LAST_TEARDOWN
     query = _calc_query(tmp_path)
     workspace = _workspace(tmp_path, query, {"calc.py": source})
     score = evaluate_query(query, workspace, tmp_path / "eval", "route", timeout_s=60)
@@ -95,10 +95,11 @@ def test_a_patched_runner_that_spares_or_dies_is_tampering(tmp_path, route):
     assert any(f.startswith("runtime-patched calc.py:") for f in score.flags), score.flags
 
 
-@pytest.mark.parametrize(("action", "status"), [("record", EvalStatus.ok), ("zero", EvalStatus.tampering)])
-def test_a_wrapper_around_the_plugins_sender_changes_nothing_and_is_named(tmp_path, action, status):
+@pytest.mark.parametrize("action", ["record", "zero"])
+def test_there_is_no_sender_to_wrap(tmp_path, action):
+    """The route of issue 45 (wrap the plugin's `_send`, found through `sys.modules`) finds nothing: the plugin keeps
+    its sender in its hooks' closures. The workspace's own import fails there: its honest 0."""
     query = _calc_query(tmp_path)
     workspace = _workspace(tmp_path, query, {"calc.py": WRAP_THE_SENDER})
     score = evaluate_query(query, workspace, tmp_path / "eval", "sender", timeout_s=60, monitor=action)
-    assert (score.status, score.score) == (status, 0.0), score.detail
-    assert any(f.startswith("runtime-patched") and "_send replaced" in f for f in score.flags), score.flags
+    assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 0.0, 0), score.detail

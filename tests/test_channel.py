@@ -131,7 +131,7 @@ def test_subtests_and_parameter_ids_holding_colons_count_as_pytest_counts_them(t
     subtests passed"): not a phase reported twice (a real source was scored `tampering` for it), and
     the test's own outcome is its own call report's, as upstream's "(N) passed" reads it. Parameter
     ids holding `::` stay whole (45 of sqlparse's tests were dropped)."""
-    from gyre.evaluators.integrity.canaries import PristineFile, defined_tests, full_id, test_id
+    from gyre.evaluators.integrity.pristine import PristineFile, defined_tests, full_id, test_id
     from gyre.evaluators.integrity.tally import tally
 
     said = _run(tmp_path, SUBTESTS_AND_IDS)
@@ -166,7 +166,7 @@ def test_a_subtest_report_outside_its_tests_call_is_forging(tmp_path):
 def test_tests_defined_under_if_else_try_and_with_are_the_files_own():
     """six defines the same test in both branches of an `if`: its results were dropped as not the
     pristine file's. Function bodies are not entered (a nested def is no test)."""
-    from gyre.evaluators.integrity.canaries import defined_tests
+    from gyre.evaluators.integrity.pristine import defined_tests
 
     source = '''
 import sys
@@ -204,7 +204,7 @@ class TestMoves:
 def test_a_fixture_named_like_a_test_is_no_test():
     """Terminal-Bench's chem-property-targeting defines `@pytest.fixture def test_data()`: pytest never collects
     it, so gyre must not wait for its result (the task's own solution scored 0: 7 of 8 "tests" passed)."""
-    from gyre.evaluators.integrity.canaries import defined_tests
+    from gyre.evaluators.integrity.pristine import defined_tests
 
     source = '''
 import pytest

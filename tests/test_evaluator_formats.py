@@ -67,15 +67,16 @@ python -m pytest -v
 
 @needs_bwrap
 def test_terminal_bench_tests_a_script_copies_into_app_count_with_their_canaries(tmp_path):
-    """The canaries are collected items, not text in the file: the copy is the pristine file byte for byte,
-    found by its content, scored as it; a solved task is 1.0 (it was 0: the copy's results were ignored)."""
+    """A copy of a pristine file (as that run placed it) is found by its content and scored as it; a solved task
+    is 1.0 (it was 0: the copy's results were ignored); its mutant, in the other run, fails there."""
     task = write_terminal_bench(tmp_path / "tb")
     (task / "run-tests.sh").write_text(COPYING_RUN_TESTS)
     (query,) = load_benchmark("terminal-bench", task.parent)
     good = evaluate_query(query, _workspace(tmp_path / "a", {"hello.txt": "hi\n"}), tmp_path / "e1", "x1")
     assert (good.status, good.score) == (EvalStatus.ok, 1.0), good.detail
-    log = (tmp_path / "e1" / "reports" / "command_0.log").read_text()
-    assert re.search(r"3 passed, [2-4] xfailed", log)  # the copy ran in /app (pytest -v there), with its canaries
+    logs = [(tmp_path / "e1" / "reports" / name).read_text() for name in ("command_0.log", "command_0.run1.log")]
+    assert all(re.search(r"^test_outputs\.py::test_hello (PASSED|FAILED)", log, re.M) for log in logs)  # in /app
+    assert sorted(bool(re.search(r"\b1 passed\b", log)) for log in logs) == [False, True]  # the mutant failed
     bad = evaluate_query(query, _workspace(tmp_path / "b", {"hello.txt": "bye\n"}), tmp_path / "e2", "x2")
     assert (bad.status, bad.score) == (EvalStatus.ok, 0.0), bad.detail
     forged = {"hello.txt": "bye\n", "conftest.py": "import pytest\n@pytest.hookimpl(hookwrapper=True)\n"

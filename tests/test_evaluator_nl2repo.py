@@ -10,6 +10,7 @@ import pytest
 
 from gyre.benchmarks import generate_tiny, load_nl2repo
 from gyre.evaluators.formats.nl2repo import evaluate
+from gyre.evaluators.integrity.pristine import defined_tests
 from gyre.records import EvalStatus, Query
 from gyre.sandboxes.local.sandbox import LocalSandbox
 
@@ -119,7 +120,11 @@ def test_agent_written_tests_earn_nothing(tmp_path):
     score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
     assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 0.0, 0)
     assert "ignored 10 test results outside the pristine tests" in score.detail
-    assert (tmp_path / "eval" / "repo" / "tests" / "test_calc.py").read_text().startswith(CALC_TESTS)
+    for copy in (tmp_path / "eval" / "runs" / "0" / "repo", tmp_path / "eval" / "repo"):  # the two runs' copies
+        placed = (copy / "tests" / "test_calc.py").read_text()  # the pristine file, maybe with mutated values
+        assert defined_tests(placed) == defined_tests(CALC_TESTS)
+        assert [line.split("==")[0] for line in placed.splitlines()] == \
+            [line.split("==")[0] for line in CALC_TESTS.splitlines()]
     assert (workspace / "tests" / "test_calc.py").read_text() == fake  # the kept workspace is not modified
 
 

@@ -1,4 +1,4 @@
-"""Mutation canaries: must-fail copies of real tests (`integrity/mutants.py`), planned and run for real."""
+"""The canaries: real tests with one assertion changed (`integrity/mutants.py`), planned and run for real."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ import random
 import pytest
 
 from gyre.evaluators.formats.nl2repo import evaluate
-from gyre.evaluators.integrity.canaries import plan_canaries
-from gyre.evaluators.integrity.mutants import INT_SHIFT, plan_mutants
+from gyre.evaluators.integrity.mutants import FLIP, INT_STEPS, VALUE, apply, plan_mutations
+from gyre.evaluators.integrity.pristine import defined_tests
 from gyre.records import EvalStatus
 from gyre.sandboxes.local.isolation import probe_bwrap
 from tests.test_evaluator_nl2repo import CALC_TESTS, _calc_query, _workspace
 
 MIXED = '''import os
+import unittest
+
 import pytest
 from calc import add
 
@@ -55,44 +57,90 @@ def test_flag():
     assert result is True
 
 
-def test_none():
-    assert add(None, None) is None
+def test_float():
+    assert add(0.25, 0.5) == pytest.approx(0.75)
+
+
+def test_list():
+    assert add([1], [2]) == [1, 2]
+
+
+def test_early_return():
+    if add(1, 1):
+        return
+    assert add(1, 1) == 2
+
+
+def test_not_last():
+    assert add(1, 1) == 2
+    print("done")
+
+
+@pytest.mark.xfail
+def test_known_bad():
+    assert add(1, 1) == 3
+
+
+class TestGroup:
+    def test_method(self):
+        assert add(-1, -2) == -3
+
+
+class Case(unittest.TestCase):
+    def test_equal(self):
+        self.assertEqual(add(1, 2), 3)
+
+    def test_true(self):
+        self.assertTrue(add(1, 2))
 '''
 
 
-def test_only_plain_argumentless_tests_with_a_literal_are_copied():
-    mutants = {m.function: m for m in plan_mutants(MIXED, random.Random(0), limit=10)}
-    assert set(mutants) == {"test_plain", "test_string", "test_flag"}  # `is None` has no opposite to write
-    assert "assert result is ...\n" in mutants["test_flag"].source  # not `is False`: a failing original stays failing
-    plain = mutants["test_plain"].source
-    assert f"total == {7 + INT_SHIFT}" in plain and '"sums"' in plain
-    tree = ast.parse(plain)
-    (function,) = tree.body
-    assert function.lineno == MIXED.splitlines().index("def test_plain():") + 1  # the original's lines
-    assert "\\u2063gyre-mutant" in ascii(mutants["test_string"].source)
+def test_every_test_whose_last_statement_is_an_assertion_gets_one_change_at_its_own_lines():
+    mutations = {m.test: m for m in plan_mutations(MIXED, random.Random(0))}
+    assert set(mutations) == {
+        ("test_uses_a_fixture",), ("test_parametrized",), ("test_side_effect",), ("test_plain",), ("test_string",),
+        ("test_no_literal",), ("test_flag",), ("test_float",), ("test_list",), ("TestGroup", "test_method"),
+        ("Case", "test_equal"), ("Case", "test_true")}  # not: an early return, an assert not last, an xfail
+    kinds = {test[-1]: m.kind for test, m in mutations.items()}
+    assert kinds["test_no_literal"] == kinds["test_flag"] == kinds["test_true"] == FLIP
+    assert {kinds[n] for n in ("test_plain", "test_string", "test_float", "test_list", "test_equal")} == {VALUE}
+    changed = apply(MIXED.encode(), list(mutations.values())).decode()
+    assert len(changed.splitlines()) == len(MIXED.splitlines()) and defined_tests(changed) == defined_tests(MIXED)
+    lines = dict(zip(MIXED.splitlines(), changed.splitlines()))
+    assert lines["    assert result is True"] == "    assert result is False"
+    assert lines["    assert add(1, 2) == add(2, 1)"] == "    assert not (add(1, 2) == add(2, 1))"
+    assert lines["        self.assertTrue(add(1, 2))"] == "        self.assertFalse(add(1, 2))"
+    plain = lines['    assert total == 7, "sums"']
+    assert plain.startswith("    assert total == ") and plain.endswith(', "sums"')
+    assert int(plain.split("== ")[1].split(",")[0]) - 7 in {*INT_STEPS, *(-s for s in INT_STEPS)}
+    negative = lines["        assert add(-1, -2) == -3"]
+    assert int(negative.split("== ")[1]) < 0 and int(negative.split("== ")[1]) != -3  # the sign kept
+    text = lines['    assert add("a", "b") == "ab"'].split("== ")[1]
+    assert len(text) == 4 and text[0] == text[-1] == '"' and text != '"ab"'  # same quotes, same length
+    floating = float(lines["    assert add(0.25, 0.5) == pytest.approx(0.75)"].split("approx(")[1].rstrip(")"))
+    assert 0.02 <= abs(floating - 0.75) / 0.75 <= 0.21
 
 
-def test_mutants_are_must_fail_canaries_under_canary_names():
-    canaries = plan_canaries(CALC_TESTS, random.Random(4))
-    assert len(canaries.mutants) == 2 and len(canaries.sources) == 4
-    for name, function, source, text in canaries.mutants:
-        assert name in canaries.must_fail and name not in {m[1] for m in canaries.mutants}
-        assert function in {"test_zero", "test_opposites", "test_small", "test_larger"}
-        module = text.splitlines()[:CALC_TESTS.count("\n")]  # the module at its own lines, one value changed
-        changed = [row for row, line in enumerate(CALC_TESTS.splitlines()) if line != module[row]]
-        assert len(changed) == 1 and str(INT_SHIFT)[:4] in module[changed[0]]
-        assert source.strip() in text
-        # and the copy again under its canary name at the end: the file its node id names defines it
-        defined = {node.name: node for node in ast.parse(text).body if isinstance(node, ast.FunctionDef)}
-        assert ast.unparse(defined[name].body) == ast.unparse(defined[function].body)
+def test_each_test_is_mutated_in_one_run_and_both_runs_hold_mutants():
+    mutations = plan_mutations(MIXED, random.Random(5))
+    runs = {m.run for m in mutations}
+    assert runs == {0, 1}
+    for run in (0, 1):  # both variants still parse and keep every line where it was
+        variant = apply(MIXED.encode(), [m for m in mutations if m.run == run]).decode()
+        assert len(variant.splitlines()) == len(MIXED.splitlines())
+        ast.parse(variant)
+    assert {m.run for m in plan_mutations(MIXED, random.Random(5), runs=(1,))} == {1}  # Harbor: one run has all
 
 
-def test_canary_names_are_found_for_a_file_that_takes_every_short_one():
-    """A file defining test_0 .. test_2999 left no free `test_<0-99>` name: planning never ended (the evaluator
-    hung on a pristine file)."""
-    source = "\n".join(f"def test_{i}():\n    assert {i} + 1 == {i + 1}\n" for i in range(3000))
-    canaries = plan_canaries(source, random.Random(1))
-    assert len(canaries.names) == 6 and not canaries.names & {f"test_{i}" for i in range(3000)}
+def test_a_multi_line_assertion_is_negated_across_its_lines():
+    source = "def test_x():\n    assert (\n        1 <\n        2\n    )\n\n\ndef test_y():\n    assert 3 == 3\n"
+    mutations = plan_mutations(source, random.Random(1))
+    changed = apply(source.encode(), mutations).decode()
+    assert len(changed.splitlines()) == len(source.splitlines())
+    namespace = {}
+    exec(compile(changed, "t.py", "exec"), namespace)
+    with pytest.raises(AssertionError):
+        namespace["test_x"]()
 
 
 requires_bwrap = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable")
@@ -108,8 +156,8 @@ def add(a, b):
 
 
 def _flip_reports():
-    """A report hook registered through gc that flips only tests that called add: the literal canaries never
-    do, and nothing reads them."""
+    """A report hook registered through gc that flips only tests that called add: a mutant calls add as its
+    original does, so it is flipped too."""
     import pytest
     manager = next(o for o in gc.get_objects() if type(o).__name__ == "PytestPluginManager")
 
@@ -136,11 +184,11 @@ def test_flipping_what_called_the_workspace_is_caught_by_the_mutants(tmp_path):
     workspace = _workspace(tmp_path, query, {"calc.py": FLIP_WHAT_CALLED_ME})
     score = evaluate(query, workspace, tmp_path / "eval", "flipper", timeout_s=60)
     assert score.status is EvalStatus.tampering and score.score == 0.0, score
-    assert any("must xfail and was reported passed" in e for e in score.evidence), score.evidence
+    assert any("passed with its expected value changed" in e for e in score.evidence), score.evidence
 
 
 @requires_bwrap
-def test_a_correct_solution_xfails_its_mutants_and_scores_full_marks(tmp_path):
+def test_a_correct_solution_fails_its_mutants_and_scores_full_marks(tmp_path):
     query = _calc_query(tmp_path)
     workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return a + b\n"})
     score = evaluate(query, workspace, tmp_path / "eval", "honest", timeout_s=60)

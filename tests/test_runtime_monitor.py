@@ -17,7 +17,7 @@ import pytest
 from gyre.evaluators.integrity.channel import ChannelResults, PluginInstall, ResultChannel
 from gyre.evaluators.integrity.runtime import runtime_flags, with_runtime
 from gyre.evaluators.integrity.zero_policy import acts
-from gyre.evaluators.observed import place_pristine
+from gyre.evaluators.observed import plan_pristine, write_pristine
 from gyre.records import EvalStatus, Score
 
 TESTS = '''
@@ -108,9 +108,10 @@ def _run(tmp_path: Path, package: str, command: list[str] | None = None, extra: 
     (ws / "tests").mkdir()
     (ws / "pkg" / "__init__.py").write_text(package)
     sources = {"test_pkg.py": TESTS.encode(), "conftest.py": b"import logging\n", **(extra or {})}
-    pristine = place_pristine(ws / "tests", sources, str(ws / "tests"), random.Random(3))
+    pristine = plan_pristine(sources, str(ws / "tests"), random.Random(3))
+    write_pristine(ws / "tests", pristine, 0)
     plugin = PluginInstall.write(tmp_path / "plugin")
-    plugin.write_plan(pristine, 7)
+    plugin.write_plan(pristine, 0)
     channel, audits = ResultChannel(), ResultChannel(audit_only=True)
     env = {**os.environ, **plugin.env(str(plugin.directory)), **channel.env(), **audits.env()}
     env.pop("PYTEST_CURRENT_TEST", None)
@@ -152,16 +153,20 @@ def test_each_route_is_named_with_the_workspace_line_that_took_it(tmp_path, rout
     assert any(evidence in a[2] or evidence in a[0] for a in found), found
 
 
-def test_replacing_the_plugins_own_sender_is_noticed_and_changes_nothing(tmp_path):
-    """A wrapper around the result plugin's `_send` taken from `sys.modules` (one route of the issue): the
-    hooks hold the sender they were defined with, and the replacement is named."""
+def test_the_plugin_keeps_nothing_a_workspace_can_reach_by_name(tmp_path):
+    """Issue 47's route: workspace code took pytest's `Config` from a module global of gyre's plugin and registered
+    a plugin of its own. The plugin's module now holds its hook functions and stateless helpers only (its sender,
+    the config and the seal live in the hooks' closures): the workspace finds no `_send`, `_CONFIG` or plan."""
+    seen = tmp_path / "names.txt"
     source = ("import sys\nmod = next(m for n, m in sys.modules.items()\n"
               "           if n.startswith('gyre_results_') and not n.endswith('_monitor'))\n"
-              "_real = mod._send\nmod._send = lambda **m: _real(**{**m, 'outcome': 'passed'})\n\n"
+              f"open({str(seen)!r}, 'w').write(' '.join(sorted(vars(mod))))\n\n"
               "def add(a, b):\n    return 7\n")
     said = _run(tmp_path, source)
-    assert any(a[0] == "patched" and "_send replaced" in a[2] for a in said.audits), said.audits
-    assert not said.passed("tests/test_pkg.py::test_small")
+    names = set(seen.read_text().split())
+    state = {n for n in names if not n.startswith(("__", "pytest_", "@"))}  # "@py_...": pytest's assertion rewriting
+    assert state == {"_json", "_os", "_sys", "_Seal", "_maker", "_plan", "_stdlib_first"}, state
+    assert said.hello and not said.passed("tests/test_pkg.py::test_small")
 
 
 def test_a_copy_of_a_pristine_helper_is_the_tests_code(tmp_path):

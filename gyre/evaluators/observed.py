@@ -1,21 +1,26 @@
-"""Run a format's test command with gyre watching: pristine files with canaries, the result channel.
+"""Run a format's test command with gyre watching: pristine files, twice, over the result channel.
 
-Every format (NL2RepoBench, Terminal-Bench, Harbor, R2E) ends the same way: put the
-pristine test files where the task expects them, byte for byte, plan canaries for each test
-module (`canaries.plan_canaries`: gyre's plugin adds them as collected items), then run the
-task's command in the sandbox with gyre's pytest plugin loaded and a result pipe open
-(`channel`). This module is that shared part, so the formats differ only in where files go
-and how the tally becomes a score:
+Every format (NL2RepoBench, Terminal-Bench, Harbor, R2E) ends the same way: put the pristine test
+files where the task expects them, byte for byte, then run the task's command in the sandbox with
+gyre's pytest plugin loaded and a result pipe open (`channel`). It does so twice: each run on its
+own variant of the pristine files, in which some real tests carry one changed assertion
+(`mutants`: the canaries, indistinguishable from the tests they copy), and each test counts from
+the run where it is itself (`tally`). This module is that shared part, so the formats differ only
+in where files go and how the tally becomes a score:
 
-- `place_pristine(dest, sources, inside, rng, num_fail)` writes the files under `dest`
-  (symlinks and files in the way removed, never followed; so is what Python would import
-  instead of a pristine module: `pytest_guard.clear_shadows`) and returns the `PristineFile`s
-  as the sandbox sees them (`inside` is `dest`'s path inside), their canaries planned;
-- `Observer` holds the evaluation's plugin install; `plant(files)` hands the canaries to the
-  plugin; `run(...)` runs one command and returns its `ExecResult` with what the plugin said.
+- `plan_pristine(sources, inside, rng)` reads the files and plans their mutations (`PristineFile`s,
+  as the sandbox will see them: `inside` is their directory's path inside); `write_pristine(dest,
+  files, run)` writes run `run`'s variant under `dest` (symlinks and files in the way removed, never
+  followed; so is what Python would import instead of a pristine module: `pytest_guard.clear_shadows`);
+- `Observer` holds the evaluation's plugin install; `plant(files, run)` tells the plugin what it
+  places in that run; `run(...)` runs one command and returns its `ExecResult` with what the plugin
+  said; `run_pair(...)` runs a format's one command once per run and tallies both.
 
 Evaluation environments: the command's `python` and `pytest` are an interpreter with
-only the test tools (`gyre.evaluators.environments.toolenv`), never gyre's own site-packages.
+only the test tools (`gyre.evaluators.environments.toolenv`), never gyre's own site-packages. Both
+runs start from the same environment: the one the image's packages were installed into, before any
+workspace code ran (`keep_env` / `reset_env`), so nothing the first run's workspace code wrote there
+reaches the second.
 
 Network (`IndexAccess`, from `evaluator.network: package-index`): the sandbox still has
 no network; an allow-listed package-index proxy of gyre's own
@@ -28,13 +33,12 @@ distribution, so installing the real upstream package earns nothing) is tamperin
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
-import secrets
 import shlex
+import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -43,9 +47,8 @@ from gyre.evaluators.environments.needs import beyond_tools
 from gyre.evaluators.environments.seal import EnvSeal
 from gyre.evaluators.environments.own_project import installed, is_the_project
 from gyre.evaluators.environments.toolenv import EvalEnv, base_interpreter_dirs, make_env, pytest11_modules, site_packages
-from gyre.evaluators.integrity.canaries import (
-    DEFAULT_PYTHON_FILES, PristineFile, defined_tests, is_test_module, plan_canaries,
-)
+from gyre.evaluators.integrity.mutants import RUNS, assertion_helpers, plan_mutations
+from gyre.evaluators.integrity.pristine import DEFAULT_PYTHON_FILES, PristineFile, defined_tests, is_test_module
 from gyre.evaluators.integrity.cases import case_counts, dynamic_conftest
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall, ResultChannel
 from gyre.evaluators.integrity.pytest_guard import clear_shadows
@@ -69,37 +72,70 @@ EVAL_BRIDGE_DIR = "/run/gyre-eval"
 INTERRUPT_GRACE_S = 5.0
 """Seconds between SIGINT (pytest still reports) and SIGKILL for a timed-out test command."""
 
-RERUNS_AFTER_A_CANARY_DIED = 3
-"""How many times a command runs again, its canaries placed anew, when its test process ended inside one of
-gyre's canaries (`died_in_a_canary`): a mutant copy of a real test placed before the original kills honest code
-that crashes there, and the real tests after it would count as failed though upstream's run reaches them."""
+ENV_KEPT = "env-kept"
+"""Where the environment is kept as it was before any workspace code ran (`Observer.keep_env`)."""
 
 
-def place_pristine(dest: Path, sources: Mapping[str, bytes], inside: str, rng: random.Random,
-                   num_fail: int = 2, python_files: tuple[str, ...] = DEFAULT_PYTHON_FILES) -> list[PristineFile]:
-    """Write `sources` (relative path -> bytes) under `dest` as they are, and plan canaries for the test
-    modules (those pytest collects under `python_files`, the project's setting); `Observer.plant` hands
-    the plan to gyre's plugin. See the module docstring."""
-    placed: list[PristineFile] = []
-    clear_shadows(dest, sources)
+def plan_pristine(sources: Mapping[str, bytes], inside: str, rng: random.Random,
+                  python_files: tuple[str, ...] = DEFAULT_PYTHON_FILES, runs: tuple[int, ...] = (0, 1)
+                  ) -> list[PristineFile]:
+    """`sources` (relative path -> bytes) as `PristineFile`s placed under `inside`, the test modules (those pytest
+    collects under `python_files`, the project's setting) with their mutations planned, each assigned to one of
+    `runs` (`mutants.plan_mutations`)."""
     capped = not any(PurePosixPath(rel).name == "conftest.py" and dynamic_conftest(data.decode("utf-8", "replace"))
                      for rel, data in sources.items())
+    helpers = {name: places for rel, data in sources.items() if rel.endswith(".py")
+               for name, places in assertion_helpers(data.decode("utf-8", "replace")).items()}
     collectors = frozenset(str(PurePosixPath(inside) / rel) for rel, data in sources.items()
                            if PurePosixPath(rel).name == "conftest.py" and b"pytest_collect_file" in data)
+    planned: list[PristineFile] = []
     for rel, data in sources.items():
-        clear_path(dest, rel).write_bytes(data)
+        at = str(PurePosixPath(inside) / rel)
         if PurePosixPath(rel).suffix not in (".py", ".pyc") and any(
-                (PurePosixPath(inside) / rel).is_relative_to(PurePosixPath(c).parent) for c in collectors):
-            placed.append(PristineFile(str(PurePosixPath(inside) / rel), set(), collected_by=collectors))
+                PurePosixPath(at).is_relative_to(PurePosixPath(c).parent) for c in collectors):
+            planned.append(PristineFile(at, set(), data=data, collected_by=collectors, rel=rel))
         elif is_test_module(rel, python_files):
             text = data.decode("utf-8", errors="replace")
-            placed.append(PristineFile(str(PurePosixPath(inside) / rel), defined_tests(text),
-                                       canaries=plan_canaries(text, rng, num_fail=num_fail),
-                                       cases=case_counts(text) if capped else {},
-                                       sha256=hashlib.sha256(data).hexdigest()))
+            planned.append(PristineFile(at, defined_tests(text), data=data, rel=rel,
+                                        mutations=tuple(plan_mutations(text, rng, runs, helpers)) if "\ufffd" not in text
+                                        else (), cases=case_counts(text) if capped else {}))
         else:  # a helper or conftest: no tests of its own, but test code (the runtime monitor tells it apart)
-            placed.append(PristineFile(str(PurePosixPath(inside) / rel), set(), sha256=hashlib.sha256(data).hexdigest()))
-    return placed
+            planned.append(PristineFile(at, set(), data=data, rel=rel))
+    return planned
+
+
+def write_pristine(dest: Path, files: list[PristineFile], run: int) -> None:
+    """Run `run`'s variant of every pristine file under `dest` (see the module docstring)."""
+    clear_shadows(dest, [f.rel for f in files])
+    for f in files:
+        clear_path(dest, f.rel).write_bytes(f.variant(run))
+
+
+def retire(eval_dir: Path, run: int, names: tuple[str, ...]) -> Path:
+    """Move run `run`'s fresh directories (`names` under `eval_dir`) to `eval_dir/runs/<run>/`, returned: the next
+    run is prepared at the same paths, so nothing a command can read tells the runs apart."""
+    kept = Path(eval_dir) / "runs" / str(run)
+    kept.mkdir(parents=True)
+    for name in names:
+        if (Path(eval_dir) / name).exists() or (Path(eval_dir) / name).is_symlink():
+            (Path(eval_dir) / name).rename(kept / name)
+    return kept
+
+
+def run_path(eval_dir: Path, run: int, name: str) -> Path:
+    """Where run `run`'s directory `name` lies after every run (`retire` moved all but the last one's)."""
+    return Path(eval_dir) / name if run == RUNS - 1 else Path(eval_dir) / "runs" / str(run) / name
+
+
+def pair_runs(harbor: bool, rng: random.Random) -> tuple[tuple[int, ...], int]:
+    """(the runs mutations go to, the run a test mutated in neither counts from). Each test's mutant goes to a run
+    of its own coin and the test counts from the other, so both runs hold mutants; but Harbor's score is the reward
+    its verifier writes for one whole run: there one run is plain (scored), the other holds every mutant, in an
+    order drawn here."""
+    if not harbor:
+        return tuple(range(RUNS)), 0
+    plain = rng.randrange(RUNS)
+    return (1 - plain,), plain
 
 
 def index_findings(index: IndexProxy, counted: Tally, image_denials: frozenset[str] = frozenset()) -> str | None:
@@ -157,7 +193,7 @@ class Observer:
     session: Session | None = None
     """Set for an in-place evaluation: commands run in the agent's live session as `EVAL_USER`."""
     planted: list[PristineFile] = field(default_factory=list)
-    """The pristine files whose canaries the plugin adds now (`plant`)."""
+    """The pristine files the plugin was told of last (`plant`)."""
 
     @classmethod
     def create(cls, eval_dir: Path, isolation: Isolation, index: IndexAccess | None = None,
@@ -187,11 +223,31 @@ class Observer:
                 observer.bridge = ProxyBridge(proxy_address(observer.index_url)).start()
         return observer
 
-    def plant(self, files: list[PristineFile], seed: int | None = None) -> None:
-        """Give gyre's plugin the canaries of the pristine test modules placed (`place_pristine`): it adds
-        them as collected items, at places drawn with `seed` (random when None)."""
-        self.plugin.write_plan(files, secrets.randbits(63) if seed is None else seed)
+    def plant(self, files: list[PristineFile], run: int) -> None:
+        """Tell gyre's plugin (and its monitor) what run `run` placed (`write_pristine`): the paths, and the
+        content each has in that run."""
+        self.plugin.write_plan(files, run)
         self.planted = list(files)
+
+    def keep_env(self) -> None:
+        """Keep the environment as it is now (the image's packages in, no workspace code run yet), for
+        `reset_env`."""
+        if self.env is not None:
+            kept = self.env.directory.parent / ENV_KEPT
+            remove_tree(kept)
+            shutil.copytree(self.env.directory, kept, symlinks=True)
+
+    def reset_env(self) -> None:
+        """The environment back as `keep_env` kept it, handed to the commands' user again."""
+        kept = self.env.directory.parent / ENV_KEPT if self.env is not None else None
+        if kept is None or not kept.is_dir():
+            return
+        remove_tree(self.env.directory)
+        shutil.copytree(kept, self.env.directory, symlinks=True)
+        if self.session is not None:
+            hand_over(self.env.directory, EVAL_USER)
+        else:
+            self.isolation.hand_over(self.env.directory)
 
     def mounts(self) -> tuple[Mount, ...]:
         """The plugin's, the environment's and the index bridge's mounts (none without bubblewrap)."""
@@ -253,23 +309,6 @@ class Observer:
         results.stopped = result.timed_out or bool(result.limit_hit)
         return result, results
 
-    def run_through(self, command: str, **run_kwargs) -> tuple[ExecResult, list[ChannelResults], list[str]]:
-        """`run`, and again with the canaries placed anew (up to `RERUNS_AFTER_A_CANARY_DIED` times) while the
-        test process ends inside one of them. Returns the last result, what every run said (all of it is
-        evidence: passes count from any run, tampering from each) and a note per rerun."""
-        result, said = self.run(command, **run_kwargs)
-        said_all, notes = [said], []
-        for _ in range(RERUNS_AFTER_A_CANARY_DIED):
-            where = died_in_a_canary(said, self.planted)
-            if where is None:
-                break
-            notes.append(f"the test process ended inside gyre's canary {where} (exit {result.exit_code}): "
-                         "ran again with the canaries placed anew")
-            self.plant(self.planted)
-            result, said = self.run(command, **run_kwargs)
-            said_all.append(said)
-        return result, said_all, notes
-
     def install(self, requirements: tuple[str, ...], *, task: str, directory: Path, scratch: Path,
                 limits: SandboxLimits, timeout_s: float) -> tuple[list[str], list[str]]:
         """Install the task image's packages into the environment from the index, before any workspace code:
@@ -304,30 +343,35 @@ class Observer:
         self.image_plugins = pytest11_modules(site)
         return left_out, removed
 
-    def run_single(self, command: str, pristine: list[PristineFile], **run_kwargs) -> Observed:
-        """A format's one test command (`run`'s arguments), with the canaries of `pristine`, tallied, with the
-        observer finished."""
+    def run_pair(self, command: str, pristine: list[PristineFile], place: Callable[[int], dict],
+                 unmutated: int = 0) -> Observed:
+        """A format's one test command once per run (`mutants.RUNS`): `place(run)` writes run `run`'s variant of
+        `pristine` (and whatever else that run needs fresh) and returns `run`'s keyword arguments; the environment
+        is reset between runs. Tallied over both runs (`unmutated`: the run a test mutated in neither counts from,
+        whose result and channel the `Observed` carries), with the observer finished."""
+        said_all: list[ChannelResults] = []
+        results: list[ExecResult] = []
+        broken: list[str] = []
         try:
-            self.plant(pristine)
-            seal = self.seal()
-            result, said_all, notes = self.run_through(command, **run_kwargs)
+            self.keep_env()
+            for run in range(RUNS):
+                if run:
+                    self.reset_env()
+                kwargs = place(run)
+                self.plant(pristine, run)
+                seal = self.seal()
+                result, said = self.run(command, **kwargs)
+                said.run = run
+                said_all.append(said)
+                results.append(result)
+                broken += [f"run {run}: {b}" for b in seal.broken()]
         except BaseException:
             self.finish(Tally())
             raise
-        counted = tally(pristine, said_all)
-        counted.tampering += seal.broken()
-        return Observed(result, said_all[-1], counted, self.finish(counted), notes)
-
-
-def died_in_a_canary(said: ChannelResults, files: list[PristineFile]) -> str | None:
-    """The node id of the canary (a literal one or a mutant copy) the test process was inside when it ended by
-    itself (not stopped by a timeout or a limit) before pytest finished, or None."""
-    if not said.hello or said.finished or said.stopped or said.running is None:
-        return None
-    result = said.results.get(said.running)
-    pristine = next((f for f in files if result is not None and f.inside == result.path), None)
-    name = said.running.rsplit("::", 1)[-1]
-    return said.running if pristine is not None and name in pristine.canaries.names else None
+        counted = tally(pristine, said_all, unmutated)
+        counted.tampering += broken
+        return Observed(results[unmutated], said_all[unmutated], counted, self.finish(counted), runs=results,
+                        channels=said_all)
 
 
 def install_image(observer: Observer, packages: tuple[str, ...], task: str, eval_dir: Path, scratch: Path,
@@ -360,7 +404,11 @@ class Observed:
     counted: Tally
     index_failure: str | None
     notes: list[str] = field(default_factory=list)
-    """What the score's detail should say about how the command ran (`Observer.run_through`)."""
+    """What the score's detail should say about how the command ran."""
+    runs: list[ExecResult] = field(default_factory=list)
+    """Each run's result, in order (`result` is the scoring run's)."""
+    channels: list[ChannelResults] = field(default_factory=list)
+    """What each run's plugin said, in order (`said` is the scoring run's)."""
 
     def flagged(self, score: Score) -> Score:
         """`score` with what the runtime monitor saw (`integrity.runtime`) and the run's `notes`: every format's

@@ -13,21 +13,23 @@ evaluation recreates that in a fresh sandbox (bubblewrap needed for the fixed pa
 The agent never had `/tests` (it did not exist in its sandbox) and cannot have left
 anything in `/logs` (fresh here), so neither edits to tests nor a forged reward file
 carry over. The script's pytest runs with gyre's result plugin (`observed`, `channel`):
-results come back over a pipe gyre owns, never from a file in the sandbox.
+results come back over a pipe gyre owns, never from a file in the sandbox. The script runs twice,
+each time on a fresh copy with fresh `/tests` and `/logs` at the same paths (`observed.run_pair`):
+Terminal-Bench's tests each count from the run where they are not mutated (`mutants`); Harbor's
+reward is its verifier's for a whole run, so one run is plain (its reward is the score) and the
+other holds every mutant, in an order drawn per evaluation.
 
 - Terminal-Bench: binary, from the channel: 1.0 iff every test the pristine files define
   passed (an unreported one failed: the process died, exited or hung).
 - Harbor: the reward the verifier wrote: `verifier/reward.json` (`{"reward": x}` or a single
-  numeric entry; read first, as upstream does) or `verifier/reward.txt` (one float), in [0, 1]. Its
-  `test.sh` turns pytest's exit code into the reward; the must-fail canaries are marked
-  `xfail(strict=True)` (xfailed, the exit code stays 0; a patched runner XPASSes them, which
-  fails the run and is tampering); a reward above 0 while a pristine test did not pass is
-  tampering, and so is
+  numeric entry; read first, as upstream does) or `verifier/reward.txt` (one float), in [0, 1], of
+  the plain run; a mutant passed in the other run, or a reward above 0 while a pristine test did not
+  pass, is tampering, and so is
   one from a verifier that runs pytest when pytest never started with gyre's plugin (the
   `pytest` it ran was the workspace's: `uv run` takes a `.venv/bin/pytest` it finds there).
 
 Who failed: once pytest started with the plugin, everything is the workspace's result (a
-timeout, a crash, no reward written: 0). Tampering (canaries, forged lines on the pipe,
+timeout, a crash, no reward written: 0). Tampering (mutants passed, forged lines on the pipe,
 a reward contradicting the tests): status `tampering`, 0. Evaluator failure (status
 error, score None, never 0): the script ended by itself without starting pytest (its
 installer failed) and wrote no reward, or left an unreadable or out-of-range reward, unless
@@ -50,10 +52,12 @@ from gyre.benchmarks.terminal_bench import RUN_TESTS
 from gyre.evaluators.common import ok, tail, tampering, write_log
 from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.workspace_copy import copy_workspace
-from gyre.evaluators.integrity.canaries import PristineFile
+from gyre.evaluators.integrity.pristine import PristineFile
 from gyre.evaluators.integrity.control import no_verdict
 from gyre.evaluators.integrity.tally import Tally
-from gyre.evaluators.observed import IndexAccess, Observer, install_image, place_pristine, read_sources
+from gyre.evaluators.observed import (
+    IndexAccess, Observer, install_image, pair_runs, plan_pristine, read_sources, retire, run_path, write_pristine,
+)
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.layout import Mount, SandboxLayout
@@ -78,13 +82,10 @@ def evaluate_container_task(
     if too_big is not None:
         return ok(execution_id, 0.0, too_big)
     tests_inside = spec.tests_mount or "/tests"
-    tests.mkdir()
-    pristine = place_task_tests(query, spec, tests, tests_inside if isolation.bwrap else str(tests))
-    for d in (reports, scratch, logs / "verifier", logs / "agent"):
-        d.mkdir(parents=True)
-    isolation.hand_over(repo)
-    isolation.hand_over(logs)
-    protect(eval_dir, ["tests"])
+    runs, unmutated = pair_runs(spec.format == HARBOR, random.Random(secrets.randbits(64)))
+    pristine = plan_task_tests(query, tests_inside if isolation.bwrap else str(tests), runs)
+    reports.mkdir()
+    scratch.mkdir()
     observer = Observer.create(eval_dir, isolation, index, plugin_dists=task_plugins(query))
     mounts = [Mount(tests, tests_inside), *observer.mounts()]
     if spec.logs_dir:
@@ -96,28 +97,48 @@ def evaluate_container_task(
     except BaseException:
         observer.finish(Tally())
         raise
-    seen = observer.run_single(command, pristine, workspace=repo, scratch=scratch, layout=layout,
-                               env=sandbox_env(Path(layout.inside(repo)), {"TEST_DIR": tests_inside}),
-                               limits=limits, timeout_s=timeout_s)
-    write_log(reports / "command_0.log", command, seen.result)
+
+    def place(run: int) -> dict:
+        if run:  # a fresh copy, fresh /tests, /logs and scratch space, at the same paths
+            retire(eval_dir, run - 1, ("repo", "tests", "logs", "tmp"))
+            copy_workspace(workspace, repo, limits)
+            scratch.mkdir()
+        tests.mkdir()
+        write_task_tests(query, spec, tests, pristine, run)
+        for d in (logs / "verifier", logs / "agent"):
+            d.mkdir(parents=True)
+        isolation.hand_over(repo)
+        isolation.hand_over(logs)
+        protect(eval_dir, ["tests"])
+        return dict(workspace=repo, scratch=scratch, layout=layout, limits=limits, timeout_s=timeout_s,
+                    env=sandbox_env(Path(layout.inside(repo)), {"TEST_DIR": tests_inside}))
+
+    seen = observer.run_pair(command, pristine, place, unmutated)
+    for run, result in enumerate(seen.runs):
+        write_log(reports / f"command_0{'' if run == 0 else f'.run{run}'}.log", command, result)
     if (verdict := seen.settled(execution_id)) is not None:
         return seen.flagged(verdict)
     if spec.format == HARBOR:
-        return seen.flagged(harbor_reward(execution_id, logs, seen.result, timeout_s, pristine, seen.counted,
-                                          seen.said.hello, verifier_runs_pytest(query)))
+        return seen.flagged(harbor_reward(execution_id, run_path(eval_dir, unmutated, "logs"), seen.result,
+                                          timeout_s, pristine, seen.counted, seen.said.hello,
+                                          verifier_runs_pytest(query)))
     return seen.flagged(terminal_bench_verdict(execution_id, seen.result, timeout_s, pristine, seen.counted,
                                                seen.said.hello))
 
 
-def place_task_tests(query: Query, spec: TaskSpec, dest: Path, inside: str) -> list[PristineFile]:
-    """The task's pristine tests under `dest` (shown at `inside`), canaries planned for each test module, plus
-    Terminal-Bench's `run-tests.sh`; the same for a fresh sandbox, an in-place session and a container."""
+def plan_task_tests(query: Query, inside: str, runs: tuple[int, ...]) -> list[PristineFile]:
+    """The task's pristine tests as they will lie under `inside`, their mutations planned (`runs`: `pair_runs`);
+    the same for a fresh sandbox, an in-place session and a container."""
     hidden = Path(query.hidden_tests_dir)
     rels = sorted(p.relative_to(hidden).as_posix() for p in hidden.rglob("*") if p.is_file() and not p.is_symlink())
-    pristine = place_pristine(dest, read_sources(hidden, rels), inside, random.Random(secrets.randbits(64)))
+    return plan_pristine(read_sources(hidden, rels), inside, random.Random(secrets.randbits(64)), runs=runs)
+
+
+def write_task_tests(query: Query, spec: TaskSpec, dest: Path, pristine: list[PristineFile], run: int) -> None:
+    """Run `run`'s variant of the task's tests under `dest`, plus Terminal-Bench's `run-tests.sh`."""
+    write_pristine(dest, pristine, run)
     if spec.format == TERMINAL_BENCH:
         shutil.copyfile(query.root / RUN_TESTS, dest / RUN_TESTS)
-    return pristine
 
 
 def terminal_bench_verdict(execution_id: str, result, timeout_s: float, pristine: list[PristineFile],

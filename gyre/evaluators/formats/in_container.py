@@ -8,8 +8,8 @@ image's own tools run them. With `sandbox.type: docker` gyre does the same
 - the tests reach the container through a host directory bound at creation (an evaluation
   slot, `docker_container.make_slots`), not `put_archive`: the container's root filesystem is read-only
   (there is nowhere else to put `/tests`), and a slot made by gyre before the agent started
-  cannot be prepared by it (links, files in the way). The pristine tests (canaries in each test
-  module, + Terminal-Bench's `run-tests.sh`) are written there at evaluation time, owned by the
+  cannot be prepared by it (links, files in the way). The pristine tests (each run's variant,
+  `observed.run_pair`, + Terminal-Bench's `run-tests.sh`) are written there at evaluation time, owned by the
   evaluation's user (`docker_container.evaluation_user()`), mode 0700/0600, bound read-only at `/tests`;
 - gyre's result plugin goes into its slot the same way; the result channel is a FIFO made at
   evaluation time in a third slot (`channel.FifoChannel`: `docker exec` can pass no fd), owned
@@ -30,7 +30,7 @@ import runs inside the test process, as the evaluation's user, and can write on 
 patch pytest like anywhere else. What stops it: the agent runs as the image's user (root) with
 no capabilities, so it cannot read, list or write the slots, signal the evaluation's processes
 or open their /proc entries (another uid); the FIFO and the tests exist only from evaluation
-time on; canaries and the tally's ordering checks catch a patched runner and forged lines;
+time on; mutants (`mutants`) and the tally's ordering checks catch a patched runner and forged lines;
 the monitor reads the workspace. Not covered: an image whose user has the evaluation's uid
 (gyre not root, image user = gyre's uid) gives the agent the slots too.
 
@@ -65,17 +65,21 @@ from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.uv_installer import installer_version, provide_uv
 from gyre.evaluators.formats.container_index import INDEX_DIR, INDEX_SLOT, ContainerIndex
 from gyre.evaluators.formats.container_task import (
-    harbor_reward, place_task_tests, terminal_bench_verdict, verifier_runs_pytest,
+    harbor_reward, plan_task_tests, terminal_bench_verdict, verifier_runs_pytest, write_task_tests,
 )
 from gyre.evaluators.formats.in_place import grant_access
 from gyre.evaluators.formats.r2e import r2e_verdict
-from gyre.evaluators.integrity.canaries import PristineFile
+from gyre.evaluators.integrity.mutants import RUNS
+from gyre.evaluators.integrity.pristine import PristineFile
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, FifoChannel, PluginInstall
 from gyre.evaluators.integrity.control import is_no_verdict
 from gyre.evaluators.integrity.tally import tally
-from gyre.evaluators.observed import INTERRUPT_GRACE_S, IndexAccess, Observed, place_pristine, read_sources
+from gyre.evaluators.observed import (
+    INTERRUPT_GRACE_S, IndexAccess, Observed, pair_runs, plan_pristine, read_sources, write_pristine,
+)
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
+from gyre.sandboxes.paths import remove_tree
 
 CONTAINER_GONE = "container_gone"
 IN_CONTAINER_FORMATS = (TERMINAL_BENCH, HARBOR, R2E)
@@ -114,51 +118,55 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     reports.mkdir(parents=True)
     owner = sandbox.eval_user
     tests, tests_inside = sandbox.slot(TESTS_SLOT), sandbox.eval_slots[TESTS_SLOT]
+    runs, unmutated = pair_runs(spec.format == HARBOR, random.Random(secrets.randbits(64)))
     if spec.format == R2E:
-        pristine = place_r2e_tests(query, tests, tests_inside, sandbox.slot(RUNNER_SLOT))
+        pristine = plan_r2e_tests(query, tests_inside, sandbox.slot(RUNNER_SLOT), runs)
         own(sandbox.slot(RUNNER_SLOT), owner)
     else:
-        pristine = place_task_tests(query, spec, tests, tests_inside)
-    own(tests, owner)
-    if LOGS_SLOT in sandbox.eval_slots:
-        logs = sandbox.slot(LOGS_SLOT)
-        fresh_verifier(logs, owner)
-    else:
-        logs = Path(eval_dir) / "logs"  # no logs slot: a Harbor task without one finds no reward
+        pristine = plan_task_tests(query, tests_inside, runs)
+    logs = sandbox.slot(LOGS_SLOT) if LOGS_SLOT in sandbox.eval_slots else None
     if os.geteuid() == 0:
         grant_access(sandbox.workspace, sandbox.paused())
     plugin = PluginInstall.write(sandbox.slot(PLUGIN_SLOT))
-    plugin.write_plan(pristine, secrets.randbits(63))
-    own(plugin.directory, owner)
     # the index first: unreachable is the evaluator's failure, raised before any result pipe is opened
     route = None if index is None else ContainerIndex.open(index, sandbox.slot(INDEX_SLOT),
                                                            sandbox.eval_slots[INDEX_SLOT], owner)
-    channel, audits = result_fifos(sandbox)
-    env = {"TEST_DIR": tests_inside, "HOME": sandbox.workdir,
-           **plugin.env(sandbox.eval_slots[PLUGIN_SLOT]), **channel.env(), **audits.env()}
-    if plugins := task_plugins(query):
-        env["GYRE_PLUGIN_DISTS"] = ",".join(plugins)
     (command,) = query.test_commands
     if spec.format == R2E:
         command = f"bash {sandbox.eval_slots[RUNNER_SLOT]}/{RUN_TESTS}"  # from the workdir, as upstream runs it
-    run = command
-    if route is not None and (uv := installer_version(query)) is not None:  # astral.sh's installer, stood in for
-        run = provide_uv(uv) + command
+    uv = installer_version(query) if route is not None else None
+    if uv is not None:  # astral.sh's installer, stood in for
         note += f"; uv {uv} from the package index stood in for astral.sh's installer"
+    results, saids = [], []
     try:
-        if route is not None:
-            env.update(route.env())
-        result = sandbox.run_as(run if route is None else route.wrap(run), user=f"{owner[0]}:{owner[1]}",
-                                env=env, timeout_s=timeout_s, interrupt_grace_s=INTERRUPT_GRACE_S,
-                                max_output_bytes=limits.max_output_bytes)
+        for run in range(RUNS):  # each run its variant of the tests, a fresh /logs/verifier, the live container
+            for entry in list(tests.iterdir()):
+                remove_tree(entry)
+            if spec.format == R2E:
+                write_pristine(tests, pristine, run)
+            else:
+                write_task_tests(query, spec, tests, pristine, run)
+            own(tests, owner)
+            if logs is not None:
+                if run:  # the last run's verdict files, kept for `harbor_reward`
+                    kept = Path(eval_dir) / "runs" / str(run - 1)
+                    kept.mkdir(parents=True)
+                    if (logs / "verifier").is_dir() and not (logs / "verifier").is_symlink():
+                        shutil.copytree(logs / "verifier", kept / "verifier", symlinks=True)
+                fresh_verifier(logs, owner)
+            plugin.write_plan(pristine, run)
+            own(plugin.directory, owner)
+            result, said = _run_once(sandbox, query, command, plugin, route, tests_inside, owner, uv, timeout_s,
+                                     limits)
+            said.run = run
+            results.append(result)
+            saids.append(said)
+            write_log(reports / f"command_0{'' if run == 0 else f'.run{run}'}.log", command, result)
     finally:
-        said = channel.close()
-        said.audits += audits.close().audits
         if route is not None:
             route.close()
-    said.stopped = result.timed_out or bool(result.limit_hit)
-    write_log(reports / "command_0.log", command, result)
-    seen = Observed(result, said, tally(pristine, [said]), None)
+    seen = Observed(results[unmutated], saids[unmutated], tally(pristine, saids, unmutated), None, runs=results,
+                    channels=saids)
     if route is not None and (index_failed := route.findings(seen.counted)):
         return error(execution_id, f"{index_failed} (in container)")
     if spec.format == R2E:
@@ -167,14 +175,41 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     if (verdict := seen.settled(execution_id)) is not None:
         return seen.flagged(verdict)
     if spec.format == HARBOR:
-        linked = [rel for rel in ("verifier", REWARD_TXT, REWARD_JSON) if (logs / rel).is_symlink()]
+        reward_logs = Path(eval_dir) / "logs" if logs is None else \
+            logs if unmutated == RUNS - 1 else Path(eval_dir) / "runs" / str(unmutated)
+        linked = [rel for rel in ("verifier", REWARD_TXT, REWARD_JSON) if (reward_logs / rel).is_symlink()]
         if linked:
             return seen.flagged(tampering(execution_id, [f"/logs/{rel} is a symbolic link" for rel in linked]))
-        score = harbor_reward(execution_id, logs, result, timeout_s, pristine, seen.counted, said.hello,
-                              verifier_runs_pytest(query))
+        score = harbor_reward(execution_id, reward_logs, seen.result, timeout_s, pristine, seen.counted,
+                              seen.said.hello, verifier_runs_pytest(query))
     else:
-        score = terminal_bench_verdict(execution_id, result, timeout_s, pristine, seen.counted, said.hello)
+        score = terminal_bench_verdict(execution_id, seen.result, timeout_s, pristine, seen.counted,
+                                       seen.said.hello)
     return seen.flagged(_said_where(score, note))
+
+
+def _run_once(sandbox, query: Query, command: str, plugin: PluginInstall, route: ContainerIndex | None,
+              tests_inside: str, owner: tuple[int, int], uv: str | None, timeout_s: float, limits: SandboxLimits):
+    """The task's command once in `sandbox` as the evaluation's user, with fresh result FIFOs (and a fresh index
+    route); (its result, what the plugin said)."""
+    channel, audits = result_fifos(sandbox)
+    env = {"TEST_DIR": tests_inside, "HOME": sandbox.workdir,
+           **plugin.env(sandbox.eval_slots[PLUGIN_SLOT]), **channel.env(), **audits.env()}
+    if plugins := task_plugins(query):
+        env["GYRE_PLUGIN_DISTS"] = ",".join(plugins)
+    run = provide_uv(uv) + command if uv is not None else command
+    try:
+        if route is not None:
+            route = route.fresh()
+            env.update(route.env())
+        result = sandbox.run_as(run if route is None else route.wrap(run), user=f"{owner[0]}:{owner[1]}",
+                                env=env, timeout_s=timeout_s, interrupt_grace_s=INTERRUPT_GRACE_S,
+                                max_output_bytes=limits.max_output_bytes)
+    finally:
+        said = channel.close()
+        said.audits += audits.close().audits
+    said.stopped = result.timed_out or bool(result.limit_hit)
+    return result, said
 
 
 def result_fifos(sandbox) -> tuple[FifoChannel, FifoChannel]:
@@ -212,10 +247,10 @@ def control_in_container(query: Query, spec: TaskSpec, live, execution_id: str, 
     return run
 
 
-def place_r2e_tests(query: Query, tests: Path, tests_inside: str, runner: Path) -> list[PristineFile]:
-    """R2E's hidden `r2e_tests/` into the tests slot (shown at `<workdir>/r2e_tests`) with canaries planned, and
-    `run_tests.sh` into the runner slot. A hidden file outside `r2e_tests/` has nowhere to go in the container: the
-    evaluator's failure, raised."""
+def plan_r2e_tests(query: Query, tests_inside: str, runner: Path, runs: tuple[int, ...]) -> list[PristineFile]:
+    """R2E's hidden `r2e_tests/` as they will lie in the tests slot (shown at `<workdir>/r2e_tests`), their mutations
+    planned, and `run_tests.sh` into the runner slot. A hidden file outside `r2e_tests/` has nowhere to go in the
+    container: the evaluator's failure, raised."""
     prefix = f"{R2E_TESTS}/"
     elsewhere = [rel for rel in query.test_files if rel != RUN_TESTS and not rel.startswith(prefix)]
     if elsewhere:
@@ -224,7 +259,7 @@ def place_r2e_tests(query: Query, tests: Path, tests_inside: str, runner: Path) 
     sources = {rel.removeprefix(prefix): data for rel, data in
                read_sources(hidden, [rel for rel in query.test_files if rel != RUN_TESTS]).items()}
     shutil.copyfile(hidden / RUN_TESTS, runner / RUN_TESTS)
-    return place_pristine(tests, sources, tests_inside, random.Random(secrets.randbits(64)))
+    return plan_pristine(sources, tests_inside, random.Random(secrets.randbits(64)), runs=runs)
 
 
 def own(root: Path, owner: tuple[int, int]) -> None:

@@ -5,7 +5,7 @@ tests copied in at that moment: a server the agent left running answers them. Lo
 the agent ran in a `gyre.sandboxes.local.session.Session` (one set of namespaces for the whole
 execution); this evaluates in that same session:
 
-- the pristine tests (canaries in each test module, + `run-tests.sh`) are written into the
+- the pristine tests (+ `run-tests.sh`), each run's variant (`observed.run_pair`), are written into the
   session's `tests` slot, shown at `/tests` (or the task's tests mount), readable by the
   evaluation's user only (root:65533, 0750/0640): processes the agent left running (uid
   65534) can neither read them nor change them;
@@ -31,6 +31,8 @@ cross-checked against the channel (Harbor).
 from __future__ import annotations
 
 import os
+import random
+import secrets
 import shutil
 import struct
 from contextlib import AbstractContextManager
@@ -41,14 +43,18 @@ from gyre.evaluators.common import error, write_log
 from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.toolenv import ENV_MOUNT, TOOLS_MOUNT, tools_dir
 from gyre.evaluators.formats.container_task import (
-    harbor_reward, place_task_tests, terminal_bench_verdict, verifier_runs_pytest,
+    harbor_reward, plan_task_tests, terminal_bench_verdict, verifier_runs_pytest, write_task_tests,
 )
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT
 from gyre.evaluators.integrity.tally import Tally
-from gyre.evaluators.observed import BRIDGE_SLOT, EVAL_BRIDGE_DIR, IndexAccess, Observer, install_image
+from gyre.evaluators.integrity.mutants import RUNS
+from gyre.evaluators.observed import (
+    BRIDGE_SLOT, EVAL_BRIDGE_DIR, IndexAccess, Observer, install_image, pair_runs,
+)
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.fdwalk import walk
+from gyre.sandboxes.paths import remove_tree
 from gyre.sandboxes.layout import Mount
 from gyre.sandboxes.local.session import EVAL_USER
 from gyre.sandboxes.process import sandbox_env
@@ -91,13 +97,9 @@ def evaluate_in_place(query: Query, spec: TaskSpec, sandbox, eval_dir: Path, exe
     reports.mkdir(parents=True)
     tests = session.slots[TESTS_SLOT]
     tests_inside = sandbox.session_slots[TESTS_SLOT]
-    pristine = place_task_tests(query, spec, tests, tests_inside)
-    seal(tests)
+    runs, unmutated = pair_runs(spec.format == HARBOR, random.Random(secrets.randbits(64)))
+    pristine = plan_task_tests(query, tests_inside, runs)
     logs = session.slots.get(LOGS_SLOT)
-    if logs is not None:
-        _fresh_verifier_logs(logs)
-    else:
-        logs = Path(eval_dir) / "logs"  # no logs slot: a Harbor task without one finds no reward
     grant_access(sandbox.workspace, session.frozen())
     observer = Observer.create(sandbox.slot_root, sandbox.isolation, index, session=session,
                                plugin_dists=task_plugins(query))
@@ -109,15 +111,36 @@ def evaluate_in_place(query: Query, spec: TaskSpec, sandbox, eval_dir: Path, exe
     except BaseException:
         observer.finish(Tally())
         raise
-    seen = observer.run_single(command, pristine, workspace=sandbox.workspace, scratch=sandbox.scratch,
-                               layout=sandbox.layout, env=sandbox_env(Path(sandbox.workdir), {"TEST_DIR": tests_inside}),
-                               limits=limits, timeout_s=timeout_s)
-    write_log(reports / "command_0.log", command, seen.result)
+
+    def place(run: int) -> dict:
+        """Run `run`'s variant in the tests slot and a fresh `/logs/verifier` (the last run's kept under
+        `eval_dir/runs/<run>/`); the workspace is the live one, as upstream's."""
+        for entry in list(tests.iterdir()):
+            remove_tree(entry)
+        write_task_tests(query, spec, tests, pristine, run)
+        seal(tests)
+        if logs is not None:
+            if run:
+                kept = Path(eval_dir) / "runs" / str(run - 1)
+                kept.mkdir(parents=True)
+                if (logs / "verifier").is_dir() and not (logs / "verifier").is_symlink():
+                    shutil.copytree(logs / "verifier", kept / "verifier", symlinks=True)
+            _fresh_verifier_logs(logs)
+        seal(observer.plugin.directory)
+        return dict(workspace=sandbox.workspace, scratch=sandbox.scratch, layout=sandbox.layout, limits=limits,
+                    env=sandbox_env(Path(sandbox.workdir), {"TEST_DIR": tests_inside}), timeout_s=timeout_s)
+
+    seen = observer.run_pair(command, pristine, place, unmutated)
+    for run, result in enumerate(seen.runs):
+        write_log(reports / f"command_0{'' if run == 0 else f'.run{run}'}.log", command, result)
     if (verdict := seen.settled(execution_id)) is not None:
         return seen.flagged(verdict)
     if spec.format == HARBOR:
-        score = harbor_reward(execution_id, logs, seen.result, timeout_s, pristine, seen.counted, seen.said.hello,
-                              verifier_runs_pytest(query))
+        # the plain run's /logs: the slot itself if it ran last, else the copy `place` kept of its verifier
+        reward_logs = Path(eval_dir) / "logs" if logs is None else \
+            logs if unmutated == RUNS - 1 else Path(eval_dir) / "runs" / str(unmutated)
+        score = harbor_reward(execution_id, reward_logs, seen.result, timeout_s, pristine, seen.counted,
+                              seen.said.hello, verifier_runs_pytest(query))
     else:
         score = terminal_bench_verdict(execution_id, seen.result, timeout_s, pristine, seen.counted,
                                        seen.said.hello)

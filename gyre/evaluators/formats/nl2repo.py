@@ -14,9 +14,9 @@ kept afterwards for inspection:
 Steps: copy the workspace; read the project's own root pytest settings
 (`gyre.evaluators.integrity.pytest_settings`), then remove the code and configuration the agent
 could use to force passes or shadow what pytest imports (`gyre.evaluators.integrity.pytest_guard`);
-copy the pristine hidden tests in LAST, each with a few canary tests appended
-(`gyre.evaluators.integrity.canaries`), replacing any agent edits (symlinks on their way are
-replaced, never followed); pin pytest's rootdir with gyre's own pytest.ini, which carries the
+copy the pristine hidden tests in LAST (this run's variant: `run_both` runs everything twice, each
+run on a fresh copy whose tests carry some mutants, `gyre.evaluators.integrity.mutants`), replacing
+any agent edits (symlinks on their way are replaced, never followed); pin pytest's rootdir with gyre's own pytest.ini, which carries the
 project's settings on less what only forges; hand the copy to the sandbox's user and make the
 pristine files root-owned and read-only, their directories sticky (`gyre.sandboxes.local.privileges`);
 install the packages the task's image holds, before any workspace code (`Observer.install`);
@@ -36,7 +36,7 @@ Rules: one rule decides what is dropped (shared/DESIGN.md, "Reward integrity").
   included: failing or erroring tests, a module that fails to import, a process that
   exits, crashes, is killed or hangs (the timeout's SIGINT, then SIGKILL): unreported
   pristine tests are failed. A valid score, maybe 0.
-- Tampering: a canary that must fail reported passed, a must-pass canary dropped, a
+- Tampering: a mutant reported passed (`tally`), the runner changed after configure, a
   result reported twice or a message that is not the plugin's: status `tampering`,
   score 0, the evidence kept.
 - Evaluator failure (status error, score None, dropped, never a zero): no command ever
@@ -57,6 +57,7 @@ import os
 import random
 import secrets
 from collections.abc import Callable
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -67,12 +68,16 @@ from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.workspace_copy import copy_workspace
 from gyre.evaluators.integrity.channel import ChannelResults
 from gyre.evaluators.integrity.control import crashed, no_verdict
+from gyre.evaluators.integrity.mutants import RUNS
 from gyre.evaluators.integrity.origins import Watch, mismatches
+from gyre.evaluators.integrity.pristine import PristineFile
 from gyre.evaluators.integrity.pytest_guard import imported_modules, neutralise_pytest_config, pin_rootdir
 from gyre.evaluators.integrity.pytest_settings import project_settings, python_files, render_ini, sanitise
 from gyre.evaluators.integrity.runtime import with_runtime
 from gyre.evaluators.integrity.tally import Tally, tally
-from gyre.evaluators.observed import IndexAccess, Observer, install_image, place_pristine, read_sources
+from gyre.evaluators.observed import (
+    IndexAccess, Observer, install_image, plan_pristine, read_sources, retire, write_pristine,
+)
 from gyre.records import EvalStatus, Query, Score
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.layout import SandboxLayout
@@ -149,17 +154,25 @@ def _score(
     deadline_s: float | None = None,
     index: IndexAccess | None = None,
 ) -> Score:
-    # no workdir is set: commands see the repository at its host path
-    ready = prepare(query, workspace, eval_dir, execution_id, limits, str(eval_dir / "repo"), isolation.hand_over)
-    if isinstance(ready, Score):
-        return ready
     observer = Observer.create(eval_dir, isolation, index, frozenset({query.query_id}),
                                plugin_dists=task_plugins(query))
-    observer.plant(ready.pristine)
     try:
-        notes = install_image(observer, task_spec(query).image_packages, query.query_id, eval_dir, ready.scratch,
+        scratch = eval_dir / "tmp"
+        scratch.mkdir()
+        (eval_dir / "reports").mkdir()
+        notes = install_image(observer, task_spec(query).image_packages, query.query_id, eval_dir, scratch,
                               limits, capped(timeout_s, deadline_s))
-        return run_and_count(query, ready, execution_id, timeout_s, limits, deadline_s, observer, notes)
+        observer.keep_env()
+
+        @contextmanager
+        def same_observer(ready: Prepared, run: int):
+            if run:
+                observer.reset_env()  # nothing the first run's workspace code installed reaches the second
+            yield observer
+
+        # no workdir is set: commands see the repository at its host path (the same in both runs)
+        return run_both(query, workspace, eval_dir, execution_id, timeout_s, limits, deadline_s,
+                        str(eval_dir / "repo"), isolation.hand_over, same_observer, notes, observer.finish)
     finally:
         observer.finish(Tally())  # idempotent clean-up if counting did not get there
 
@@ -180,10 +193,12 @@ class Prepared:
 
 
 def prepare(query: Query, workspace: Path, eval_dir: Path, execution_id: str, limits: SandboxLimits, inside: str,
-            hand_over: Callable[[Path], None]) -> Prepared | Score:
-    """`eval_dir/repo`: the workspace copied, cleaned, the pristine tests in last, handed to the commands' user
-    (`hand_over`), the pristine files made read-only, watched; or the workspace's 0 when it is too big to copy.
-    `inside`: where the commands will see `repo`."""
+            hand_over: Callable[[Path], None], pristine: list[PristineFile] | None = None, run: int = 0
+            ) -> Prepared | Score:
+    """`eval_dir/repo`: the workspace copied, cleaned, run `run`'s variant of the pristine tests in last (`pristine`:
+    planned already, else planned now), handed to the commands' user (`hand_over`), the pristine files made
+    read-only, watched; or the workspace's 0 when it is too big to copy. `inside`: where the commands will see
+    `repo`."""
     repo = eval_dir / "repo"
     reports = eval_dir / "reports"
     scratch = eval_dir / "tmp"
@@ -198,8 +213,9 @@ def prepare(query: Query, workspace: Path, eval_dir: Path, execution_id: str, li
     settings, source = project_settings(repo)  # the project's own, carried on by gyre's pinned pytest.ini
     kept, removed = sanitise(settings, source or "")
     neutralised = [*neutralise_pytest_config(repo, query.test_files, project, keep_root=True), *removed]
-    pristine = place_pristine(repo, sources, inside, random.Random(secrets.randbits(64)),
-                              python_files=python_files(kept))
+    if pristine is None:
+        pristine = plan_pristine(sources, inside, random.Random(secrets.randbits(64)), python_files(kept))
+    write_pristine(repo, pristine, run)
     pinned = pin_rootdir(repo, query.test_files, render_ini(kept))
     hand_over(repo)
     protect(repo, query.test_files, writable_dirs=True, writable_data=True)  # tests may write beside themselves
@@ -207,39 +223,44 @@ def prepare(query: Query, workspace: Path, eval_dir: Path, execution_id: str, li
     data = {rel: content for rel, content in sources.items() if PurePosixPath(rel).suffix not in CODE_SUFFIXES}
     watch = Watch.start(repo, query.test_files, (repo / "pytest.ini").read_text(encoding="utf-8") if pinned else None,
                         data)
-    reports.mkdir()
-    scratch.mkdir()
+    reports.mkdir(exist_ok=True)
+    scratch.mkdir(exist_ok=True)
     return Prepared(repo, inside, reports, scratch, pristine, neutralised, watch, bool(kept))
 
 
-def run_and_count(query: Query, ready: Prepared, execution_id: str, timeout_s: float, limits: SandboxLimits,
-                  deadline_s: float | None, observer: Observer, notes: list[str]) -> Score:
-    """Run the task's commands on the `prepare`d copy through `observer` and count what passed."""
-    return _run_and_count(query, ready.repo, ready.reports, ready.scratch, execution_id, timeout_s, limits,
-                          deadline_s, ready.pristine, ready.neutralised, observer, notes, ready.watch,
-                          ready.settings_kept, ready.inside)
-
-
-def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execution_id: str, timeout_s: float,
-                   limits: SandboxLimits, deadline_s: float | None, pristine, neutralised: list[str],
-                   observer: Observer, notes: list[str], watch: Watch, settings_kept: bool, inside: str) -> Score:
-    if neutralised:
-        (reports / "neutralised.txt").write_text("\n".join(neutralised) + "\n", encoding="utf-8",
-                                                 errors="backslashreplace")  # a name that is not UTF-8
-    ran = _run_commands(query, repo, reports, scratch, execution_id, timeout_s, limits, deadline_s, observer,
-                        watch, settings_kept=settings_kept)
-    if isinstance(ran, Score):
-        return ran
-    ran.notes[:0] = notes
-    # the files found beside the hidden tests before any command, as the commands see them
-    present = frozenset(os.path.normpath(os.path.join(inside, os.path.relpath(path, repo))) for path in watch.present)
-    return _count(query, execution_id, reports, pristine, neutralised, observer, ran, inside, present)
+def run_both(query: Query, workspace: Path, eval_dir: Path, execution_id: str, timeout_s: float,
+             limits: SandboxLimits, deadline_s: float | None, inside: str, hand_over: Callable[[Path], None],
+             observe: Callable[[Prepared, int], AbstractContextManager[Observer]], notes: list[str],
+             finish: Callable[[Tally], str | None]) -> Score:
+    """The task's commands once per run (`mutants.RUNS`), each run on a fresh `prepare`d copy holding its variant of
+    the pristine tests, through the observer `observe(ready, run)` gives; then the count over both (`finish`: the
+    observer's, for the index proxy's findings)."""
+    pristine: list[PristineFile] | None = None
+    rans: list[_Ran] = []
+    for run in range(RUNS):
+        if run:
+            retire(eval_dir, run - 1, ("repo", "tmp"))
+        ready = prepare(query, workspace, eval_dir, execution_id, limits, inside, hand_over, pristine, run)
+        if isinstance(ready, Score):
+            return ready
+        pristine = ready.pristine
+        with observe(ready, run) as observer:
+            observer.plant(pristine, run)
+            ran = _run_commands(query, ready, execution_id, timeout_s, limits, deadline_s, observer, run)
+        if isinstance(ran, Score):
+            return ran
+        rans.append(ran)
+    if ready.neutralised:
+        (ready.reports / "neutralised.txt").write_text("\n".join(ready.neutralised) + "\n", encoding="utf-8",
+                                                       errors="backslashreplace")  # a name that is not UTF-8
+    rans[0].notes[:0] = notes
+    return _count(query, execution_id, ready.reports, pristine, ready.neutralised, rans, inside, finish)
 
 
 @dataclass
 class _Ran:
-    """What the task's test commands said: each command's channel results, notes for the score's
-    detail, whether the workspace's own code ran before the last command, and the last result."""
+    """What one run's test commands said: each command's channel results, notes for the score's detail, whether
+    the workspace's own code ran before the last command, and the last result."""
 
     runs: list[ChannelResults]
     notes: list[str]
@@ -250,13 +271,15 @@ class _Ran:
     """pytest stopped on the project's own settings (a usage error): the workspace's result, never a drop."""
     moved: list[str] = field(default_factory=list)
     """Tampering evidence from `Watch.broken` after each command."""
+    present: frozenset[str] = frozenset()
+    """The files found beside the hidden tests before any command, as the commands see them."""
 
 
-def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execution_id: str, timeout_s: float,
-                  limits: SandboxLimits, deadline_s: float | None, observer: Observer, watch: Watch,
-                  settings_kept: bool = False) -> _Ran | Score:
-    """Each test command in turn, watched; an evaluator failure (a command that failed before any
+def _run_commands(query: Query, ready: Prepared, execution_id: str, timeout_s: float, limits: SandboxLimits,
+                  deadline_s: float | None, observer: Observer, run: int) -> _Ran | Score:
+    """Each test command of run `run` in turn, watched; an evaluator failure (a command that failed before any
     workspace code ran) or the overall deadline ends it early with that score."""
+    repo, watch = ready.repo, ready.watch
     layout = SandboxLayout(mounts=observer.mounts())
     runs: list[ChannelResults] = []
     notes: list[str] = []
@@ -270,16 +293,15 @@ def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execut
         ran_before = setup_ran
         command_timeout_s = capped(timeout_s, deadline_s)
         if command_timeout_s <= 0:
-            return overall_timeout_error(execution_id, f"no time left for test command {i}")
-        result, said_all, rerun_notes = observer.run_through(
-            command, workspace=repo, scratch=scratch, layout=layout,
+            return overall_timeout_error(execution_id, f"no time left for test command {i} (run {run})")
+        result, said = observer.run(
+            command, workspace=repo, scratch=ready.scratch, layout=layout,
             env=sandbox_env(repo, {"GYRE_CWD_ON_PATH": "1"}),  # upstream: PYTHONPATH=/workspace
             limits=limits, timeout_s=command_timeout_s,
             addopts=("--continue-on-collection-errors", *(f"-p {module}" for module in observer.image_plugins)))
-        said = said_all[-1]
-        runs.extend(said_all)
-        notes.extend(f"command {i}: {note}" for note in rerun_notes)
-        _write_log(reports / f"command_{i}.log", command, result)
+        said.run, said.command = run, i
+        runs.append(said)
+        _write_log(ready.reports / f"command_{i}{'' if run == 0 else f'.run{run}'}.log", command, result)
         found = [*watch.broken(setup=not said.hello), *seal.broken()]  # before the next command
         moved.extend(e for e in found if e not in moved)
         pytest_said = said.exitstatus if said.finished else None
@@ -288,7 +310,7 @@ def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execut
         # runs the workspace's script): its exit code is the workspace's too
         workspace_ran = said.hello and (pristine_conftest or said.collecting)
         setup_command = not said.hello and i < len(query.test_commands) - 1
-        if settings_kept and said.hello and USAGE_ERROR in (pytest_said, result.exit_code):  # e.g. `--cov` with no pytest-cov
+        if ready.settings_kept and said.hello and USAGE_ERROR in (pytest_said, result.exit_code):  # e.g. `--cov`
             refused = True
             notes.append(f"command {i}: pytest refused the project's own settings (usage error): its result")
             continue
@@ -303,21 +325,29 @@ def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execut
         elif not said.finished and said.hello:
             notes.append(f"command {i}: the test process ended early (exit {result.exit_code}): unreported tests failed")
         setup_ran |= not said.hello
-    return _Ran(runs, notes, ran_before, result, pristine_conftest, refused, moved)
+    present = frozenset(os.path.normpath(os.path.join(ready.inside, os.path.relpath(path, repo)))
+                        for path in watch.present)
+    return _Ran(runs, notes if run == 0 else [f"run {run}: {n}" for n in notes], ran_before, result,
+                pristine_conftest, refused, moved, present)
 
 
-def _count(query: Query, execution_id: str, reports: Path, pristine, neutralised: list[str], observer: Observer,
-           ran: _Ran, inside: str, present: frozenset[str] = frozenset()) -> Score:
-    """The score from what the commands reported: passed pristine cases over `test_case_count`, or
-    tampering, or an evaluator failure when pytest never ran before any workspace code did."""
-    counted = tally(pristine, ran.runs)
-    counted.tampering += [*mismatches(query.test_files, inside, ran.runs, present), *ran.moved]
-    index_failure = observer.finish(counted)
+def _count(query: Query, execution_id: str, reports: Path, pristine: list[PristineFile], neutralised: list[str],
+           rans: list[_Ran], inside: str, finish: Callable[[Tally], str | None]) -> Score:
+    """The score from what both runs reported: passed pristine cases over `test_case_count`, or tampering, or an
+    evaluator failure when pytest never ran before any workspace code did."""
+    counted = tally(pristine, [said for ran in rans for said in ran.runs])
+    for ran in rans:
+        counted.tampering += [*mismatches(query.test_files, inside, ran.runs, ran.present), *ran.moved]
+    index_failure = finish(counted)
     (reports / "results.json").write_text(json.dumps({
         "passed": sorted("::".join((path, *tid)) for path, tid in counted.passed),
         "ignored": counted.ignored, "tampering": counted.tampering, "collect_errors": counted.collect_errors,
+        "mutants": counted.mutants, "cut_by_maxfail": counted.cut,
     }, indent=1) + "\n", encoding="utf-8")
-    return with_runtime(_verdict(query, execution_id, neutralised, ran, counted, index_failure), counted.flags)
+    first = rans[0]
+    merged = _Ran(first.runs, [n for ran in rans for n in ran.notes], first.ran_before, first.last,
+                  first.pristine_conftest, all(ran.settings_refused for ran in rans))
+    return with_runtime(_verdict(query, execution_id, neutralised, merged, counted, index_failure), counted.flags)
 
 
 def _verdict(query: Query, execution_id: str, neutralised: list[str], ran: _Ran, counted: Tally,

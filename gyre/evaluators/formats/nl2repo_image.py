@@ -8,7 +8,8 @@ workspace at `/workspace` and on `PYTHONPATH`. With `sandbox.type: docker` gyre 
 `packages_image.packages_image`, the project itself removed; the same arguments find the same cached image, so
 `gyre rerun-failed` works too), and the evaluation is the local one's (`nl2repo`) in every other respect:
 
-- the copy is made and cleaned by `nl2repo.prepare` (pristine tests with canaries in last, gyre's pinned
+- each run's copy is made and cleaned by `nl2repo.prepare` (that run's variant of the pristine tests in last,
+  `observed.run_pair`; gyre's pinned
   `pytest.ini`, handed to the evaluation's user, `docker_container.evaluation_user()`; pristine files root-owned
   and read-only), then bound at `/workspace` in a new container (`DockerSandbox.around`: no network, no
   capabilities, read-only root, the limits of `SandboxLimits`) with three slots: gyre's plugin (read-only), the
@@ -21,8 +22,8 @@ workspace at `/workspace` and on `PYTHONPATH`. With `sandbox.type: docker` gyre 
 - with `evaluator.network: package-index` the commands reach gyre's allow-listed index proxy through the index
   slot (`container_index`; a fresh ready file per command, the project itself denied), else pip has no index and
   builds without isolation from the image's setuptools;
-- the count and the verdict are `nl2repo`'s (`run_and_count`), the paths the pristine files report are checked
-  against `/workspace`.
+- the runs, the count and the verdict are `nl2repo`'s (`run_both`), the paths the pristine files report are
+  checked against `/workspace`; each run gets a fresh container of the image.
 
 No agent ever ran in this container, so nothing the agent left running takes part (upstream's is fresh too); the
 workspace's own code (its setup commands, the modules the tests import) runs as the evaluation's user. An image
@@ -35,6 +36,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -47,7 +49,7 @@ from gyre.evaluators.environments.own_project import is_the_project
 from gyre.evaluators.environments.toolenv import UV_OFFLINE_ENV
 from gyre.evaluators.formats.container_index import INDEX_DIR, INDEX_SLOT, ContainerIndex
 from gyre.evaluators.formats.in_container import PLUGIN_SLOT, RESULT_DIR, RESULT_SLOT, own, result_fifos
-from gyre.evaluators.formats.nl2repo import Prepared, prepare, recorded, run_and_count
+from gyre.evaluators.formats.nl2repo import Prepared, recorded, run_both
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall
 from gyre.evaluators.integrity.tally import Tally
 from gyre.evaluators.observed import INTERRUPT_GRACE_S, IndexAccess, Observer
@@ -101,24 +103,35 @@ def evaluate_in_image(query: Query, workspace: Path, eval_dir: Path, execution_i
 def _score(query: Query, workspace: Path, eval_dir: Path, execution_id: str, timeout_s: float, image: TaskImage,
            limits: SandboxLimits, deadline_s: float | None, index: IndexAccess | None) -> Score:
     ref, note = image.resolve()  # before the copy: an image that cannot be had is the evaluator's failure
-    box = None
-    try:
-        ready = prepare(query, workspace, eval_dir, execution_id, limits, WORKSPACE_DIR, _hand_over)
-        if isinstance(ready, Score):
-            return ready
+    (eval_dir / "reports").mkdir()
+    notes = [f"in a fresh container of {note}"]
+    denied, failures = Tally(), []  # what each run's index proxy said: the project asked for, its own failures
+
+    @contextmanager
+    def fresh_container(ready: Prepared, run: int):
+        """A new container of the image for run `run`, around its copy; closed after the run."""
         box = DockerSandbox.around(ready.repo, ref, WORKSPACE_DIR,
                                    {PLUGIN_SLOT: PLUGIN_MOUNT, RESULT_SLOT: RESULT_DIR, INDEX_SLOT: INDEX_DIR},
                                    limits, image.cgroup_parent_name)
-        observer = ContainerObserver.open(box, query, index)
         try:
-            notes = [f"in a fresh container of {note}", *observer.image_notes(ready, limits)]
-            observer.plant(ready.pristine)
-            return run_and_count(query, ready, execution_id, timeout_s, limits, deadline_s, observer, notes)
+            observer = ContainerObserver.open(box, query, index)
+            try:
+                listed = observer.image_notes(ready, limits)  # before any workspace code runs in this container
+                if run == 0:
+                    notes.extend(listed)
+                yield observer
+            finally:
+                if (failed := observer.finish(denied)) is not None:
+                    failures.append(failed)
         finally:
-            observer.finish(Tally())  # idempotent clean-up if counting did not get there
-    finally:
-        if box is not None:
             box.close()
+
+    def finish(counted: Tally) -> str | None:
+        counted.tampering += denied.tampering
+        return failures[0] if failures else None
+
+    return run_both(query, workspace, eval_dir, execution_id, timeout_s, limits, deadline_s, WORKSPACE_DIR,
+                    _hand_over, fresh_container, notes, finish)
 
 
 def _hand_over(repo: Path) -> None:
@@ -166,8 +179,8 @@ class ContainerObserver(Observer):
         return self.box.run_as(command, user=_user(self.box), env={"HOME": HOME}, timeout_s=60.0,
                                max_output_bytes=limits.max_output_bytes)
 
-    def plant(self, files, seed: int | None = None) -> None:
-        super().plant(files, seed)
+    def plant(self, files, run: int) -> None:
+        super().plant(files, run)
         own(self.plugin.directory, self.box.eval_user)  # the plan is read by the evaluation's user
 
     def mounts(self) -> tuple:

@@ -11,8 +11,9 @@ any of them are gone; its edits to the code under test stay.
 
 `bash run_tests.sh` runs at the workspace path the images use (`/testbed`), with gyre's
 result plugin (`observed`, `channel`): each test's status comes over a pipe gyre owns,
-never from a file or console output the code under test could write. Hidden test modules
-get canaries (a patched runner is tampering). Upstream's rule (R2E-Gym's grading): a
+never from a file or console output the code under test could write. It runs twice, each run on a
+fresh copy holding its variant of the hidden tests (`observed.run_pair`, `mutants`: a passing mutant
+is tampering); each test's status is read from the run where it is not mutated. Upstream's rule (R2E-Gym's grading): a
 test's key is its node id's parts after the file joined by "." (`TestAdd.test_one`);
 the instance is solved (1.0) iff the number of parsed hidden tests equals the expected
 map's and every expected test ends with its expected status; otherwise 0. An expected key
@@ -35,11 +36,13 @@ from gyre.benchmarks.spec import TaskSpec
 from gyre.evaluators.common import ok, tail, write_log
 from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.workspace_copy import copy_workspace
-from gyre.evaluators.integrity.canaries import PristineFile, test_id
+from gyre.evaluators.integrity.pristine import PristineFile, test_id
 from gyre.evaluators.integrity.channel import TestResult
 from gyre.evaluators.integrity.control import no_verdict
 from gyre.evaluators.integrity.pytest_guard import PLANTED_FILE_NAMES, ROOT_CONFIG_NAMES, neutralise_pytest_config
-from gyre.evaluators.observed import IndexAccess, Observed, Observer, place_pristine, read_sources
+from gyre.evaluators.observed import (
+    IndexAccess, Observed, Observer, plan_pristine, read_sources, retire, write_pristine,
+)
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.layout import SandboxLayout
@@ -68,25 +71,37 @@ def evaluate_r2e(
     too_big = copy_workspace(workspace, repo, limits)
     if too_big is not None:
         return ok(execution_id, 0.0, too_big, total=total)
-    neutralise_pytest_config(repo)
-    restored = _restore_pristine_config(Path(query.start_dir), repo) if query.start_dir else 0
     workdir = WORKDIR if isolation.bwrap else None  # without bubblewrap: its host path (run_tests.sh must not care)
     inside = workdir or str(repo)
-    pristine = place_pristine(repo, read_sources(Path(query.hidden_tests_dir), query.test_files), inside,
-                              random.Random(secrets.randbits(64)))
+    pristine = plan_pristine(read_sources(Path(query.hidden_tests_dir), query.test_files), inside,
+                             random.Random(secrets.randbits(64)))
     reports.mkdir()
     scratch.mkdir()
     observer = Observer.create(eval_dir, isolation, index, plugin_dists=task_plugins(query))
-    # upstream's run_tests.sh runs `.venv/bin/python -m pytest`: the evaluation's own environment,
-    # never one the agent left in the workspace (a fake `python` there would decide the result)
-    clear_path(repo, ".venv").symlink_to(observer.env.inside)
-    isolation.hand_over(repo)
-    protect(repo, query.test_files)
     layout = SandboxLayout(workdir=workdir, mounts=observer.mounts())
     (command,) = query.test_commands
-    seen = observer.run_single(command, pristine, workspace=repo, scratch=scratch, layout=layout,
-                               env=sandbox_env(Path(layout.inside(repo))), limits=limits, timeout_s=timeout_s)
-    write_log(reports / "command_0.log", command, seen.result)
+    restored = 0
+
+    def place(run: int) -> dict:
+        nonlocal restored
+        if run:  # a fresh copy and scratch space at the same paths
+            retire(eval_dir, run - 1, ("repo", "tmp"))
+            copy_workspace(workspace, repo, limits)
+            scratch.mkdir()
+        neutralise_pytest_config(repo)
+        restored = _restore_pristine_config(Path(query.start_dir), repo) if query.start_dir else 0
+        write_pristine(repo, pristine, run)
+        # upstream's run_tests.sh runs `.venv/bin/python -m pytest`: the evaluation's own environment,
+        # never one the agent left in the workspace (a fake `python` there would decide the result)
+        clear_path(repo, ".venv").symlink_to(observer.env.inside)
+        isolation.hand_over(repo)
+        protect(repo, query.test_files)
+        return dict(workspace=repo, scratch=scratch, layout=layout, env=sandbox_env(Path(layout.inside(repo))),
+                    limits=limits, timeout_s=timeout_s)
+
+    seen = observer.run_pair(command, pristine, place)
+    for run, result in enumerate(seen.runs):
+        write_log(reports / f"command_0{'' if run == 0 else f'.run{run}'}.log", command, result)
     return r2e_verdict(execution_id, spec, seen, pristine, command, timeout_s,
                        f"restored {restored} config files")
 
@@ -107,9 +122,9 @@ def r2e_verdict(execution_id: str, spec: TaskSpec, seen: Observed, pristine: lis
                                    total=total))
         why = f"{command!r} exited {result.exit_code} without starting pytest: {tail(result)}"
         return seen.flagged(no_verdict(execution_id, why))
-    files = {f.inside for f in pristine}
-    statuses = {r.nodeid: _status(r) for r in said.results.values()
-                if r.path in files and not _is_canary(r.nodeid, pristine)}
+    files = {f.inside: f for f in pristine}
+    statuses = {r.nodeid: _status(r) for channel in seen.channels for r in channel.results.values()
+                if r.path in files and files[r.path].scoring_run(test_id(r.nodeid)) == channel.run}
     mismatches = []
     for test, expected in spec.expected_statuses.items():
         got = _status_of(test, statuses)
@@ -129,11 +144,6 @@ def _status(result: TestResult) -> str:
     if result.outcome == "passed" and "call" not in result.phases:
         return "FAILED"
     return _STATUS[result.outcome]
-
-
-def _is_canary(nodeid: str, pristine: list[PristineFile]) -> bool:
-    tid = test_id(nodeid)
-    return len(tid) == 1 and any(tid[0] in f.canaries.names for f in pristine)
 
 
 def _restore_pristine_config(pristine: Path, repo: Path) -> int:

@@ -3,26 +3,33 @@
 A JUnit report is a file inside the sandbox: agent code running in the test process can
 rewrite it at exit, write it and `os._exit(0)`, or delete it to turn a zero into a
 dropped sample. So every test command gets an inherited pipe opened before any agent
-code runs, and a tiny pytest plugin of gyre's (`PLUGIN_SOURCE`, written read-only under a
+code runs, and a tiny pytest plugin of gyre's (`inprocess/plugin.py`, copied read-only under a
 random module name per evaluation, loaded with `-p`, plugin autoloading off) sends each
 result on it as it happens, one JSON line each:
 
-    {"event": "hello", "pid": ...}                 the plugin is loaded: the tools work
+    {"event": "hello", "pid", "optimize"}          the plugin is loaded: the tools work (`optimize`:
+                                                   `python -O`, assertions stripped)
+    {"event": "maxfail", "n"}                      the command asked for `-x` / `--maxfail=n`: lifted,
+                                                   the tally applies it (`tally`)
     {"event": "session"}                           the session starts (before collection)
     {"event": "collecting"}                        the first node below the session is collected:
                                                    from here on, test modules (and the workspace's
                                                    code they import) may run
-    {"event": "report", "nodeid", "path", "when", "outcome", "xfail", "subtest", "copy", "index", "maker"}
+    {"event": "report", "nodeid", "path", "when", "outcome", "xfail", "subtest", "copy", "index", "maker",
+     "message"}
                                                    each test phase (and each subtest of its call,
                                                    `subtest` true); `path` is the pristine file's when
                                                    the module is one, or a copy of one (`copy` true);
                                                    `index`: the item's place among the collected ones
                                                    (a custom collector may give several one node id);
-                                                   `maker`: where a non-function item's class is from
+                                                   `maker`: where a non-function item's class is from;
+                                                   `message`: a failed call's first lines (`assert 7 == 3`)
     {"event": "plugin", "name", "dist"}           a plugin of a distribution the task's scripts install,
                                                    loaded by name (`needs.task_plugins`)
     {"event": "forged", "nodeid", "raised"}       a test whose call raised (seen by a wrapper registered
                                                    after every conftest, innermost) reported passed
+    {"event": "sealed", "detail"}                  the runner changed after configure (a plugin registered by
+                                                   the workspace's code, a hook added or rewired)
     {"event": "collect_error", "nodeid", "path"}   a module that failed to import
     {"event": "collected", "items"}                collection finished (reports may follow)
     {"event": "finish", "exitstatus": ...}         the session ended (0/1: it ran to the end)
@@ -47,8 +54,9 @@ patch pytest. Both are caught, not prevented: a phase reported twice for one tes
 `conflicts` (forging on the pipe), as is any report out of pytest's own order (before
 collection finished, for a second test while one is running, phases out of order), so is a test
 reported passed whose call raised (a `pytest_runtest_makereport` hook in a conftest or found through
-`gc` that flips outcomes: the "forged" message), and the canaries (`gyre.evaluators.integrity.canaries`)
-catch a patched runner.
+`gc` that flips outcomes: the "forged" message), a plugin registered or a hook rewired after configure
+is the plugin's "sealed" message, and the mutants (`gyre.evaluators.integrity.mutants`) catch a patched
+runner however it was patched.
 """
 
 from __future__ import annotations
@@ -67,6 +75,8 @@ MAX_MESSAGES = 200_000
 MAX_LINE_BYTES = 16_384
 MAX_AUDITS = 400
 """Runtime-monitor records kept per command (the plugin sends at most 20 places per kind)."""
+MAX_FAILURE_CHARS = 400
+"""Of a failing call's message kept (`TestResult.message`)."""
 PLUGIN_MOUNT = "/gyre-eval"
 FD_ENV = "GYRE_RESULT_FD"
 PATH_ENV = "GYRE_RESULT_PATH"
@@ -85,6 +95,10 @@ class TestResult:
     phases: set[str] = field(default_factory=set)
     key: str = ""
     """Its key in `ChannelResults.results`: the node id, or `nodeid#index` for a second item of the same id."""
+    index: int | None = None
+    """Its place among the session's collected items (the order it ran in)."""
+    message: str = ""
+    """The first lines of its call's failure (`assert 7 == 3`): what the code under test computed (`mutants.shows`)."""
     maker: str | None = None
     """For an item that is no test function (a custom collector's: docopt-ng's `.docopt` cases), the file its
     class's functions were compiled from: it counts only when that is a pristine conftest."""
@@ -128,6 +142,15 @@ class ChannelResults:
     audit_only: bool = False
     """This is an audit pipe: any process may write on it, so only "audit" lines are read and nothing else on it
     is evidence of anything."""
+    maxfail: int = 0
+    """The `-x` / `--maxfail` the command asked for: gyre's plugin lets every test run (a mutant's failure must
+    not stop the run) and `tally` cuts the run where pytest would have stopped."""
+    optimized: bool = False
+    """The interpreter runs with `-O` (assertions stripped): a mutant passing says nothing."""
+    run: int = 0
+    """Which of the evaluation's runs this command belongs to (`mutants`); set by the caller."""
+    command: int = 0
+    """The command's place in its run; set by the caller."""
     truncated: bool = False
     stopped: bool = False
     """Set by the caller: the command was stopped from outside, by its timeout or a limit (the signal
@@ -139,6 +162,7 @@ class ChannelResults:
             return
         if event == "hello":
             self.hello = True
+            self.optimized = message.get("optimize") not in (0, None)
         elif event == "session":
             self.session = True
             self.collected, self.running, self._owners = False, None, {}
@@ -155,6 +179,11 @@ class ChannelResults:
             self.collect_errors.append(str(message.get("nodeid")))
         elif event == "report":
             self._add_report(message)
+        elif event == "maxfail":
+            count = message.get("n")
+            self.maxfail = count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
+        elif event == "sealed":
+            self.conflicts.append(f"the test runner changed: {str(message.get('detail'))[:300]}")
         elif event == "plugin":
             self.plugins.append(f"{str(message.get('name'))[:80]} ({str(message.get('dist'))[:80]})")
         elif event == "forged":
@@ -174,9 +203,11 @@ class ChannelResults:
         nodeid, when, outcome = (str(message.get(k)) for k in ("nodeid", "when", "outcome"))
         key = self._key(nodeid, message.get("index"))
         maker = message.get("maker")
-        result = self.results.setdefault(key, TestResult(nodeid, str(message.get("path")),
-                                                         copy=message.get("copy") is True, key=key,
-                                                         maker=maker if isinstance(maker, str) else None))
+        index = message.get("index")
+        result = self.results.setdefault(key, TestResult(
+            nodeid, str(message.get("path")), copy=message.get("copy") is True, key=key,
+            index=index if isinstance(index, int) and not isinstance(index, bool) else None,
+            maker=maker if isinstance(maker, str) else None))
         if message.get("subtest") is True:
             self._add_subtest(key, when, outcome, result)
             return
@@ -188,6 +219,8 @@ class ChannelResults:
         result.phases.add(when)
         if outcome == "failed":
             result.outcome = "failed" if when == "call" else "error"
+            if when == "call" and isinstance(message.get("message"), str):
+                result.message = message["message"][:MAX_FAILURE_CHARS]
         elif outcome == "skipped" and result.outcome == "passed":
             result.outcome = "skipped"
         if message.get("xfail") and result.outcome == "passed" and when == "call":
@@ -349,29 +382,17 @@ class PluginInstall:
             (directory / target).write_bytes(inprocess_source(module))
         return cls(name, directory)
 
-    def write_plan(self, files: Iterable, seed: int) -> None:
-        """The canaries of the pristine test modules (`canaries.PristineFile`), read by the plugin at load:
-        `<name>.json` beside it, by each module's sha256; and every pristine file's path (the runtime monitor
-        counts their code as the tests', not the workspace's)."""
+    def write_plan(self, files: Iterable, run: int) -> None:
+        """What the plugin and the monitor read at load, `<name>.json` beside them: every pristine file's path as
+        placed (the runtime monitor counts their code as the tests', not the workspace's), which of them are test
+        code, and the sha256 of each as run `run` sees it (`PristineFile.variant`: a copy of one elsewhere is
+        found by its content). Nothing in it says which tests carry a mutation."""
         files = list(files)
-        plan = {"seed": seed, "protected": [f.inside for f in files],
-                "test_code": [f.inside for f in files if f.tests or f.canaries.sources
-                              or PurePosixPath(f.inside).name == "conftest.py"],
-                "sha256": sorted({f.sha256 for f in files if f.sha256 and f.inside.endswith(".py")}),
-                "files": [
-            {"inside": f.inside, "sha256": f.sha256,  # a must-pass one first: the plugin puts it after the last test
-             "canaries": [list(c) for c in sorted(f.canaries.sources, key=lambda c: c[0] in f.canaries.must_fail)],
-             "mutants": [[*m[:3], self._mutant_file(f.inside, m)] for m in f.canaries.mutants],
-             "must_fail": sorted(f.canaries.must_fail)} for f in files if f.canaries.sources]}
+        plan = {"protected": [f.inside for f in files],
+                "test_code": [f.inside for f in files if f.tests or PurePosixPath(f.inside).name == "conftest.py"],
+                "sha256": sorted({f.sha256(run) for f in files if f.inside.endswith(".py")}),
+                "files": [{"inside": f.inside, "sha256": f.sha256(run)} for f in files if f.tests]}
         (self.directory / f"{self.name}.json").write_text(json.dumps(plan), encoding="utf-8")
-
-    def _mutant_file(self, inside: str, mutant: tuple[str, str, str, str]) -> str:
-        """Write a mutant's module text (`mutants.Mutant.file_for`) beside the plugin, under its module's own file
-        name; returns its path relative to the plugin's directory (the plugin shows it where it is mounted)."""
-        rel = f"m_{mutant[0]}/{PurePosixPath(inside).name}"
-        (self.directory / rel).parent.mkdir(exist_ok=True)
-        (self.directory / rel).write_text(mutant[3], encoding="utf-8")
-        return rel
 
     def env(self, path: str = PLUGIN_MOUNT, extra_addopts: Iterable[str] = ()) -> dict[str, str]:
         """Environment for a test command: our plugin only, by name, from `path` (the read-only mount)."""

@@ -36,7 +36,7 @@ configuration file of our own:
 Hidden test files are copied in afterwards, so a `conftest.py` that belongs to the
 benchmark survives. What this cannot stop: code under test runs inside the pytest
 process, so a solution that deliberately patches pytest at import time can still forge
-results; the result channel and canaries (`gyre.evaluators.integrity.channel`, `canaries`) catch it.
+results; the result channel and the mutants (`gyre.evaluators.integrity.channel`, `mutants`) catch it.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ KEPT_AT_ROOT = frozenset({"pyproject.toml", "setup.cfg", "tox.ini", "conftest.py
 """With `keep_root`: root files whose pytest settings the pin carries on (and which builds need), and the
 root `conftest.py`: the project's fixtures (deepdiff's tests need the ones its root conftest defines).
 It runs in the pytest process as the project's own modules do; what it could forge is detected, not
-prevented (`channel`'s "forged" message, the canaries)."""
+prevented (`channel`'s "forged" message, the mutants)."""
 GYRE_PYTEST_INI = """\
 # Written by gyre's evaluator: pins pytest's rootdir to this repository, so configuration
 # planted by the agent or lying above the repository is never read. The project's own root

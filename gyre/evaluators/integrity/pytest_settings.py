@@ -27,7 +27,7 @@ import shlex
 import tomllib
 from pathlib import Path
 
-from gyre.evaluators.integrity.canaries import DEFAULT_PYTHON_FILES
+from gyre.evaluators.integrity.pristine import DEFAULT_PYTHON_FILES
 
 SettingValue = str | list[str]
 

@@ -28,7 +28,7 @@ each kind on solved workspaces; docs/benches.md has the numbers).
 
 Blind spots: code that is not Python; the workspace's code installed into the environment's own
 site-packages by a setup command (it reads as the environment's); instance attributes of pytest's
-objects (no audit event; the canaries and the "forged" message cover the runner).
+objects (no audit event; the mutants, the sealed runner and the "forged" message cover the runner).
 """
 
 from __future__ import annotations

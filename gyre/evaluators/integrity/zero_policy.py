@@ -15,17 +15,17 @@ is a false-zero factory, so on real benchmarks `zero` acts on:
   only: freezegun rightly swaps the standard library's `time` functions `_pytest.timing` holds);
 - `test-source` on Terminal-Bench and Harbor (an application's tests, none of 34 real
   aider-polyglot solutions reads them), not on NL2RepoBench or R2E (libraries, see above): there a
-  caller-literal reader is caught by the mutation canaries instead (it reads their changed value,
-  from the frame or from the file `PYTEST_CURRENT_TEST` names, and passes them);
+  caller-literal reader is caught by the mutants instead (it reads their changed value, from the
+  frame or from the file `PYTEST_CURRENT_TEST` names, and passes them);
 - `copied-installed-file`: a verbatim copy of a package installed in gyre's own environment,
   which the agent's sandbox can read (on NL2RepoBench the copy is the upstream answer itself; the
   bench's real sources of jinja, tqdm, six and python-dotenv are such copies, since gyre installs
   those releases: there it is the check working, not a false positive an agent would meet).
 
 The rest stay recorded flags (`Score.flags`, the `executions.flags` column): evidence for a
-reader, not a verdict. What catches the same forgeries at run time instead: the mutation and
-literal canaries (an always-equal object, a flipped report), the innermost "forged" check (a hook
-that flips outcomes), the ordering checks on the pipe, the sealed environment.
+reader, not a verdict. What catches the same forgeries at run time instead: the mutants (an
+always-equal object, a flipped report), the innermost "forged" check (a hook that flips outcomes),
+the sealed runner, the ordering checks on the pipe, the sealed environment.
 
 The tiny benchmark (`gyre.benchmarks.tiny`, single functions gyre generates, benchmark name
 "tiny") keeps every flag acting: no tiny solution needs frames, hooks, `__getattr__` or a

@@ -78,6 +78,8 @@ def _trusted_dirs():
 
 
 _TRUSTED = _trusted_dirs()
+_GYRE = _os.path.dirname(_os.path.abspath(__file__)) + _os.sep
+"""The read-only directory gyre wrote its plugin and this monitor into."""
 _WRAPPERS = ("inspect.py", "linecache.py", "tokenize.py", "pathlib.py", "shutil.py", "threading.py", "functools.py",
              "contextlib.py", "ctypes" + _os.sep, "importlib" + _os.sep, "_pytest" + _os.sep + "monkeypatch.py")
 _FROZEN_WRAPPERS = ("<frozen importlib", "<frozen os>", "<frozen codecs>", "<frozen posixpath>",
@@ -120,6 +122,8 @@ def _classify(filename):
     path = _os.path.normpath(_os.path.join(_HERE, filename))
     if path in _PROTECTED or _os.path.realpath(path) in _PROTECTED:
         return "test"
+    if path.startswith(_GYRE):
+        return "trusted"  # gyre's plugin and this monitor, wherever the evaluation put them
     for d in _TRUSTED:
         if path.startswith(d):
             rest = path[len(d):]
@@ -153,6 +157,39 @@ def _actor(frame):
             return kind, code.co_filename, frame.f_lineno
         frame = frame.f_back
     return "trusted", "", 0
+
+
+def workspace_frame(frame):
+    """(file, line) of the innermost frame from `frame` outward whose code is the workspace's, or None: whoever is
+    behind a call, however many frames of pytest or the standard library lie between (gyre's plugin asks it who
+    registered a plugin). Only frames inside pytest's own outermost one count: what started pytest (its console
+    script, in a venv a task's script made under the workspace) is not behind the call."""
+    me = _threadmod.get_ident()
+    _BUSY.add(me)
+    try:
+        runner = _runner_homes()
+        stack = []
+        while frame is not None:
+            stack.append(frame)
+            frame = frame.f_back
+        outermost = max((i for i, f in enumerate(stack) if f.f_code.co_filename.startswith(runner)), default=-1)
+        for frame in stack[:outermost + 1]:
+            code = frame.f_code
+            kind = _KIND.get(code.co_filename)
+            if kind is None:
+                kind = _KIND[code.co_filename] = _classify(code.co_filename)
+            if kind == "ws" and not code.co_filename.startswith(runner):
+                return code.co_filename, frame.f_lineno
+        return None
+    finally:
+        _BUSY.discard(me)
+
+
+def _runner_homes():
+    """The directories the running pytest and pluggy were loaded from: the runner's own frames, wherever a task's
+    script installed it (Terminal-Bench's `run-tests.sh` makes a venv under the workspace)."""
+    files = [getattr(_sys.modules.get(n), "__file__", None) for n in ("_pytest", "pluggy")]
+    return tuple(_os.path.dirname(f) + _os.sep for f in files if isinstance(f, str)) or ("\0",)
 
 
 _NOTED = set()

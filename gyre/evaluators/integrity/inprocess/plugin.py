@@ -1,210 +1,238 @@
-"""gyre's result channel for this evaluation (written by the evaluator, read-only)."""
+"""gyre's pytest plugin for one evaluation: a read-only copy, loaded by name with `-p` (autoloading off).
+
+What it sends on the result pipe and why: `gyre.evaluators.integrity.channel`'s docstring. What it does
+beyond reporting:
+
+- a standard library module is always the standard library's (`_StdlibFirst`): a workspace's `pdb.py`
+  never loads in its place;
+- the runner is sealed. After configure, every change to pytest's plugin manager is checked: a plugin
+  registered while the workspace's code is on the stack (`monitor.workspace_frame`), a hook
+  implementation added without a registration, one whose function was swapped, a hook caller or the
+  manager's hook executor replaced. Each is sent as "sealed" (tampering) when seen: at every report and at
+  the session's end. Nothing of the plugin is reachable through a module global but its hook functions:
+  its state lives in their closures;
+- `-x` / `--maxfail` are lifted (a mutant's failure must not stop the run) and sent, so that the tally
+  cuts the run where pytest would have stopped (`tally`);
+- a test reported passed whose call raised (seen by an innermost wrapper registered after every conftest)
+  is sent as "forged";
+- modules loaded from under the rootdir are listed (`origins`).
+
+Loaded as gyre's own module (`gyre.evaluators.integrity.inprocess.plugin`) it does nothing: `_start` runs
+only in an evaluation's copy, a top-level module.
+"""
+
 import json as _json
 import os as _os
 import sys as _sys
 
-_FD = (int(_os.environ.pop("GYRE_RESULT_FD")) if "GYRE_RESULT_FD" in _os.environ
-       else _os.open(_os.environ.pop("GYRE_RESULT_PATH"), _os.O_WRONLY))  # a FIFO: `docker exec` passes no fd
-_os.environ.pop("PYTHONSAFEPATH", None)
-_ARGV = list(getattr(_sys, "orig_argv", []))
-_M_PYTEST = "-m" in _ARGV and _ARGV[_ARGV.index("-m") + 1 : _ARGV.index("-m") + 2] == ["pytest"]
-import pytest as _pt  # already imported by pytest itself, before the line below
 
-if _M_PYTEST or _os.environ.get("GYRE_CWD_ON_PATH") == "1":
-    _sys.path.insert(0, _os.getcwd())  # what `python -m pytest` (or the task's PYTHONPATH) puts first
+def _start():
+    """Open the pipe, say hello, and return the plugin's hook implementations (their state in closures)."""
+    import pytest
+
+    fd = (int(_os.environ.pop("GYRE_RESULT_FD")) if "GYRE_RESULT_FD" in _os.environ
+          else _os.open(_os.environ.pop("GYRE_RESULT_PATH"), _os.O_WRONLY))  # a FIFO: `docker exec` passes no fd
+    _os.environ.pop("PYTHONSAFEPATH", None)
+    argv = list(getattr(_sys, "orig_argv", []))
+    m_pytest = "-m" in argv and argv[argv.index("-m") + 1: argv.index("-m") + 2] == ["pytest"]
+    if m_pytest or _os.environ.get("GYRE_CWD_ON_PATH") == "1":
+        _sys.path.insert(0, _os.getcwd())  # what `python -m pytest` (or the task's PYTHONPATH) puts first
+    _stdlib_first()
+    dumps, write = _json.dumps, _os.write  # bound now: later patches of json or os do not reach them
+
+    def send(**message):
+        data = (dumps(message) + "\n").encode()
+        while data:
+            data = data[write(fd, data):]
+
+    send(event="hello", pid=_os.getpid(), optimize=_sys.flags.optimize)
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    mon = __import__(__name__ + "_monitor")  # gyre's runtime monitor: sitecustomize loaded it already
+    mon.bind(fd)  # where its records go if the command has no audit pipe
+    mon.watch_channel(fd)
+    find = _plan(here)
+    origin = {}  # node id -> (the pristine file's path as placed, whether its module is a copy of it)
+    plugin_dists = {n for n in _os.environ.pop("GYRE_PLUGIN_DISTS", "").split(",") if n}
+    cwd = _os.path.realpath(_os.getcwd()) + _os.sep
+    root = []  # the rootdir, once configured
+    seal = _Seal(send, mon)
+    raised, index, maker, current, collecting = {}, {}, {}, [], []
+    module = _sys.modules[__name__]
+
+    def path_of(nodeid):
+        found = origin.get(nodeid)
+        return found[0] if found else _os.path.join(root[0] if root else "", nodeid.split("::", 1)[0])
+
+    def send_modules():
+        """Where each module loaded from under the rootdir came from (`gyre.evaluators.integrity.origins`)."""
+        under = (root[0] if root else "/") + _os.sep
+        found = [[name, f] for name, m in list(_sys.modules.items())
+                 if isinstance(f := getattr(m, "__file__", None), str) and f.startswith(under)]
+        for i in range(0, len(found), 40):
+            send(event="modules", modules=found[i:i + 40])
+
+    def pytest_addhooks(pluginmanager):
+        """Load the pytest plugins of the distributions the task's own scripts install (`GYRE_PLUGIN_DISTS`,
+        autoloading stays off), before pytest parses its arguments (`--ctrf`); never one installed under the
+        command's working directory (the workspace)."""
+        if not plugin_dists:
+            return
+        import re
+        from importlib import metadata
+        for point in metadata.entry_points(group="pytest11"):
+            dist = point.dist
+            if dist is None or re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower() not in plugin_dists:
+                continue
+            where = _os.path.realpath(str(dist.locate_file(""))) + _os.sep
+            if where.startswith(cwd) or pluginmanager.is_blocked(point.name) or pluginmanager.get_plugin(point.name):
+                continue
+            pluginmanager.register(point.load(), point.name)
+            send(event="plugin", name=point.name, dist=dist.metadata["Name"])
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_configure(config):
+        root[:] = [str(config.rootpath)]
+        limit = config.getoption("maxfail", 0) or 0
+        if limit:
+            send(event="maxfail", n=int(limit))
+            config.option.maxfail = 0  # every test runs; the tally stops where pytest would have
+        seal.close(config.pluginmanager)
+
+    def pytest_plugin_registered(plugin, manager):
+        if plugin is module and not mon.HOOKS:  # ours: what pluggy calls for each of our hooks
+            mon.HOOKS.extend((impl, impl.function) for caller in manager.get_hookcallers(plugin) or ()
+                             for impl in caller.get_hookimpls() if impl.plugin is plugin)
+        seal.registered(plugin, manager)
+
+    def pytest_sessionstart(session):
+        send(event="session")
+
+    def pytest_collectstart(collector):
+        if collector.nodeid and not collecting:
+            collecting.append(True)
+            send(event="collecting")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(session, config, items):
+        """Copies of pristine modules (found by their content: a task script may copy them) are test code."""
+        spans = {}
+        for i, item in enumerate(items):
+            owner = item.getparent(pytest.Module) if isinstance(item, pytest.Function) else None
+            if owner is not None:
+                spans.setdefault(owner, []).append(i)
+        for owner, places in spans.items():
+            entry = find(owner.path)
+            if entry is None:
+                continue
+            if entry[1]:
+                mon.protect([str(owner.path)], [str(owner.path)])
+            for i in places:
+                origin[items[i].nodeid] = entry
+
+    class Innermost:
+        """Registered after every conftest has loaded, so its trylast wrapper sits closest to the test itself:
+        what the test's call really raised, before any other plugin's wrapper could swallow it."""
+
+        @pytest.hookimpl(hookwrapper=True, trylast=True)
+        def pytest_runtest_call(self, item):
+            mon.check_patched()
+            raised.pop(item.nodeid, None)
+            outcome = yield
+            error = outcome.excinfo[1] if outcome.excinfo else None
+            if error is not None and not isinstance(error, (pytest.skip.Exception, pytest.xfail.Exception)):
+                raised[item.nodeid] = type(error).__name__
+
+    def pytest_collection_finish(session):
+        mon.check_patched(full=True)
+        session.config.pluginmanager.register(Innermost(), "gyre-innermost-" + _os.urandom(6).hex())
+        index.update((id(item), i) for i, item in enumerate(session.items))
+        maker.update((item.nodeid, _maker(type(item))) for item in session.items if not isinstance(item, pytest.Function))
+        send_modules()
+        send(event="collected", items=len(session.items))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(item, nextitem):
+        current[:] = [index.get(id(item))]
+        mon.forget_sources()
+
+    def pytest_collectreport(report):
+        if report.failed:
+            send(event="collect_error", nodeid=report.nodeid, path=path_of(report.nodeid))
+
+    def pytest_runtest_logreport(report):
+        if report.when == "call":
+            mon.check_patched()
+        seal.check()
+        subtest = type(report).__name__ == "SubtestReport"
+        failed = raised.get(report.nodeid) if report.when == "call" else None
+        if failed and report.passed and not subtest:
+            send(event="forged", nodeid=report.nodeid, raised=failed)
+        found = origin.get(report.nodeid)
+        said = ""
+        if report.failed and report.when == "call":  # what the assertion compared (`assert 7 == 3`)
+            crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+            said = str(getattr(crash, "message", ""))[:400]
+        send(event="report", nodeid=report.nodeid, path=path_of(report.nodeid), when=report.when,
+             outcome=report.outcome, xfail=hasattr(report, "wasxfail"), subtest=subtest,
+             copy=bool(found and found[1]), index=current[0] if current else None, maker=maker.get(report.nodeid),
+             message=said)
+
+    def pytest_sessionfinish(session, exitstatus):
+        mon.check_patched(full=True)
+        seal.check()
+        send_modules()
+        send(event="finish", exitstatus=int(exitstatus))
+
+    return {name: value for name, value in locals().items() if name.startswith("pytest_")}
 
 
-def _stdlib_dirs():
+def _stdlib_first():
+    """A standard library module is always the standard library's: a workspace's `pdb.py` (or one on a directory
+    pytest puts first later) never loads in its place (a PEP 451 finder, before the path finder)."""
+    import importlib.machinery
     import sysconfig
     dirs = [d for d in dict.fromkeys(sysconfig.get_path(k) for k in ("stdlib", "platstdlib")) if d]
-    return dirs + [_os.path.join(d, "lib-dynload") for d in dirs if _os.path.isdir(_os.path.join(d, "lib-dynload"))]
+    dirs += [_os.path.join(d, "lib-dynload") for d in dirs if _os.path.isdir(_os.path.join(d, "lib-dynload"))]
+
+    class _StdlibFirst:
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            if path is None and name in _sys.stdlib_module_names and name != "test":  # `test/`: a project's tests
+                return importlib.machinery.PathFinder.find_spec(name, dirs)
+            return None
+
+    _sys.meta_path.insert(next((i for i, f in enumerate(_sys.meta_path) if getattr(f, "__name__", "") == "PathFinder"),
+                               len(_sys.meta_path)), _StdlibFirst)
 
 
-class _StdlibFirst:
-    """A standard library module is always the standard library's: a workspace's `pdb.py` (or one on a
-    directory pytest puts first later) never loads in its place (PEP 451 finder, before the path finder)."""
-
-    _DIRS = _stdlib_dirs()
-
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        if path is None and name in _sys.stdlib_module_names and name != "test":  # `test/`: a project's tests
-            import importlib.machinery
-            return importlib.machinery.PathFinder.find_spec(name, cls._DIRS)
-        return None
-
-
-_sys.meta_path.insert(next((i for i, f in enumerate(_sys.meta_path) if getattr(f, "__name__", "") == "PathFinder"),
-                           len(_sys.meta_path)), _StdlibFirst)
-
-_dumps, _write = _json.dumps, _os.write  # bound now: later patches of json or os do not reach them
-
-
-def _send(_dumps=_dumps, _write=_write, _fd=_FD, **message):
-    """One message on the pipe. Every function here holds the sender (and what it uses) it was defined with, as a
-    default: replacing a name in this module (found through `sys.modules`) changes nothing (the monitor names it)."""
-    data = (_dumps(message) + "\n").encode()
-    while data:
-        data = data[_write(_fd, data):]
-
-
-_send(event="hello", pid=_os.getpid())
-
-
-def _path(config, nodeid):
-    origin = _ORIGIN.get(nodeid)
-    return origin[0] if origin else str(config.rootpath / nodeid.split("::", 1)[0])
-
-
-def _load_plan():
-    """The canaries gyre planned, by the sha256 of the pristine module they belong to, and every pristine
-    file's path as placed (read once, now)."""
+def _plan(here):
+    """A function telling, for a module's file, (the pristine file's path as placed, whether the module is a copy of
+    it), or None: found by content, from the plan the evaluator wrote beside the plugin
+    (`channel.PluginInstall.write_plan`)."""
     try:
-        with open(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), __name__ + ".json"), "rb") as f:
+        with open(_os.path.join(here, __name__ + ".json"), "rb") as f:
             plan = _json.loads(f.read())
     except FileNotFoundError:
-        return {}, 0
+        plan = {}
     by_hash = {}
-    for entry in plan["files"]:
-        by_hash.setdefault(entry["sha256"], []).append(entry)
-    return by_hash, plan["seed"]
+    for entry in plan.get("files", ()):
+        by_hash.setdefault(entry["sha256"], []).append(entry["inside"])
 
+    def find(path):
+        import hashlib
+        if not by_hash:
+            return None
+        try:
+            with open(path, "rb") as f:
+                places = by_hash.get(hashlib.sha256(f.read()).hexdigest())
+        except OSError:
+            return None
+        if not places:
+            return None
+        inside = str(path) if str(path) in places else places[0]
+        return inside, inside != str(path)
 
-_PLAN, _SEED = _load_plan()
-_ORIGIN = {}  # node id -> (the pristine file's path as placed, whether this module is a copy of it)
-_mon = __import__(__name__ + "_monitor")  # gyre's runtime monitor (`monitor.py`): sitecustomize loaded it
-_mon.bind(_FD)  # where its records go if the command has no audit pipe
-_mon.watch_channel(_FD)
-
-
-def _pristine(path):
-    """The plan's entry for the module at `path` (found by its content: a task script may copy it), or None."""
-    import hashlib
-    try:
-        with open(path, "rb") as f:
-            entries = _PLAN.get(hashlib.sha256(f.read()).hexdigest())
-    except OSError:
-        return None
-    if not entries:
-        return None
-    return next((e for e in entries if e["inside"] == str(path)), entries[0])
-
-
-@_pt.hookimpl(trylast=True)
-def pytest_collection_modifyitems(session, config, items):
-    """The canaries, as collected items at random places among their module's tests (after every other
-    plugin chose and ordered them); the must-fail ones xfail(strict=True)."""
-    import builtins
-    import random
-    rng = random.Random(_SEED)
-    spans = {}
-    for index, item in enumerate(items):
-        module = item.getparent(_pt.Module) if isinstance(item, _pt.Function) else None
-        if module is not None:
-            spans.setdefault(module, []).append(index)
-    inserts = []
-    for module, indices in spans.items():
-        entry = _pristine(module.path) if _PLAN else None
-        if entry is None:
-            continue
-        origin = (entry["inside"], entry["inside"] != str(module.path))
-        if origin[1]:
-            _mon.protect([str(module.path)], [str(module.path)])  # a copy of a pristine module: test code
-        for index in indices:
-            _ORIGIN[items[index].nodeid] = origin
-        for k, (name, source) in enumerate(entry["canaries"]):
-            namespace = {}
-            exec(compile(source, str(module.path), "exec"), {"__builtins__": builtins}, namespace)
-            canary = _pt.Function.from_parent(module, name=name, callobj=namespace[name])
-            if name in entry["must_fail"]:
-                canary.add_marker(_pt.mark.xfail(strict=True))
-            _ORIGIN[canary.nodeid] = origin
-            # one must-pass canary after the module's last test (reports forged for the rest of the file, then
-            # an exit, always leave it missing); the others anywhere among them ("spare the last N" misses them)
-            last = k == 0 and name not in entry["must_fail"]
-            inserts.append((indices[-1] + 1 if last else rng.randint(indices[0], indices[-1] + 1), canary))
-        for name, function, source, text in entry.get("mutants", ()):  # copies of real tests, one literal changed
-            namespace = {}  # compiled as from the changed module's text written beside this plugin
-            where = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), text)
-            exec(compile(source, where, "exec"), module.obj.__dict__, namespace)
-            canary = _pt.Function.from_parent(module, name=name, callobj=namespace[function])
-            nodeid = where + "::" + name  # what PYTEST_CURRENT_TEST shows: the file holding the change
-            if hasattr(canary, "_id"):  # pytest >= 9.1 keeps a structured node id
-                canary._id = type(canary._id).parse(nodeid)
-            else:
-                canary._nodeid = nodeid
-            canary.add_marker(_pt.mark.xfail(strict=True))
-            _ORIGIN[canary.nodeid] = origin
-            inserts.append((rng.randint(indices[0], indices[-1]), canary))
-    for position, canary in sorted(inserts, key=lambda pair: -pair[0]):
-        items.insert(position, canary)
-
-
-_PLUGIN_DISTS = {n for n in _os.environ.pop("GYRE_PLUGIN_DISTS", "").split(",") if n}
-_CWD = _os.path.realpath(_os.getcwd()) + _os.sep
-
-
-def pytest_addhooks(pluginmanager, _send=_send):
-    """Load the pytest plugins of the distributions the task's own scripts install (`GYRE_PLUGIN_DISTS`,
-    autoloading stays off), before pytest parses its arguments (`--ctrf`); never one installed under the
-    command's working directory (the workspace)."""
-    if not _PLUGIN_DISTS:
-        return
-    import re
-    from importlib import metadata
-    for point in metadata.entry_points(group="pytest11"):
-        dist = point.dist
-        if dist is None or re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower() not in _PLUGIN_DISTS:
-            continue
-        where = _os.path.realpath(str(dist.locate_file(""))) + _os.sep
-        if where.startswith(_CWD) or pluginmanager.is_blocked(point.name) or pluginmanager.get_plugin(point.name):
-            continue
-        pluginmanager.register(point.load(), point.name)
-        _send(event="plugin", name=point.name, dist=dist.metadata["Name"])
-
-
-def pytest_configure(config):
-    global _CONFIG
-    _CONFIG = config
-
-
-def pytest_sessionstart(session, _send=_send):
-    _send(event="session")
-
-
-_COLLECTING = []
-
-
-def pytest_collectstart(collector, _send=_send):
-    if collector.nodeid and not _COLLECTING:
-        _COLLECTING.append(True)
-        _send(event="collecting")
-
-
-def _send_modules(_send=_send):
-    """Where each module loaded from under the rootdir came from (`gyre.evaluators.integrity.origins`)."""
-    root = str(_CONFIG.rootpath) + _os.sep
-    found = [[name, f] for name, module in list(_sys.modules.items())
-             if isinstance(f := getattr(module, "__file__", None), str) and f.startswith(root)]
-    for i in range(0, len(found), 40):
-        _send(event="modules", modules=found[i:i + 40])
-
-
-_RAISED = {}
-
-
-class _Innermost:
-    """Registered after every conftest has loaded, so its trylast wrapper sits closest to the test itself:
-    what the test's call really raised, before any other plugin's wrapper could swallow it."""
-
-    @_pt.hookimpl(hookwrapper=True, trylast=True)
-    def pytest_runtest_call(self, item, _check=_mon.check_patched):
-        _check()
-        _RAISED.pop(item.nodeid, None)
-        outcome = yield
-        error = outcome.excinfo[1] if outcome.excinfo else None
-        if error is not None and not isinstance(error, (_pt.skip.Exception, _pt.xfail.Exception)):
-            _RAISED[item.nodeid] = type(error).__name__
+    return find
 
 
 def _maker(cls):
@@ -216,54 +244,76 @@ def _maker(cls):
     return None
 
 
-_INDEX = {}  # id(item) -> its place in the session's items
-_MAKER = {}  # node id of an item no Python test module made -> the file of the module defining its class
-_CURRENT = []  # the place of the item running now
+class _Seal:
+    """The plugin manager's hooks as pytest left them at configure, and every change since (module docstring)."""
+
+    def __init__(self, send, mon):
+        self._send, self._mon = send, mon
+        self._pm = None
+        self._told = set()
+
+    def close(self, pm):
+        """Take the state to hold from now on: each hook caller, its executor, its implementations and their
+        functions; the manager's executors and hook relay."""
+        self._pm = pm
+        self._relay, self._exec = pm.hook, (pm._hookexec, getattr(pm, "_inner_hookexec", None))
+        self._callers = {}
+        self._take()
+
+    def _take(self):
+        for name, caller in list(vars(self._relay).items()):
+            if hasattr(caller, "get_hookimpls"):
+                self._callers[name] = (caller, getattr(caller, "_hookexec", None),
+                                       {id(i): (i, i.function) for i in caller.get_hookimpls()})
+
+    def registered(self, plugin, manager):
+        """A plugin registered after configure: tampering when the workspace's code registered it; otherwise (pytest
+        loading a conftest, a plugin of pytest's own) its hooks join what is held."""
+        if self._pm is None or manager is not self._pm:
+            return
+        frame = self._mon.workspace_frame(_sys._getframe(1))
+        if frame is not None:
+            self._tell(f"a plugin ({type(plugin).__name__}) registered by the workspace's code at {frame[0]}:{frame[1]}")
+        self._take()
+
+    def check(self):
+        """Compare the manager with what is held; each difference sent once."""
+        pm = self._pm
+        if pm is None:
+            return
+        try:
+            if pm.hook is not self._relay:
+                self._tell("the plugin manager's hook relay was replaced")
+            if (pm._hookexec, getattr(pm, "_inner_hookexec", None)) != self._exec:
+                self._tell("the plugin manager's hook executor was replaced (a hook call monitor or wrapper)")
+            for name, caller in list(vars(pm.hook).items()):
+                held = self._callers.get(name)
+                if held is None or not hasattr(caller, "get_hookimpls"):
+                    continue
+                if caller is not held[0]:
+                    self._tell(f"the hook caller of {name} was replaced")
+                    continue
+                if getattr(caller, "_hookexec", None) is not held[1]:
+                    self._tell(f"the hook executor of {name} was replaced")
+                for impl in caller.get_hookimpls():
+                    known = held[2].get(id(impl))
+                    if known is None or known[0] is not impl:
+                        self._tell(f"a {name} implementation of {type(impl.plugin).__name__} was added without a "
+                                   "registration")
+                    elif impl.function is not known[1]:
+                        self._tell(f"the {name} implementation of {type(impl.plugin).__name__} was rewired")
+        except Exception as exc:  # the manager itself made unreadable: that is the change
+            self._tell(f"the plugin manager could not be read ({type(exc).__name__})")
+
+    def _tell(self, what):
+        if what not in self._told:
+            self._told.add(what)
+            self._send(event="sealed", detail=what)
 
 
-def pytest_collection_finish(session, _send=_send, _send_modules=_send_modules, _check=_mon.check_patched):
-    _check(full=True)
-    _CONFIG.pluginmanager.register(_Innermost(), "gyre-innermost-" + _os.urandom(6).hex())
-    _INDEX.update((id(item), i) for i, item in enumerate(session.items))
-    _MAKER.update((item.nodeid, _maker(type(item))) for item in session.items if not isinstance(item, _pt.Function))
-    _send_modules()
-    _send(event="collected", items=len(session.items))
-
-
-@_pt.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item, nextitem, _forget=_mon.forget_sources):
-    _CURRENT[:] = [_INDEX.get(id(item))]
-    _forget()
-
-
-def pytest_collectreport(report, _send=_send):
-    if report.failed:
-        _send(event="collect_error", nodeid=report.nodeid, path=_path(_CONFIG, report.nodeid))
-
-
-def pytest_runtest_logreport(report, _send=_send, _check=_mon.check_patched):
-    if report.when == "call":
-        _check()
-    raised = _RAISED.get(report.nodeid) if report.when == "call" else None
-    if raised and report.passed and type(report).__name__ != "SubtestReport":
-        _send(event="forged", nodeid=report.nodeid, raised=raised)
-    origin = _ORIGIN.get(report.nodeid)
-    _send(event="report", nodeid=report.nodeid, path=_path(_CONFIG, report.nodeid), when=report.when,
-          outcome=report.outcome, xfail=hasattr(report, "wasxfail"),
-          subtest=type(report).__name__ == "SubtestReport", copy=bool(origin and origin[1]),
-          index=_CURRENT[0] if _CURRENT else None, maker=_MAKER.get(report.nodeid))
-
-
-def pytest_plugin_registered(plugin, manager):
-    if plugin is _sys.modules.get(__name__) and not _mon.HOOKS:  # ours: what pluggy calls for each of our hooks
-        _mon.HOOKS.extend((impl, impl.function) for caller in manager.get_hookcallers(plugin) or ()
-                      for impl in caller.get_hookimpls() if impl.plugin is plugin)
-
-
-def pytest_sessionfinish(session, exitstatus, _send=_send, _send_modules=_send_modules, _check=_mon.check_patched):
-    _check(full=True)
-    _send_modules()
-    _send(event="finish", exitstatus=int(exitstatus))
-
-
-_mon.snapshot()
+if not __package__:  # the evaluation's copy (a top-level module), never `gyre.evaluators.integrity.inprocess.plugin`
+    globals().update(_start())
+    del _start
+    _mon = __import__(__name__ + "_monitor")
+    _mon.snapshot()
+    del _mon

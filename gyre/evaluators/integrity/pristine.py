@@ -1,0 +1,186 @@
+"""Which results count: the pristine tests' own ids, each from the run where it is itself.
+
+Agent code runs inside the test process, so it can add test functions to a hidden module at import
+time, or report tests that never ran. Only ids the pristine files define count: `defined_tests` reads
+a pristine file's syntax tree (never imports it) and lists what pytest would collect by default:
+module functions `test*`, methods `test*` of classes `Test*` (nested too) and of `unittest.TestCase`
+subclasses, with methods inherited from classes of the same file. A parametrized id `test_x[1-2]`
+counts as `test_x`'s. Anything else reported (a function injected at run time, a test the agent wrote)
+is ignored and recorded.
+
+Each evaluation runs twice, each run on its own variant of the pristine files (`PristineFile.variant`):
+some real tests carry one changed assertion (`mutants`, the canaries). A test's result counts from the
+run where it is not mutated (`PristineFile.scoring_run`); its mutant's result is evidence
+(`gyre.evaluators.integrity.tally`).
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from gyre.evaluators.integrity.mutants import Mutation, apply
+
+TestId = tuple[str, ...]
+"""(class, nested class, ..., function) of a test inside its file."""
+_PARAMS = re.compile(r"\[.*\]$", re.S)
+
+
+def defined_tests(source: str) -> set[TestId]:
+    """Test ids pytest would collect from `source` by default (see the module docstring); empty if unparsable."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    classes = {node.name: node for node in _statements(tree.body) if isinstance(node, ast.ClassDef)}
+    found: set[TestId] = set()
+    for node in _statements(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test") \
+                and not _is_fixture(node):
+            found.add((node.name,))
+        elif isinstance(node, ast.ClassDef):
+            found |= _class_tests(node, classes, ())
+    return found
+
+
+def _is_fixture(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Decorated `@pytest.fixture` / `@fixture(...)` (pytest_asyncio's too): a fixture named `test_*` is never
+    collected as a test (Terminal-Bench's chem-property-targeting has `def test_data` as a fixture; counting it
+    made the task's own solution a 0)."""
+    for decorator in node.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+        if name == "fixture":
+            return True
+    return False
+
+
+def _statements(body: list[ast.stmt]) -> list[ast.stmt]:
+    """`body`'s statements, with those of its `if`/`else`, `try`/`except`/`else`/`finally` and `with`
+    blocks in place of the block: a test defined under `if sys.version_info...:` (both branches, the
+    same name) is still the module's (or class's) test; function bodies are not entered."""
+    out: list[ast.stmt] = []
+    stack = list(reversed(body))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If):
+            nested = [*node.body, *node.orelse]
+        elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            nested = [*node.body, *(s for h in node.handlers for s in h.body), *node.orelse, *node.finalbody]
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            nested = list(node.body)
+        else:
+            out.append(node)
+            continue
+        stack += reversed(nested)
+    return out
+
+
+def _class_tests(node: ast.ClassDef, classes: dict[str, ast.ClassDef], outer: TestId) -> set[TestId]:
+    if not (node.name.startswith("Test") or _is_testcase(node, classes)):
+        return set()
+    prefix = (*outer, node.name)
+    found: set[TestId] = set()
+    for cls in _lineage(node, classes):
+        for item in _statements(cls.body):
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test") \
+                    and not _is_fixture(item):
+                found.add((*prefix, item.name))
+            elif isinstance(item, ast.ClassDef) and cls is node:
+                found |= _class_tests(item, classes, prefix)
+    return found
+
+
+def _lineage(node: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> list[ast.ClassDef]:
+    """The class and its bases defined in the same file (by simple name), nearest first, no repeats."""
+    seen, order, stack = set(), [], [node]
+    while stack:
+        cls = stack.pop(0)
+        if cls.name in seen:
+            continue
+        seen.add(cls.name)
+        order.append(cls)
+        stack += [classes[b.id] for b in cls.bases if isinstance(b, ast.Name) and b.id in classes]
+    return order
+
+
+def _is_testcase(node: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> bool:
+    for cls in _lineage(node, classes):
+        for base in cls.bases:
+            name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+            if name in ("TestCase", "IsolatedAsyncioTestCase"):
+                return True
+    return False
+
+
+DEFAULT_PYTHON_FILES = ("test_*.py", "*_test.py")
+"""pytest's default `python_files`."""
+
+
+def is_test_module(rel: str, python_files: tuple[str, ...] = DEFAULT_PYTHON_FILES) -> bool:
+    """Whether pytest collects `rel` under `python_files` (its glob patterns, matched against the file's name,
+    or against its path when a pattern holds a '/', as pytest matches them)."""
+    path = PurePosixPath(rel)
+    return path.suffix == ".py" and any(
+        fnmatch.fnmatch(rel if "/" in pattern else path.name, pattern) for pattern in python_files)
+
+
+def test_id(nodeid: str) -> TestId:
+    """The id inside its file of a pytest node id (`f.py::A::test_x[1]` -> ("A", "test_x")); a parameter id
+    may itself hold `::` (`test_x[a::b]`), so the names end at the first `[` after the file."""
+    parts = full_id(nodeid)
+    return (*parts[:-1], _PARAMS.sub("", parts[-1])) if parts else ()
+
+
+def full_id(nodeid: str) -> TestId:
+    """A node id's parts after its file, parameters kept whole (`f.py::A::test_x[a::b]` -> ("A", "test_x[a::b]"))."""
+    _, sep, rest = nodeid.partition("::")
+    if not sep:
+        return ()
+    names, bracket, params = rest.partition("[")
+    parts = names.split("::")
+    parts[-1] += bracket + params
+    return tuple(parts)
+
+
+@dataclass
+class PristineFile:
+    """A pristine test file as the evaluation placed it: its path inside the sandbox, its ids, its mutations."""
+
+    inside: str
+    tests: set[TestId]
+    data: bytes = b""
+    """Its pristine bytes."""
+    mutations: tuple[Mutation, ...] = ()
+    """One per qualifying test, each run by one run only (`mutants`); the file each run sees is `variant(run)`."""
+    collected_by: frozenset[str] = frozenset()
+    """Not a Python test module but a file a pristine conftest's collector turns into tests (docopt-ng's
+    `tests/testcases.docopt`): those conftests (paths as placed). Every case such an item reports counts, as
+    pytest counts it, when its class comes from one of them."""
+    cases: dict[TestId, int] = field(default_factory=dict)
+    """Tests whose number of cases the source fixes (`gyre.evaluators.integrity.cases`): more reported is tampering."""
+    rel: str = ""
+    """Its path relative to the directory the pristine files are written under."""
+
+    def variant(self, run: int) -> bytes:
+        """The file as run `run` sees it: the pristine bytes with that run's mutations."""
+        mine = [m for m in self.mutations if m.run == run]
+        return apply(self.data, mine) if mine else self.data
+
+    def sha256(self, run: int) -> str:
+        """Of `variant(run)`: gyre's plugin finds the module (or a copy of it) by it."""
+        return hashlib.sha256(self.variant(run)).hexdigest()
+
+    def mutated(self, tid: TestId, run: int) -> Mutation | None:
+        """The mutation test `tid` (parameters dropped) carries in run `run`, if any."""
+        return next((m for m in self.mutations if m.test == tid and m.run == run), None)
+
+    def scoring_run(self, tid: TestId, unmutated: int = 0) -> int:
+        """The run (of two) whose report of `tid` counts: the one where it is not mutated; `unmutated` for a test
+        mutated in neither."""
+        m = next((m for m in self.mutations if m.test == tid), None)
+        return unmutated if m is None else 1 - m.run

@@ -344,11 +344,12 @@ class Observer:
         return left_out, removed
 
     def run_pair(self, command: str, pristine: list[PristineFile], place: Callable[[int], dict],
-                 unmutated: int = 0) -> Observed:
+                 unmutated: int = 0, isolated: bool = True) -> Observed:
         """A format's one test command once per run (`mutants.RUNS`): `place(run)` writes run `run`'s variant of
         `pristine` (and whatever else that run needs fresh) and returns `run`'s keyword arguments; the environment
         is reset between runs. Tallied over both runs (`unmutated`: the run a test mutated in neither counts from,
-        whose result and channel the `Observed` carries), with the observer finished."""
+        whose result and channel the `Observed` carries; `isolated`: `place` gives each run a world of its own,
+        `tally`), with the observer finished."""
         said_all: list[ChannelResults] = []
         results: list[ExecResult] = []
         broken: list[str] = []
@@ -368,7 +369,7 @@ class Observer:
         except BaseException:
             self.finish(Tally())
             raise
-        counted = tally(pristine, said_all, unmutated)
+        counted = tally(pristine, said_all, unmutated, isolated)
         counted.tampering += broken
         return Observed(results[unmutated], said_all[unmutated], counted, self.finish(counted), runs=results,
                         channels=said_all)

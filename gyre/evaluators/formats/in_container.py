@@ -165,8 +165,8 @@ def evaluate_in_container(query: Query, spec: TaskSpec, sandbox, eval_dir: Path,
     finally:
         if route is not None:
             route.close()
-    seen = Observed(results[unmutated], saids[unmutated], tally(pristine, saids, unmutated), None, runs=results,
-                    channels=saids)
+    seen = Observed(results[unmutated], saids[unmutated], tally(pristine, saids, unmutated, isolated=False), None,
+                    runs=results, channels=saids)  # both runs in the live container
     if route is not None and (index_failed := route.findings(seen.counted)):
         return error(execution_id, f"{index_failed} (in container)")
     if spec.format == R2E:

@@ -130,7 +130,7 @@ def evaluate_in_place(query: Query, spec: TaskSpec, sandbox, eval_dir: Path, exe
         return dict(workspace=sandbox.workspace, scratch=sandbox.scratch, layout=sandbox.layout, limits=limits,
                     env=sandbox_env(Path(sandbox.workdir), {"TEST_DIR": tests_inside}), timeout_s=timeout_s)
 
-    seen = observer.run_pair(command, pristine, place, unmutated)
+    seen = observer.run_pair(command, pristine, place, unmutated, isolated=False)  # both runs in the live session
     for run, result in enumerate(seen.runs):
         write_log(reports / f"command_0{'' if run == 0 else f'.run{run}'}.log", command, result)
     if (verdict := seen.settled(execution_id)) is not None:

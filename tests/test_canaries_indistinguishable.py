@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gyre.evaluators.integrity.channel import PluginInstall, ResultChannel
 from gyre.evaluators.integrity.tally import tally
-from gyre.evaluators.observed import plan_pristine, write_pristine
+from gyre.evaluators.paired import plan_pristine, write_pristine
 
 TESTS = '''import pytest
 

@@ -17,7 +17,8 @@ import pytest
 from gyre.evaluators.integrity.channel import ChannelResults, PluginInstall, ResultChannel
 from gyre.evaluators.integrity.runtime import runtime_flags, with_runtime
 from gyre.evaluators.integrity.zero_policy import acts
-from gyre.evaluators.observed import plan_pristine, write_pristine
+from gyre.evaluators.observed import children_audits
+from gyre.evaluators.paired import plan_pristine, write_pristine
 from gyre.records import EvalStatus, Score
 
 TESTS = '''
@@ -113,14 +114,15 @@ def _run(tmp_path: Path, package: str, command: list[str] | None = None, extra: 
     plugin = PluginInstall.write(tmp_path / "plugin")
     plugin.write_plan(pristine, 0)
     channel, audits = ResultChannel(), ResultChannel(audit_only=True)
-    env = {**os.environ, **plugin.env(str(plugin.directory)), **channel.env(), **audits.env()}
+    children = children_audits(plugin.directory, str(plugin.directory))
+    env = {**os.environ, **plugin.env(str(plugin.directory)), **channel.env(), **audits.env(), **children.env()}
     env.pop("PYTEST_CURRENT_TEST", None)
     try:
         subprocess.run(command or [sys.executable, "-m", "pytest", "-q", "tests"], cwd=ws, env=env,
                        pass_fds=(channel.write_fd, audits.write_fd), capture_output=True, text=True, timeout=120)
     finally:
         said = channel.close()
-        said.audits += audits.close().audits
+        said.audits += audits.close().audits + children.close().audits
     return said
 
 
@@ -266,3 +268,73 @@ def test_flags_and_what_zero_acts_on():
     assert [acts(reader, fmt) for fmt in ("nl2repo", "r2e", "terminal-bench", "harbor")] == [False, False, True, True]
     score = Score(execution_id="e", status=EvalStatus.ok, score=1.0, flags=["constant-operator x:1"])
     assert with_runtime(score, flags).flags == ["constant-operator x:1", *flags]
+
+
+HIDDEN = "os.path.join(os.path.dirname(pkg_dir), 'tests', 'test_pkg.py')"
+TRAMPOLINES = {
+    # issue 47: the monitor blamed the innermost frame outside the standard library, and these put the standard
+    # library's frame (or none) between the workspace and the read
+    "mock": ("import os\nfrom unittest import mock\npkg_dir = os.path.dirname(__file__)\n\ndef add(a, b):\n"
+             f"    mock.Mock(side_effect=open)({HIDDEN}).read()\n    return 7\n", "test-source", "pkg/__init__.py:"),
+    "executor": ("import os, concurrent.futures\npkg_dir = os.path.dirname(__file__)\n\ndef add(a, b):\n"
+                 "    with concurrent.futures.ThreadPoolExecutor(1) as pool:\n"
+                 f"        pool.submit(open, {HIDDEN}).result().read()\n    return 7\n", "test-source", ""),
+    "gc through mock": ("import gc\nfrom unittest import mock\n\ndef add(a, b):\n"
+                        "    mock.Mock(side_effect=gc.get_objects)()\n    return 7\n", "gc", "pkg/__init__.py:"),
+    "partial in a thread": ("import os, functools, threading\npkg_dir = os.path.dirname(__file__)\n\ndef add(a, b):\n"
+                            f"    t = threading.Thread(target=functools.partial(open, {HIDDEN}))\n"
+                            "    t.start()\n    t.join()\n    return 7\n", "test-source", ""),
+    "a child with no descriptors": (
+        "import os, subprocess, sys\npkg_dir = os.path.dirname(__file__)\n\ndef add(a, b):\n"
+        f"    subprocess.run([sys.executable, '-c', 'import os; open(' + repr({HIDDEN}) + ').read()'], close_fds=True)\n"
+        "    return 7\n", "test-source", ""),
+    "a child without the monitor": (
+        "import os, subprocess, sys\n\ndef add(a, b):\n"
+        "    subprocess.run([sys.executable, '-c', 'pass'], env={'PATH': os.environ['PATH']})\n    return 7\n",
+        "unmonitored-process", "pkg/__init__.py:"),
+    "an AST compiled under the test's name": (
+        "import ast, os\npkg_dir = os.path.dirname(__file__)\n"
+        f"exec(compile(ast.parse('x = 1'), {HIDDEN}, 'exec'))\n\ndef add(a, b):\n    return 7\n",
+        "disguised-code", "pkg/__init__.py:"),
+}
+
+
+@pytest.mark.parametrize("route", sorted(TRAMPOLINES))
+def test_the_monitor_sees_through_trampolines_threads_and_children(tmp_path, route):
+    source, kind, where = TRAMPOLINES[route]
+    said = _run(tmp_path, source)
+    found = [a for a in said.audits if a[0] == kind]
+    assert found and found[0][1].startswith(where), said.audits
+
+
+RECOMPILING_DECORATOR = '''import inspect, textwrap
+
+
+def rewrite(fn):
+    """A library decorator that recompiles the function it wraps under its own file name (as `typeguard`-style
+    instrumentation does)."""
+    src = textwrap.dedent(inspect.getsource(fn))
+    src = "\\n".join(line for line in src.splitlines() if not line.startswith("@"))
+    namespace = {}
+    exec(compile(src, fn.__code__.co_filename, "exec"), fn.__globals__, namespace)
+    return namespace[fn.__name__]
+
+
+def add(a, b):
+    return a + b
+'''
+DECORATED_TESTS = b"""import pkg
+
+
+@pkg.rewrite
+def test_decorated():
+    assert pkg.add(2, 2) == 4
+"""
+
+
+def test_a_decorator_recompiling_a_tests_own_function_under_its_name_is_no_disguise(tmp_path):
+    """Issue 47's false zero: such a decorator was `disguised-code` (tampering under `monitor: zero`). Code compiled
+    under a test module's name that defines only what the module defines is the module's own code, recompiled."""
+    said = _run(tmp_path, RECOMPILING_DECORATOR, extra={"test_decorated.py": DECORATED_TESTS})
+    assert said.passed("tests/test_decorated.py::test_decorated"), said.results
+    assert not [a for a in said.audits if a[0] == "disguised-code"], said.audits

@@ -34,24 +34,24 @@ distribution, so installing the real upstream package earns nothing) is tamperin
 from __future__ import annotations
 
 import os
-import random
+import secrets
 import shlex
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from gyre.evaluators.common import error, tampering
 from gyre.evaluators.environments.needs import beyond_tools
 from gyre.evaluators.environments.seal import EnvSeal
 from gyre.evaluators.environments.own_project import installed, is_the_project
 from gyre.evaluators.environments.toolenv import EvalEnv, base_interpreter_dirs, make_env, pytest11_modules, site_packages
-from gyre.evaluators.integrity.mutants import RUNS, assertion_helpers, plan_mutations
-from gyre.evaluators.integrity.pristine import DEFAULT_PYTHON_FILES, PristineFile, defined_tests, is_test_module
-from gyre.evaluators.integrity.cases import case_counts, dynamic_conftest
-from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall, ResultChannel
-from gyre.evaluators.integrity.pytest_guard import clear_shadows
+from gyre.evaluators.integrity.mutants import RUNS
+from gyre.evaluators.integrity.pristine import (
+    PristineFile,
+)
+from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, FifoChannel, PluginInstall, ResultChannel
 from gyre.evaluators.integrity.runtime import with_runtime
 from gyre.evaluators.integrity.tally import Tally, tally
 from gyre.records import Score
@@ -63,7 +63,7 @@ from gyre.sandboxes.layout import Mount, SandboxLayout
 from gyre.sandboxes.local.isolation import Isolation
 from gyre.sandboxes.local.privileges import hand_over
 from gyre.sandboxes.local.session import EVAL_USER, Session
-from gyre.sandboxes.paths import clear_path, remove_tree
+from gyre.sandboxes.paths import remove_tree
 
 BRIDGE_SLOT = "bridge"
 EVAL_BRIDGE_DIR = "/run/gyre-eval"
@@ -76,66 +76,14 @@ ENV_KEPT = "env-kept"
 """Where the environment is kept as it was before any workspace code ran (`Observer.keep_env`)."""
 
 
-def plan_pristine(sources: Mapping[str, bytes], inside: str, rng: random.Random,
-                  python_files: tuple[str, ...] = DEFAULT_PYTHON_FILES, runs: tuple[int, ...] = (0, 1)
-                  ) -> list[PristineFile]:
-    """`sources` (relative path -> bytes) as `PristineFile`s placed under `inside`, the test modules (those pytest
-    collects under `python_files`, the project's setting) with their mutations planned, each assigned to one of
-    `runs` (`mutants.plan_mutations`)."""
-    capped = not any(PurePosixPath(rel).name == "conftest.py" and dynamic_conftest(data.decode("utf-8", "replace"))
-                     for rel, data in sources.items())
-    helpers = {name: places for rel, data in sources.items() if rel.endswith(".py")
-               for name, places in assertion_helpers(data.decode("utf-8", "replace")).items()}
-    collectors = frozenset(str(PurePosixPath(inside) / rel) for rel, data in sources.items()
-                           if PurePosixPath(rel).name == "conftest.py" and b"pytest_collect_file" in data)
-    planned: list[PristineFile] = []
-    for rel, data in sources.items():
-        at = str(PurePosixPath(inside) / rel)
-        if PurePosixPath(rel).suffix not in (".py", ".pyc") and any(
-                PurePosixPath(at).is_relative_to(PurePosixPath(c).parent) for c in collectors):
-            planned.append(PristineFile(at, set(), data=data, collected_by=collectors, rel=rel))
-        elif is_test_module(rel, python_files):
-            text = data.decode("utf-8", errors="replace")
-            planned.append(PristineFile(at, defined_tests(text), data=data, rel=rel,
-                                        mutations=tuple(plan_mutations(text, rng, runs, helpers)) if "\ufffd" not in text
-                                        else (), cases=case_counts(text) if capped else {}))
-        else:  # a helper or conftest: no tests of its own, but test code (the runtime monitor tells it apart)
-            planned.append(PristineFile(at, set(), data=data, rel=rel))
-    return planned
-
-
-def write_pristine(dest: Path, files: list[PristineFile], run: int) -> None:
-    """Run `run`'s variant of every pristine file under `dest` (see the module docstring)."""
-    clear_shadows(dest, [f.rel for f in files])
-    for f in files:
-        clear_path(dest, f.rel).write_bytes(f.variant(run))
-
-
-def retire(eval_dir: Path, run: int, names: tuple[str, ...]) -> Path:
-    """Move run `run`'s fresh directories (`names` under `eval_dir`) to `eval_dir/runs/<run>/`, returned: the next
-    run is prepared at the same paths, so nothing a command can read tells the runs apart."""
-    kept = Path(eval_dir) / "runs" / str(run)
-    kept.mkdir(parents=True)
-    for name in names:
-        if (Path(eval_dir) / name).exists() or (Path(eval_dir) / name).is_symlink():
-            (Path(eval_dir) / name).rename(kept / name)
-    return kept
-
-
-def run_path(eval_dir: Path, run: int, name: str) -> Path:
-    """Where run `run`'s directory `name` lies after every run (`retire` moved all but the last one's)."""
-    return Path(eval_dir) / name if run == RUNS - 1 else Path(eval_dir) / "runs" / str(run) / name
-
-
-def pair_runs(harbor: bool, rng: random.Random) -> tuple[tuple[int, ...], int]:
-    """(the runs mutations go to, the run a test mutated in neither counts from). Each test's mutant goes to a run
-    of its own coin and the test counts from the other, so both runs hold mutants; but Harbor's score is the reward
-    its verifier writes for one whole run: there one run is plain (scored), the other holds every mutant, in an
-    order drawn here."""
-    if not harbor:
-        return tuple(range(RUNS)), 0
-    plain = rng.randrange(RUNS)
-    return (1 - plain,), plain
+def children_audits(directory: Path, inside: str) -> FifoChannel:
+    """The audit pipe of a command's child processes: a named pipe in the plugin's directory (shown at `inside`),
+    which any process of the command can open by the path in `GYRE_AUDIT_PATH` (a child started with its
+    descriptors closed has no inherited one); writable by all, since only "audit" lines are read from it."""
+    name = f"a-{secrets.token_hex(8)}.fifo"
+    fifo = FifoChannel(Path(directory) / name, f"{inside}/{name}", audit_only=True)
+    fifo.path.chmod(0o622)
+    return fifo
 
 
 def index_findings(index: IndexProxy, counted: Tally, image_denials: frozenset[str] = frozenset()) -> str | None:
@@ -148,10 +96,6 @@ def index_findings(index: IndexProxy, counted: Tally, image_denials: frozenset[s
     if errors:
         return f"the package index failed during the evaluation: {errors[0].detail or errors[0].status}"
     return None
-
-
-def read_sources(root: Path, rels: list[str]) -> dict[str, bytes]:
-    return {rel: (Path(root) / rel).read_bytes() for rel in rels}
 
 
 @dataclass(frozen=True)
@@ -193,6 +137,9 @@ class Observer:
     session: Session | None = None
     """Set for an in-place evaluation: commands run in the agent's live session as `EVAL_USER`."""
     planted: list[PristineFile] = field(default_factory=list)
+    site_entries: dict[str, list[str]] = field(default_factory=dict)
+    """The environment's site-packages before any workspace code ran (`keep_env`): the runtime monitor reads what
+    else appears there as the workspace's."""
     """The pristine files the plugin was told of last (`plant`)."""
 
     @classmethod
@@ -226,13 +173,16 @@ class Observer:
     def plant(self, files: list[PristineFile], run: int) -> None:
         """Tell gyre's plugin (and its monitor) what run `run` placed (`write_pristine`): the paths, and the
         content each has in that run."""
-        self.plugin.write_plan(files, run)
+        self.plugin.write_plan(files, run, self.site_entries)
         self.planted = list(files)
 
     def keep_env(self) -> None:
         """Keep the environment as it is now (the image's packages in, no workspace code run yet), for
-        `reset_env`."""
+        `reset_env`; what its site-packages holds is written in each plan (`site_entries`)."""
         if self.env is not None:
+            site = site_packages(self.env.directory)
+            inside = f"{self.env.inside}/{site.relative_to(self.env.directory).as_posix()}"
+            self.site_entries = {inside: sorted(os.listdir(site))}
             kept = self.env.directory.parent / ENV_KEPT
             remove_tree(kept)
             shutil.copytree(self.env.directory, kept, symlinks=True)
@@ -278,10 +228,11 @@ class Observer:
         """Run `command` with the plugin and a fresh result pipe; `env` is the rest of its environment."""
         plugin_path = PLUGIN_MOUNT if self.isolation.bwrap else str(self.plugin.directory)
         channel, audits = ResultChannel(), ResultChannel(audit_only=True)
+        children = children_audits(self.plugin.directory, plugin_path)
         extra = dict(env)
         addopts = (*addopts, *([extra.pop("PYTEST_ADDOPTS")] if "PYTEST_ADDOPTS" in extra else []))
         full_env = {**extra, **self.env.env(), **self.plugin.env(plugin_path, addopts), **channel.env(),
-                    **audits.env()}
+                    **audits.env(), **children.env()}
         if self.plugin_dists:
             full_env["GYRE_PLUGIN_DISTS"] = ",".join(self.plugin_dists)
         if self.index_url is not None:  # as upstream's image does: pip builds in an isolated environment,
@@ -305,7 +256,7 @@ class Observer:
                 )
         finally:
             results = channel.close()
-            results.audits += audits.close().audits
+            results.audits += audits.close().audits + children.close().audits
         results.stopped = result.timed_out or bool(result.limit_hit)
         return result, results
 

@@ -55,9 +55,8 @@ from gyre.evaluators.environments.workspace_copy import copy_workspace
 from gyre.evaluators.integrity.pristine import PristineFile
 from gyre.evaluators.integrity.control import no_verdict
 from gyre.evaluators.integrity.tally import Tally
-from gyre.evaluators.observed import (
-    IndexAccess, Observer, install_image, pair_runs, plan_pristine, read_sources, retire, run_path, write_pristine,
-)
+from gyre.evaluators.observed import IndexAccess, Observer, install_image
+from gyre.evaluators.paired import pair_runs, plan_pristine, read_sources, retire, run_path, write_pristine
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.layout import Mount, SandboxLayout

@@ -74,9 +74,8 @@ from gyre.evaluators.integrity.pristine import PristineFile
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, FifoChannel, PluginInstall
 from gyre.evaluators.integrity.control import is_no_verdict
 from gyre.evaluators.integrity.tally import tally
-from gyre.evaluators.observed import (
-    INTERRUPT_GRACE_S, IndexAccess, Observed, pair_runs, plan_pristine, read_sources, write_pristine,
-)
+from gyre.evaluators.observed import INTERRUPT_GRACE_S, IndexAccess, Observed
+from gyre.evaluators.paired import pair_runs, plan_pristine, read_sources, write_pristine
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.paths import remove_tree

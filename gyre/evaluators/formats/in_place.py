@@ -48,9 +48,8 @@ from gyre.evaluators.formats.container_task import (
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT
 from gyre.evaluators.integrity.tally import Tally
 from gyre.evaluators.integrity.mutants import RUNS
-from gyre.evaluators.observed import (
-    BRIDGE_SLOT, EVAL_BRIDGE_DIR, IndexAccess, Observer, install_image, pair_runs,
-)
+from gyre.evaluators.observed import BRIDGE_SLOT, EVAL_BRIDGE_DIR, IndexAccess, Observer, install_image
+from gyre.evaluators.paired import pair_runs
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.fdwalk import walk

@@ -53,6 +53,7 @@ and collection errors.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import secrets
@@ -75,9 +76,8 @@ from gyre.evaluators.integrity.pytest_guard import imported_modules, neutralise_
 from gyre.evaluators.integrity.pytest_settings import project_settings, python_files, render_ini, sanitise
 from gyre.evaluators.integrity.runtime import with_runtime
 from gyre.evaluators.integrity.tally import Tally, tally
-from gyre.evaluators.observed import (
-    IndexAccess, Observer, install_image, plan_pristine, read_sources, retire, write_pristine,
-)
+from gyre.evaluators.observed import IndexAccess, Observer, install_image
+from gyre.evaluators.paired import plan_pristine, read_sources, retire, write_pristine
 from gyre.records import EvalStatus, Query, Score
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.layout import SandboxLayout
@@ -102,6 +102,12 @@ first test module is collected; from then on an exit code or a `finish` line on 
 the workspace's (`os._exit(4)`, a forged line) and is its result. A setup command (one before the
 last that never loads the plugin: `python install.py` runs the workspace's script) never makes one."""
 SCORE_FILE = "score.json"
+CASE_SLACK_SHARE, CASE_SLACK_MIN = 0.10, 3
+"""Passed cases beyond the task's count that are still honest: a task's `test_case_count` was taken on one version of
+the project, and real releases pass a few more of the same hidden files' cases (10 of the 33 fidelity projects, by up
+to 8 %: plac 27 of 25, python-pathspec 119 of 112, humanize 631 of 607; docs/results/nl2repo-fidelity-docker.json).
+More than that is a workspace that made cases (issue 47: a registry padded to 40 cases where the task counts 6).
+Chosen after seeing those 33 projects: in-sample."""
 
 
 def evaluate(
@@ -364,6 +370,9 @@ def _verdict(query: Query, execution_id: str, neutralised: list[str], ran: _Ran,
         notes.append("pytest never started a session after the workspace's code ran (its setup commands, or "
                      "the pristine conftest importing it): its result")
     num_passed = len(counted.passed)
+    if num_passed > query.test_case_count + case_slack(query.test_case_count):
+        counted.tampering.append(f"{num_passed} hidden test cases passed where the task has {query.test_case_count}: "
+                                 "the workspace added cases (a test parametrized over the project's own data)")
     detail = [f"{num_passed}/{query.test_case_count} hidden test cases passed", *notes]
     if counted.ignored:
         detail.append(f"ignored {len(counted.ignored)} test results outside the pristine tests")
@@ -375,6 +384,11 @@ def _verdict(query: Query, execution_id: str, neutralised: list[str], ran: _Ran,
                      evidence=counted.tampering[:50])
     return Score(execution_id=execution_id, status=EvalStatus.ok, score=min(num_passed / query.test_case_count, 1.0),
                  tests_passed=num_passed, tests_total=query.test_case_count, detail="; ".join(detail))
+
+
+def case_slack(count: int) -> int:
+    """How many more passed cases than the task's `test_case_count` are still honest (`CASE_SLACK_SHARE`)."""
+    return max(CASE_SLACK_MIN, math.ceil(CASE_SLACK_SHARE * count))
 
 
 def _write_log(path: Path, command: str, result: ExecResult) -> None:

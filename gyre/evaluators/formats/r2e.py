@@ -40,9 +40,8 @@ from gyre.evaluators.integrity.pristine import PristineFile, test_id
 from gyre.evaluators.integrity.channel import TestResult
 from gyre.evaluators.integrity.control import no_verdict
 from gyre.evaluators.integrity.pytest_guard import PLANTED_FILE_NAMES, ROOT_CONFIG_NAMES, neutralise_pytest_config
-from gyre.evaluators.observed import (
-    IndexAccess, Observed, Observer, plan_pristine, read_sources, retire, write_pristine,
-)
+from gyre.evaluators.observed import IndexAccess, Observed, Observer
+from gyre.evaluators.paired import plan_pristine, read_sources, retire, write_pristine
 from gyre.records import Query, Score
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.layout import SandboxLayout

@@ -382,16 +382,20 @@ class PluginInstall:
             (directory / target).write_bytes(inprocess_source(module))
         return cls(name, directory)
 
-    def write_plan(self, files: Iterable, run: int) -> None:
+    def write_plan(self, files: Iterable, run: int, site: dict[str, list[str]] | None = None) -> None:
         """What the plugin and the monitor read at load, `<name>.json` beside them: every pristine file's path as
         placed (the runtime monitor counts their code as the tests', not the workspace's), which of them are test
         code, and the sha256 of each as run `run` sees it (`PristineFile.variant`: a copy of one elsewhere is
-        found by its content). Nothing in it says which tests carry a mutation."""
+        found by its content); `site`: what the environment's site-packages held before any workspace code ran
+        (inside path -> its entries): anything else there is the workspace's build. Nothing in it says which tests
+        carry a mutation."""
         files = list(files)
         plan = {"protected": [f.inside for f in files],
-                "test_code": [f.inside for f in files if f.tests or PurePosixPath(f.inside).name == "conftest.py"],
+                "test_code": [f.inside for f in files
+                              if f.tests or f.optional or PurePosixPath(f.inside).name == "conftest.py"],
                 "sha256": sorted({f.sha256(run) for f in files if f.inside.endswith(".py")}),
-                "files": [{"inside": f.inside, "sha256": f.sha256(run)} for f in files if f.tests]}
+                "files": [{"inside": f.inside, "sha256": f.sha256(run)} for f in files if f.tests or f.optional],
+                "site": site or {}}
         (self.directory / f"{self.name}.json").write_text(json.dumps(plan), encoding="utf-8")
 
     def env(self, path: str = PLUGIN_MOUNT, extra_addopts: Iterable[str] = ()) -> dict[str, str]:

@@ -87,17 +87,20 @@ class Mutation:
 
 
 def plan_mutations(source: str, rng: random.Random, runs: tuple[int, ...] = (0, 1),
-                   helpers: dict[str, tuple[int, int]] | None = None) -> list[Mutation]:
+                   helpers: dict[str, tuple[int, int]] | None = None, subclassed: frozenset[str] = frozenset()
+                   ) -> list[Mutation]:
     """One mutation for each qualifying test of the module `source` (module docstring), each assigned to one of
     `runs` at random; none if it does not parse. `helpers`: the pristine files' assertion helpers
-    (`assertion_helpers`): a test ending with a call of one, a literal in a compared place, gets a value mutant."""
+    (`assertion_helpers`): a test ending with a call of one, a literal in a compared place, gets a value mutant.
+    `subclassed`: class names some pristine class derives from: their methods run under other classes' names too
+    (`TestSub::test_x`), so they are never mutated."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     lines = source.splitlines(keepends=True)
     found = []
-    for test, function in _tests(tree.body, (), {}):
+    for test, function in _tests(tree.body, (), {}, subclassed):
         change = _change(function, lines, rng, helpers or {})
         if change is not None:
             start, end, text, kind, expected = change
@@ -159,14 +162,26 @@ def apply(source: bytes, mutations: list[Mutation]) -> bytes:
     return "".join(lines).encode("utf-8")
 
 
-def _tests(body: list[ast.stmt], outer: TestId, classes: dict[str, ast.ClassDef]):
-    """(test id, function node) of every test function pytest collects by default in `body`."""
+def _tests(body: list[ast.stmt], outer: TestId, classes: dict[str, ast.ClassDef], subclassed: frozenset[str]):
+    """(test id, function node) of every test function pytest collects by default in `body`, but in classes others
+    derive from."""
     classes = {**classes, **{n.name: n for n in body if isinstance(n, ast.ClassDef)}}
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
             yield (*outer, node.name), node
-        elif isinstance(node, ast.ClassDef) and (node.name.startswith("Test") or _testcase(node, classes)):
-            yield from _tests(node.body, (*outer, node.name), classes)
+        elif isinstance(node, ast.ClassDef) and node.name not in subclassed and (
+                node.name.startswith("Test") or _testcase(node, classes)):
+            yield from _tests(node.body, (*outer, node.name), classes, subclassed)
+
+
+def base_names(source: str) -> set[str]:
+    """The names of every base class any class of `source` derives from (`Base`, `base.Base` -> `Base`)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
+    return {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")
+            for node in ast.walk(tree) if isinstance(node, ast.ClassDef) for b in node.bases}
 
 
 def _testcase(node: ast.ClassDef, classes: dict[str, ast.ClassDef], seen: frozenset = frozenset()) -> bool:

@@ -30,21 +30,59 @@ TestId = tuple[str, ...]
 _PARAMS = re.compile(r"\[.*\]$", re.S)
 
 
-def defined_tests(source: str) -> set[TestId]:
-    """Test ids pytest would collect from `source` by default (see the module docstring); empty if unparsable."""
+def defined_tests(source: str, elsewhere: dict[str, ast.ClassDef] | None = None) -> set[TestId]:
+    """Test ids pytest would collect from `source` by default (see the module docstring); empty if unparsable.
+    `elsewhere`: classes the other pristine files define (`pristine_classes`): a base imported from one of them
+    brings its tests, as pytest collects them (a test class inheriting the checks of a base in `tests/base.py`)."""
+    return _tests(source, elsewhere or {})[0]
+
+
+def maybe_tests(source: str, elsewhere: dict[str, ast.ClassDef] | None = None) -> set[TestId]:
+    """The `test*` methods of classes pytest may collect or not, by what their base turns out to be at run time:
+    a class not named `Test*` whose base is imported from outside the pristine files (`class Checks(MyTestCase)`,
+    `MyTestCase` the project's). Counted when reported, never required."""
+    return _tests(source, elsewhere or {})[1]
+
+
+def pristine_classes(sources: list[str]) -> dict[str, ast.ClassDef]:
+    """Every class the pristine files define at their top level, by name (the last one of a name wins)."""
+    found = {}
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        found.update((node.name, node) for node in _statements(tree.body) if isinstance(node, ast.ClassDef))
+    return found
+
+
+def _tests(source: str, elsewhere: dict[str, ast.ClassDef]) -> tuple[set[TestId], set[TestId]]:
     try:
         tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return set()
-    classes = {node.name: node for node in _statements(tree.body) if isinstance(node, ast.ClassDef)}
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set(), set()
+    classes = {**elsewhere, **{node.name: node for node in _statements(tree.body) if isinstance(node, ast.ClassDef)}}
     found: set[TestId] = set()
+    maybe: set[TestId] = set()
     for node in _statements(tree.body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test") \
                 and not _is_fixture(node):
             found.add((node.name,))
         elif isinstance(node, ast.ClassDef):
             found |= _class_tests(node, classes, ())
-    return found
+            if not node.name.startswith("Test") and not _is_testcase(node, classes) and _unknown_base(node, classes):
+                maybe |= _class_tests(node, classes, (), force=True)
+    return found, maybe
+
+
+def _unknown_base(node: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> bool:
+    """Whether a base of `node`'s lineage is neither a pristine class nor `object`: it may be a TestCase."""
+    return any(_base_name(b) not in classes and _base_name(b) != "object"
+               for cls in _lineage(node, classes) for b in cls.bases)
+
+
+def _base_name(base: ast.expr) -> str:
+    return base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
 
 
 def _is_fixture(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
@@ -80,8 +118,9 @@ def _statements(body: list[ast.stmt]) -> list[ast.stmt]:
     return out
 
 
-def _class_tests(node: ast.ClassDef, classes: dict[str, ast.ClassDef], outer: TestId) -> set[TestId]:
-    if not (node.name.startswith("Test") or _is_testcase(node, classes)):
+def _class_tests(node: ast.ClassDef, classes: dict[str, ast.ClassDef], outer: TestId,
+                 force: bool = False) -> set[TestId]:
+    if not (force or node.name.startswith("Test") or _is_testcase(node, classes)):
         return set()
     prefix = (*outer, node.name)
     found: set[TestId] = set()
@@ -96,7 +135,8 @@ def _class_tests(node: ast.ClassDef, classes: dict[str, ast.ClassDef], outer: Te
 
 
 def _lineage(node: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> list[ast.ClassDef]:
-    """The class and its bases defined in the same file (by simple name), nearest first, no repeats."""
+    """The class and its bases defined in the pristine files (by simple name: `Base`, `base.Base`), nearest first,
+    no repeats."""
     seen, order, stack = set(), [], [node]
     while stack:
         cls = stack.pop(0)
@@ -104,7 +144,7 @@ def _lineage(node: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> list[ast.C
             continue
         seen.add(cls.name)
         order.append(cls)
-        stack += [classes[b.id] for b in cls.bases if isinstance(b, ast.Name) and b.id in classes]
+        stack += [classes[name] for b in cls.bases if (name := _base_name(b)) in classes]
     return order
 
 
@@ -163,6 +203,8 @@ class PristineFile:
     pytest counts it, when its class comes from one of them."""
     cases: dict[TestId, int] = field(default_factory=dict)
     """Tests whose number of cases the source fixes (`gyre.evaluators.integrity.cases`): more reported is tampering."""
+    optional: set[TestId] = field(default_factory=set)
+    """Tests pytest may or may not collect (`maybe_tests`): counted when reported, never required."""
     rel: str = ""
     """Its path relative to the directory the pristine files are written under."""
 

@@ -11,8 +11,11 @@ the pin carries its settings on, less these:
 - `-p NAME` in `addopts` (loads a module of the workspace as a plugin, before any test: the classic
   forging route); `-p no:NAME` stays (it only turns a plugin off);
 - options that move pytest's configuration or rootdir (`-c`, `--config-file`, `--rootdir`, `-o`,
-  `--override-ini`, `--confcutdir`, `--inifile`), or that delete a directory of their choosing
-  (`--basetemp`);
+  `--override-ini`, `--confcutdir`, `--inifile`), change how test modules are imported
+  (`--import-mode`), or that delete a directory of their choosing (`--basetemp`);
+- the debugger's options (`--trace`, `--pdb`, `--pdbcls=module:Class`): with `--trace` pytest calls the
+  named class's `runcall(test)` for every test, which a workspace's class can answer without calling it
+  (issue 47);
 - `required_plugins` and `minversion`: they can only stop pytest before it collects anything, a usage
   error that would drop the sample instead of scoring it.
 
@@ -33,8 +36,11 @@ SettingValue = str | list[str]
 
 DROPPED_KEYS = ("required_plugins", "minversion")
 MOVING_OPTIONS = ("-c", "--config-file", "--rootdir", "-o", "--override-ini", "--confcutdir", "--inifile",
-                  "--basetemp")
-"""addopts options that take a value and move pytest's configuration, rootdir or temporary root."""
+                  "--basetemp", "--import-mode", "--pdbcls")
+"""addopts options that take a value and move pytest's configuration, rootdir, temporary root or import mode, or
+name a debugger class."""
+DEBUGGER_FLAGS = ("--trace", "--pdb")
+"""addopts flags that hand every test (or every failure) to a debugger class."""
 
 
 def project_settings(repo: Path) -> tuple[dict[str, SettingValue], str | None]:
@@ -113,6 +119,9 @@ def _safe_addopts(args: list[str]) -> tuple[list[str], list[list[str]]]:
             else:
                 dropped.append(args[i:i + width])
             i += width
+        elif arg in DEBUGGER_FLAGS:
+            dropped.append([arg])
+            i += 1
         elif name in MOVING_OPTIONS or (name[:2] in ("-c", "-o") and not name.startswith("--")):
             width = 1 if "=" in arg or (len(arg) > 2 and not arg.startswith("--")) else 2
             dropped.append(args[i:i + width])

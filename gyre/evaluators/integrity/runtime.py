@@ -18,7 +18,15 @@ pristine tests') does that a solution has little reason to do and a forger needs
   posing as the standard library's or a test's hides its caller);
 - `patched`: a class or function of pytest, pluggy or gyre's plugin changed, a function in their
   modules replaced by one from the workspace, or a hook of gyre's plugin rewired;
-- `audit-hook`: the workspace added an audit hook of its own (it runs after gyre's).
+- `audit-hook`: the workspace added an audit hook of its own (it runs after gyre's);
+- `unmonitored-process`: a Python process started without gyre's monitor in it (an environment without
+  the plugin's directory on `PYTHONPATH`, or `python -S` / `-I` / `-E`).
+
+The actor is the first frame outside the standard library's wrappers and outside trampolines, the
+callables handed to something that calls them (`unittest.mock`, `concurrent.futures`, an event loop's
+callback, `weakref` finalizers): `Mock(side_effect=open)` is its caller's read. A stack of nothing but
+those (a builtin handed to an executor's thread) is the workspace's. A child process finds the audit
+pipe by path when its descriptors were closed (`GYRE_AUDIT_PATH`, a named pipe per command).
 
 Each becomes a flag `runtime-<kind> <file>:<line> <detail>` on the score (`with_runtime`), like
 the static monitor's. Legitimate code does some of these (a logging helper takes frames, a debugger
@@ -26,9 +34,12 @@ traces, `icecream` reads its caller's source): which kinds `monitor: zero` turns
 per benchmark, is `zero_policy`, chosen on real projects' own sources (`gyre bench fidelity` counts
 each kind on solved workspaces; docs/benches.md has the numbers).
 
-Blind spots: code that is not Python; the workspace's code installed into the environment's own
-site-packages by a setup command (it reads as the environment's); instance attributes of pytest's
-objects (no audit event; the mutants, the sealed runner and the "forged" message cover the runner).
+What the workspace's own build installs into the environment's site-packages (`pip install .`, after the
+environment was kept, `Observer.keep_env`) or the user's site is the workspace's code, not the environment's.
+
+Blind spots: code that is not Python; a child process whose environment drops gyre's monitor is only named
+(`unmonitored-process`), not watched; instance attributes of pytest's objects (no audit event; the mutants,
+the sealed runner and the "forged" message cover the runner).
 """
 
 from __future__ import annotations
@@ -39,7 +50,7 @@ from gyre.records import Score
 
 PREFIX = "runtime-"
 KINDS = ("frames", "trace", "gc", "ctypes", "exec", "result-channel", "fd-scan", "test-source", "disguised-code",
-         "patched", "audit-hook")
+         "patched", "audit-hook", "unmonitored-process")
 
 def runtime_flags(audits: Iterable[tuple[str, str, str]]) -> list[str]:
     """The monitor's records (`ChannelResults.audits`) as flags, each once, in order."""

@@ -130,7 +130,7 @@ def tally(files: list[PristineFile], runs: list[ChannelResults], unmutated: int 
                     out.passed.add(key)
                 order.setdefault(run.command, []).append(_Seen(_place(result), _failed(result), key))
                 continue
-            if tid not in pristine.tests:
+            if tid not in pristine.tests and tid not in pristine.optional:
                 if run.run == unmutated:
                     out.ignored.append(result.nodeid)
                 continue

@@ -31,10 +31,17 @@ def _pipe(fd, inode=None):
 
 
 def _out():
+    """The audit pipe: the inherited descriptor, else (a child process started with its descriptors closed) the
+    named pipe the evaluator made for every process of the command."""
     try:
         if "GYRE_AUDIT_FD" in _os.environ:
             fd, _, inode = _os.environ["GYRE_AUDIT_FD"].partition(":")
-            return list(_pipe(int(fd), int(inode) if inode else None))
+            found = list(_pipe(int(fd), int(inode) if inode else None))
+            if found[0] is not None:
+                return found
+    except (OSError, ValueError):
+        pass
+    try:
         if "GYRE_AUDIT_PATH" in _os.environ:  # never blocks: no reader left, no records
             fd = _os.open(_os.environ["GYRE_AUDIT_PATH"], _os.O_WRONLY | _os.O_NONBLOCK | _os.O_CLOEXEC)
             _os.set_blocking(fd, True)
@@ -66,13 +73,28 @@ def _emit(_dumps=_dumps, _write=_write, _out=_OUT, _fstat=_os.fstat, **message):
         data = data[_write(_out[0], data):]
 
 
+def _untrusted():
+    """Directories never trusted: the working directory, the workspace the evaluator names, and the user's own
+    site-packages (`pip install --user` from a setup command puts the workspace's build there)."""
+    found = list(_WORKSPACES)
+    try:
+        import site
+        user = site.getusersitepackages()
+        if isinstance(user, str):
+            found += [_os.path.normpath(user), _os.path.realpath(user)]
+    except Exception:
+        pass
+    return tuple(dict.fromkeys(found))
+
+
 def _trusted_dirs():
     dirs = [_sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")]
     dirs += [d for d in _sys.path if d and _os.path.isabs(d)]  # before the working directory is put first
     found = []
+    never = _untrusted()
     for d in dirs:
         for p in dict.fromkeys((_os.path.normpath(d), _os.path.realpath(d))):
-            if not any((p + _os.sep).startswith(w + _os.sep) for w in _WORKSPACES) and _os.path.isdir(p):
+            if not any((p + _os.sep).startswith(w + _os.sep) for w in never) and _os.path.isdir(p):
                 found.append(p + _os.sep)
     return tuple(dict.fromkeys(found))
 
@@ -81,7 +103,15 @@ _TRUSTED = _trusted_dirs()
 _GYRE = _os.path.dirname(_os.path.abspath(__file__)) + _os.sep
 """The read-only directory gyre wrote its plugin and this monitor into."""
 _WRAPPERS = ("inspect.py", "linecache.py", "tokenize.py", "pathlib.py", "shutil.py", "threading.py", "functools.py",
-             "contextlib.py", "ctypes" + _os.sep, "importlib" + _os.sep, "_pytest" + _os.sep + "monkeypatch.py")
+             "contextlib.py", "ctypes" + _os.sep, "importlib" + _os.sep, "_pytest" + _os.sep + "monkeypatch.py",
+             # trampolines: they call what they were handed (`Mock(side_effect=open)`, an executor's work item, an
+             # event loop's callback, a finalizer), so the caller behind them is the actor
+             "unittest" + _os.sep + "mock.py", "concurrent" + _os.sep, "asyncio" + _os.sep + "events.py",
+             "weakref.py", "operator.py", "sched.py", "multiprocessing" + _os.sep + "pool.py", "subprocess.py")
+_UNATTRIBUTED = "<no caller: the stack holds only wrappers and trampolines>"
+"""Where an event is put whose stack holds nothing but wrappers (a builtin handed to an executor's thread): the
+workspace's, since nothing else hands `open` or `gc.get_objects` to a trampoline."""
+_SITE_ENTRIES = {}  # site-packages directory (as seen here) -> what it held before any workspace code ran
 _FROZEN_WRAPPERS = ("<frozen importlib", "<frozen os>", "<frozen codecs>", "<frozen posixpath>",
                     "<frozen genericpath>", "<frozen io>")
 _PROTECTED = set()  # the pristine files as placed, and copies of them found at collection
@@ -127,6 +157,9 @@ def _classify(filename):
     for d in _TRUSTED:
         if path.startswith(d):
             rest = path[len(d):]
+            entries = _SITE_ENTRIES.get(d)
+            if entries is not None and rest.split(_os.sep, 1)[0] not in entries:
+                return "ws"  # installed there by the workspace's own build (`pip install .`), after the seal
             return "wrapper" if rest.startswith(_WRAPPERS) or (
                 "site-packages" in d and rest == "_pytest" + _os.sep + "monkeypatch.py") else "trusted"
     return "test" if _copy_of_pristine(path) else "ws"
@@ -147,8 +180,11 @@ def _copy_of_pristine(path):
 
 
 def _actor(frame):
-    """(kind, file, line) of the code that caused the event: the innermost frame that is no wrapper's."""
+    """(kind, file, line) of the code that caused the event: the innermost frame that is no wrapper's (nor a
+    trampoline's); a stack of nothing else is the workspace's (`_UNATTRIBUTED`)."""
+    seen = False
     while frame is not None:
+        seen = True
         code = frame.f_code
         kind = _KIND.get(code.co_filename)
         if kind is None:
@@ -156,7 +192,7 @@ def _actor(frame):
         if kind != "wrapper":
             return kind, code.co_filename, frame.f_lineno
         frame = frame.f_back
-    return "trusted", "", 0
+    return ("ws", _UNATTRIBUTED, 0) if seen else ("trusted", "", 0)
 
 
 def workspace_frame(frame):
@@ -250,14 +286,65 @@ def _on_listdir(event, args):
 
 
 def _on_compile(event, args):
-    """Code compiled under the name of the interpreter's or the environment's file, or of a test module (a
-    template engine compiles a pristine template under its own name: that is no disguise)."""
+    """Code compiled (or a code object made) under the name of the interpreter's or the environment's file, or of
+    a test module (a template engine compiles a pristine template under its own name: that is no disguise; nor is
+    a decorator recompiling a test's own function under the test's name: `_rewrites`). An AST compiled is seen
+    when its code runs (`_on_exec`): its compile event names no file."""
     filename = _path_of(args[1]) if len(args) > 1 else None
     if not isinstance(filename, str) or not filename or filename.startswith("<"):
         return None
-    if _classify(filename) in ("trusted", "wrapper") or _inode(filename) in _TEST_CODE:
+    names = _defined(args[0]) if event == "compile" else {str(args[2])} if len(args) > 2 else set()
+    return _disguise(event, filename, names)
+
+
+def _on_exec(event, args):
+    """A code object run by `exec`/`eval` that calls itself a file of the interpreter's, the environment's or the
+    tests', when it is not the import system running a module's own code."""
+    code = args[0] if args else None
+    if type(code) is not _CODE or not code.co_filename or code.co_filename.startswith("<"):
+        return None
+    caller = _sys._getframe(2).f_code.co_filename  # this handler <- _audit <- the frame that called exec
+    if caller.startswith(("<frozen importlib", "<frozen runpy")) or ("importlib" + _os.sep) in caller:
+        return None
+    names = {c.co_name for c in code.co_consts if type(c) is _CODE}
+    return _disguise(event, code.co_filename, names)
+
+
+def _disguise(event, filename, names):
+    kind = _classify(filename)
+    if kind in ("trusted", "wrapper"):
+        return "disguised-code", f"{event} under the name {filename}"
+    if _inode(filename) in _TEST_CODE and not _rewrites(filename, names):
         return "disguised-code", f"{event} under the name {filename}"
     return None
+
+
+_DEFS = {}  # a test module's path -> the names it defines (functions, classes, at any depth)
+
+
+def _rewrites(filename, names):
+    """Whether code defining `names` is the test module `filename`'s own code, recompiled (every name it defines
+    is one the module defines)."""
+    if filename not in _DEFS:
+        try:
+            import ast
+            with open(filename, "rb") as f:
+                tree = ast.parse(f.read())
+            _DEFS[filename] = {n.name for n in ast.walk(tree)
+                               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+            _DEFS[filename] = set()
+    return bool(names) and names <= _DEFS[filename]
+
+
+def _defined(source):
+    """The names a compiled source (text or AST) defines at its top level and in its classes."""
+    import ast
+    try:
+        tree = source if isinstance(source, ast.AST) else ast.parse(source)
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+        return set()
+    return {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
 
 
 def _on_setattr(event, args):
@@ -265,6 +352,21 @@ def _on_setattr(event, args):
     if isinstance(obj, type) and _ours(obj) or name == "__code__" and _ours(obj):
         return "patched", f"set {getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', '?')}.{name}"
     return None
+
+
+def _on_spawn(event, args):
+    """A Python process started without gyre's monitor in it: an environment without the plugin's directory on
+    `PYTHONPATH` (or `python -S` / `-I` / `-E`: no `sitecustomize`, or none of ours)."""
+    executable, argv, env = (args[0], args[1], args[3]) if event == "subprocess.Popen" else (args[0], args[1], args[2])
+    program = _os.path.basename(_os.fsdecode(executable or (argv[0] if argv else b"")))
+    if not program.startswith("python"):
+        return None
+    options = [_os.fsdecode(a) for a in list(argv or [])[1:3] if isinstance(a, (str, bytes))]
+    bare = any(a in ("-S", "-I", "-E", "-s") for a in options)
+    if env is not None and not bare:
+        path = env.get("PYTHONPATH", env.get(b"PYTHONPATH", "")) if hasattr(env, "get") else ""
+        bare = _GYRE.rstrip(_os.sep) not in _os.fsdecode(path or "")
+    return ("unmonitored-process", f"{program} started without gyre's monitor") if bare else None
 
 
 def _fixed(kind):
@@ -277,8 +379,9 @@ _HANDLERS = {
     "gc.get_objects": _fixed("gc"), "gc.get_referrers": _fixed("gc"), "gc.get_referents": _fixed("gc"),
     "os.exec": lambda event, args: ("exec", f"exec {str(args[0])[:120]}"),
     "open": _on_open, "os.listdir": _on_listdir, "os.scandir": _on_listdir,
-    "compile": _on_compile, "code.__new__": _on_compile, "object.__setattr__": _on_setattr,
+    "compile": _on_compile, "code.__new__": _on_compile, "exec": _on_exec, "object.__setattr__": _on_setattr,
     "sys.addaudithook": _fixed("audit-hook"),
+    "subprocess.Popen": _on_spawn, "os.posix_spawn": _on_spawn,
 }
 _CTYPES = _fixed("ctypes")  # every `ctypes.*` event (their names vary)
 _BUSY = set()
@@ -421,6 +524,9 @@ def _plan_paths():
     except FileNotFoundError:
         return [], []
     _PRISTINE_SHA256.update(plan.get("sha256", []))
+    for directory, entries in plan.get("site", {}).items():
+        for d in dict.fromkeys((_os.path.normpath(directory), _os.path.realpath(directory))):
+            _SITE_ENTRIES[d + _os.sep] = set(entries)
     return plan.get("protected", []), plan.get("test_code", [])
 
 

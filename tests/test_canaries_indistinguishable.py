@@ -20,7 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gyre.evaluators.integrity.channel import PluginInstall, ResultChannel
+from gyre.evaluators.integrity.channel import ResultChannel
+from gyre.evaluators.integrity.plugin_install import PluginInstall
 from gyre.evaluators.integrity.tally import tally
 from gyre.evaluators.paired import plan_pristine, write_pristine
 

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gyre.evaluators.integrity.channel import PluginInstall, ResultChannel
+from gyre.evaluators.integrity.channel import ResultChannel
+from gyre.evaluators.integrity.plugin_install import PluginInstall
 
 VARIED = '''
 import pytest

@@ -109,7 +109,8 @@ def test_an_evaluation_cut_by_the_overall_deadline_is_an_evaluator_failure_not_a
     started = time.monotonic()
     cut = evaluate_query(query, workspace, tmp_path / "eval-cut", "exec", timeout_s=120, deadline_s=started + 2)
     assert cut.status is EvalStatus.error and cut.score is None
-    assert cut.detail.startswith("overall_timeout: evaluation still running at the overall deadline")
+    # cut mid-run, or the second of the paired runs finds no time left: an evaluator failure either way
+    assert cut.detail.startswith("overall_timeout: ")
     assert time.monotonic() - started < 30  # cut at the deadline (plus pytest's grace), not at 120 s
     spent = evaluate_query(query, workspace, tmp_path / "eval-late", "exec", deadline_s=time.monotonic() - 1)
     assert spent.status is EvalStatus.error and spent.detail.startswith("overall_timeout: ")

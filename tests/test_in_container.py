@@ -129,15 +129,20 @@ def test_terminal_bench_tested_in_the_container(tmp_path, monkeypatch, answer, e
     score = _evaluate(query, box, tmp_path / "eval")
     assert (score.status, score.score) == (EvalStatus.ok, expected), score.detail
     assert score.detail.startswith("in container: ")
-    (run, run_kw), (kill, kill_kw) = _eval_calls(container)
+    calls = _eval_calls(container)
+    assert len(calls) == 4  # the paired runs, each followed by a kill of what it left
     uid, gid = evaluation_user()
-    assert run == ["bash", "-c", "bash /tests/run-tests.sh"]
-    assert run_kw["user"] == f"{uid}:{gid}" and run_kw["workdir"] == "/app" and run_kw["demux"] is True
-    env = run_kw["environment"]
-    assert env["TEST_DIR"] == "/tests" and env["PYTHONPATH"] == PLUGIN_MOUNT
-    assert env["GYRE_RESULT_PATH"].startswith(RESULT_DIR + "/") and "GYRE_RESULT_FD" not in env
-    assert env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1" and env["PYTEST_ADDOPTS"].startswith("-p gyre_results_")
-    assert kill == ["bash", "-c", "kill -s KILL -1 2>/dev/null; true"] and kill_kw["user"] == run_kw["user"]
+    results = set()
+    for (run, run_kw), (kill, kill_kw) in (calls[:2], calls[2:]):
+        assert run == ["bash", "-c", "bash /tests/run-tests.sh"]
+        assert run_kw["user"] == f"{uid}:{gid}" and run_kw["workdir"] == "/app" and run_kw["demux"] is True
+        env = run_kw["environment"]
+        assert env["TEST_DIR"] == "/tests" and env["PYTHONPATH"] == PLUGIN_MOUNT
+        assert env["GYRE_RESULT_PATH"].startswith(RESULT_DIR + "/") and "GYRE_RESULT_FD" not in env
+        assert env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1" and env["PYTEST_ADDOPTS"].startswith("-p gyre_results_")
+        assert kill == ["bash", "-c", "kill -s KILL -1 2>/dev/null; true"] and kill_kw["user"] == run_kw["user"]
+        results.add(env["GYRE_RESULT_PATH"])
+    assert len(results) == 2  # each run reports on its own channel
     assert not any(name == "put_archive" for name, _ in container.calls)
 
 

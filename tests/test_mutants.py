@@ -12,7 +12,7 @@ from gyre.evaluators.integrity.mutants import FLIP, INT_STEPS, VALUE, apply, pla
 from gyre.evaluators.integrity.pristine import defined_tests
 from gyre.records import EvalStatus
 from gyre.sandboxes.local.isolation import probe_bwrap
-from tests.test_evaluator_nl2repo import CALC_TESTS, _calc_query, _workspace
+from tests.test_evaluator_nl2repo import _calc_query, _workspace
 
 MIXED = '''import os
 import unittest

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gyre.evaluators.integrity.channel import ChannelResults, PluginInstall, ResultChannel
+from gyre.evaluators.integrity.channel import ChannelResults, ResultChannel
+from gyre.evaluators.integrity.plugin_install import PluginInstall
 from gyre.evaluators.integrity.runtime import runtime_flags, with_runtime
 from gyre.evaluators.integrity.zero_policy import acts
 from gyre.evaluators.observed import children_audits
@@ -160,8 +161,8 @@ def test_the_plugin_keeps_nothing_a_workspace_can_reach_by_name(tmp_path):
     a plugin of its own. The plugin's module now holds its hook functions and stateless helpers only (its sender,
     the config and the seal live in the hooks' closures): the workspace finds no `_send`, `_CONFIG` or plan."""
     seen = tmp_path / "names.txt"
-    source = ("import sys\nmod = next(m for n, m in sys.modules.items()\n"
-              "           if n.startswith('gyre_results_') and not n.endswith('_monitor'))\n"
+    source = ("import re, sys\nmod = next(m for n, m in sys.modules.items()\n"
+              "           if re.fullmatch('gyre_results_[0-9a-f]+', n))\n"
               f"open({str(seen)!r}, 'w').write(' '.join(sorted(vars(mod))))\n\n"
               "def add(a, b):\n    return 7\n")
     said = _run(tmp_path, source)

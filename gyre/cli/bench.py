@@ -249,6 +249,35 @@ def bench_eval_overhead(
         console.print(result["profile"], markup=False)
 
 
+@bench_app.command("canaries")
+def bench_canaries(
+    as_json: bool = JSON,
+    benchmark: Path | None = typer.Option(None, "--benchmark", help="A benchmark directory to count too."),
+    fmt: str = typer.Option("auto", "--format", help="The directory's format (as `gyre benchmark` takes it)."),
+    fidelity: bool = typer.Option(True, "--fidelity/--no-fidelity",
+                                  help="Count the 33 real NL2RepoBench projects of `gyre bench fidelity`."),
+) -> None:
+    """How many canaries each real task gets (the k of 1 - 2^-k): its tests planned as an evaluation plans them,
+    nothing run (gyre/benches/canaries.py)."""
+    from gyre.benches.canaries import run
+
+    try:
+        result = run(benchmark, fmt, fidelity)
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+    if as_json:
+        _print_json(result)
+        return
+    table = Table(title="canaries per task (value mutants: k)", box=box.SIMPLE)
+    for column in ("task", "format", "tests", "value", "flip", "none"):
+        table.add_column(column, justify="left" if column in ("task", "format") else "right")
+    for row in result["tasks"]:
+        table.add_row(*(str(row[c]) for c in ("task", "format", "tests", "value", "flip", "none")))
+    console.print(table)
+    for name, figures in result["formats"].items():
+        _print_figures(f"{name}", figures, False)
+
+
 @bench_app.command("cells")
 def bench_cells(
     config: Path = typer.Option(Path("configs/tiny-cpu-sleepy.yaml"), "--config", "-c",

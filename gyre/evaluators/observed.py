@@ -51,7 +51,8 @@ from gyre.evaluators.integrity.mutants import RUNS
 from gyre.evaluators.integrity.pristine import (
     PristineFile,
 )
-from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, FifoChannel, PluginInstall, ResultChannel
+from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, FifoChannel, ResultChannel
+from gyre.evaluators.integrity.plugin_install import PluginInstall
 from gyre.evaluators.integrity.runtime import with_runtime
 from gyre.evaluators.integrity.tally import Tally, tally
 from gyre.records import Score

@@ -71,7 +71,8 @@ from gyre.evaluators.formats.in_place import grant_access
 from gyre.evaluators.formats.r2e import r2e_verdict
 from gyre.evaluators.integrity.mutants import RUNS
 from gyre.evaluators.integrity.pristine import PristineFile
-from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, FifoChannel, PluginInstall
+from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, FifoChannel
+from gyre.evaluators.integrity.plugin_install import PluginInstall
 from gyre.evaluators.integrity.control import is_no_verdict
 from gyre.evaluators.integrity.tally import tally
 from gyre.evaluators.observed import INTERRUPT_GRACE_S, IndexAccess, Observed

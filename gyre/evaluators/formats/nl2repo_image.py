@@ -50,7 +50,8 @@ from gyre.evaluators.environments.toolenv import UV_OFFLINE_ENV
 from gyre.evaluators.formats.container_index import INDEX_DIR, INDEX_SLOT, ContainerIndex
 from gyre.evaluators.formats.in_container import PLUGIN_SLOT, RESULT_DIR, RESULT_SLOT, own, result_fifos
 from gyre.evaluators.formats.nl2repo import Prepared, recorded, run_both
-from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall
+from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults
+from gyre.evaluators.integrity.plugin_install import PluginInstall
 from gyre.evaluators.integrity.tally import Tally
 from gyre.evaluators.observed import INTERRUPT_GRACE_S, IndexAccess, Observer
 from gyre.records import Query, Score

@@ -1,4 +1,28 @@
-"""gyre's runtime monitor for this evaluation (written by the evaluator, read-only)."""
+"""gyre's runtime monitor: a PEP 578 audit hook in every Python process of an evaluation's test command.
+
+Why: the mutants and the channel's ordering checks catch a forged result after the fact; what the
+workspace's code did to get there (walk `gc` to find pytest's objects, read the hidden test's source to
+return the literal it compares against, write to the result pipe, replace the process with `/bin/true`) is
+only visible while it happens. Audit hooks see it, and no Python code can remove one. The host side (what
+each kind means, which ones `monitor: zero` acts on) is `gyre.evaluators.integrity.runtime`.
+
+A copy lies in the plugin's directory as `<plugin>_monitor.py` (`plugin_install.PluginInstall`), beside
+`<plugin>_events.py` (what each event means, `events`) and a `sitecustomize.py` that imports it: the
+plugin's directory is on `PYTHONPATH`, so every Python process the command starts has the hook before its
+own first line. It records an event only when the code that caused it (the "actor": the innermost frame
+past wrappers such as `inspect`, `linecache`, `importlib`, and past trampolines that call what they were
+handed, `unittest.mock`, `concurrent.futures`, event loops, `subprocess`; a stack of nothing else is the
+workspace's) is the workspace's: a file outside the interpreter's and the environment's directories (its
+`sys.path` at start, less the working directory, `GYRE_WORKSPACE_ROOT`, the user's site, and whatever the
+workspace's build added to site-packages after the evaluator kept the environment), and not one of the
+pristine files (nor a copy of one). Each record goes on the audit pipe (`GYRE_AUDIT_FD`; a child whose
+descriptors were closed opens the named pipe at `GYRE_AUDIT_PATH`; without either, the result pipe once
+the plugin binds it) as `{"event": "audit", "kind", "where": "file:line", "detail", "pid"}`, at most
+`_PER_KIND` distinct places per kind and process. Anyone can write on that pipe; only "audit" lines are read
+from it, so a forger can only add flags against itself.
+
+Loaded as gyre's own module it does nothing: the hook is added only in an evaluation's copy.
+"""
 import _thread as _threadmod
 import json as _json
 import os as _os
@@ -243,147 +267,11 @@ def _note(kind, where, line, detail, _emit=_emit):
     _emit(event="audit", kind=kind, where=f"{where}:{line}", detail=str(detail)[:200], pid=_os.getpid())
 
 
-def _path_of(value):
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    try:
-        path = _os.fspath(value)
-    except TypeError:
-        return None
-    return _os.fsdecode(path) if isinstance(path, bytes) else path
-
-
-_FD_DIRS = {"/proc/self/fd", "/dev/fd", f"/proc/{_os.getpid()}/fd", "/proc/thread-self/fd"}
-_PYTEST_MODULES = ("pytest", "_pytest", "pluggy")
-
-
-def _ours(obj):
-    module = getattr(obj, "__module__", None) or ""
-    return module in (__name__, _PLUGIN) or module.split(".")[0] in _PYTEST_MODULES
-
-
-def _on_open(event, args):
-    path = _path_of(args[0])
-    if path is None:
-        return None
-    if path == _CHANNEL[0]:
-        return "result-channel", "opened the result pipe's descriptor"
-    if isinstance(path, int):
-        return None
-    inode = _inode(path)
-    if inode is not None and inode == _CHANNEL[1]:
-        return "result-channel", f"opened {path} (the result pipe)"
-    if inode is not None and inode in _TEST_CODE:
-        return "test-source", f"opened the hidden test file {path}"
-    return None
-
-
-def _on_listdir(event, args):
-    path = _path_of(args[0]) if args else None
-    if isinstance(path, str) and _os.path.normpath(_os.path.join(_HERE, path)) in _FD_DIRS:
-        return "fd-scan", f"listed {path}"
-    return None
-
-
-def _on_compile(event, args):
-    """Code compiled (or a code object made) under the name of the interpreter's or the environment's file, or of
-    a test module (a template engine compiles a pristine template under its own name: that is no disguise; nor is
-    a decorator recompiling a test's own function under the test's name: `_rewrites`). An AST compiled is seen
-    when its code runs (`_on_exec`): its compile event names no file."""
-    filename = _path_of(args[1]) if len(args) > 1 else None
-    if not isinstance(filename, str) or not filename or filename.startswith("<"):
-        return None
-    names = _defined(args[0]) if event == "compile" else {str(args[2])} if len(args) > 2 else set()
-    return _disguise(event, filename, names)
-
-
-def _on_exec(event, args):
-    """A code object run by `exec`/`eval` that calls itself a file of the interpreter's, the environment's or the
-    tests', when it is not the import system running a module's own code."""
-    code = args[0] if args else None
-    if type(code) is not _CODE or not code.co_filename or code.co_filename.startswith("<"):
-        return None
-    caller = _sys._getframe(2).f_code.co_filename  # this handler <- _audit <- the frame that called exec
-    if caller.startswith(("<frozen importlib", "<frozen runpy")) or ("importlib" + _os.sep) in caller:
-        return None
-    names = {c.co_name for c in code.co_consts if type(c) is _CODE}
-    return _disguise(event, code.co_filename, names)
-
-
-def _disguise(event, filename, names):
-    kind = _classify(filename)
-    if kind in ("trusted", "wrapper"):
-        return "disguised-code", f"{event} under the name {filename}"
-    if _inode(filename) in _TEST_CODE and not _rewrites(filename, names):
-        return "disguised-code", f"{event} under the name {filename}"
-    return None
-
-
-_DEFS = {}  # a test module's path -> the names it defines (functions, classes, at any depth)
-
-
-def _rewrites(filename, names):
-    """Whether code defining `names` is the test module `filename`'s own code, recompiled (every name it defines
-    is one the module defines)."""
-    if filename not in _DEFS:
-        try:
-            import ast
-            with open(filename, "rb") as f:
-                tree = ast.parse(f.read())
-            _DEFS[filename] = {n.name for n in ast.walk(tree)
-                               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
-            _DEFS[filename] = set()
-    return bool(names) and names <= _DEFS[filename]
-
-
-def _defined(source):
-    """The names a compiled source (text or AST) defines at its top level and in its classes."""
-    import ast
-    try:
-        tree = source if isinstance(source, ast.AST) else ast.parse(source)
-    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
-        return set()
-    return {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-
-
-def _on_setattr(event, args):
-    obj, name = args[0], args[1]
-    if isinstance(obj, type) and _ours(obj) or name == "__code__" and _ours(obj):
-        return "patched", f"set {getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', '?')}.{name}"
-    return None
-
-
-def _on_spawn(event, args):
-    """A Python process started without gyre's monitor in it: an environment without the plugin's directory on
-    `PYTHONPATH` (or `python -S` / `-I` / `-E`: no `sitecustomize`, or none of ours)."""
-    executable, argv, env = (args[0], args[1], args[3]) if event == "subprocess.Popen" else (args[0], args[1], args[2])
-    program = _os.path.basename(_os.fsdecode(executable or (argv[0] if argv else b"")))
-    if not program.startswith("python"):
-        return None
-    options = [_os.fsdecode(a) for a in list(argv or [])[1:3] if isinstance(a, (str, bytes))]
-    bare = any(a in ("-S", "-I", "-E", "-s") for a in options)
-    if env is not None and not bare:
-        path = env.get("PYTHONPATH", env.get(b"PYTHONPATH", "")) if hasattr(env, "get") else ""
-        bare = _GYRE.rstrip(_os.sep) not in _os.fsdecode(path or "")
-    return ("unmonitored-process", f"{program} started without gyre's monitor") if bare else None
-
-
-def _fixed(kind):
-    return lambda event, args: (kind, event)
-
-
-_HANDLERS = {
-    "sys._getframe": _fixed("frames"), "sys._current_frames": _fixed("frames"),
-    "sys.settrace": _fixed("trace"), "sys.setprofile": _fixed("trace"),
-    "gc.get_objects": _fixed("gc"), "gc.get_referrers": _fixed("gc"), "gc.get_referents": _fixed("gc"),
-    "os.exec": lambda event, args: ("exec", f"exec {str(args[0])[:120]}"),
-    "open": _on_open, "os.listdir": _on_listdir, "os.scandir": _on_listdir,
-    "compile": _on_compile, "code.__new__": _on_compile, "exec": _on_exec, "object.__setattr__": _on_setattr,
-    "sys.addaudithook": _fixed("audit-hook"),
-    "subprocess.Popen": _on_spawn, "os.posix_spawn": _on_spawn,
-}
-_CTYPES = _fixed("ctypes")  # every `ctypes.*` event (their names vary)
+if __package__:  # what each audit event means (`events`): gyre's package module, or the evaluation's copy
+    from gyre.evaluators.integrity.inprocess import events as _events
+else:
+    _events = __import__(_PLUGIN + "_events")
+_HANDLERS, _CTYPES = _events.HANDLERS, _events.CTYPES
 _BUSY = set()
 
 
@@ -407,99 +295,6 @@ def _audit(event, args, _handlers=_HANDLERS, _busy=_BUSY, _ident=_threadmod.get_
         pass  # the monitor never breaks the operation it watches
     finally:
         _busy.discard(me)
-
-
-_MODULES = []  # (module, name, its callables when the plugin loaded): pytest's, pluggy's, the plugin's own
-_CLASSES = []  # (class, name, its functions and descriptors then): their classes but the key ones
-HOOKS = []  # (hookimpl, its function) for each hook of the plugin, when pluggy registered it
-_CHANGED = set()
-_MISSING, _ADDED = object(), object()
-_SIZES = {}  # id(class) -> how many attributes it had
-
-
-def _own(value, homes):
-    try:
-        origin = _origin(value)[0]
-    except Exception:
-        return False
-    return isinstance(origin, str) and _os.path.realpath(origin).startswith(homes)
-
-
-def snapshot():
-    """What `check_patched` compares against: taken when the plugin has loaded, before any conftest. A class's
-    attribute has no audit event either: pytest's, pluggy's and the plugin's classes are compared too. Only
-    their own functions count in a module: freezegun rightly replaces `_pytest.timing.time` (the standard
-    library's, re-exported) while time is frozen."""
-    try:
-        files = [getattr(_sys.modules.get(n), "__file__", None) for n in ("_pytest", "pluggy", __name__, _PLUGIN)]
-        homes = tuple(_os.path.realpath(_os.path.dirname(f)) + _os.sep for f in files if isinstance(f, str))
-        for name, module in list(_sys.modules.items()):
-            if name in (__name__, _PLUGIN) or name.split(".")[0] in _PYTEST_MODULES:
-                values = getattr(module, "__dict__", None)
-                if isinstance(values, dict):
-                    _MODULES.append((module, name, {k: v for k, v in values.items() if callable(v) and _own(v, homes)}))
-                    for cls in [v for v in values.values() if isinstance(v, type) and v.__module__ == name]:
-                        key = name in (__name__, _PLUGIN) or cls.__name__ in _KEY_CLASSES
-                        _SIZES[id(cls)] = len(vars(cls))
-                        (_KEY_CLASSES_SNAP if key else _CLASSES).append(
-                            (cls, f"{name}.{cls.__qualname__}",
-                             {k: v for k, v in vars(cls).items() if callable(v) or hasattr(v, "__get__")}))
-    except Exception:  # the monitor never stops the tests: what it could not read, it does not compare
-        pass
-
-
-_KEY_CLASSES = {"Function", "Item", "Node", "Module", "Class", "Session", "TestReport", "CallInfo", "Config",
-                "PytestPluginManager", "PluginManager", "HookCaller", "_HookCaller", "HookImpl", "HookimplMarker"}
-_KEY_CLASSES_SNAP = []  # compared with the modules at every test; the other classes at collection's and session's end
-
-
-def _origin(value):
-    """(file, line) the code of a callable comes from (through methods, partials and wrappers), or (None, 0)."""
-    for _ in range(8):
-        code = getattr(value, "__code__", None)
-        if type(code) is _CODE:
-            return code.co_filename, code.co_firstlineno
-        inner = (getattr(value, "__func__", None) or getattr(value, "func", None) or getattr(value, "fget", None)
-                 or getattr(value, "__wrapped__", None))
-        if inner is None:
-            break
-        value = inner
-    if isinstance(value, type):
-        return getattr(_sys.modules.get(value.__module__), "__file__", None), 0
-    code = getattr(getattr(type(value), "__call__", None), "__code__", None)
-    return (code.co_filename, code.co_firstlineno) if type(code) is _CODE else (None, 0)
-
-
-def check_patched(full=False):
-    """pytest's, pluggy's or this plugin's functions or classes changed (no audit event covers a module's or a
-    class's attribute), or a hook of this plugin rewired, by the workspace's code: each noted once. `full`: all
-    of them; else the modules and the key classes (the runner's, the reports', the plugin manager's)."""
-    me = _threadmod.get_ident()
-    _BUSY.add(me)
-    try:
-        for owner, label, values in (
-                _MODULES + _KEY_CLASSES_SNAP + (_CLASSES if full else [])):
-            now = owner.__dict__
-            if isinstance(owner, type) and len(now) > _SIZES.get(id(owner), 0):  # an attribute added: an override
-                values = {**{k: _ADDED for k in now if k not in values}, **values}
-            for name, value in values.items():
-                new = now.get(name, _MISSING)
-                if new is value or (id(owner), name) in _CHANGED or value is _ADDED and not (
-                        callable(new) or hasattr(new, "__get__")):
-                    continue
-                _CHANGED.add((id(owner), name))
-                origin, line = ("?", 0) if new is _MISSING else _origin(new)  # deleted: whoever did it
-                if origin is not None and (origin == "?" or _classify(origin) in ("ws", "wrapper")):
-                    _note("patched", origin, line, f"{label}.{name} {'deleted' if new is _MISSING else 'replaced'}")
-        for impl, function in HOOKS:
-            if impl.function is not function and (id(impl), "function") not in _CHANGED:
-                _CHANGED.add((id(impl), "function"))
-                origin, line = _origin(impl.function)
-                _note("patched", origin or "?", line, f"gyre's {function.__name__} hook rewired")
-    except Exception:
-        pass
-    finally:
-        _BUSY.discard(me)
 
 
 def forget_sources():

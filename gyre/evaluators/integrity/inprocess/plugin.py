@@ -48,6 +48,7 @@ def _start():
     send(event="hello", pid=_os.getpid(), optimize=_sys.flags.optimize)
     here = _os.path.dirname(_os.path.abspath(__file__))
     mon = __import__(__name__ + "_monitor")  # gyre's runtime monitor: sitecustomize loaded it already
+    patches = __import__(__name__ + "_patches")  # what no audit event covers: pytest's own attributes
     mon.bind(fd)  # where its records go if the command has no audit pipe
     mon.watch_channel(fd)
     find = _plan(here)
@@ -99,8 +100,8 @@ def _start():
         seal.close(config.pluginmanager)
 
     def pytest_plugin_registered(plugin, manager):
-        if plugin is module and not mon.HOOKS:  # ours: what pluggy calls for each of our hooks
-            mon.HOOKS.extend((impl, impl.function) for caller in manager.get_hookcallers(plugin) or ()
+        if plugin is module and not patches.HOOKS:  # ours: what pluggy calls for each of our hooks
+            patches.HOOKS.extend((impl, impl.function) for caller in manager.get_hookcallers(plugin) or ()
                              for impl in caller.get_hookimpls() if impl.plugin is plugin)
         seal.registered(plugin, manager)
 
@@ -135,7 +136,7 @@ def _start():
 
         @pytest.hookimpl(hookwrapper=True, trylast=True)
         def pytest_runtest_call(self, item):
-            mon.check_patched()
+            patches.check_patched()
             raised.pop(item.nodeid, None)
             outcome = yield
             error = outcome.excinfo[1] if outcome.excinfo else None
@@ -143,7 +144,7 @@ def _start():
                 raised[item.nodeid] = type(error).__name__
 
     def pytest_collection_finish(session):
-        mon.check_patched(full=True)
+        patches.check_patched(full=True)
         session.config.pluginmanager.register(Innermost(), "gyre-innermost-" + _os.urandom(6).hex())
         index.update((id(item), i) for i, item in enumerate(session.items))
         maker.update((item.nodeid, _maker(type(item))) for item in session.items if not isinstance(item, pytest.Function))
@@ -161,7 +162,7 @@ def _start():
 
     def pytest_runtest_logreport(report):
         if report.when == "call":
-            mon.check_patched()
+            patches.check_patched()
         seal.check()
         subtest = type(report).__name__ == "SubtestReport"
         failed = raised.get(report.nodeid) if report.when == "call" else None
@@ -178,7 +179,7 @@ def _start():
              message=said)
 
     def pytest_sessionfinish(session, exitstatus):
-        mon.check_patched(full=True)
+        patches.check_patched(full=True)
         seal.check()
         send_modules()
         send(event="finish", exitstatus=int(exitstatus))
@@ -314,6 +315,4 @@ class _Seal:
 if not __package__:  # the evaluation's copy (a top-level module), never `gyre.evaluators.integrity.inprocess.plugin`
     globals().update(_start())
     del _start
-    _mon = __import__(__name__ + "_monitor")
-    _mon.snapshot()
-    del _mon
+    __import__(__name__ + "_patches").snapshot()

@@ -71,7 +71,17 @@ def test_run_checks_its_run_directory_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setattr("gyre.runtime.resolve.check_inputs", no_work)
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     missing = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "none")])  # its config.yaml is not read
-    assert missing.exit_code == 2 and "has no checkpoints" in " ".join(missing.output.split()), missing.output
+    assert missing.exit_code == 2 and f"{tmp_path / 'none'}: no such directory" in " ".join(missing.output.split())
+    (tmp_path / "empty").mkdir()
+    empty = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "empty")])
+    assert empty.exit_code == 2 and "holds no run (no gyre.duckdb)" in " ".join(empty.output.split()), empty.output
+    import duckdb
+
+    duckdb.connect(str(tmp_path / "empty" / "gyre.duckdb")).execute(
+        "create table steps as select 0 as step union all select 1").close()
+    no_checkpoint = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "empty")])
+    said = " ".join(no_checkpoint.output.split())
+    assert no_checkpoint.exit_code == 2 and "recorded 2 step(s) but holds no checkpoint" in said, said
     no_dir = CliRunner().invoke(app, ["run", "-c", "configs/tiny-cpu.yaml", "--resume"])
     assert no_dir.exit_code == 2 and "--resume needs RUN_DIR" in " ".join(no_dir.output.split()), no_dir.output
     (tmp_path / "used").mkdir()

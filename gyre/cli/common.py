@@ -18,5 +18,5 @@ INPUT_ERRORS = (ConfigError, ModelDirError, BenchmarkFormatError, FileNotFoundEr
 
 def _fail(exc: Exception, code: int = 2) -> None:
     """One-line error naming what is wrong, exit code `code` (2: bad input)."""
-    err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)  # one line, however long
     raise typer.Exit(code=code)

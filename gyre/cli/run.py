@@ -22,7 +22,7 @@ from rich.table import Table
 from gyre.cli.common import INPUT_ERRORS, _fail, console, err_console
 from gyre.config.run import load_config
 from gyre.flows.prefect_server import STARTUP_TIMEOUT_S, PrefectServer, check_prefect_api
-from gyre.runtime.lifecycle import StopOnSignal
+from gyre.runtime.lifecycle import FLOW_THREAD_NAME, StopOnSignal
 
 DEFAULT_CONFIG = Path("configs/tiny-cpu.yaml")
 """The run configuration `gyre run` takes without -c (and without --resume)."""
@@ -42,7 +42,7 @@ def _in_worker_thread(fn, **kwargs):
         except BaseException as exc:  # handed to the main thread, raised there
             outcome["error"] = exc
 
-    worker = threading.Thread(target=target, name="gyre-rl-run", daemon=True)
+    worker = threading.Thread(target=target, name=FLOW_THREAD_NAME, daemon=True)
     worker.start()
     while worker.is_alive():
         worker.join(JOIN_POLL_S)
@@ -51,10 +51,37 @@ def _in_worker_thread(fn, **kwargs):
     return outcome["result"]
 
 
-def _stop_message(signum: int, run_dir: Path) -> str:
-    resume = f"; continue with: gyre run --resume {run_dir}" if (run_dir / "checkpoints").is_dir() else ""
-    return (f"gyre run: {signal.Signals(signum).name}: stopping (current step abandoned, records flushed, "
-            f"sandboxes and engines closed){resume}")
+def _stop_message(signum: int, run_dir: Path, again: str) -> str:
+    """What a stop signal prints: what is kept and how to continue (`again`: the command that starts this run)."""
+    name = signal.Signals(signum).name
+    if (run_dir / "gyre.duckdb").exists():
+        return (f"gyre run: {name}: stopping (current step abandoned, every row recorded before it kept, sandboxes "
+                f"and engines closed); continue with: gyre run --resume {run_dir}")
+    return (f"gyre run: {name}: stopping during the model build or warm start: nothing recorded yet (a warm start "
+            f"cut short is not cached); start it again with: {again}")
+
+
+def _check_resumable(run_dir: Path) -> None:
+    """`--resume RUN_DIR` continues a run that is there, not live, and has a checkpoint to continue from (or has
+    not finished a step yet: it then starts at step 0, keeping its rows). One clear error otherwise."""
+    import duckdb
+
+    from gyre.runtime.run_status import is_live
+
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"--resume: {run_dir}: no such directory")
+    if not (run_dir / "gyre.duckdb").is_file():
+        raise FileNotFoundError(f"--resume: {run_dir} holds no run (no gyre.duckdb); start one there with "
+                                f"gyre run -c CONFIG {run_dir}")
+    if is_live(run_dir):
+        raise ValueError(f"--resume: {run_dir} is live (a process holds its gyre.duckdb): stop that run first")
+    if any((run_dir / "checkpoints").glob("step-*")):
+        return
+    with duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True) as con:
+        (recorded,), = con.execute("SELECT count(*) FROM steps").fetchall()
+    if recorded:
+        raise ValueError(f"--resume: {run_dir} recorded {recorded} step(s) but holds no checkpoint to continue "
+                         "from (set train.checkpoint_every for runs you may want to continue); start a new run")
 
 
 PRIMARY_SETS = ("in_distribution", "validation")
@@ -136,8 +163,11 @@ def run(
     run_dir = run_dir or run_dir_option
     if resume and run_dir is None:
         _fail(ValueError("--resume needs RUN_DIR: the run directory to continue (gyre run --resume RUN_DIR)"))
-    if resume and not (run_dir / "checkpoints").is_dir():  # checked before any model or warm start is built
-        _fail(ValueError(f"--resume: {run_dir} has no checkpoints/ (set train.checkpoint_every)"))
+    if resume:  # checked before any model or warm start is built
+        try:
+            _check_resumable(run_dir)
+        except (FileNotFoundError, ValueError) as exc:
+            _fail(exc)
     if config is None:
         config = run_dir / "config.yaml" if resume else DEFAULT_CONFIG
     cfg = _load(config)
@@ -147,7 +177,8 @@ def run(
     out = err_console if as_json else console
     _check(cfg)
     total = steps or cfg.steps
-    records, last_eval, failed = _run_flow(config, run_dir, total, resume, out)
+    again = f"gyre run -c {config}{f' --steps {steps}' if steps else ''} {run_dir}"
+    records, last_eval, failed = _run_flow(config, run_dir, total, resume, out, again)
     gain = None
     if cfg.evaluation.every_steps and total and cfg.evaluation.set == "held_out":  # the held-out curve's gain
         from gyre.report.learning_curve import quarter_gain, read_eval_rounds
@@ -203,7 +234,7 @@ def _check(cfg) -> None:
         _fail(exc)
 
 
-def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console):
+def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console, again: str = "gyre run"):
     """The RL flow in a worker thread (signals stay with this one), against gyre's own Prefect
     server unless PREFECT_API_URL names one; returns the step records, the last eval line and, when the
     flow run ended Failed (`rl_run`'s verdict), its reason."""
@@ -215,7 +246,7 @@ def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(STARTUP_TIMEOUT_S))
     # gyre's own Prefect server, killed with this process even by kill -9 (gyre/runtime/lifecycle.py)
     server = None if os.environ.get("PREFECT_API_URL") else PrefectServer()
-    StopOnSignal(server, lambda signum: _stop_message(signum, run_dir)).install()
+    StopOnSignal(server, lambda signum: _stop_message(signum, run_dir, again)).install()
     if server is not None:
         server.start()
     from gyre.flows.states import reconcile

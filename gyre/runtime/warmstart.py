@@ -38,6 +38,7 @@ from gyre.engines.models.hf import load_causal_lm, load_tokenizer
 from gyre.harnesses.builtin import SYSTEM_PROMPT, TOOLS
 from gyre.proxy.prompt import PromptBuilder
 from gyre.records import Query
+from gyre.runtime.lifecycle import RunStopped, stopping
 from gyre.runtime.progress import ProgressEvent, emit
 from gyre.trajectories.rows import TrainSequence
 
@@ -139,6 +140,8 @@ def warmstart(base_model: Path, out: Path, queries: list[Query], spec: Warmstart
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / spec.steps))
     for step in range(spec.steps):
+        if stopping():  # a stop signal, or the flow run cancelled: nothing is cached, the next run starts over
+            raise RunStopped(f"warm start stopped at step {step} of {spec.steps}")
         picks = rng.sample(range(len(rows)), min(spec.batch_size, len(rows)))
         if spec.flawed_fraction > 0.0:
             batch = [(flawed if rng.random() < spec.flawed_fraction else rows)[i] for i in picks]

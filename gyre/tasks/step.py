@@ -2,7 +2,11 @@
 evaluate, train, publish weights, record), of an evaluation round (execute and evaluate with
 purpose "eval", record-eval), and the one task that carries out a command of the cell
 scheduler (`cell-command`). Task runs are named with step, purpose, query and sample, and
-the flow tags them `step:<N>` and `purpose:<train|eval>` (docs/prefect.md)."""
+the flow tags them `step:<N>` and `purpose:<train|eval>` (docs/prefect.md).
+
+Once the run is stopping (`gyre.runtime.lifecycle.stopping`: a stop signal, or Prefect cancelling or
+suspending the flow run), a task that starts, or that fails because the run closed what it used, ends
+Cancelled with the reason (`_unless_stopped`): a stop is never shown as a failure or a crash."""
 
 from __future__ import annotations
 
@@ -15,15 +19,32 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.client.schemas.objects import State
 from prefect.futures import PrefectFuture
-from prefect.states import Failed
+from prefect.states import Cancelled, Failed
 
 from gyre.config.run import RunConfig
 from gyre.runtime.coordinator import Coordinator, ExecutionResult, StepOutcome
-from gyre.runtime.lifecycle import hold_if_stopping
+from gyre.runtime.lifecycle import hold_if_stopping, stopping, track
 from gyre.runtime.progress import ProgressEvent, subscribe
 from gyre.tasks.events import emit_run_event, prefect_logger
 from gyre.records import EvalRecord, EvalStatus, Query, Score
 from gyre.runtime.resolve import preflight
+
+
+STOPPED = "the run was stopping (a stop signal, or its flow run cancelled or suspended)"
+"""The message of a task run that ended Cancelled because its run stopped."""
+
+
+def _unless_stopped(fn: Callable[..., object], *args: object) -> object:
+    """`fn(*args)`, or a Cancelled state when the run is stopping: before it starts, or when it raised meanwhile
+    (its sandbox, engine or file closed by the stop). An error of a run that is not stopping propagates."""
+    if stopping():
+        return Cancelled(message=f"{STOPPED}: not started")
+    try:
+        return fn(*args)
+    except Exception as exc:
+        if stopping():
+            return Cancelled(message=f"{STOPPED}: abandoned ({type(exc).__name__}: {str(exc)[:200]})")
+        raise
 
 
 WARMSTART_LOG_EVERY = 50
@@ -40,20 +61,20 @@ def log_warmstart(event: ProgressEvent) -> None:
 
 
 @task(name="prepare-model", task_run_name="build-model-and-warm-start-{config.name}", cache_policy=NONE)
-def prepare_model(config: RunConfig) -> str:
+def prepare_model(config: RunConfig) -> str | State:
     """Resolve the benchmark and build (or reuse) the model directory, warm start included, as
     its own task run: its progress lines show in the UI. Returns the model directory."""
     unsubscribe = subscribe(log_warmstart)
     try:
-        model_dir, _ = preflight(config)
+        prepared = _unless_stopped(preflight, config)  # the warm start checks `stopping()` every step
     finally:
         unsubscribe()
-    return str(model_dir)
+    return prepared if isinstance(prepared, State) else str(prepared[0])
 
 
 @task(name="execute", task_run_name="step{step}-{purpose}-{query.query_id}-sample{group_index}", cache_policy=NONE)
 def execute(coord: Coordinator, query: Query, step: int, group_index: int, purpose: str = "train") -> ExecutionResult:
-    return coord.run_execution(query, step, group_index, purpose)
+    return _unless_stopped(coord.run_execution, query, step, group_index, purpose)
 
 
 @task(name="evaluate", cache_policy=NONE,
@@ -62,6 +83,10 @@ def execute(coord: Coordinator, query: Query, step: int, group_index: int, purpo
 def evaluate(coord: Coordinator, result: ExecutionResult) -> Score | State:
     """Score one kept workspace; an evaluator failure or a tampering verdict is also a Prefect event. An
     evaluator failure ends the task run Failed, the score its data (`scores_of`): the flow goes on."""
+    return _unless_stopped(_evaluate, coord, result)
+
+
+def _evaluate(coord: Coordinator, result: ExecutionResult) -> Score | State:
     score = coord.evaluate(result)
     if score.status in (EvalStatus.error, EvalStatus.tampering):
         kind = "failed" if score.status is EvalStatus.error else "tampering"
@@ -89,23 +114,23 @@ def scores_of(evaluations: list[PrefectFuture]) -> list[Score]:
 @task(name="train", task_run_name="train-step-{step}", cache_policy=NONE)
 def train(coord: Coordinator, step: int, results: list[ExecutionResult], scores: list[Score],
           started_at: datetime, eval_pass_rate: float | None = None) -> StepOutcome:
-    return coord.train(step, results, scores, started_at, eval_pass_rate)
+    return _unless_stopped(coord.train, step, results, scores, started_at, eval_pass_rate)
 
 
 @task(name="publish-weights", task_run_name="publish-weights-v{version}", cache_policy=NONE)
 def publish_weights(coord: Coordinator, version: int) -> None:
-    coord.publish_weights(version)
+    return _unless_stopped(coord.publish_weights, version)
 
 
 @task(name="record", task_run_name="record-step-{outcome.record.step}", cache_policy=NONE)
 def record(coord: Coordinator, outcome: StepOutcome, results: list[ExecutionResult], scores: list[Score]) -> None:
-    coord.record_step(outcome, results, scores)
+    return _unless_stopped(coord.record_step, outcome, results, scores)
 
 
 @task(name="record-eval", task_run_name="record-eval-{split}-before-step-{step}", cache_policy=NONE)
 def record_eval(coord: Coordinator, step: int, results: list[ExecutionResult], scores: list[Score],
                 started_at: datetime, split: str = "in_distribution") -> EvalRecord:
-    return coord.record_eval(step, results, scores, started_at, split)
+    return _unless_stopped(coord.record_eval, step, results, scores, started_at, split)
 
 
 CHECKPOINT_RETRIES = 2
@@ -117,20 +142,20 @@ CHECKPOINT_RETRY_DELAY_S = 15.0
 @task(name="checkpoint", task_run_name="checkpoint-after-step-{step}", cache_policy=NONE,
       retries=CHECKPOINT_RETRIES, retry_delay_seconds=CHECKPOINT_RETRY_DELAY_S)
 def checkpoint(coord: Coordinator, step: int) -> None:
-    coord.checkpoint(step)
+    return _unless_stopped(coord.checkpoint, step)
 
 
 @task(name="cell-command", task_run_name="{name}", cache_policy=NONE)
 def cell_command(name: str, fn: Callable[..., object], args: tuple) -> object:
     """One command of the cell scheduler carried out (`gyre.runtime.live.cells`), as its own task run."""
-    return fn(*args)
+    return _unless_stopped(fn, *args)
 
 
 def launch_cell_command(name: str, fn: Callable[..., object], args: tuple) -> PrefectFuture:
     """The `Launcher` the run flow gives `LiveCells`: every command's work is a task run (none once the run
     is stopping: `gyre.runtime.lifecycle.hold_if_stopping`)."""
     hold_if_stopping()
-    return cell_command.submit(name, fn, args)
+    return track(cell_command.submit(name, fn, args))
 
 
 @task(name="cell", task_run_name="cell-{cell_id}", cache_policy=NONE)
@@ -143,4 +168,6 @@ def cell(cell_id: int, description: str, feed: "queue.Queue[str | None]") -> int
     while (line := feed.get()) is not None:
         logger.info(line)
         lines += 1
+    if stopping():
+        return Cancelled(message=f"{STOPPED}: the cell was let go after {lines} switch or fault line(s)")
     return lines

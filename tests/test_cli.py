@@ -161,3 +161,37 @@ def test_a_resumed_run_progress_bar_starts_at_its_first_step():
     listener = _RichProgress(progress, total_steps=4)
     listener(SimpleNamespace(kind="run_started", step=None, data={"steps": 4, "first_step": 2}))
     assert progress.tasks[listener.step_task].completed == 2
+
+
+def test_a_resume_keeps_the_run_s_own_settings_unless_told_to_change_them(tmp_path, monkeypatch):
+    """`--steps` is written with the run (its config.yaml): a resume asking for another count, or naming
+    another config, stops before any work with what it would change; `--override` makes it the run's."""
+    import duckdb
+
+    from gyre.config.run import dump_config, load_config
+    from gyre.runtime.run_dir import changed_settings
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "step-000001").mkdir(parents=True)
+    duckdb.connect(str(run_dir / "gyre.duckdb")).execute("create table steps (step int)").close()
+    own = load_config("configs/tiny-cpu.yaml").model_copy(update={"steps": 3})
+    dump_config(own, run_dir / "config.yaml")
+    assert changed_settings(run_dir, own) == []
+    assert changed_settings(run_dir, own.model_copy(update={"steps": 5})) == ["steps: 3 -> 5"]
+
+    def no_work(*_args, **_kwargs):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr("gyre.runtime.resolve.check_inputs", no_work)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    asked = CliRunner().invoke(app, ["run", "--resume", str(run_dir), "--steps", "5"])
+    said = " ".join(asked.output.split())
+    assert asked.exit_code == 2 and "would change steps: 3 -> 5" in said and "--override" in said, said
+    other = CliRunner().invoke(app, ["run", "--resume", str(run_dir), "-c", "configs/tiny-cpu.yaml"])
+    said = " ".join(other.output.split())
+    assert other.exit_code == 2 and "steps: 3 -> 20" in said, said
+    kept = CliRunner().invoke(app, ["run", "--resume", str(run_dir), "--steps", "3"])  # the same: no change
+    assert isinstance(kept.exception, AssertionError), kept.output  # it went on, to the (stubbed) checks
+    chosen = CliRunner().invoke(app, ["run", "--resume", str(run_dir), "--steps", "5", "--override"])
+    assert "continues with steps: 3 -> 5" in " ".join(chosen.output.split()), chosen.output
+    assert isinstance(chosen.exception, AssertionError), chosen.output

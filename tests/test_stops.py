@@ -101,11 +101,13 @@ def test_a_stop_during_the_warm_start_cancels_the_flow_run_and_says_how_to_start
 
 
 @pytest.mark.slow
-def test_a_stop_before_the_first_step_ended_is_continued_from_step_0(tmp_path, tiny_model_dir):
-    config = _config(tmp_path, tiny_model_dir).read_text().replace("steps: 3", "steps: 2")
+def test_a_stop_before_the_first_step_ended_is_continued_from_step_0_with_its_own_steps(tmp_path, tiny_model_dir):
+    """Started with `--steps 2` over a config of 20: the resume trains 2 steps, the run's own; asking it for
+    another count is one line naming the change and the choice, before any work."""
+    config = _config(tmp_path, tiny_model_dir).read_text().replace("steps: 3", "steps: 20")
     (tmp_path / "run.yaml").write_text(config)
     run_dir = tmp_path / "run"
-    proc = _start(tmp_path / "run.yaml", tmp_path)
+    proc = _start(tmp_path / "run.yaml", tmp_path, "--steps", "2")
     try:
         _wait_for("step 0's executions under way", lambda: (run_dir / "gyre.duckdb").exists() and
                   list((run_dir / "workspaces").glob("s0000-*")), proc)
@@ -120,6 +122,12 @@ def test_a_stop_before_the_first_step_ended_is_continued_from_step_0(tmp_path, t
     (state, message), = _flow_runs(tmp_path)
     assert state == "CANCELLED" and "gyre run --resume" in message, message
     _no_task_run_failed_or_open(_task_runs(tmp_path))
+
+    other = _start(None, tmp_path, "--resume", "--steps", "4")
+    out, err = other.communicate(timeout=300)
+    assert other.returncode == 2, out + err
+    said = " ".join(err.split())
+    assert "steps: 2 -> 4" in said and "--override" in said and "Traceback" not in said, err
 
     resumed = _start(None, tmp_path, "--resume")
     try:

@@ -149,7 +149,10 @@ def run(
                                           "--resume, the run to continue.", show_default=False, metavar="RUN_DIR"),
     run_dir_option: Path | None = typer.Option(None, "--run-dir", hidden=True,
                                                help="RUN_DIR, as an option (the name earlier versions took)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue RUN_DIR from its newest checkpoint."),
+    resume: bool = typer.Option(False, "--resume", help="Continue RUN_DIR from its newest checkpoint, with the "
+                                "settings it started with (its config.yaml: --steps and every override folded in)."),
+    override: bool = typer.Option(False, "--override", help="With --resume: change the run's own settings to the "
+                                  "ones given (-c, --steps); without it a change stops before any work, naming it."),
     as_json: bool = typer.Option(False, "--json", help="Progress on stderr; at the end, one JSON document on stdout "
                                  "(run directory, status, reason, steps, eval pass rates)."),
 ) -> None:
@@ -171,14 +174,18 @@ def run(
     if config is None:
         config = run_dir / "config.yaml" if resume else DEFAULT_CONFIG
     cfg = _load(config)
+    if steps:  # a command-line override: written with the run (its config.yaml), what a resume continues with
+        cfg = cfg.model_copy(update={"steps": steps})
     run_dir = run_dir or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
     if not resume and (run_dir / "gyre.duckdb").exists():
         _fail(ValueError(f"{run_dir} already holds a run (gyre.duckdb); choose another RUN_DIR or --resume"))
     out = err_console if as_json else console
+    if resume:
+        _check_settings(run_dir, cfg, override, out)
     _check(cfg)
-    total = steps or cfg.steps
+    total = cfg.steps
     again = f"gyre run -c {config}{f' --steps {steps}' if steps else ''} {run_dir}"
-    records, last_eval, failed = _run_flow(config, run_dir, total, resume, out, again)
+    records, last_eval, failed = _run_flow(config, run_dir, total, resume, out, again, override)
     gain = None
     if cfg.evaluation.every_steps and total and cfg.evaluation.set == "held_out":  # the held-out curve's gain
         from gyre.report.learning_curve import quarter_gain, read_eval_rounds
@@ -234,7 +241,23 @@ def _check(cfg) -> None:
         _fail(exc)
 
 
-def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console, again: str = "gyre run"):
+def _check_settings(run_dir: Path, cfg, override: bool, out) -> None:
+    """A resume continues with the run's own settings; other ones (`-c`, `--steps`) stop here, naming what they
+    would change, unless `--override`, which says in one line what changes from here on."""
+    from gyre.runtime.run_dir import changed_settings
+
+    changes = changed_settings(run_dir, cfg)
+    if changes and not override:
+        _fail(ValueError(f"--resume: {run_dir} started with other settings (its config.yaml); this resume would "
+                         f"change {'; '.join(changes)}: leave them out to continue as it started, or add "
+                         "--override to change them"))
+    if changes:
+        out.print(f"--resume --override: {run_dir} continues with {'; '.join(changes)} (written to its config.yaml)",
+                  soft_wrap=True, markup=False)
+
+
+def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console, again: str = "gyre run",
+              override: bool = False):
     """The RL flow in a worker thread (signals stay with this one), against gyre's own Prefect
     server unless PREFECT_API_URL names one; returns the step records, the last eval line and, when the
     flow run ended Failed (`rl_run`'s verdict), its reason."""
@@ -264,7 +287,7 @@ def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console
             unsubscribe = progress_events.subscribe(listener)
             try:
                 state = _in_worker_thread(rl_run, config_path=str(config), run_dir=str(run_dir.resolve()),
-                                          steps=total, resume=resume, return_state=True)
+                                          steps=total, resume=resume, override=override, return_state=True)
                 records = state.result(raise_on_failure=False)
                 if isinstance(records, BaseException):  # the flow raised: as a plain call would
                     raise records

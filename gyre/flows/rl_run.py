@@ -34,6 +34,7 @@ from gyre.runtime.live.records import flush_switches
 from gyre.metrics import MetricsFanout, make_sinks
 from gyre.runtime.progress import ProgressEvent, emit
 from gyre.records import EvalRecord, StepRecord, utc_now
+from gyre.runtime.run_dir import changed_settings
 from gyre.runtime.run_status import crashed_starts, start_counts, started_before, verdict
 from gyre.tasks.events import prefect_logger
 from gyre.tasks.step import (
@@ -145,17 +146,21 @@ def load_run_config(config_path: str, benchmark_dir: str | None = None) -> RunCo
 @flow(name="rl-run", flow_run_name=run_name, task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENT_TASKS))
 def rl_run(
     config_path: str, run_dir: str | None = None, steps: int | None = None, resume: bool = False,
-    benchmark_dir: str | None = None,
+    benchmark_dir: str | None = None, override: bool = False,
 ) -> list[StepRecord]:
     """Run `steps` RL steps (default: the config's) into `run_dir` (default: runs/<name>-<time>).
 
     `benchmark_dir` replaces the config's `benchmark.path`. With `evaluation.every_steps` set,
     the policy is evaluated on held-out queries before every N-th step and after the last; the
     pass rate lands in `evals` and `steps`. With `train.checkpoint_every` set, checkpoints land
-    in `run_dir/checkpoints`; `resume` continues a run directory from its newest checkpoint.
+    in `run_dir/checkpoints`; `resume` continues a run directory from its newest checkpoint with the settings
+    it started with (its `config.yaml`, `steps` folded in): other settings stop the flow run naming what they
+    would change, unless `override` (then they are the run's from here on).
     The Prefect UI shows each step's artifacts and events (`gyre.flows.ui`).
     """
     config = load_run_config(config_path, benchmark_dir)
+    if steps:  # the run's own settings: written with it (`config.yaml`), what a resume continues with
+        config = config.model_copy(update={"steps": steps})
     flow_run_id = flow_run.id
     begin_run()
     if run_dir is None:  # one directory per flow run: a resumed (suspended) flow run finds its own again
@@ -163,7 +168,10 @@ def rl_run(
         rename_flow_run(f"{Path(config_path).stem} @ {Path(run_dir).name}")
     # the same flow run started again (resumed after a suspend, or retried): it continues its directory
     continuing = not resume and flow_run_id is not None and started_before(Path(run_dir), flow_run_id)
-    total = steps or config.steps
+    if (resume or continuing) and not override and (changes := changed_settings(Path(run_dir), config)):
+        raise ConfigError(f"{run_dir} started with other settings (its config.yaml): this start would change "
+                          f"{'; '.join(changes)}; leave them out to continue as it started, or pass override")
+    total = config.steps
     status, reason, coord, observer = "failed", None, None, None
     # a stop signal before the run directory holds a run (the model build, the warm start): Cancelled, said so
     unmark = on_stop(lambda: end_flow_run(flow_run_id, "Cancelled", STOPPED_EARLY_MESSAGE, live=True))

@@ -155,10 +155,10 @@ def test_a_resumed_run_progress_bar_starts_at_its_first_step():
 
     from rich.progress import Progress
 
-    from gyre.cli.run import _RichProgress
+    from gyre.cli.run_progress import RichProgress
 
     progress = Progress(disable=True)
-    listener = _RichProgress(progress, total_steps=4)
+    listener = RichProgress(progress, total_steps=4)
     listener(SimpleNamespace(kind="run_started", step=None, data={"steps": 4, "first_step": 2}))
     assert progress.tasks[listener.step_task].completed == 2
 
@@ -195,3 +195,62 @@ def test_a_resume_keeps_the_run_s_own_settings_unless_told_to_change_them(tmp_pa
     chosen = CliRunner().invoke(app, ["run", "--resume", str(run_dir), "--steps", "5", "--override"])
     assert "continues with steps: 3 -> 5" in " ".join(chosen.output.split()), chosen.output
     assert isinstance(chosen.exception, AssertionError), chosen.output
+
+
+def test_off_a_terminal_run_tables_are_whole_rows(tmp_path, monkeypatch):
+    """`gyre runs` and `gyre sql` into a file or a pipe: every cell whole (two runs once both read `.../dep-e…`)."""
+    from datetime import datetime, timezone
+
+    from gyre.storage.store import RunStore
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    for name in ("deployed-elastic-run-with-a-long-name-one", "deployed-elastic-run-with-a-long-name-two"):
+        store = RunStore(tmp_path / name / "gyre.duckdb")
+        store.append("runs", [{"run_id": name[-3:], "name": "t", "status": "stopped",
+                               "status_reason": "stopped by a signal (Ctrl-C, SIGTERM): the current step abandoned, "
+                               "every row recorded before it kept; `gyre run --resume RUN_DIR` continues",
+                               "started_at": datetime(2026, 12, 2, tzinfo=timezone.utc)}])
+        store.close()
+    listed = runner.invoke(app, ["runs", str(tmp_path)])
+    assert listed.exit_code == 0, listed.output
+    assert "…" not in listed.output, listed.output
+    for name in ("long-name-one", "long-name-two"):
+        assert f"{tmp_path}/deployed-elastic-run-with-a-{name}" in listed.output, listed.output
+    assert "`gyre run --resume RUN_DIR` continues" in listed.output
+    queried = runner.invoke(app, ["sql", str(tmp_path / "deployed-elastic-run-with-a-long-name-one"),
+                                  "select status_reason, status_reason as again from runs"])
+    assert queried.exit_code == 0 and "…" not in queried.output, queried.output
+    assert queried.output.count("`gyre run --resume RUN_DIR` continues") == 2, queried.output
+
+
+def test_off_a_terminal_a_run_says_a_line_per_warm_start_tenth_step_and_eval_round():
+    import io
+    from types import SimpleNamespace
+
+    from gyre.cli.run_progress import LineProgress
+
+    out = io.StringIO()
+    lines = LineProgress(out, total_steps=3)
+    lines(SimpleNamespace(kind="warmstart_started", step=None, data={"steps": 100, "cache": "/c/tiny-warm-1"}))
+    for step in range(100):
+        lines(SimpleNamespace(kind="warmstart", step=step, data={"steps": 100, "loss": 1.0, "elapsed_s": step + 1.0}))
+    lines(SimpleNamespace(kind="warmstart_finished", step=None, data={"steps": 100, "cache": "/c/tiny-warm-1",
+                                                                       "seconds": 100.0}))
+    t0, t1 = "2026-12-02T00:00:00+00:00", "2026-12-02T00:00:12.5+00:00"
+    lines(SimpleNamespace(kind="eval_finished", step=0, data={"split": "in_distribution", "policy_version": 0,
+                                                              "pass_rate": 0.375, "num_executions": 8,
+                                                              "num_dropped": 1, "started_at": t0, "finished_at": t1}))
+    lines(SimpleNamespace(kind="step_finished", step=0, data={"reward_mean": 0.25, "num_dropped": 2,
+                                                              "num_executions": 8, "mean_staleness": 0.5,
+                                                              "skipped_reason": None, "started_at": t0,
+                                                              "finished_at": t1}))
+    said = [line.split(" ", 1)[1] for line in out.getvalue().splitlines()]
+    assert said[0].startswith("warm start: 100 supervised steps, once: cached as /c/tiny-warm-1"), said
+    tenths = [line for line in said if line.startswith("warm start: ") and "%)" in line]
+    assert len(tenths) == 10 and tenths[0].startswith("warm start: 10/100 (10%), loss 1.0000, 10 s elapsed, "
+                                                      "about 1 min 30 s left"), tenths
+    assert said[11] == ("warm start: done in 1 min 40 s; cached as /c/tiny-warm-1: later runs reuse it (keep "
+                        "cache_dir; delete that directory to build it again)")
+    assert said[12] == ("eval after 0/3 steps (in_distribution, policy v0): pass rate 0.375 over 8 executions, "
+                        "1 dropped, 12.5 s")
+    assert said[13] == "step 1/3: reward 0.250, eval 0.375, dropped 2/8, E[d] 0.50, 12.5 s"

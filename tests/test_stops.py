@@ -79,16 +79,18 @@ def test_a_stop_during_the_warm_start_cancels_the_flow_run_and_says_how_to_start
         "benchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
         "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\nharness:\n  max_turns: 2\n"
     )
-    proc = _start(config, tmp_path)
+    log = tmp_path / "log"
+    proc = _start(config, tmp_path, log=log)  # `gyre run ... > log 2>&1`: the warm start says what it costs
     try:
-        models = tmp_path / "cache" / "models"
-        _wait_for("the base model built, its warm start under way",
-                  lambda: models.is_dir() and any(p.is_dir() for p in models.iterdir()), proc)
-        time.sleep(3)
-        out, err = _stop(proc)
+        _wait_for("its warm start under way", lambda: "warm start: 20000 supervised steps, once: cached as"
+                  in log.read_text(), proc)
+        time.sleep(2)
+        _stop(proc)
     finally:
         _kill(proc)
-    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    err = log.read_text()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    models = tmp_path / "cache" / "models"
     said = " ".join(err.split())
     assert "nothing recorded yet" in said and f"start it again with: gyre run -c {config} run" in said, err
     assert not (tmp_path / "run" / "gyre.duckdb").exists()

@@ -1,4 +1,5 @@
-"""What every `gyre` command shares: the consoles and the one way bad input ends a command."""
+"""What every `gyre` command shares: the consoles, the one way bad input ends a command, and tables printed
+whole (`print_table`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from gyre.engines.models.hf import ModelDirError
 console = Console()
 err_console = Console(stderr=True)
 
+UNBOUNDED_WIDTH = 100_000
+"""The width a table is measured in off a terminal: wide enough for any row."""
 INPUT_ERRORS = (ConfigError, ModelDirError, BenchmarkFormatError, FileNotFoundError, FileExistsError)
 
 
@@ -20,3 +23,16 @@ def _fail(exc: Exception, code: int = 2) -> None:
     """One-line error naming what is wrong, exit code `code` (2: bad input)."""
     err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)  # one line, however long
     raise typer.Exit(code=code)
+
+
+def print_table(table, out: Console | None = None) -> None:
+    """Print a rich table whole. On a terminal rich fits it to the window; off one (a file, a pipe, a CI log) rich
+    takes 80 columns and cuts cells to fit (`.../dep-e…`), so the console is widened to the table's own width
+    there: every row whole, however wide."""
+    out = out or console
+    if not out.is_terminal:
+        from rich.measure import Measurement
+
+        natural = Measurement.get(out, out.options.update_width(UNBOUNDED_WIDTH), table).maximum
+        out.width = max(out.width, natural)
+    out.print(table)

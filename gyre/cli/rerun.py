@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gyre.cli.common import INPUT_ERRORS, _fail, console
+from gyre.cli.common import INPUT_ERRORS, _fail, console, print_table
 
 DETAIL_CHARS = 200
 
@@ -85,7 +85,7 @@ def rerun_failed(
         f = u.failed
         table.add_row(str(f.step), f.purpose, escape(f.query_id), str(f.group_index), "-",
                       f"error: {_short(f.detail)}", "unrecoverable", "n/a", "(why: below)", style="red")
-    console.print(table)
+    print_table(table, console)
     for u in report.unrecoverable:
         console.print(f"[red]unrecoverable[/] {escape(u.failed.execution_id)}: {escape(u.reason)}", soft_wrap=True)
     if report.rate_changes:
@@ -95,7 +95,7 @@ def rerun_failed(
         for c in report.rate_changes:
             rates.add_row(str(c.step), c.split, str(c.policy_version), _num(c.old_pass_rate), _num(c.new_pass_rate),
                           f"{c.old_num_dropped} -> {c.new_num_dropped}")
-        console.print(rates)
+        print_table(rates, console)
     console.print(f"{len(report.rescored)} rescored, {len(report.still_failing)} failed again, "
                   f"{len(report.unrecoverable)} unrecoverable, {len(report.rate_changes)} eval pass rates changed")
     if left:

@@ -19,15 +19,14 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gyre.cli.common import INPUT_ERRORS, _fail, console, err_console
+from gyre.cli.common import INPUT_ERRORS, _fail, console, err_console, print_table
+from gyre.cli.run_progress import LineProgress, RichProgress, WarmstartProgress
 from gyre.config.run import load_config
 from gyre.flows.prefect_server import STARTUP_TIMEOUT_S, PrefectServer, check_prefect_api
 from gyre.runtime.lifecycle import FLOW_THREAD_NAME, StopOnSignal
 
 DEFAULT_CONFIG = Path("configs/tiny-cpu.yaml")
 """The run configuration `gyre run` takes without -c (and without --resume)."""
-TABLE_WIDTH_OFF_TERMINAL = 200
-"""The step table's width when stdout is not a terminal (its 14 columns need about 150)."""
 JOIN_POLL_S = 0.2
 """How often the main thread wakes while the flow runs (signal handlers run between waits)."""
 
@@ -82,62 +81,6 @@ def _check_resumable(run_dir: Path) -> None:
     if recorded:
         raise ValueError(f"--resume: {run_dir} recorded {recorded} step(s) but holds no checkpoint to continue "
                          "from (set train.checkpoint_every for runs you may want to continue); start a new run")
-
-
-PRIMARY_SETS = ("in_distribution", "validation")
-"""The eval set a run's "eval" column and last line report: the in-distribution held-out set, or the validation
-set when the eval rounds sample it instead (`evaluation.set: validation`; the two never run together)."""
-
-class _WarmstartProgress:
-    """Listener for the supervised warm start (runs once, then is cached)."""
-
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self.task = None
-
-    def __call__(self, event) -> None:
-        if event.kind != "warmstart":
-            return
-        if self.task is None:
-            self.task = self.progress.add_task("warm start", total=event.data["steps"], info="")
-        self.progress.update(self.task, completed=event.step + 1, info=f"loss {event.data['loss']:.3f}")
-
-
-class _RichProgress:
-    """Listener that turns progress events into a rich display."""
-
-    def __init__(self, progress: Progress, total_steps: int) -> None:
-        self.progress = progress
-        self.total_steps = total_steps
-        self.step_task = progress.add_task("steps", total=total_steps, info="")
-        self.exec_task = progress.add_task("executions", total=1, info="")
-        self.scored = 0
-        self.last_eval = "n/a"
-
-    def __call__(self, event) -> None:
-        if event.kind == "run_started":  # a resumed run's bar starts at its first step, not at 0
-            self.progress.update(self.step_task, completed=event.data.get("first_step") or 0)
-        elif event.kind == "step_started":
-            self.scored = 0
-            self.progress.reset(self.exec_task, total=event.data["executions"])
-            self.progress.update(self.exec_task, description=f"step {event.step} executions")
-        elif event.kind == "eval_started":
-            self.progress.reset(self.exec_task, total=event.data["executions"])
-            self.progress.update(self.exec_task, description=f"eval before step {event.step}")
-        elif event.kind == "execution_finished":
-            self.progress.advance(self.exec_task)
-        elif event.kind == "eval_finished" and event.data.get("split", "in_distribution") in PRIMARY_SETS:
-            rate = event.data["pass_rate"]
-            self.last_eval = "n/a" if rate is None else f"{rate:.3f}"
-        elif event.kind == "step_finished":
-            d = event.data
-            reward = "n/a" if d["reward_mean"] is None else f"{d['reward_mean']:.3f}"
-            info = f"v{d['policy_version']} reward {reward} eval {self.last_eval} dropped {d['num_dropped']}"
-            if d["logprob_abs_diff"] is not None:
-                info += f" |dlogp| {d['logprob_abs_diff']:.1e} loss {d['loss']:+.4f}"
-            if d["skipped_reason"]:
-                info += f" skipped: {d['skipped_reason']}"
-            self.progress.update(self.step_task, advance=1, info=info)
 
 
 def run(
@@ -280,10 +223,13 @@ def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console
 
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[info]}")]
-    try:
-        with Progress(*columns, console=out) as bar:
-            warm = progress_events.subscribe(_WarmstartProgress(bar))  # the flow's prepare-model task
-            listener = _RichProgress(bar, total)
+    try:  # bars on a terminal; off one (a file, a CI log) a bar is never drawn: a line per step instead
+        with Progress(*columns, console=out, disable=not out.is_terminal) as bar:
+            if out.is_terminal:
+                warm = progress_events.subscribe(WarmstartProgress(bar))  # the flow's prepare-model task
+                listener = RichProgress(bar, total)
+            else:
+                warm, listener = (lambda: None), LineProgress(out.file, total)
             unsubscribe = progress_events.subscribe(listener)
             try:
                 state = _in_worker_thread(rl_run, config_path=str(config), run_dir=str(run_dir.resolve()),
@@ -319,9 +265,7 @@ def _print_steps(records, run_dir: Path) -> None:
             num(r.sampled_entropy, ".2f"), num(r.mean_response_tokens, ".0f"),
             num(r.loss, "+.4f"), num(r.grad_norm, ".3f"), str(r.tokens_trained),
         )
-    if not console.is_terminal:  # a file, a CI log: rich caps a renderable at the console's width (80 there)
-        console.width = max(console.width, TABLE_WIDTH_OFF_TERMINAL)
-    console.print(table)
+    print_table(table, console)
 
 
 def _print_gspo_summary(records) -> None:

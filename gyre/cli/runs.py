@@ -22,7 +22,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gyre.cli.common import _fail, console
+from gyre.cli.common import _fail, console, print_table
 
 
 def runs(
@@ -57,7 +57,7 @@ def runs(
         for number, start in enumerate(row["starts"]):
             table.add_row(escape(row["run_dir"]) if number == 0 else "", str(start.started_at or ""), start.status,
                           escape(start.reason or ""), start.flow_run_id or "")
-    console.print(table)
+    print_table(table, console)
     if prefect is None:
         console.print("Prefect not contacted (PREFECT_API_URL unset): gyre's own server is brought up to date "
                       "when the next `gyre run` starts it")

@@ -27,6 +27,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,8 @@ def warmstart(base_model: Path, out: Path, queries: list[Query], spec: Warmstart
     flawed = [row(q, name, print_instead_of_return(text)) for q, name, text in solutions] if spec.flawed_fraction else []
     torch.manual_seed(spec.seed)
     rng = random.Random(spec.seed)
+    started = time.monotonic()
+    emit(ProgressEvent("warmstart_started", None, {"steps": spec.steps, "cache": str(out)}))
     model = load_causal_lm(base_model)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
@@ -153,7 +156,8 @@ def warmstart(base_model: Path, out: Path, queries: list[Query], spec: Warmstart
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        emit(ProgressEvent("warmstart", step, {"steps": spec.steps, "loss": float(loss.detach())}))
+        emit(ProgressEvent("warmstart", step, {"steps": spec.steps, "loss": float(loss.detach()),
+                                               "elapsed_s": time.monotonic() - started}))
     model.eval()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -174,6 +178,8 @@ def warmstart(base_model: Path, out: Path, queries: list[Query], spec: Warmstart
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    emit(ProgressEvent("warmstart_finished", None, {"steps": spec.steps, "cache": str(out),
+                                                    "seconds": time.monotonic() - started}))
     return out
 
 
@@ -239,5 +245,6 @@ def cached_warmstart(base_model: Path, cache_dir: Path, queries: list[Query], sp
     path = Path(cache_dir) / f"{Path(base_model).name}-warm-{spec_digest(base_model, queries, spec)}"
     if path.exists():
         check_cached(path, base_model)
+        emit(ProgressEvent("warmstart_cached", None, {"steps": spec.steps, "cache": str(path)}))
         return path
     return warmstart(base_model, path, queries, spec)

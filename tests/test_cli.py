@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -254,3 +255,16 @@ def test_off_a_terminal_a_run_says_a_line_per_warm_start_tenth_step_and_eval_rou
     assert said[12] == ("eval after 0/3 steps (in_distribution, policy v0): pass rate 0.375 over 8 executions, "
                         "1 dropped, 12.5 s")
     assert said[13] == "step 1/3: reward 0.250, eval 0.375, dropped 2/8, E[d] 0.50, 12.5 s"
+
+
+def test_a_run_this_machine_cannot_score_stops_before_any_model_with_its_reason(tmp_path, monkeypatch):
+    config = tmp_path / "tb.yaml"
+    config.write_text(Path("configs/terminalbench-cpu.yaml").read_text().replace(
+        "cache_dir: .gyre-cache", f"cache_dir: {tmp_path / 'cache'}"))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    result = CliRunner().invoke(app, ["run", "-c", str(config), str(tmp_path / "run")])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "2 of 2 queries cannot be scored here" in said, said
+    assert "csv-rows needs package-index, uv-installer" in said and "--allow-unscorable" in said, said
+    assert "Traceback" not in result.output and not (tmp_path / "run").exists()
+    assert not (tmp_path / "cache" / "models").exists()

@@ -96,6 +96,9 @@ def run(
                                 "settings it started with (its config.yaml: --steps and every override folded in)."),
     override: bool = typer.Option(False, "--override", help="With --resume: change the run's own settings to the "
                                   "ones given (-c, --steps); without it a change stops before any work, naming it."),
+    allow_unscorable: bool = typer.Option(False, "--allow-unscorable", help="Run queries this machine cannot score "
+                                          "(their evaluations dropped, never zeros); without it such a run stops "
+                                          "before any model is built, naming each query and what it needs."),
     as_json: bool = typer.Option(False, "--json", help="Progress on stderr; at the end, one JSON document on stdout "
                                  "(run directory, status, reason, steps, eval pass rates)."),
 ) -> None:
@@ -119,6 +122,8 @@ def run(
     cfg = _load(config)
     if steps:  # a command-line override: written with the run (its config.yaml), what a resume continues with
         cfg = cfg.model_copy(update={"steps": steps})
+    if allow_unscorable:
+        cfg = cfg.model_copy(update={"evaluator": cfg.evaluator.model_copy(update={"allow_unscorable": True})})
     run_dir = run_dir or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
     if not resume and (run_dir / "gyre.duckdb").exists():
         _fail(ValueError(f"{run_dir} already holds a run (gyre.duckdb); choose another RUN_DIR or --resume"))
@@ -128,7 +133,8 @@ def run(
     _check(cfg)
     total = cfg.steps
     again = f"gyre run -c {config}{f' --steps {steps}' if steps else ''} {run_dir}"
-    records, last_eval, failed = _run_flow(config, run_dir, total, resume, out, again, override)
+    again += " --allow-unscorable" if allow_unscorable else ""
+    records, last_eval, failed = _run_flow(config, run_dir, total, resume, out, again, override, allow_unscorable)
     gain = None
     if cfg.evaluation.every_steps and total and cfg.evaluation.set == "held_out":  # the held-out curve's gain
         from gyre.report.learning_curve import quarter_gain, read_eval_rounds
@@ -200,7 +206,7 @@ def _check_settings(run_dir: Path, cfg, override: bool, out) -> None:
 
 
 def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console, again: str = "gyre run",
-              override: bool = False):
+              override: bool = False, allow_unscorable: bool = False):
     """The RL flow in a worker thread (signals stay with this one), against gyre's own Prefect
     server unless PREFECT_API_URL names one; returns the step records, the last eval line and, when the
     flow run ended Failed (`rl_run`'s verdict), its reason."""
@@ -233,7 +239,8 @@ def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console
             unsubscribe = progress_events.subscribe(listener)
             try:
                 state = _in_worker_thread(rl_run, config_path=str(config), run_dir=str(run_dir.resolve()),
-                                          steps=total, resume=resume, override=override, return_state=True)
+                                          steps=total, resume=resume, override=override,
+                                          allow_unscorable=allow_unscorable, return_state=True)
                 records = state.result(raise_on_failure=False)
                 if isinstance(records, BaseException):  # the flow raised: as a plain call would
                     raise records

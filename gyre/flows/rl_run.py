@@ -34,6 +34,7 @@ from gyre.runtime.live.records import flush_switches
 from gyre.metrics import MetricsFanout, make_sinks
 from gyre.runtime.progress import ProgressEvent, emit
 from gyre.records import EvalRecord, StepRecord, utc_now
+from gyre.runtime.resolve import check_inputs
 from gyre.runtime.run_dir import changed_settings
 from gyre.runtime.run_status import crashed_starts, start_counts, started_before, verdict
 from gyre.tasks.events import prefect_logger
@@ -146,11 +147,12 @@ def load_run_config(config_path: str, benchmark_dir: str | None = None) -> RunCo
 @flow(name="rl-run", flow_run_name=run_name, task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENT_TASKS))
 def rl_run(
     config_path: str, run_dir: str | None = None, steps: int | None = None, resume: bool = False,
-    benchmark_dir: str | None = None, override: bool = False,
+    benchmark_dir: str | None = None, override: bool = False, allow_unscorable: bool = False,
 ) -> list[StepRecord]:
     """Run `steps` RL steps (default: the config's) into `run_dir` (default: runs/<name>-<time>).
 
-    `benchmark_dir` replaces the config's `benchmark.path`. With `evaluation.every_steps` set,
+    `benchmark_dir` replaces the config's `benchmark.path`. Queries this machine cannot score stop the flow run at
+    its start, each named with what it needs, unless `allow_unscorable` (`evaluator.allow_unscorable`). With `evaluation.every_steps` set,
     the policy is evaluated on held-out queries before every N-th step and after the last; the
     pass rate lands in `evals` and `steps`. With `train.checkpoint_every` set, checkpoints land
     in `run_dir/checkpoints`; `resume` continues a run directory from its newest checkpoint with the settings
@@ -161,6 +163,9 @@ def rl_run(
     config = load_run_config(config_path, benchmark_dir)
     if steps:  # the run's own settings: written with it (`config.yaml`), what a resume continues with
         config = config.model_copy(update={"steps": steps})
+    if allow_unscorable:
+        config = config.model_copy(update={"evaluator": config.evaluator.model_copy(update={"allow_unscorable": True})})
+    check_inputs(config)  # bad input, queries this machine cannot score: before any model is built
     flow_run_id = flow_run.id
     begin_run()
     if run_dir is None:  # one directory per flow run: a resumed (suspended) flow run finds its own again

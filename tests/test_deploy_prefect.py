@@ -7,6 +7,7 @@ UI's Cancel button does; then a headless Chromium reads each run's state off the
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -349,16 +350,18 @@ def test_cancelled_from_the_ui_at_each_moment_every_task_run_ends_cancelled(tmp_
 
     elastic = tmp_path / "elastic.yaml"
     elastic.write_text(
-        f"name: elastic\nsteps: 3\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {tiny_model_dir}\n"
+        f"name: elastic\nsteps: 6\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {tiny_model_dir}\n"
         "benchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
         "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\nharness:\n  max_turns: 2\n"
         "train:\n  checkpoint_every: 1\nscheduler:\n  policy: elastic\n  num_cells: 2\n  slots_per_cell: 4\n"
         "  lookahead_groups: 1\n  executions_per_micro_step: 2\n"
+        "evaluation:\n  every_steps: 1\n  samples_per_query: 1\n  max_queries: 2\n"
     )
     run_dir = tmp_path / "elastic"
     flow_run_id = _trigger(api, deployment["id"], {"config_path": str(elastic), "run_dir": str(run_dir)})
     _wait("mid step 1", lambda: (run_dir / "checkpoints" / "step-000001").is_dir()
           and list((run_dir / "workspaces").glob("s0001-*")), worker, log)
+    _glance_check(api, flow_run_id)
     _cancel(api, flow_run_id)
     cancelled = _wait_terminal(api, flow_run_id, worker, log)
     assert cancelled["state_type"] == "CANCELLED", cancelled["state"]
@@ -386,3 +389,31 @@ def test_cancelled_from_the_ui_at_each_moment_every_task_run_ends_cancelled(tmp_
                       json={"logs": {"flow_run_id": {"any_": [flow_run_id]}, "level": {"ge_": 30}}}).json()
     assert any("cancelled through Prefect" in entry["message"] and "resume" in entry["message"] for entry in logs), \
         [entry["message"] for entry in logs]
+
+
+def _glance_check(api: str, flow_run_id: str) -> None:
+    """A headless Chromium on the UI of a running elastic run: its page header and the runs list show step k/n and
+    the eval pass rate on its state badge; each cell's task-run page names the cell's role."""
+    from gyre.flows.ui_snapshot import find_browser, page_title, read_flow_run_page, shown_states
+
+    browser = find_browser()
+    if browser is None:
+        message = "no chromium for the browser check of the Prefect UI (apt-get install chromium)"
+        if os.environ.get("GYRE_REQUIRE_BROWSER") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    ui = api.removesuffix("/api")
+    page = read_flow_run_page(ui, api, flow_run_id, browser)
+    glance = re.compile(r"Running [1-6]/6 · reward \S+ · eval \S+$")
+    assert page.shown_type == "RUNNING" and glance.match(page.shown_name), page
+    for _ in range(3):  # the runs list (a step later, maybe); at load 10 its page may not render in one try
+        listed = shown_states(ui, browser)
+        if any(glance.match(word) for word in listed):
+            break
+    assert any(glance.match(word) for word in listed), listed
+    cells = [t for t in httpx.post(f"{api}/task_runs/filter", timeout=30, json={
+        "flow_runs": {"id": {"any_": [flow_run_id]}}}).json() if t["name"].startswith("cell-")]
+    assert len(cells) == 2, [t["name"] for t in cells]
+    for task_run in cells:
+        title = page_title(ui, f"runs/task-run/{task_run['id']}", browser)
+        assert re.match(r"Task Run: cell-[01]: (rollout|train)", title), title

@@ -107,7 +107,8 @@ def cells_run(coord: Coordinator, total: int, first: int = 0) -> list[StepRecord
     # built first: a topology the policy cannot run fails before any work
     cells = LiveCells(coord, total, launch=launch_cell_command, on_published=evaluate_version, start_version=first)
     # each cell a task run alive for the whole run: the UI lists the cells, their switches and faults
-    workers = [cell.submit(i, cells.describe(i), cells.feeds[i]) for i in range(len(cells.cells))]
+    roles = [c.role.value for c in cells.scheduler.state.cells]
+    workers = [cell.submit(i, cells.describe(i), cells.feeds[i], roles[i]) for i in range(len(cells.cells))]
     keep_switches = on_stop(lambda: flush_switches(cells))  # a stop signal: the switches made so far are rows
     try:
         if coord.eval_due(first, total):

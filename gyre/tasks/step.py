@@ -10,12 +10,15 @@ Cancelled with the reason (`_unless_stopped`): a stop is never shown as a failur
 
 from __future__ import annotations
 
+import logging
 import queue
-
+import re
 from collections.abc import Callable
 from datetime import datetime
 
 from prefect import get_run_logger, task
+from prefect.client.orchestration import get_client
+from prefect.context import TaskRunContext
 from prefect.cache_policies import NONE
 from prefect.client.schemas.objects import State
 from prefect.futures import PrefectFuture
@@ -95,8 +98,50 @@ def _evaluate(coord: Coordinator, result: ExecutionResult) -> Score | State:
             "execution_id": result.execution.execution_id, "detail": score.detail[-2000:],
             "evidence": score.evidence})
     if score.status is EvalStatus.error:
-        return Failed(message=f"evaluator failure (dropped, not a 0): {score.detail[-500:]}", data=score)
+        execution = result.execution
+        line = (f"step {execution.step} {execution.purpose} {result.query.query_id} sample {execution.group_index}: "
+                f"evaluator failure, dropped (not a 0): {_last_line(score.detail)}")
+        context = TaskRunContext.get()
+        if context is not None and context.task_run is not None:
+            _failure_lines[str(context.task_run.id)] = line
+        return Failed(message=line, data=score)
     return score
+
+
+FAILURE_LINE_CHARS = 300
+"""How much of an evaluator failure's reason its one log line and state message carry (DuckDB and the
+`gyre.evaluation.failed` event keep the whole detail)."""
+_failure_lines: dict[str, str] = {}
+"""The one readable line of each evaluate task run that ended Failed, by task-run id, until Prefect logs it."""
+
+
+def _last_line(detail: str) -> str:
+    """The reason of an evaluator failure, on one line: its last non-empty line, cut to `FAILURE_LINE_CHARS`."""
+    lines = [line.strip() for line in detail.splitlines() if line.strip()]
+    text = lines[-1] if lines else "(no detail)"
+    return text if len(text) <= FAILURE_LINE_CHARS else text[:FAILURE_LINE_CHARS - 3] + "..."
+
+
+class OneLineEvaluatorFailures(logging.Filter):
+    """Prefect logs a task run that returns a Failed state twice: "Task run failed with state: <its repr, the whole
+    Score in it>" with a stray "NoneType: None" (it asks for a traceback where there is none), then "Finished in state
+    Failed('...')". An evaluate task run that ends so is an evaluator failure (dropped, never a 0; the run goes on):
+    its first record is dropped and its second is its one readable line, a WARNING."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "task_name", None) != "evaluate":
+            return True
+        text = str(record.msg)
+        if text.startswith("Task run failed with state: "):
+            return False
+        if text.startswith("Finished in state Failed(") and \
+                (line := _failure_lines.pop(str(getattr(record, "task_run_id", "")), None)) is not None:
+            record.msg, record.args, record.exc_info = line, (), None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+logging.getLogger("prefect.task_runs").addFilter(OneLineEvaluatorFailures())
 
 
 def scores_of(evaluations: list[PrefectFuture]) -> list[Score]:
@@ -158,16 +203,38 @@ def launch_cell_command(name: str, fn: Callable[..., object], args: tuple) -> Pr
     return track(cell_command.submit(name, fn, args))
 
 
-@task(name="cell", task_run_name="cell-{cell_id}", cache_policy=NONE)
-def cell(cell_id: int, description: str, feed: "queue.Queue[str | None]") -> int:
-    """One cell, alive for the whole run: its log says what it is and every switch and fault it
-    went through, as they happen; returns how many it logged."""
+SWITCH_LINE = re.compile(r"^(\w+) -> (\w+) in ")
+"""A role switch as a cell's feed says it (`gyre.runtime.live.cells`: `rollout -> train in 0.120 s (...)`)."""
+
+
+def cell_run_name(cell_id: int, role: str, switches: int = 0) -> str:
+    """A cell's task-run name: its role now and how many switches brought it there (`cell-1: train, 3 switches`)."""
+    return f"cell-{cell_id}: {role}" + (f", {switches} switch{'es' if switches > 1 else ''}" if switches else "")
+
+
+def rename_task_run(name: str) -> None:
+    """Rename the current task run, on the server and in the engine's own copy (its later state events carry it)."""
+    context = TaskRunContext.get()
+    if context is None or context.task_run is None:
+        return
+    context.task_run.name = name
+    with get_client(sync_client=True) as client:
+        client.set_task_run_name(context.task_run.id, name)
+
+
+@task(name="cell", task_run_name="cell-{cell_id}: {role}", cache_policy=NONE)
+def cell(cell_id: int, description: str, feed: "queue.Queue[str | None]", role: str = "rollout") -> int:
+    """One cell, alive for the whole run: named with its role and switches (renamed at each), its log says what
+    it is and every switch and fault it went through, as they happen; returns how many lines it logged."""
     logger = get_run_logger()
     logger.info(description)
-    lines = 0
+    lines = switches = 0
     while (line := feed.get()) is not None:
         logger.info(line)
         lines += 1
+        if (switch := SWITCH_LINE.match(line)) is not None:
+            role, switches = switch.group(2), switches + 1
+            rename_task_run(cell_run_name(cell_id, role, switches))
     if stopping():
         return Cancelled(message=f"{STOPPED}: the cell was let go after {lines} switch or fault line(s)")
     return lines

@@ -41,7 +41,8 @@ the open task runs are read again (`SETTLE_ROUNDS` times at most, `SETTLE_WAIT_S
 
 
 def end_flow_run(flow_run_id: str | None, kind: str, message: str, live: bool = False) -> bool:
-    """Set flow run `flow_run_id` and its open task runs to `kind` (Cancelled, Crashed or Failed), forced past
+    """Set flow run `flow_run_id` and its open task runs to `kind` (Cancelled, Crashed, Failed, or Completed: a run
+    judged again by a rerun of its failed evaluations), forced past
     Prefect's orchestration rules (the engine that would have reported is gone). `live`: called from the run's
     own process as it stops (its queued events are sent first, and late task runs are waited for). False when
     there is no flow run or the API cannot be reached (said on stderr)."""
@@ -66,9 +67,9 @@ def _end(flow_run_id: str | None, kind: str, message: str, live: bool, flow_too:
     )
     from prefect.client.schemas.objects import StateType
     from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, temporary_settings
-    from prefect.states import Cancelled, Crashed, Failed
+    from prefect.states import Cancelled, Completed, Crashed, Failed
 
-    make = {"Cancelled": Cancelled, "Crashed": Crashed, "Failed": Failed}[kind]
+    make = {"Cancelled": Cancelled, "Crashed": Crashed, "Failed": Failed, "Completed": Completed}[kind]
     still_open = TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(
         any_=[StateType(t) for t in OPEN_TYPES])))
     task_message = f"its flow run ended: {message}" if flow_too else message

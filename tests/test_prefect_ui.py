@@ -208,12 +208,21 @@ def test_warm_start_progress_is_logged_every_50_steps_and_at_the_end(caplog):
     from gyre.tasks.step import log_warmstart
 
     with caplog.at_level(logging.INFO, logger="gyre.tasks.events"):
+        log_warmstart(ProgressEvent("warmstart_started", None, {"steps": 120, "cache": "/c/tiny-warm-1"}))
         for step in range(120):
-            log_warmstart(ProgressEvent("warmstart", step, {"steps": 120, "loss": 1.0 / (step + 1)}))
+            log_warmstart(ProgressEvent("warmstart", step, {"steps": 120, "loss": 1.0 / (step + 1),
+                                                            "elapsed_s": float(step + 1)}))
+        log_warmstart(ProgressEvent("warmstart_finished", None, {"steps": 120, "cache": "/c/tiny-warm-1",
+                                                                 "seconds": 120.4}))
         log_warmstart(ProgressEvent("step_finished", 0, {}))
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["warm start: step 50 of 120, loss 0.0200", "warm start: step 100 of 120, loss 0.0100",
-                     "warm start: step 120 of 120, loss 0.0083"]
+    assert lines == ["warm start: 120 supervised steps, once: cached as /c/tiny-warm-1 when done, reused by every "
+                     "run with the same model, queries and warm-start settings",
+                     "warm start: step 50 of 120, loss 0.0200, 50 s so far",
+                     "warm start: step 100 of 120, loss 0.0100, 100 s so far",
+                     "warm start: step 120 of 120, loss 0.0083, 120 s so far",
+                     "warm start: done in 120 s; cached as /c/tiny-warm-1: later runs reuse it (keep cache_dir; "
+                     "delete that directory to build it again)"]
 
 
 def test_each_cell_is_a_task_run_alive_for_the_run_logging_its_switches(prefect_server):

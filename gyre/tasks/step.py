@@ -55,12 +55,24 @@ WARMSTART_LOG_EVERY = 50
 
 
 def log_warmstart(event: ProgressEvent) -> None:
-    """A progress listener for the model-build task run: a warm-start line every
-    `WARMSTART_LOG_EVERY` optimizer steps, and after the last."""
-    if event.kind == "warmstart" and event.step is not None:
-        done, total = event.step + 1, event.data["steps"]
+    """A progress listener for the model-build task run: what the warm start costs when it starts (its steps,
+    where it is cached), a line every `WARMSTART_LOG_EVERY` optimizer steps and after the last (with the time so
+    far), how long it took and how later runs reuse it; or that a cached one was reused."""
+    d = event.data
+    if event.kind == "warmstart_started":
+        prefect_logger().info("warm start: %d supervised steps, once: cached as %s when done, reused by every run "
+                              "with the same model, queries and warm-start settings", d["steps"], d["cache"])
+    elif event.kind == "warmstart_finished":
+        prefect_logger().info("warm start: done in %.0f s; cached as %s: later runs reuse it (keep cache_dir; "
+                              "delete that directory to build it again)", d["seconds"], d["cache"])
+    elif event.kind == "warmstart_cached":
+        prefect_logger().info("warm start: reused from the cache, %s", d["cache"])
+    elif event.kind == "warmstart" and event.step is not None:
+        done, total = event.step + 1, d["steps"]
         if done % WARMSTART_LOG_EVERY == 0 or done == total:
-            prefect_logger().info("warm start: step %d of %d, loss %.4f", done, total, event.data["loss"])
+            elapsed = d.get("elapsed_s")
+            prefect_logger().info("warm start: step %d of %d, loss %.4f%s", done, total, d["loss"],
+                                  "" if elapsed is None else f", {elapsed:.0f} s so far")
 
 
 @task(name="prepare-model", task_run_name="build-model-and-warm-start-{config.name}", cache_policy=NONE)

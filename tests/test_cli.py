@@ -268,3 +268,17 @@ def test_a_run_this_machine_cannot_score_stops_before_any_model_with_its_reason(
     assert "csv-rows needs package-index, uv-installer" in said and "--allow-unscorable" in said, said
     assert "Traceback" not in result.output and not (tmp_path / "run").exists()
     assert not (tmp_path / "cache" / "models").exists()
+
+
+def test_help_reads_whole_sentences_and_flags_take_no_value():
+    """`gyre --help` lists each command by its first paragraph: one line of text, never broken mid-sentence by the
+    docstring's own line breaks; a boolean flag is shown as taking no value (typer's `--resume <bool>`)."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for name in ("run", "runs", "resume", "rerun-failed", "sql"):
+        first = group.commands[name].help.strip().split("\n\n")[0]
+        assert "\n" not in first and first.endswith("."), (name, first)
+    shown = runner.invoke(app, ["run", "--help"], terminal_width=200)
+    assert shown.exit_code == 0 and "--resume" in shown.output and "<bool>" not in shown.output, shown.output
+    assert "<path>" in shown.output  # options that take a value keep their type

@@ -11,6 +11,24 @@ from gyre.benchmarks.errors import BenchmarkFormatError
 from gyre.config.run import ConfigError
 from gyre.engines.models.hf import ModelDirError
 
+def _flags_take_no_value() -> None:
+    """typer 0.29's help labels every boolean flag with a type, as if it took a value (`--resume <bool>`); a flag
+    takes none, so its type column stays empty, as click's own help has it. (One method of typer's option
+    class, replaced once at import; every other option keeps typer's label.)"""
+    from typer.core import TyperOption
+
+    label = TyperOption.display_type_rich
+    if getattr(label, "gyre_flags_take_no_value", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag and not self.count else label(self, ctx)
+
+    display_type_rich.gyre_flags_take_no_value = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_take_no_value()
 console = Console()
 err_console = Console(stderr=True)
 

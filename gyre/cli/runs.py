@@ -71,8 +71,10 @@ def resume(
                                    metavar="RUN_DIR"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a line."),
 ) -> None:
-    """Resume a run suspended through Prefect (as its flow run's Resume button does): the flow run is
-    scheduled again, its worker starts the flow, which continues RUN_DIR from its last checkpoint."""
+    """Resume a run suspended through Prefect, as its flow run's Resume button does.
+
+    The flow run is scheduled again, its worker starts the flow, which continues RUN_DIR from its last
+    checkpoint."""
     from prefect.exceptions import ObjectNotFound, PrefectException
     from prefect.flow_runs import resume_flow_run
 

@@ -85,8 +85,8 @@ class LineProgress:
         elif event.kind == "eval_finished":
             if d.get("split", "in_distribution") in PRIMARY_SETS:
                 self.last_eval = _rate(d["pass_rate"])
-            self.say(f"eval after {event.step}/{self.total_steps} steps ({d['split']}, policy v{d['policy_version']}): pass rate "
-                     f"{_rate(d['pass_rate'])} over {d['num_executions']} executions, {d['num_dropped']} dropped, "
+            self.say(f"eval after {event.step}/{self.total_steps} steps ({d['split']}, policy v{d['policy_version']}): "
+                     f"pass rate {_rate(d['pass_rate'])} over {d['num_executions']} executions, {d['num_dropped']} dropped, "
                      f"{_seconds(d)}")
         elif event.kind == "step_finished":
             staleness = d.get("mean_staleness")

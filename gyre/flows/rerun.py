@@ -58,10 +58,11 @@ def link_to_run(report: RerunReport, run_id: str, name: str) -> None:
     verdict = report.verdict
     target = verdict.flow_run_id if verdict is not None else None
     link = f"[{Path(report.run_dir).name}](/runs/flow-run/{target})" if target else f"`{report.run_dir}`"
+    settings = "; ".join(report.settings) if report.settings else "the run's own settings"
     lines = [f"# Rerun {report.rerun_id} of the failed evaluations of {link}", "",
              f"- rescored: {len(report.rescored)} ({len(report.still_failing)} failed again); unrecoverable: "
              f"{len(report.unrecoverable)}; eval pass rates changed: {len(report.rate_changes)}",
-             f"- evaluator: {'; '.join(report.settings) if report.settings else 'the run' + chr(39) + 's own settings'}"]
+             f"- evaluator: {settings}"]
     if verdict is not None:
         lines.append(f"- the run: {verdict.old_status} -> **{verdict.status}**: {verdict.reason}")
     if flow_run.id:

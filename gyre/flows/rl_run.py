@@ -152,10 +152,10 @@ def rl_run(
 ) -> list[StepRecord]:
     """Run `steps` RL steps (default: the config's) into `run_dir` (default: runs/<name>-<time>).
 
-    `benchmark_dir` replaces the config's `benchmark.path`. Queries this machine cannot score stop the flow run at
-    its start, each named with what it needs, unless `allow_unscorable` (`evaluator.allow_unscorable`). With `evaluation.every_steps` set,
-    the policy is evaluated on held-out queries before every N-th step and after the last; the
-    pass rate lands in `evals` and `steps`. With `train.checkpoint_every` set, checkpoints land
+    `benchmark_dir` replaces the config's `benchmark.path`. Queries this machine cannot score stop the flow run
+    at its start, each named with what it needs, unless `allow_unscorable` (`evaluator.allow_unscorable`).
+    With `evaluation.every_steps` set, the policy is evaluated on held-out queries before every N-th step and
+    after the last; the pass rate lands in `evals` and `steps`. With `train.checkpoint_every` set, checkpoints land
     in `run_dir/checkpoints`; `resume` continues a run directory from its newest checkpoint with the settings
     it started with (its `config.yaml`, `steps` folded in): other settings stop the flow run naming what they
     would change, unless `override` (then they are the run's from here on).

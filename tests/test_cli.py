@@ -130,6 +130,10 @@ def test_off_a_terminal_the_step_table_keeps_every_column(monkeypatch, tmp_path)
     assert "…" not in text, text
     for shown in ("clip lo/hi", "grad norm", "0.109", "0.125", "6.86e-09", "2097"):
         assert shown in text, shown
+    buf.truncate(0)
+    buf.seek(0)
+    run_cli._print_gspo_summary([record])  # its one line stays one line (a log wrapped it mid-figure at 80)
+    assert buf.getvalue().count("\n") == 1 and len(buf.getvalue()) > 200, buf.getvalue()
 
 
 def test_proxy_serve_on_a_port_in_use_is_one_line_before_any_model_loads(tmp_path):

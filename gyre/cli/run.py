@@ -147,9 +147,9 @@ def run(
         _print_gspo_summary(records)
         if cfg.evaluation.every_steps:
             which = " (validation set)" if cfg.evaluation.set == "validation" else ""
-            console.print(f"eval pass rate after the last step{which}: {last_eval}  (table `evals`)")
+            console.print(f"eval pass rate after the last step{which}: {last_eval}  (table `evals`)", soft_wrap=True)
             if gain is not None:
-                console.print(f"held-out eval pass rate, {gain.describe()}")
+                console.print(f"held-out eval pass rate, {gain.describe()}", soft_wrap=True)
         console.print(f"results: {run_dir / 'gyre.duckdb'}  (gyre sql {run_dir} \"select * from steps\")",
                       soft_wrap=True)
     if failed:
@@ -287,4 +287,5 @@ def _print_gspo_summary(records) -> None:
         values = [getattr(r, name) for r in trained if getattr(r, name) is not None]
         if values:
             parts.append(f"{label} mean {sum(values) / len(values):.3g} max {max(values):.3g}")
-    console.print(f"GSPO over {len(trained)} trained steps: " + "; ".join(parts) + "  (table `steps`)")
+    console.print(f"GSPO over {len(trained)} trained steps: " + "; ".join(parts) + "  (table `steps`)",
+                  soft_wrap=True)  # one line off a terminal too

@@ -240,11 +240,18 @@ def check_cached(path: Path, base_model: Path) -> None:
             + "; delete it (it is rebuilt on the next run) or point cache_dir elsewhere")
 
 
+_announced: set[str] = set()
+"""Warm starts this process built or said it reused (each is said once)."""
+
+
 def cached_warmstart(base_model: Path, cache_dir: Path, queries: list[Query], spec: WarmstartSpec) -> Path:
     """The warm start for (base, queries, spec), built once under `cache_dir`; a cache hit is checked."""
     path = Path(cache_dir) / f"{Path(base_model).name}-warm-{spec_digest(base_model, queries, spec)}"
     if path.exists():
         check_cached(path, base_model)
-        emit(ProgressEvent("warmstart_cached", None, {"steps": spec.steps, "cache": str(path)}))
+        if str(path) not in _announced:  # once a process: the model task and the coordinator both resolve it
+            _announced.add(str(path))
+            emit(ProgressEvent("warmstart_cached", None, {"steps": spec.steps, "cache": str(path)}))
         return path
+    _announced.add(str(path))
     return warmstart(base_model, path, queries, spec)

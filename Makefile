@@ -26,7 +26,8 @@ run: $(STAMP) system-deps
 	$(VENV)/bin/gyre run --config configs/tiny-cpu.yaml
 
 # the suite runs beside a private Docker engine (scripts/docker-engine.sh: started, its base image built or
-# reused, stopped after; best effort: without root or apt the docker tests skip and say why)
+# reused, stopped after). As root it is required: an engine that does not start fails `make test` at once,
+# naming it and why; as another user the docker tests skip and say why
 test: $(STAMP) system-deps
 	PREFECT_SERVER_ANALYTICS_ENABLED=false GYRE_REQUIRE_SANDBOX=1 GYRE_REQUIRE_BROWSER=1 bash scripts/docker-engine.sh run $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 

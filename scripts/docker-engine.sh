@@ -12,9 +12,10 @@
 #   scripts/docker-engine.sh start        start it and print the `export` lines for a shell (`make docker-engine`)
 #   scripts/docker-engine.sh stop         stop the engine started by `start` (by the PID in its pidfile)
 #
-# Best effort, like the Claude Code CLI in system-deps.sh: where the engine cannot be installed or started
-# (not root, apt unreachable, no overlayfs), `run` says why on stderr and runs CMD without it; the docker
-# tests then skip and name the reason.
+# As root (`make test`, CI) the engine is required, as bubblewrap and the browser are: an engine that cannot be
+# installed, started or given its base image stops `run` before CMD, exit 1, with a line naming the engine and
+# the reason (never a suite whose docker tests quietly skip). As another user it is best effort: `run` says
+# why there is none on stderr and runs CMD without it; the docker tests then skip and name the reason.
 set -uo pipefail
 
 STATE=${GYRE_DOCKER_HOME:-/var/lib/gyre-docker}       # data root + image build cache: kept between runs
@@ -61,7 +62,8 @@ start_engine() {
   if answers; then say "an engine already answers on $SOCK: reused"; STARTED=0; return 0; fi
   [ "$(id -u)" -eq 0 ] || { say "dockerd needs root; no engine"; return 1; }
   install_engine || return 1
-  mkdir -p "$STATE/root" "$RUN/exec"
+  mkdir -p "$STATE/root" "$RUN/exec" 2>/dev/null && [ -w "$RUN" ] && [ -w "$STATE" ] \
+    || { say "cannot write its directories $STATE and $RUN (GYRE_DOCKER_HOME, GYRE_DOCKER_RUN)"; return 1; }
   printf '{"deprecated-key-path": "%s/key.json"}\n' "$STATE" > "$STATE/daemon.json"
   say "starting dockerd on $SOCK (data root $STATE/root)"
   dockerd -H "unix://$SOCK" --data-root "$STATE/root" --exec-root "$RUN/exec" --pidfile "$RUN/docker.pid" \
@@ -160,7 +162,12 @@ case "${1:-}" in
       if [ "$STARTED" = 1 ]; then trap stop_engine EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; fi
     else
       [ "$STARTED" = 1 ] && stop_engine
-      say "no Docker engine: the docker tests skip and say why"
+      if [ "$(id -u)" -eq 0 ]; then
+        say "FAILED: the Docker engine (dockerd on $SOCK) could not be started or given its base image (the" \
+            "lines above say why); the docker tests need it here: not running $*"
+        exit 1
+      fi
+      say "no Docker engine (not root): the docker tests skip and say why"
     fi
     "$@"
     exit $?

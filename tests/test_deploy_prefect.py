@@ -7,6 +7,7 @@ UI's Cancel button does; then a headless Chromium reads each run's state off the
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -307,3 +308,112 @@ def test_a_run_suspended_through_prefect_resumes_in_its_own_directory(tmp_path, 
                         [starts[1][0]]).fetchone()[0]
     assert first >= 1
     assert not list(tmp_path.glob("runs/*"))  # nothing outside the run directory it was given
+
+
+def _task_states(api: str, flow_run_id: str) -> list[tuple[str, str, str]]:
+    """(name, state type, state message) of every task run of a flow run."""
+    runs = httpx.post(f"{api}/task_runs/filter", timeout=30, json={"flow_runs": {"id": {"any_": [flow_run_id]}}})
+    return [(t["name"], t["state_type"], (t["state"] or {}).get("message") or "") for t in runs.json()]
+
+
+def _cancel(api: str, flow_run_id: str) -> None:
+    """What the UI's Cancel button does: Cancelling; the worker then stops the flow run's process."""
+    httpx.post(f"{api}/flow_runs/{flow_run_id}/set_state", timeout=30,
+               json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}).raise_for_status()
+
+
+@pytest.mark.slow
+def test_cancelled_from_the_ui_at_each_moment_every_task_run_ends_cancelled(tmp_path, tiny_model_dir, deployed):
+    """Cancelled through Prefect during the warm start, and mid-step under the cell scheduler: the flow run ends
+    Cancelled, every task run it opened Completed or Cancelled (never Failed on a closed run file, never Crashed),
+    the cells Cancelled, the run's rows kept, and its Logs say how to continue."""
+    api, env, deployment, worker, log = deployed
+    warm = tmp_path / "warm.yaml"
+    warm.write_text(
+        f"name: warm\nsteps: 2\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: null\n"
+        "  tiny:\n    hidden_size: 32\n    num_hidden_layers: 1\n    vocab_size: 512\n"
+        "  warmstart:\n    steps: 20000\n    batch_size: 2\n"
+        "benchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
+        "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\nharness:\n  max_turns: 2\n"
+    )
+    warm_id = _trigger(api, deployment["id"], {"config_path": str(warm), "run_dir": str(tmp_path / "warm")})
+    models = tmp_path / "cache" / "models"
+    _wait("its warm start under way", lambda: models.is_dir() and any(p.is_dir() for p in models.iterdir()),
+          worker, log)
+    time.sleep(3)
+    _cancel(api, warm_id)
+    cancelled = _wait_terminal(api, warm_id, worker, log)
+    assert cancelled["state_type"] == "CANCELLED", cancelled["state"]
+    assert [(name, state) for name, state, _ in _task_states(api, warm_id)] == \
+        [("build-model-and-warm-start-warm", "CANCELLED")]
+    assert not (tmp_path / "warm" / "gyre.duckdb").exists()
+
+    elastic = tmp_path / "elastic.yaml"
+    elastic.write_text(
+        f"name: elastic\nsteps: 6\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {tiny_model_dir}\n"
+        "benchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
+        "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\nharness:\n  max_turns: 2\n"
+        "train:\n  checkpoint_every: 1\nscheduler:\n  policy: elastic\n  num_cells: 2\n  slots_per_cell: 4\n"
+        "  lookahead_groups: 1\n  executions_per_micro_step: 2\n"
+        "evaluation:\n  every_steps: 1\n  samples_per_query: 1\n  max_queries: 2\n"
+    )
+    run_dir = tmp_path / "elastic"
+    flow_run_id = _trigger(api, deployment["id"], {"config_path": str(elastic), "run_dir": str(run_dir)})
+    _wait("mid step 1", lambda: (run_dir / "checkpoints" / "step-000001").is_dir()
+          and list((run_dir / "workspaces").glob("s0001-*")), worker, log)
+    _glance_check(api, flow_run_id)
+    _cancel(api, flow_run_id)
+    cancelled = _wait_terminal(api, flow_run_id, worker, log)
+    assert cancelled["state_type"] == "CANCELLED", cancelled["state"]
+    tasks = _task_states(api, flow_run_id)
+    wrong = [t for t in tasks if t[1] not in ("COMPLETED", "CANCELLED")
+             and not t[2].startswith("evaluator failure")]  # a genuine evaluator failure stays Failed
+    assert not wrong, wrong
+    cells = [t for t in tasks if t[0].startswith("cell-")]
+    assert len(cells) == 2 and all(state == "CANCELLED" for _, state, _ in cells), cells
+    assert not any("already closed" in message for *_, message in tasks), tasks
+
+    def closed():
+        try:
+            con = duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True)
+        except duckdb.IOException:  # the flow's process still holds the file
+            return None
+        with con:
+            return con.execute("select status, status_reason from runs").fetchall(), \
+                con.execute("select min(step) from steps").fetchone()
+
+    (starts, first) = _wait("the run file closed", closed, worker, log, 120)
+    assert [s for s, _ in starts] == ["stopped"] and "resume" in starts[0][1], starts
+    assert first == (0,)
+    logs = httpx.post(f"{api}/logs/filter", timeout=30,
+                      json={"logs": {"flow_run_id": {"any_": [flow_run_id]}, "level": {"ge_": 30}}}).json()
+    assert any("cancelled through Prefect" in entry["message"] and "resume" in entry["message"] for entry in logs), \
+        [entry["message"] for entry in logs]
+
+
+def _glance_check(api: str, flow_run_id: str) -> None:
+    """A headless Chromium on the UI of a running elastic run: its page header and the runs list show step k/n and
+    the eval pass rate on its state badge; each cell's task-run page names the cell's role."""
+    from gyre.flows.ui_snapshot import find_browser, page_title, read_flow_run_page, shown_states
+
+    browser = find_browser()
+    if browser is None:
+        message = "no chromium for the browser check of the Prefect UI (apt-get install chromium)"
+        if os.environ.get("GYRE_REQUIRE_BROWSER") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    ui = api.removesuffix("/api")
+    page = read_flow_run_page(ui, api, flow_run_id, browser)
+    glance = re.compile(r"Running [1-6]/6 · reward \S+ · eval \S+$")
+    assert page.shown_type == "RUNNING" and glance.match(page.shown_name), page
+    for _ in range(3):  # the runs list (a step later, maybe); at load 10 its page may not render in one try
+        listed = shown_states(ui, browser)
+        if any(glance.match(word) for word in listed):
+            break
+    assert any(glance.match(word) for word in listed), listed
+    cells = [t for t in httpx.post(f"{api}/task_runs/filter", timeout=30, json={
+        "flow_runs": {"id": {"any_": [flow_run_id]}}}).json() if t["name"].startswith("cell-")]
+    assert len(cells) == 2, [t["name"] for t in cells]
+    for task_run in cells:
+        title = page_title(ui, f"runs/task-run/{task_run['id']}", browser)
+        assert re.match(r"Task Run: cell-[01]: (rollout|train)", title), title

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -49,11 +50,13 @@ def _env(prefect_home: Path | None = None) -> dict[str, str]:
     return env
 
 
-def _start(config: Path | None, cwd: Path, *extra: str) -> subprocess.Popen:
-    """`gyre run` into `cwd/run`; with no `config`, the run's own (`gyre run --resume run` reads run/config.yaml)."""
+def _start(config: Path | None, cwd: Path, *extra: str, log: Path | None = None) -> subprocess.Popen:
+    """`gyre run` into `cwd/run`; with no `config`, the run's own (`gyre run --resume run` reads run/config.yaml).
+    With `log`, its stdout and stderr go to that file (`gyre run ... > log 2>&1`), else to pipes."""
     given = ["--config", str(config)] if config is not None else []
-    return subprocess.Popen([*GYRE, "run", *given, "run", *extra], cwd=cwd,
-                            env=_env(cwd / "prefect-home"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = log.open("w") if log is not None else subprocess.PIPE
+    return subprocess.Popen([*GYRE, "run", *given, "run", *extra], cwd=cwd, env=_env(cwd / "prefect-home"),
+                            stdout=out, stderr=subprocess.STDOUT if log is not None else subprocess.PIPE, text=True)
 
 
 def _prefect_states(cwd: Path) -> tuple[list[tuple[str, str, str]], list[str]]:
@@ -197,17 +200,28 @@ def test_kill9_under_the_cell_scheduler_then_resume_runs_every_step_once(tmp_pat
 
 @pytest.mark.slow
 def test_sigterm_stops_the_run_promptly_and_leaves_nothing(tmp_path, tiny_model_dir):
-    config = _config(tmp_path, tiny_model_dir)
-    proc = _start(config, tmp_path)
+    """Also `gyre run ... > log 2>&1`: the log has step 0's line while step 1 runs (as it happens, flushed)."""
+    config = _config(tmp_path, tiny_model_dir, "evaluation:\n  every_steps: 1\n  samples_per_query: 1\n"
+                     "  max_queries: 2\n")
+    log = tmp_path / "log"
+    proc = _start(config, tmp_path, log=log)
     try:
         pids = _wait_mid_step(proc, tmp_path / "run", 1)
+        so_far = log.read_text()
         proc.send_signal(signal.SIGTERM)
         started = time.monotonic()
-        out, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
         took_s = time.monotonic() - started
     finally:
         _kill(proc)
-    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    err = log.read_text()
+    assert "\x1b[" not in so_far and "━" not in so_far, so_far  # lines, not a bar drawn for a terminal
+    assert re.search(r"^\S+ run .*/run: 3 steps$", so_far, re.M), so_far
+    assert re.search(r"^\S+ eval after 0/3 steps \(in_distribution, policy v0\): pass rate \S+ over 2 executions, "
+                     r"\d dropped, [\d.]+ s$", so_far, re.M), so_far
+    assert re.search(r"^\S+ step 1/3: reward \S+, eval \S+, dropped \d/4, E\[d\] 0.00, [\d.]+ s$", so_far, re.M), so_far
+    assert "step 2/3" not in so_far
+    assert proc.returncode == 128 + signal.SIGTERM, err
     assert took_s < 30, took_s
     assert "SIGTERM: stopping" in err and "gyre run --resume run" in err
     _assert_gone(pids)

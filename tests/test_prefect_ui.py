@@ -154,6 +154,16 @@ def test_a_step_shows_as_artifacts_events_and_a_warning(prefect_server, tmp_path
     by_type = {a.type: a for a in artifacts}
     assert set(by_type) == {"table", "markdown", "progress"}
     assert by_type["progress"].data == 50.0  # one step of two
+    # at a glance: while it ran, its state badge (runs list, run page header) read step k/n, reward and eval
+    with get_client(sync_client=True) as client:
+        states = [(st.type.value, st.name, st.message) for st in client.read_flow_run_states(flow_run_id)]
+    running = [(name, message) for kind, name, message in states if kind == "RUNNING" and name != "Running"]
+    assert ("Running 0/2 · eval 0.38", "0 of 2 steps done; eval pass rate 0.375 (in_distribution, before step 0)") \
+        in running, running
+    assert ("Running 1/2 · reward 0.25 · eval 0.38", "1 of 2 steps done; step 0: reward mean 0.250, 5 of 8 "
+            "executions dropped; eval pass rate 0.375 (in_distribution, before step 0)") in running, running
+    assert by_type["progress"].description.startswith("demo: 1 of 2 steps done; step 0: reward mean 0.250"), \
+        by_type["progress"].description
     pages = [a.data for a in artifacts if a.type == "markdown"]
     (step_page,) = [p for p in pages if p.startswith("# Step 0")]
     assert "dropped: 5 of 8" in step_page
@@ -198,12 +208,21 @@ def test_warm_start_progress_is_logged_every_50_steps_and_at_the_end(caplog):
     from gyre.tasks.step import log_warmstart
 
     with caplog.at_level(logging.INFO, logger="gyre.tasks.events"):
+        log_warmstart(ProgressEvent("warmstart_started", None, {"steps": 120, "cache": "/c/tiny-warm-1"}))
         for step in range(120):
-            log_warmstart(ProgressEvent("warmstart", step, {"steps": 120, "loss": 1.0 / (step + 1)}))
+            log_warmstart(ProgressEvent("warmstart", step, {"steps": 120, "loss": 1.0 / (step + 1),
+                                                            "elapsed_s": float(step + 1)}))
+        log_warmstart(ProgressEvent("warmstart_finished", None, {"steps": 120, "cache": "/c/tiny-warm-1",
+                                                                 "seconds": 120.4}))
         log_warmstart(ProgressEvent("step_finished", 0, {}))
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["warm start: step 50 of 120, loss 0.0200", "warm start: step 100 of 120, loss 0.0100",
-                     "warm start: step 120 of 120, loss 0.0083"]
+    assert lines == ["warm start: 120 supervised steps, once: cached as /c/tiny-warm-1 when done, reused by every "
+                     "run with the same model, queries and warm-start settings",
+                     "warm start: step 50 of 120, loss 0.0200, 50 s so far",
+                     "warm start: step 100 of 120, loss 0.0100, 100 s so far",
+                     "warm start: step 120 of 120, loss 0.0083, 120 s so far",
+                     "warm start: done in 120 s; cached as /c/tiny-warm-1: later runs reuse it (keep cache_dir; "
+                     "delete that directory to build it again)"]
 
 
 def test_each_cell_is_a_task_run_alive_for_the_run_logging_its_switches(prefect_server):
@@ -221,11 +240,13 @@ def test_each_cell_is_a_task_run_alive_for_the_run_logging_its_switches(prefect_
         from prefect.runtime import flow_run
 
         feeds = [queue.Queue(), queue.Queue()]
-        workers = [cell.submit(i, f"cell {i}: its engine in this process", feeds[i]) for i in range(2)]
+        workers = [cell.submit(i, f"cell {i}: its engine in this process", feeds[i], "rollout") for i in range(2)]
         # the run goes on while the cells' task runs are alive
         threading.Timer(0.2, feeds[1].put, ["rollout -> train in 0.120 s (drain 0.100 s, unroute 0.000 s)"]).start()
-        threading.Timer(0.5, lambda: [f.put(None) for f in feeds]).start()
-        assert [w.result() for w in workers] == [0, 1]
+        threading.Timer(0.3, feeds[1].put, ["train -> rollout in 0.050 s (pull 0.020 s)"]).start()
+        threading.Timer(0.4, feeds[1].put, ["rollout -> train in 0.110 s (drain 0.100 s, unroute 0.000 s)"]).start()
+        threading.Timer(0.8, lambda: [f.put(None) for f in feeds]).start()
+        assert [w.result() for w in workers] == [0, 3]
         return flow_run.id
 
     flow_run_id = two_cells()
@@ -235,7 +256,43 @@ def test_each_cell_is_a_task_run_alive_for_the_run_logging_its_switches(prefect_
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
         by_name = {r.name: r for r in runs}
-        assert set(by_name) == {"cell-0", "cell-1"} and all(r.state.is_completed() for r in runs)
-        logs = client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[by_name["cell-1"].id])))
+        # named with their role now and the switches that brought them there (the name stays once they end)
+        assert set(by_name) == {"cell-0: rollout", "cell-1: train, 3 switches"}, set(by_name)
+        assert all(r.state.is_completed() for r in runs)
+        logs = client.read_logs(log_filter=LogFilter(
+            task_run_id=LogFilterTaskRunId(any_=[by_name["cell-1: train, 3 switches"].id])))
     messages = [log.message for log in logs]
     assert messages[0] == "cell 1: its engine in this process" and "rollout -> train in 0.120 s" in messages[1]
+
+
+def test_a_failed_evaluation_logs_one_readable_line(prefect_server, caplog):
+    """An evaluator failure ends its evaluate task run Failed with one readable line as its message and its only
+    log line (a WARNING): never Prefect's repr of the state with the whole Score, nor a stray "NoneType: None"."""
+    from types import SimpleNamespace
+
+    from prefect import flow
+
+    from gyre.records import EvalStatus, Score
+    from gyre.tasks.step import evaluate, scores_of
+
+    class Coord:
+        run_id, config = "r", SimpleNamespace(name="t")
+
+        def evaluate(self, result):
+            return Score(execution_id="x", status=EvalStatus.error, score=None,
+                         detail="Traceback (most recent call last):\n  ...\nRuntimeError: the sandbox did not start\n")
+
+    result = SimpleNamespace(execution=SimpleNamespace(step=2, purpose="train", group_index=1, execution_id="x"),
+                             query=SimpleNamespace(query_id="q7"))
+
+    @flow
+    def one() -> list:
+        return scores_of([evaluate.submit(Coord(), result)])
+
+    with caplog.at_level(logging.INFO):
+        scores = one()
+    assert scores[0].status is EvalStatus.error  # the flow still gets the score: dropped, not raised
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if getattr(r, "task_name", None) == "evaluate"]
+    assert said == [("WARNING", "step 2 train q7 sample 1: evaluator failure, dropped (not a 0): RuntimeError: the "
+                                "sandbox did not start")], said
+    assert "NoneType: None" not in caplog.text and "result=Score(" not in caplog.text

@@ -131,8 +131,10 @@ def test_rerun_scores_evaluator_failures_without_any_new_rollout(failed_run, tmp
     assert _rows(run, "select count(*) from eval_attempts") == [(3,)]
 
 
-def _rerun_cli(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+def _rerun_cli(run_dir: Path, *extra: str, env_without: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", COLUMNS="400")
+    for name in env_without:
+        env.pop(name, None)
     return subprocess.run([sys.executable, "-m", "gyre.cli.main", "rerun-failed", str(run_dir), *extra], env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -179,6 +181,65 @@ def test_evaluate_flow_gives_a_checkpoints_pass_rate_through_the_runs_eval_round
     assert sorted(executions) == sorted(("eval", 1, q) for q in held_out)
     # sampled by the checkpoint's weights (policy version 1), not the starting model's
     assert _rows(tmp_path / "eval", "select distinct policy_version from calls") == [(1,)]
+
+
+@pytest.mark.slow
+def test_a_rerun_takes_other_evaluator_settings_is_named_after_its_run_and_judges_it_again(failed_run, tmp_path):
+    """The index moved: the run's own settings fail again, `--index-url` (with `--timeout`) scores them. The rerun's
+    flow run is `rerun-failed @ run`, its artifact links the run's flow run; the run, recorded failed, is judged
+    again: its `runs` row and its flow run read completed, naming the rerun and what it changed."""
+    import socket
+
+    import yaml
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, \
+        FlowRunFilterName
+
+    run = _copy(failed_run, tmp_path / "run")
+    with socket.socket() as sock:  # where the index was: nothing listens there now
+        sock.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{sock.getsockname()[1]}/simple/"
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["evaluator"]["index_url"] = gone
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    store = RunStore(run / "gyre.duckdb")
+    store.query("update runs set status = 'failed', status_reason = 'dropped 3 of 6 (made up by the test)'")
+    (flow_run_id,), = store.query("select prefect_flow_run_id from runs")
+    store.close()
+
+    own = _rerun_cli(run)
+    assert own.returncode == 1 and "3 rescored, 3 failed again" in own.stdout, own.stdout
+    assert "the run (" not in own.stdout and _rows(run, "select status from runs") == [("failed",)]  # unchanged
+    index = FlakyIndex(0)
+    try:
+        moved = _rerun_cli(run, "--index-url", index.url, "--timeout", "90")
+    finally:
+        index.server.stop()
+    said = " ".join(moved.stdout.split())
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    assert "3 rescored, 0 failed again" in said, said
+    assert f"evaluator.timeout_s: 120.0 -> 90.0; evaluator.index_url: '{gone}' -> '{index.url}'" in said, said
+    assert "the run (" in said and "failed -> completed" in said, said
+    (status, reason), = _rows(run, "select status, status_reason from runs")
+    assert status == "completed" and "after gyre rerun-failed" in reason and "index_url" in reason, reason
+    assert "before it: failed (dropped 3 of 6 (made up by the test))" in reason, reason
+
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(flow_run_id).state.type.value == "COMPLETED"
+        reruns = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["rerun-failed @ run"])))
+        rerun_ids = [str(r.id) for r in reruns]
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
+            any_=rerun_ids)))
+    assert len(reruns) >= 2  # both of this test's reruns (copies of the same run may add theirs)
+    assert any(f"(/runs/flow-run/{flow_run_id})" in a.data and "failed -> **completed**" in a.data
+               for a in artifacts), [a.data for a in artifacts]
+
+    alone = _rerun_cli(run, env_without=("PREFECT_API_URL",))  # gyre's own server, as `gyre run` starts it
+    assert alone.returncode == 0 and "nothing to rerun" in alone.stdout, alone.stdout + alone.stderr
+    assert "Traceback" not in alone.stderr and "CancelledError" not in alone.stderr, alone.stderr
+
+    bad = _rerun_cli(run, "--network", "internet")
+    assert bad.returncode == 2 and "evaluator.network" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
 
 
 def test_config_for_policy_takes_a_model_directory_as_the_model(tmp_path, tiny_model_dir):

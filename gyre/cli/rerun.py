@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gyre.cli.common import INPUT_ERRORS, _fail, console
+from gyre.cli.common import INPUT_ERRORS, _fail, console, print_table
 
 DETAIL_CHARS = 200
 
@@ -29,23 +29,49 @@ def _short(text: str) -> str:
     return escape(text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS - 3] + "...")
 
 
+def _evaluator_settings(config: Path | None, network: str | None, index_url: str | None,
+                        timeout: float | None) -> dict:
+    """The evaluator settings given: a config's whole `evaluator` section (-c), then each option over it."""
+    settings: dict = {}
+    if config is not None:
+        from gyre.config.run import load_config
+
+        settings = load_config(config).evaluator.model_dump(mode="json")
+    given = {"network": network, "index_url": index_url, "timeout_s": timeout}
+    return {**settings, **{key: value for key, value in given.items() if value is not None}}
+
+
 def rerun_failed(
     run_dir: Path = typer.Argument(..., help="A run directory (holds gyre.duckdb and config.yaml).", metavar="RUN_DIR"),
+    config: Path | None = typer.Option(None, "--config", "-c", show_default=False,
+                                       help="Score with this config's evaluator section instead of the run's own."),
+    network: str | None = typer.Option(None, "--network", show_default=False,
+                                       help="The evaluation's network: none or package-index."),
+    index_url: str | None = typer.Option(None, "--index-url", show_default=False,
+                                         help="The package index proxied with --network package-index."),
+    timeout: float | None = typer.Option(None, "--timeout", show_default=False,
+                                         help="Seconds each hidden-test command may take (evaluator.timeout_s)."),
     as_json: bool = typer.Option(False, "--json", help="Print the rerun as one JSON document instead of tables."),
 ) -> None:
-    """Score again, from their kept workspaces, the executions whose evaluation failed (evaluator
-    failures only: never a genuine 0 or a tampering verdict); no execution is rerun. Every attempt
-    stays in DuckDB (`eval_attempts`); eval pass rates are recomputed (`eval_rate_changes`)."""
+    """Score again the executions whose evaluation failed, from their kept workspaces.
+
+    Evaluator failures only: never a genuine 0 or a tampering verdict; no execution is rerun. The run's own
+    evaluator settings, or the ones given (-c, --network, --index-url, --timeout). Every attempt stays in
+    DuckDB (`eval_attempts`); eval pass rates are recomputed (`eval_rate_changes`); the run's record (`runs`,
+    its Prefect flow run) is judged again and says what the rerun changed."""
     import duckdb
 
-    from gyre.flows.prefect_server import check_prefect_api
-    from gyre.runtime.rescore import check_run_dir
+    from gyre.flows.prefect_server import PrefectServer, check_prefect_api
+    from gyre.config.run import load_config
+    from gyre.runtime.rescore import check_run_dir, with_evaluator
 
     try:
         check_run_dir(run_dir)
+        evaluator = _evaluator_settings(config, network, index_url, timeout)
+        with_evaluator(load_config(run_dir / "config.yaml"), evaluator)  # checked here: one line, before any work
         if os.environ.get("PREFECT_API_URL"):
             check_prefect_api(os.environ["PREFECT_API_URL"])
-    except (*INPUT_ERRORS, ConnectionError) as exc:
+    except (*INPUT_ERRORS, ConnectionError, ValueError) as exc:
         _fail(exc)
     from gyre.runtime.run_status import is_live
 
@@ -54,12 +80,18 @@ def rerun_failed(
                            "that file, so run it once the run has ended (`gyre runs` shows it)"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    # gyre's own server when none is named, as `gyre run` starts it (Prefect's ephemeral one printed an
+    # SQLAlchemy CancelledError traceback as it stopped)
+    server = None if os.environ.get("PREFECT_API_URL") else PrefectServer().start()
     from gyre.flows.rerun import rerun_failed_evaluations
 
     try:
-        report = rerun_failed_evaluations(str(run_dir))
-    except (*INPUT_ERRORS, duckdb.IOException) as exc:  # the file held by a live run names its holder
+        report = rerun_failed_evaluations(str(run_dir), evaluator or None)
+    except (*INPUT_ERRORS, ValueError, duckdb.IOException) as exc:  # the file held by a live run names its holder
         _fail(exc)
+    finally:
+        if server is not None:
+            server.stop()
     left = len(report.unrecoverable) + len(report.still_failing)
     if as_json:
         from pydantic import TypeAdapter
@@ -85,7 +117,7 @@ def rerun_failed(
         f = u.failed
         table.add_row(str(f.step), f.purpose, escape(f.query_id), str(f.group_index), "-",
                       f"error: {_short(f.detail)}", "unrecoverable", "n/a", "(why: below)", style="red")
-    console.print(table)
+    print_table(table, console)
     for u in report.unrecoverable:
         console.print(f"[red]unrecoverable[/] {escape(u.failed.execution_id)}: {escape(u.reason)}", soft_wrap=True)
     if report.rate_changes:
@@ -95,8 +127,13 @@ def rerun_failed(
         for c in report.rate_changes:
             rates.add_row(str(c.step), c.split, str(c.policy_version), _num(c.old_pass_rate), _num(c.new_pass_rate),
                           f"{c.old_num_dropped} -> {c.new_num_dropped}")
-        console.print(rates)
+        print_table(rates, console)
     console.print(f"{len(report.rescored)} rescored, {len(report.still_failing)} failed again, "
                   f"{len(report.unrecoverable)} unrecoverable, {len(report.rate_changes)} eval pass rates changed")
+    if report.settings:
+        console.print(f"evaluator settings of this rerun: {escape('; '.join(report.settings))}", soft_wrap=True)
+    if report.verdict is not None:
+        v = report.verdict
+        console.print(f"the run ({escape(v.run_id)}): {v.old_status} -> {v.status}: {escape(v.reason)}", soft_wrap=True)
     if left:
         raise typer.Exit(code=1)

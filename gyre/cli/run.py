@@ -19,15 +19,14 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gyre.cli.common import INPUT_ERRORS, _fail, console, err_console
+from gyre.cli.common import INPUT_ERRORS, _fail, console, err_console, print_table
+from gyre.cli.run_progress import LineProgress, RichProgress, WarmstartProgress
 from gyre.config.run import load_config
 from gyre.flows.prefect_server import STARTUP_TIMEOUT_S, PrefectServer, check_prefect_api
-from gyre.runtime.lifecycle import StopOnSignal
+from gyre.runtime.lifecycle import FLOW_THREAD_NAME, StopOnSignal
 
 DEFAULT_CONFIG = Path("configs/tiny-cpu.yaml")
 """The run configuration `gyre run` takes without -c (and without --resume)."""
-TABLE_WIDTH_OFF_TERMINAL = 200
-"""The step table's width when stdout is not a terminal (its 14 columns need about 150)."""
 JOIN_POLL_S = 0.2
 """How often the main thread wakes while the flow runs (signal handlers run between waits)."""
 
@@ -42,7 +41,7 @@ def _in_worker_thread(fn, **kwargs):
         except BaseException as exc:  # handed to the main thread, raised there
             outcome["error"] = exc
 
-    worker = threading.Thread(target=target, name="gyre-rl-run", daemon=True)
+    worker = threading.Thread(target=target, name=FLOW_THREAD_NAME, daemon=True)
     worker.start()
     while worker.is_alive():
         worker.join(JOIN_POLL_S)
@@ -51,66 +50,37 @@ def _in_worker_thread(fn, **kwargs):
     return outcome["result"]
 
 
-def _stop_message(signum: int, run_dir: Path) -> str:
-    resume = f"; continue with: gyre run --resume {run_dir}" if (run_dir / "checkpoints").is_dir() else ""
-    return (f"gyre run: {signal.Signals(signum).name}: stopping (current step abandoned, records flushed, "
-            f"sandboxes and engines closed){resume}")
+def _stop_message(signum: int, run_dir: Path, again: str) -> str:
+    """What a stop signal prints: what is kept and how to continue (`again`: the command that starts this run)."""
+    name = signal.Signals(signum).name
+    if (run_dir / "gyre.duckdb").exists():
+        return (f"gyre run: {name}: stopping (current step abandoned, every row recorded before it kept, sandboxes "
+                f"and engines closed); continue with: gyre run --resume {run_dir}")
+    return (f"gyre run: {name}: stopping during the model build or warm start: nothing recorded yet (a warm start "
+            f"cut short is not cached); start it again with: {again}")
 
 
-PRIMARY_SETS = ("in_distribution", "validation")
-"""The eval set a run's "eval" column and last line report: the in-distribution held-out set, or the validation
-set when the eval rounds sample it instead (`evaluation.set: validation`; the two never run together)."""
+def _check_resumable(run_dir: Path) -> None:
+    """`--resume RUN_DIR` continues a run that is there, not live, and has a checkpoint to continue from (or has
+    not finished a step yet: it then starts at step 0, keeping its rows). One clear error otherwise."""
+    import duckdb
 
-class _WarmstartProgress:
-    """Listener for the supervised warm start (runs once, then is cached)."""
+    from gyre.runtime.run_status import is_live
 
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self.task = None
-
-    def __call__(self, event) -> None:
-        if event.kind != "warmstart":
-            return
-        if self.task is None:
-            self.task = self.progress.add_task("warm start", total=event.data["steps"], info="")
-        self.progress.update(self.task, completed=event.step + 1, info=f"loss {event.data['loss']:.3f}")
-
-
-class _RichProgress:
-    """Listener that turns progress events into a rich display."""
-
-    def __init__(self, progress: Progress, total_steps: int) -> None:
-        self.progress = progress
-        self.total_steps = total_steps
-        self.step_task = progress.add_task("steps", total=total_steps, info="")
-        self.exec_task = progress.add_task("executions", total=1, info="")
-        self.scored = 0
-        self.last_eval = "n/a"
-
-    def __call__(self, event) -> None:
-        if event.kind == "run_started":  # a resumed run's bar starts at its first step, not at 0
-            self.progress.update(self.step_task, completed=event.data.get("first_step") or 0)
-        elif event.kind == "step_started":
-            self.scored = 0
-            self.progress.reset(self.exec_task, total=event.data["executions"])
-            self.progress.update(self.exec_task, description=f"step {event.step} executions")
-        elif event.kind == "eval_started":
-            self.progress.reset(self.exec_task, total=event.data["executions"])
-            self.progress.update(self.exec_task, description=f"eval before step {event.step}")
-        elif event.kind == "execution_finished":
-            self.progress.advance(self.exec_task)
-        elif event.kind == "eval_finished" and event.data.get("split", "in_distribution") in PRIMARY_SETS:
-            rate = event.data["pass_rate"]
-            self.last_eval = "n/a" if rate is None else f"{rate:.3f}"
-        elif event.kind == "step_finished":
-            d = event.data
-            reward = "n/a" if d["reward_mean"] is None else f"{d['reward_mean']:.3f}"
-            info = f"v{d['policy_version']} reward {reward} eval {self.last_eval} dropped {d['num_dropped']}"
-            if d["logprob_abs_diff"] is not None:
-                info += f" |dlogp| {d['logprob_abs_diff']:.1e} loss {d['loss']:+.4f}"
-            if d["skipped_reason"]:
-                info += f" skipped: {d['skipped_reason']}"
-            self.progress.update(self.step_task, advance=1, info=info)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"--resume: {run_dir}: no such directory")
+    if not (run_dir / "gyre.duckdb").is_file():
+        raise FileNotFoundError(f"--resume: {run_dir} holds no run (no gyre.duckdb); start one there with "
+                                f"gyre run -c CONFIG {run_dir}")
+    if is_live(run_dir):
+        raise ValueError(f"--resume: {run_dir} is live (a process holds its gyre.duckdb): stop that run first")
+    if any((run_dir / "checkpoints").glob("step-*")):
+        return
+    with duckdb.connect(str(run_dir / "gyre.duckdb"), read_only=True) as con:
+        (recorded,), = con.execute("SELECT count(*) FROM steps").fetchall()
+    if recorded:
+        raise ValueError(f"--resume: {run_dir} recorded {recorded} step(s) but holds no checkpoint to continue "
+                         "from (set train.checkpoint_every for runs you may want to continue); start a new run")
 
 
 def run(
@@ -122,7 +92,13 @@ def run(
                                           "--resume, the run to continue.", show_default=False, metavar="RUN_DIR"),
     run_dir_option: Path | None = typer.Option(None, "--run-dir", hidden=True,
                                                help="RUN_DIR, as an option (the name earlier versions took)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue RUN_DIR from its newest checkpoint."),
+    resume: bool = typer.Option(False, "--resume", help="Continue RUN_DIR from its newest checkpoint, with the "
+                                "settings it started with (its config.yaml: --steps and every override folded in)."),
+    override: bool = typer.Option(False, "--override", help="With --resume: change the run's own settings to the "
+                                  "ones given (-c, --steps); without it a change stops before any work, naming it."),
+    allow_unscorable: bool = typer.Option(False, "--allow-unscorable", help="Run queries this machine cannot score "
+                                          "(their evaluations dropped, never zeros); without it such a run stops "
+                                          "before any model is built, naming each query and what it needs."),
     as_json: bool = typer.Option(False, "--json", help="Progress on stderr; at the end, one JSON document on stdout "
                                  "(run directory, status, reason, steps, eval pass rates)."),
 ) -> None:
@@ -136,18 +112,29 @@ def run(
     run_dir = run_dir or run_dir_option
     if resume and run_dir is None:
         _fail(ValueError("--resume needs RUN_DIR: the run directory to continue (gyre run --resume RUN_DIR)"))
-    if resume and not (run_dir / "checkpoints").is_dir():  # checked before any model or warm start is built
-        _fail(ValueError(f"--resume: {run_dir} has no checkpoints/ (set train.checkpoint_every)"))
+    if resume:  # checked before any model or warm start is built
+        try:
+            _check_resumable(run_dir)
+        except (FileNotFoundError, ValueError) as exc:
+            _fail(exc)
     if config is None:
         config = run_dir / "config.yaml" if resume else DEFAULT_CONFIG
     cfg = _load(config)
+    if steps:  # a command-line override: written with the run (its config.yaml), what a resume continues with
+        cfg = cfg.model_copy(update={"steps": steps})
+    if allow_unscorable:
+        cfg = cfg.model_copy(update={"evaluator": cfg.evaluator.model_copy(update={"allow_unscorable": True})})
     run_dir = run_dir or Path("runs") / f"{cfg.name}-{datetime.now():%Y%m%d-%H%M%S}"
     if not resume and (run_dir / "gyre.duckdb").exists():
         _fail(ValueError(f"{run_dir} already holds a run (gyre.duckdb); choose another RUN_DIR or --resume"))
     out = err_console if as_json else console
+    if resume:
+        _check_settings(run_dir, cfg, override, out)
     _check(cfg)
-    total = steps or cfg.steps
-    records, last_eval, failed = _run_flow(config, run_dir, total, resume, out)
+    total = cfg.steps
+    again = f"gyre run -c {config}{f' --steps {steps}' if steps else ''} {run_dir}"
+    again += " --allow-unscorable" if allow_unscorable else ""
+    records, last_eval, failed = _run_flow(config, run_dir, total, resume, out, again, override, allow_unscorable)
     gain = None
     if cfg.evaluation.every_steps and total and cfg.evaluation.set == "held_out":  # the held-out curve's gain
         from gyre.report.learning_curve import quarter_gain, read_eval_rounds
@@ -160,9 +147,9 @@ def run(
         _print_gspo_summary(records)
         if cfg.evaluation.every_steps:
             which = " (validation set)" if cfg.evaluation.set == "validation" else ""
-            console.print(f"eval pass rate after the last step{which}: {last_eval}  (table `evals`)")
+            console.print(f"eval pass rate after the last step{which}: {last_eval}  (table `evals`)", soft_wrap=True)
             if gain is not None:
-                console.print(f"held-out eval pass rate, {gain.describe()}")
+                console.print(f"held-out eval pass rate, {gain.describe()}", soft_wrap=True)
         console.print(f"results: {run_dir / 'gyre.duckdb'}  (gyre sql {run_dir} \"select * from steps\")",
                       soft_wrap=True)
     if failed:
@@ -203,7 +190,23 @@ def _check(cfg) -> None:
         _fail(exc)
 
 
-def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console):
+def _check_settings(run_dir: Path, cfg, override: bool, out) -> None:
+    """A resume continues with the run's own settings; other ones (`-c`, `--steps`) stop here, naming what they
+    would change, unless `--override`, which says in one line what changes from here on."""
+    from gyre.runtime.run_dir import changed_settings
+
+    changes = changed_settings(run_dir, cfg)
+    if changes and not override:
+        _fail(ValueError(f"--resume: {run_dir} started with other settings (its config.yaml); this resume would "
+                         f"change {'; '.join(changes)}: leave them out to continue as it started, or add "
+                         "--override to change them"))
+    if changes:
+        out.print(f"--resume --override: {run_dir} continues with {'; '.join(changes)} (written to its config.yaml)",
+                  soft_wrap=True, markup=False)
+
+
+def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console, again: str = "gyre run",
+              override: bool = False, allow_unscorable: bool = False):
     """The RL flow in a worker thread (signals stay with this one), against gyre's own Prefect
     server unless PREFECT_API_URL names one; returns the step records, the last eval line and, when the
     flow run ended Failed (`rl_run`'s verdict), its reason."""
@@ -215,7 +218,7 @@ def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(STARTUP_TIMEOUT_S))
     # gyre's own Prefect server, killed with this process even by kill -9 (gyre/runtime/lifecycle.py)
     server = None if os.environ.get("PREFECT_API_URL") else PrefectServer()
-    StopOnSignal(server, lambda signum: _stop_message(signum, run_dir)).install()
+    StopOnSignal(server, lambda signum: _stop_message(signum, run_dir, again)).install()
     if server is not None:
         server.start()
     from gyre.flows.states import reconcile
@@ -226,14 +229,18 @@ def _run_flow(config: Path, run_dir: Path, total: int, resume: bool, out=console
 
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[info]}")]
-    try:
-        with Progress(*columns, console=out) as bar:
-            warm = progress_events.subscribe(_WarmstartProgress(bar))  # the flow's prepare-model task
-            listener = _RichProgress(bar, total)
+    try:  # bars on a terminal; off one (a file, a CI log) a bar is never drawn: a line per step instead
+        with Progress(*columns, console=out, disable=not out.is_terminal) as bar:
+            if out.is_terminal:
+                warm = progress_events.subscribe(WarmstartProgress(bar))  # the flow's prepare-model task
+                listener = RichProgress(bar, total)
+            else:
+                warm, listener = (lambda: None), LineProgress(out.file, total)
             unsubscribe = progress_events.subscribe(listener)
             try:
                 state = _in_worker_thread(rl_run, config_path=str(config), run_dir=str(run_dir.resolve()),
-                                          steps=total, resume=resume, return_state=True)
+                                          steps=total, resume=resume, override=override,
+                                          allow_unscorable=allow_unscorable, return_state=True)
                 records = state.result(raise_on_failure=False)
                 if isinstance(records, BaseException):  # the flow raised: as a plain call would
                     raise records
@@ -265,9 +272,7 @@ def _print_steps(records, run_dir: Path) -> None:
             num(r.sampled_entropy, ".2f"), num(r.mean_response_tokens, ".0f"),
             num(r.loss, "+.4f"), num(r.grad_norm, ".3f"), str(r.tokens_trained),
         )
-    if not console.is_terminal:  # a file, a CI log: rich caps a renderable at the console's width (80 there)
-        console.width = max(console.width, TABLE_WIDTH_OFF_TERMINAL)
-    console.print(table)
+    print_table(table, console)
 
 
 def _print_gspo_summary(records) -> None:
@@ -282,4 +287,5 @@ def _print_gspo_summary(records) -> None:
         values = [getattr(r, name) for r in trained if getattr(r, name) is not None]
         if values:
             parts.append(f"{label} mean {sum(values) / len(values):.3g} max {max(values):.3g}")
-    console.print(f"GSPO over {len(trained)} trained steps: " + "; ".join(parts) + "  (table `steps`)")
+    console.print(f"GSPO over {len(trained)} trained steps: " + "; ".join(parts) + "  (table `steps`)",
+                  soft_wrap=True)  # one line off a terminal too

@@ -22,7 +22,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gyre.cli.common import _fail, console
+from gyre.cli.common import _fail, console, print_table
 
 
 def runs(
@@ -57,7 +57,7 @@ def runs(
         for number, start in enumerate(row["starts"]):
             table.add_row(escape(row["run_dir"]) if number == 0 else "", str(start.started_at or ""), start.status,
                           escape(start.reason or ""), start.flow_run_id or "")
-    console.print(table)
+    print_table(table, console)
     if prefect is None:
         console.print("Prefect not contacted (PREFECT_API_URL unset): gyre's own server is brought up to date "
                       "when the next `gyre run` starts it")
@@ -71,8 +71,10 @@ def resume(
                                    metavar="RUN_DIR"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a line."),
 ) -> None:
-    """Resume a run suspended through Prefect (as its flow run's Resume button does): the flow run is
-    scheduled again, its worker starts the flow, which continues RUN_DIR from its last checkpoint."""
+    """Resume a run suspended through Prefect, as its flow run's Resume button does.
+
+    The flow run is scheduled again, its worker starts the flow, which continues RUN_DIR from its last
+    checkpoint."""
     from prefect.exceptions import ObjectNotFound, PrefectException
     from prefect.flow_runs import resume_flow_run
 

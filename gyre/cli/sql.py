@@ -18,7 +18,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gyre.cli.common import _fail, console, err_console
+from gyre.cli.common import _fail, console, err_console, print_table
 from gyre.storage.live_export import open_read_only
 
 DB_FILE = "gyre.duckdb"
@@ -69,4 +69,4 @@ def sql(
         table.add_column(escape(col))
     for row in rows:
         table.add_row(*("NULL" if v is None else escape(str(v)) for v in row))
-    console.print(table)
+    print_table(table, console)

@@ -229,6 +229,10 @@ class EvaluatorConfig(Section):
     the tests copied in then (`gyre.evaluators.formats.in_place`; local sandbox with bubblewrap, gyre as root;
     `sandbox.type: docker`: the agent's own container, R2E-Gym's too, `gyre.evaluators.formats.in_container`; elsewhere
     `fresh` is used, with a warning). `fresh`: a new local sandbox on a copy of the workspace."""
+    allow_unscorable: bool = False
+    """Run queries this machine cannot score (their needs unmet here: `gyre benchmark check DIR`). False: a run
+    holding any stops before any model is built, naming each query and what it needs; true (`gyre run
+    --allow-unscorable`, a deployment's `allow_unscorable`): they run, their evaluations dropped, never zeros."""
     max_dropped_share: float = Field(default=0.5, ge=0.0, le=1.0)
     """A run whose evaluator failures (dropped executions, never counted as zeros) exceed this share of its
     executions ends `failed` (DuckDB `runs.status`, its Prefect flow run Failed) with the counts as its reason,

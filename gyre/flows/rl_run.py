@@ -26,11 +26,16 @@ from gyre.config.run import ConfigError, RunConfig, load_config
 from gyre.runtime.coordinator import Coordinator
 from gyre.flows.states import close_task_runs, end_flow_run
 from gyre.flows.ui import RunObserver, rename_flow_run, run_name
-from gyre.runtime.lifecycle import attach, hold_if_stopping, on_stop
+from gyre.runtime.lifecycle import (
+    attach, begin_run, begin_stop, drain, hold_if_stopping, on_stop, stopping, track,
+)
 from gyre.runtime.live.cells import LiveCells
+from gyre.runtime.live.records import flush_switches
 from gyre.metrics import MetricsFanout, make_sinks
 from gyre.runtime.progress import ProgressEvent, emit
 from gyre.records import EvalRecord, StepRecord, utc_now
+from gyre.runtime.resolve import check_inputs
+from gyre.runtime.run_dir import changed_settings
 from gyre.runtime.run_status import crashed_starts, start_counts, started_before, verdict
 from gyre.tasks.events import prefect_logger
 from gyre.tasks.step import (
@@ -60,8 +65,8 @@ def eval_round(coord: Coordinator, step: int, splits: tuple[str, ...] = EVAL_SPL
     hold_if_stopping()  # a stopping run starts nothing new (`gyre.runtime.lifecycle`)
     for name, queries in sets:
         with tags(f"step:{step}", "purpose:eval", f"split:{name}"):
-            executions = [execute.submit(coord, q, step, i, "eval") for q in queries for i in range(samples)]
-            submitted.append((name, executions, [evaluate.submit(coord, e) for e in executions]))
+            executions = [track(execute.submit(coord, q, step, i, "eval")) for q in queries for i in range(samples)]
+            submitted.append((name, executions, [track(evaluate.submit(coord, e)) for e in executions]))
     for name, executions, evaluations in submitted:
         hold_if_stopping()
         with tags(f"step:{step}", "purpose:eval", f"split:{name}"):
@@ -77,8 +82,8 @@ def rl_step(coord: Coordinator, step: int, eval_pass_rate: float | None = None) 
     emit(ProgressEvent("step_started", step, {"executions": len(queries) * group_size}))
     hold_if_stopping()  # a stopping run starts nothing new and records nothing more (`gyre.runtime.lifecycle`)
     with tags(f"step:{step}", "purpose:train"):
-        executions = [execute.submit(coord, q, step, g) for q in queries for g in range(group_size)]
-        evaluations = [evaluate.submit(coord, e) for e in executions]
+        executions = [track(execute.submit(coord, q, step, g)) for q in queries for g in range(group_size)]
+        evaluations = [track(evaluate.submit(coord, e)) for e in executions]
         results = [e.result() for e in executions]
         scores = scores_of(evaluations)
         hold_if_stopping()
@@ -102,12 +107,22 @@ def cells_run(coord: Coordinator, total: int, first: int = 0) -> list[StepRecord
     # built first: a topology the policy cannot run fails before any work
     cells = LiveCells(coord, total, launch=launch_cell_command, on_published=evaluate_version, start_version=first)
     # each cell a task run alive for the whole run: the UI lists the cells, their switches and faults
-    workers = [cell.submit(i, cells.describe(i), cells.feeds[i]) for i in range(len(cells.cells))]
+    roles = [c.role.value for c in cells.scheduler.state.cells]
+    workers = [cell.submit(i, cells.describe(i), cells.feeds[i], roles[i]) for i in range(len(cells.cells))]
+    keep_switches = on_stop(lambda: flush_switches(cells))  # a stop signal: the switches made so far are rows
     try:
         if coord.eval_due(first, total):
             eval_round(coord, first)
         records = cells.run()
+    except (TerminationSignal, Pause):  # cancelled or suspended through Prefect: work in flight ends first
+        begin_stop()
+        drain()
+        raise
     finally:
+        hold_if_stopping()  # `gyre run` stopping: its closers (`keep_switches` first) end the run
+        keep_switches()
+        if stopping():
+            flush_switches(cells)  # switches the abandoned step made, before the run file closes
         cells.close()
         for worker in workers:
             worker.wait()
@@ -133,35 +148,51 @@ def load_run_config(config_path: str, benchmark_dir: str | None = None) -> RunCo
 @flow(name="rl-run", flow_run_name=run_name, task_runner=ThreadPoolTaskRunner(max_workers=MAX_CONCURRENT_TASKS))
 def rl_run(
     config_path: str, run_dir: str | None = None, steps: int | None = None, resume: bool = False,
-    benchmark_dir: str | None = None,
+    benchmark_dir: str | None = None, override: bool = False, allow_unscorable: bool = False,
 ) -> list[StepRecord]:
     """Run `steps` RL steps (default: the config's) into `run_dir` (default: runs/<name>-<time>).
 
-    `benchmark_dir` replaces the config's `benchmark.path`. With `evaluation.every_steps` set,
-    the policy is evaluated on held-out queries before every N-th step and after the last; the
-    pass rate lands in `evals` and `steps`. With `train.checkpoint_every` set, checkpoints land
-    in `run_dir/checkpoints`; `resume` continues a run directory from its newest checkpoint.
+    `benchmark_dir` replaces the config's `benchmark.path`. Queries this machine cannot score stop the flow run
+    at its start, each named with what it needs, unless `allow_unscorable` (`evaluator.allow_unscorable`).
+    With `evaluation.every_steps` set, the policy is evaluated on held-out queries before every N-th step and
+    after the last; the pass rate lands in `evals` and `steps`. With `train.checkpoint_every` set, checkpoints land
+    in `run_dir/checkpoints`; `resume` continues a run directory from its newest checkpoint with the settings
+    it started with (its `config.yaml`, `steps` folded in): other settings stop the flow run naming what they
+    would change, unless `override` (then they are the run's from here on).
     The Prefect UI shows each step's artifacts and events (`gyre.flows.ui`).
     """
     config = load_run_config(config_path, benchmark_dir)
+    if steps:  # the run's own settings: written with it (`config.yaml`), what a resume continues with
+        config = config.model_copy(update={"steps": steps})
+    if allow_unscorable:
+        config = config.model_copy(update={"evaluator": config.evaluator.model_copy(update={"allow_unscorable": True})})
+    check_inputs(config)  # bad input, queries this machine cannot score: before any model is built
     flow_run_id = flow_run.id
+    begin_run()
     if run_dir is None:  # one directory per flow run: a resumed (suspended) flow run finds its own again
         run_dir = default_run_dir(config.name)
         rename_flow_run(f"{Path(config_path).stem} @ {Path(run_dir).name}")
     # the same flow run started again (resumed after a suspend, or retried): it continues its directory
     continuing = not resume and flow_run_id is not None and started_before(Path(run_dir), flow_run_id)
-    prepare_model(config)
-    coord = Coordinator(config, Path(run_dir))
-    detach = attach(coord)  # closed in order by a stop signal; RUN_DIR/live.duckdb for `gyre sql`
-    total = steps or config.steps
-    mark_run(coord, "running", flow_run_id)
-    for dead in crashed_starts(coord.store, coord.run_id):  # an earlier start killed outright: Crashed now
-        end_flow_run(dead.flow_run_id, "Crashed", dead.reason)
-    unmark = on_stop(lambda: stopped(coord, flow_run_id))  # SIGTERM/SIGINT: before the store closes
-    metrics = MetricsFanout(make_sinks(config.metrics.sinks, coord.run_dir, config.metrics.project, coord.run_id))
-    observer = RunObserver(coord.run_id, config.name, coord.run_dir, total, metrics, coord.store)
-    status, reason = "failed", None
+    if (resume or continuing) and not override and (changes := changed_settings(Path(run_dir), config)):
+        raise ConfigError(f"{run_dir} started with other settings (its config.yaml): this start would change "
+                          f"{'; '.join(changes)}; leave them out to continue as it started, or pass override")
+    total = config.steps
+    status, reason, coord, observer = "failed", None, None, None
+    # a stop signal before the run directory holds a run (the model build, the warm start): Cancelled, said so
+    unmark = on_stop(lambda: end_flow_run(flow_run_id, "Cancelled", STOPPED_EARLY_MESSAGE, live=True))
     try:
+        # a task run of its own thread: a cancel through Prefect lands in this one, which stops it in order
+        track(prepare_model.submit(config)).result()
+        coord = Coordinator(config, Path(run_dir))
+        detach = attach(coord)  # closed in order by a stop signal; RUN_DIR/live.duckdb for `gyre sql`
+        unmark()
+        unmark = on_stop(lambda: stopped(coord, flow_run_id))  # SIGTERM/SIGINT: before the store closes
+        mark_run(coord, "running", flow_run_id)
+        for dead in crashed_starts(coord.store, coord.run_id):  # an earlier start killed outright: Crashed now
+            end_flow_run(dead.flow_run_id, "Crashed", dead.reason)
+        metrics = MetricsFanout(make_sinks(config.metrics.sinks, coord.run_dir, config.metrics.project, coord.run_id))
+        observer = RunObserver(coord.run_id, config.name, coord.run_dir, total, metrics, coord.store)
         if continuing:
             prefect_logger().info("flow run %s started again: %s continues from its last checkpoint",
                                   flow_run_id, run_dir)
@@ -172,32 +203,52 @@ def rl_run(
             return Failed(message=reason, data=records)
         return records
     except TerminationSignal:  # a flow run cancelled through Prefect (worker runs): SIGTERM raised here
-        status = "stopped"
+        status, reason = "stopped", CANCELLED_MESSAGE if coord is not None else CANCELLED_EARLY_MESSAGE
+        begin_stop()
+        drain()
         raise
     except Pause:  # suspended through Prefect (a deployment's run): resuming it continues this directory
         status, reason = "suspended", SUSPENDED_MESSAGE
-        close_task_runs(flow_run_id, "Cancelled", SUSPENDED_MESSAGE)
+        begin_stop()
+        drain()
         raise
     except Exception as exc:  # recorded with the run's row, then raised: Prefect shows the traceback
+        hold_if_stopping()  # `gyre run` stopping: its closers end the run, this thread waits for the process to end
         reason = f"{type(exc).__name__}: {str(exc)[:500]}"
         raise
     finally:
-        observer.close()
+        hold_if_stopping()
         unmark()
-        mark_run(coord, status, flow_run_id, reason)
-        detach()
-        coord.close()
+        if observer is not None:
+            observer.close()
+        if coord is not None:
+            mark_run(coord, status, flow_run_id, reason)
+            detach()
+            coord.close()
+        if status in ("stopped", "suspended"):  # what was still open (a task waiting on an abandoned one)
+            close_task_runs(flow_run_id, "Cancelled", reason)
+            prefect_logger().warning("%s", reason)
 
 
-SUSPENDED_MESSAGE = ("suspended through Prefect: the current step abandoned; resuming the flow run (its Resume "
-                     "button, or `gyre resume RUN_DIR`) continues this run directory from its last checkpoint")
-STOPPED_MESSAGE = "stopped by a signal (Ctrl-C, SIGTERM): the current step abandoned; `gyre run --resume` continues"
+SUSPENDED_MESSAGE = ("suspended through Prefect: the current step abandoned, every row recorded before it kept; "
+                     "resuming the flow run (its Resume button, or `gyre resume RUN_DIR`) continues this run "
+                     "directory from its last checkpoint")
+CANCELLED_MESSAGE = ("cancelled through Prefect: the current step abandoned, every row recorded before it kept; "
+                     "to continue, run the deployment again with this run_dir and resume=true (or `gyre run "
+                     "--resume RUN_DIR`)")
+CANCELLED_EARLY_MESSAGE = ("cancelled through Prefect during the model build or warm start: nothing was recorded "
+                           "(a warm start cut short is not cached); run the deployment again to start over")
+STOPPED_MESSAGE = ("stopped by a signal (Ctrl-C, SIGTERM): the current step abandoned, every row recorded before it "
+                   "kept; `gyre run --resume RUN_DIR` continues")
+STOPPED_EARLY_MESSAGE = ("stopped by a signal (Ctrl-C, SIGTERM) during the model build or warm start: nothing was "
+                         "recorded (a warm start cut short is not cached); start the run again")
 
 
 def stopped(coord: Coordinator, flow_run_id: str | None) -> None:
     """A stop signal's closer: the run's row `stopped`, its flow run and open task runs Cancelled."""
-    mark_run(coord, "stopped", flow_run_id, STOPPED_MESSAGE)
-    end_flow_run(flow_run_id, "Cancelled", STOPPED_MESSAGE, live=True)
+    message = STOPPED_MESSAGE.replace("RUN_DIR", str(coord.run_dir))
+    mark_run(coord, "stopped", flow_run_id, message)
+    end_flow_run(flow_run_id, "Cancelled", message, live=True)
 
 
 def train_run(coord: Coordinator, total: int, resume: bool, run_dir: str,
@@ -206,7 +257,11 @@ def train_run(coord: Coordinator, total: int, resume: bool, run_dir: str,
     from the newest checkpoint; `from_scratch_ok`: from step 0 when there is none yet (a flow run
     suspended before its first checkpoint)."""
     config = coord.config
-    first = coord.resume(missing_ok=from_scratch_ok) if resume else 0
+    if resume:  # with no checkpoint yet: from step 0, when no step was recorded (stopped before one ended)
+        (recorded,), = coord.store.query("SELECT count(*) FROM steps")
+        first = coord.resume(missing_ok=from_scratch_ok or not recorded)
+    else:
+        first = 0
     if config.scheduler.policy is not None:
         emit(ProgressEvent("run_started", None, {"steps": total, "run_dir": run_dir, "first_step": first}))
         records = cells_run(coord, total, first)

@@ -32,14 +32,17 @@ EVENTS_DRAIN_S = 5.0
 """How long a stopping run waits for its queued Prefect events (task runs' states) to leave."""
 PREFECT_KIND = {"stopped": "Cancelled", "crashed": "Crashed", "failed": "Failed"}
 """The Prefect state a run start's DuckDB status ends its flow run in."""
-SETTLE_ROUNDS = 6
+SETTLE_ROUNDS = 10
 SETTLE_WAIT_S = 0.5
-"""A live run's task-run states reach the server as events, recorded a moment later: the open task runs are
-read again (`SETTLE_ROUNDS` times at most, `SETTLE_WAIT_S` apart) until a read finds none."""
+SETTLE_QUIET_READS = 3
+"""A live run's task-run states reach the server as events, recorded a moment later (seconds on a loaded box):
+the open task runs are read again (`SETTLE_ROUNDS` times at most, `SETTLE_WAIT_S` apart) until
+`SETTLE_QUIET_READS` reads in a row find none."""
 
 
 def end_flow_run(flow_run_id: str | None, kind: str, message: str, live: bool = False) -> bool:
-    """Set flow run `flow_run_id` and its open task runs to `kind` (Cancelled, Crashed or Failed), forced past
+    """Set flow run `flow_run_id` and its open task runs to `kind` (Cancelled, Crashed, Failed, or Completed: a run
+    judged again by a rerun of its failed evaluations), forced past
     Prefect's orchestration rules (the engine that would have reported is gone). `live`: called from the run's
     own process as it stops (its queued events are sent first, and late task runs are waited for). False when
     there is no flow run or the API cannot be reached (said on stderr)."""
@@ -64,9 +67,9 @@ def _end(flow_run_id: str | None, kind: str, message: str, live: bool, flow_too:
     )
     from prefect.client.schemas.objects import StateType
     from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, temporary_settings
-    from prefect.states import Cancelled, Crashed, Failed
+    from prefect.states import Cancelled, Completed, Crashed, Failed
 
-    make = {"Cancelled": Cancelled, "Crashed": Crashed, "Failed": Failed}[kind]
+    make = {"Cancelled": Cancelled, "Crashed": Crashed, "Failed": Failed, "Completed": Completed}[kind]
     still_open = TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(
         any_=[StateType(t) for t in OPEN_TYPES])))
     task_message = f"its flow run ended: {message}" if flow_too else message
@@ -76,12 +79,14 @@ def _end(flow_run_id: str | None, kind: str, message: str, live: bool, flow_too:
         with temporary_settings({PREFECT_API_REQUEST_TIMEOUT: API_TIMEOUT_S}), get_client(sync_client=True) as client:
             if flow_too:
                 client.set_flow_run_state(flow_run_id, make(message=message), force=True)
-            for round_ in range(SETTLE_ROUNDS if live else 1):
+            quiet = 0
+            for _ in range(SETTLE_ROUNDS if live else 1):
                 open_tasks = client.read_task_runs(
                     flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), task_run_filter=still_open)
                 for task_run in open_tasks:
                     client.set_task_run_state(task_run.id, make(message=task_message), force=True)
-                if not open_tasks and round_:
+                quiet = 0 if open_tasks else quiet + 1
+                if quiet >= SETTLE_QUIET_READS:
                     break
                 if live:
                     time.sleep(SETTLE_WAIT_S)

@@ -9,7 +9,12 @@ run's progress events (`gyre.runtime.progress`) and turns them into Prefect obje
 - per eval round (the one after the last step too), a markdown artifact: its split, pass rate,
   executions and drops;
 - gyre's own log lines in the flow run's Logs: one INFO line per step and per eval round;
-- one progress artifact for the run (`gyre-<run_id>-progress`), updated after every step; a resumed
+- at a glance, in the runs list and the run page's header: while the run runs, its flow run's state is
+  Running named `Running 3/20 · reward 0.28 · eval 0.41` (the badge shows a state's name) with a message
+  carrying step k/n, reward, the last eval pass rate and the drops, set after every step and eval round
+  (`headline`; only while Prefect holds it Running: a cancel or suspend in flight is never overwritten);
+- one progress artifact for the run (`gyre-<run_id>-progress`), updated after every step with what it says
+  (`3 of 20 steps done: ...`); a resumed
   run's progress starts where the run is (its steps and eval rounds recorded before the resume are read back
   from the run's DuckDB file when the run starts, and its curves carry them too);
 - Prefect events: `gyre.step.dropped-executions`, `gyre.step.tampering`,
@@ -64,6 +69,23 @@ def rename_flow_run(name: str) -> None:
     if flow_run.id:
         with get_client(sync_client=True) as client:
             client.update_flow_run(UUID(flow_run.id), name=name)
+
+
+def _num(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def set_running_state(flow_run_id: str, name: str, message: str) -> None:
+    """Show `name` on the flow run's state badge (the runs list, the run page's header) and `message` with it, as a
+    Running state proposed to Prefect (never forced): only while it is Running, so a Cancelling, Suspended or
+    Paused state set meanwhile stands."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Running
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(UUID(str(flow_run_id))).state
+        if state is not None and state.type is StateType.RUNNING:
+            client.set_flow_run_state(UUID(str(flow_run_id)), Running(name=name, message=message))
 
 
 def step_table(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -157,9 +179,10 @@ class RunObserver:
         self.evals: list[dict[str, Any]] = []
         self._roles: list[str] | None = None
         self._progress_id: UUID | None = None
-        if flow_run.id:
+        self.flow_run_id = flow_run.id
+        if self.flow_run_id:
             self._progress_id = create_progress_artifact(
-                0.0, key=f"gyre-{run_id}-progress", description=f"{name}: steps done of {total_steps}")
+                0.0, key=f"gyre-{run_id}-progress", description=f"{name}: 0 of {total_steps} steps done")
         self._unsubscribe = subscribe(self.on_event)
 
     def close(self) -> None:
@@ -185,8 +208,7 @@ class RunObserver:
                         for row in self.store.rows("steps", "step, finished_at") if row["step"] < first_step]
         rounds = {(row["step"], row["split"]): row for row in self.store.rows("evals", "step, finished_at")}
         self.evals = [EvalRecord.model_validate(row).model_dump(mode="json") for row in rounds.values()]
-        if self._progress_id is not None:
-            update_progress_artifact(self._progress_id, self.progress())
+        self.show_progress()
 
     def progress(self) -> float:
         """Percent of the run's steps done (a step recorded twice counts once)."""
@@ -206,6 +228,7 @@ class RunObserver:
                            {"step": record["step"], "split": record["split"], "executions": record["num_executions"]})
         where = f"eval round before step {record['step']} ({record['split']})"
         create_markdown_artifact(eval_markdown(record), description=f"{self.name}: {where}")
+        self.show_progress()
 
     def on_step(self, record: dict[str, Any]) -> None:
         self.history.append(record)
@@ -232,8 +255,34 @@ class RunObserver:
         create_table_artifact(step_table(record), description=f"{self.name}: step {step} record")
         create_markdown_artifact(step_markdown(record, self.history, png, self.evals),
                                  description=f"{self.name}: step {step}")
+        self.show_progress()
+
+    def headline(self) -> tuple[str, str]:
+        """(state name, state message) of the running flow run: steps done of the run's, the last step's reward and
+        drops, the last eval pass rate (in-distribution, or validation)."""
+        done = len({record["step"] for record in self.history})
+        last = self.history[-1] if self.history else None
+        evals = [e for e in self.evals if e["split"] in ("in_distribution", "validation")]
+        rate = evals[-1].get("pass_rate") if evals else None
+        name = f"Running {done}/{self.total_steps}"
+        parts = [f"{done} of {self.total_steps} steps done"]
+        if last is not None:
+            name += f" · reward {_num(last.get('reward_mean'), '.2f')}"
+            parts.append(f"step {last['step']}: reward mean {_num(last.get('reward_mean'), '.3f')}, "
+                         f"{last['num_dropped']} of {last['num_executions']} executions dropped")
+        if evals:
+            name += f" · eval {_num(rate, '.2f')}"
+            parts.append(f"eval pass rate {_num(rate, '.3f')} ({evals[-1]['split']}, before step {evals[-1]['step']})")
+        return name, "; ".join(parts)
+
+    def show_progress(self) -> None:
+        """The headline as the flow run's Running state and the progress artifact's words, with the percent done."""
+        if self.flow_run_id is None:
+            return
+        name, message = self.headline()
         if self._progress_id is not None:
-            update_progress_artifact(self._progress_id, self.progress())
+            update_progress_artifact(self._progress_id, self.progress(), description=f"{self.name}: {message}")
+        set_running_state(self.flow_run_id, name, message)
 
     def on_roles(self, step: int | None, roles: list[str]) -> None:
         if self._roles is not None and roles != self._roles:

@@ -76,6 +76,20 @@ def read_flow_run_page(ui: str, api: str, flow_run_id: str, browser: str) -> Pag
     return PageState(shown_type, shown_name, run["state_type"], run["state_name"])
 
 
+def shown_states(ui: str, browser: str) -> list[str]:
+    """The words on the state badges of the UI's runs list (`/runs`), newest run first."""
+    dom = _chromium(browser, f"{ui.rstrip('/')}/runs", "--dump-dom").stdout
+    return [html.unescape(re.sub(r"<!--.*?-->|<[^>]+>", "", m.group(2), flags=re.S)).strip()
+            for m in _BADGE.finditer(dom)]
+
+
+def page_title(ui: str, path: str, browser: str) -> str:
+    """The title the UI gives a page once its scripts rendered it (`Task Run: cell-1: train, 2 switches • ...`)."""
+    dom = _chromium(browser, f"{ui.rstrip('/')}/{path.lstrip('/')}", "--dump-dom").stdout
+    match = re.search(r"<title>(.*?)</title>", dom, re.S)
+    return "" if match is None else html.unescape(match.group(1)).strip()
+
+
 def snapshot_run(ui: str, api: str, flow_run_id: str, out_dir: Path, browser: str, label: str = "run") -> list[Path]:
     """Screenshots as `out_dir/<label>-*.png`: the run page, its newest markdown artifact (a step's page with
     its curves; the run page's Artifacts tab cannot be opened by URL: the UI hides it until the run loads and

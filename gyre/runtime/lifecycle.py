@@ -19,9 +19,16 @@ every process below it, stops the Prefect server and exits 128 + the signal's nu
 with one line on stderr. While the closers run, the flow's thread starts nothing new: at its next
 `hold_if_stopping` (before each task submission and record) it waits for the process to end, so no
 task run is created after the closers have cancelled the open ones and no step is recorded after the
-run was marked stopped. Closers get `STOP_GRACE_S`; a second signal, or the grace
-running out, ends the process at once (after killing its children): the data on disk
-is then what a kill -9 leaves, which a resume handles.
+run was marked stopped. Before the closers, the work already in flight (task runs the flow
+`track`ed, the flow's own thread until it parks) gets `STOP_DRAIN_S` to end on its own (`drain`): an
+optimizer step or a record under way finishes and its rows are kept, instead of meeting a closed file.
+Closers get `STOP_GRACE_S`; a second signal, or the grace running out, ends the process at once (after
+killing its children): the data on disk is then what a kill -9 leaves, which a resume handles.
+
+A run stopped through Prefect (a worker's run cancelled or suspended: Prefect raises in the flow's own
+thread) stops the same way from the flow (`begin_stop`, then `drain`). Either way `stopping()` is
+then true, and a task that starts, or fails because what it used was closed, ends Cancelled
+(`gyre.tasks.step`): a stop is never reported as a failure or a crash.
 """
 
 from __future__ import annotations
@@ -35,9 +42,75 @@ from pathlib import Path
 
 STOP_GRACE_S = 20.0
 """How long the closers of a stopping run may take before the process ends regardless."""
+STOP_DRAIN_S = 5.0
+"""How long work already in flight may take to end on its own once a run is stopping (within the grace)."""
 _closers: list[Callable[[], None]] = []
 _closers_lock = threading.Lock()
 _stopping = threading.Event()
+_parked = threading.Event()
+"""Set once the run's flow thread waits in `hold_if_stopping`: it starts and records nothing more."""
+_in_flight: set = set()
+_in_flight_lock = threading.Lock()
+
+
+class RunStopped(Exception):
+    """Raised by long work that checks `stopping()` (the warm start, each optimizer step of it)."""
+
+
+def begin_run() -> None:
+    """A run starts in this process: nothing is stopping, nothing is in flight (a process runs one run)."""
+    _stopping.clear()
+    _parked.clear()
+    with _in_flight_lock:
+        _in_flight.clear()
+
+
+def begin_stop() -> None:
+    """The run is stopping (a stop signal, or Prefect cancelling or suspending it): see the module docstring."""
+    _stopping.set()
+
+
+def stopping() -> bool:
+    """Whether the run of this process is stopping."""
+    return _stopping.is_set()
+
+
+def track(future):
+    """Note a task run's future as work in flight until it ends (`drain` waits for it); returns it."""
+    with _in_flight_lock:
+        _in_flight.add(future)
+    future.add_done_callback(_untrack)
+    return future
+
+
+def _untrack(future) -> None:
+    with _in_flight_lock:
+        _in_flight.discard(future)
+
+
+def drain(timeout_s: float = STOP_DRAIN_S) -> int:
+    """Wait, at most `timeout_s`, for the tracked work in flight to end and, in a run whose flow has its own
+    thread, for that thread to park (`hold_if_stopping`); returns how many tracked futures are still running."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with _in_flight_lock:
+            running = len(_in_flight)  # a future leaves the set when it ends (`track`'s callback)
+        idle = not running and (_parked.is_set() or not _flow_thread_busy())
+        left = deadline - time.monotonic()
+        if idle or left <= 0:
+            return running
+        time.sleep(min(0.1, left))
+
+
+def _flow_thread_busy() -> bool:
+    """Whether a run's flow runs in a thread of its own (`gyre run`) that has not parked yet."""
+    return any(t.name == FLOW_THREAD_NAME and t.is_alive() for t in threading.enumerate())
+
+
+FLOW_THREAD_NAME = "gyre-rl-run"
+"""The name of the thread `gyre run` runs its flow in (the main thread keeps the signal handlers)."""
 
 
 def on_stop(closer: Callable[[], None]) -> Callable[[], None]:
@@ -57,6 +130,8 @@ def hold_if_stopping() -> None:
     """Called by the run's flow before it starts new work (task runs, records): once a stop signal is
     being handled, any thread but the main one (where the closers run) waits here until the process ends."""
     if _stopping.is_set() and threading.current_thread() is not threading.main_thread():
+        if threading.current_thread().name == FLOW_THREAD_NAME:
+            _parked.set()
         threading.Event().wait()
 
 
@@ -112,6 +187,7 @@ class StopOnSignal:
         timer = threading.Timer(STOP_GRACE_S, self._exit, args=(signum,))
         timer.daemon = True
         timer.start()
+        drain(STOP_DRAIN_S)  # work in flight ends on its own first: its rows are kept
         with _closers_lock:
             closers = list(reversed(_closers))
         for closer in closers:

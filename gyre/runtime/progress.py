@@ -18,7 +18,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ProgressEvent:
-    kind: str  # run_started | step_started | execution_finished | step_finished | run_finished
+    kind: str
+    """run_started | step_started | execution_finished | execution_scored | trajectories_processed | step_finished |
+    eval_started | eval_finished | cells | run_finished; the warm start's: warmstart_started | warmstart (each of
+    its steps) | warmstart_finished | warmstart_cached."""
     step: int | None = None
     data: dict[str, Any] = field(default_factory=dict)
 

@@ -21,6 +21,13 @@ fresh `evals/<execution_id>.attempt-<n>/`, with a fresh overall budget when the 
   copy, `steps.eval_pass_rate`, follows; every change is kept in `eval_rate_changes`;
 - steps' advantages, rewards and drop counts are NOT rewritten: training already used them.
 
+The evaluator may be given other settings than the run had (`evaluator`: the index came back at another
+URL, the network it needed, a longer timeout); what they change is in the report (`settings`). The run's
+record says what the rerun changed: when its last start ended `completed` or `failed`, its verdict is
+taken again over its executions' latest attempts (`run_status.verdict`), and its `runs` row gets the new
+status with a reason naming the rerun, its settings and what the start was before (`RunVerdict`; the flow
+sets its Prefect flow run to match).
+
 Not rerun, reported as unrecoverable with the reason while the rest proceed: an execution
 whose workspace is gone, whose query the benchmark no longer has, or whose task was tested in
 the agent's live sandbox (`evaluator.container_tasks: in_place`), which closed with the run.
@@ -35,7 +42,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -112,12 +119,27 @@ class RateChange:
 
 
 @dataclass(frozen=True)
+class RunVerdict:
+    """The run's last start as the rerun left it: its `runs` row and Prefect flow run."""
+
+    run_id: str
+    flow_run_id: str | None
+    old_status: str
+    status: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class RerunReport:
     run_dir: Path
     rerun_id: str
     rescored: list[Rescored]
     unrecoverable: list[Unrecoverable]
     rate_changes: list[RateChange]
+    settings: list[str] = field(default_factory=list)
+    """The evaluator settings this rerun used that the run did not (`evaluator.network: 'none' -> ...`)."""
+    verdict: RunVerdict | None = None
+    """The run's last start, judged again (None: the rerun scored nothing, or the start was stopped or crashed)."""
 
     @property
     def still_failing(self) -> list[Rescored]:
@@ -127,9 +149,11 @@ class RerunReport:
 class Rerun:
     """One rerun of a run directory's failed evaluations; see the module docstring."""
 
-    def __init__(self, run_dir: Path, config: RunConfig, store: RunStore, owns_store: bool) -> None:
+    def __init__(self, run_dir: Path, config: RunConfig, store: RunStore, owns_store: bool,
+                 settings: list[str] | None = None) -> None:
         self.run_dir = run_dir
         self.config = config
+        self.settings = settings or []
         split = resolve_queries(config)
         self.queries = {q.query_id: q for q in [*split.train, *split.demonstrated, *split.eval, *split.generalisation,
                                                 *split.validation]}
@@ -150,15 +174,17 @@ class Rerun:
                 self.unrecoverable.append(Unrecoverable(failed, reason))
 
     @classmethod
-    def open(cls, run_dir: Path, store: RunStore | None = None) -> Rerun:
-        """Open `run_dir` (its `gyre.duckdb`, unless the caller holds it and passes `store`)."""
+    def open(cls, run_dir: Path, store: RunStore | None = None, evaluator: dict | None = None) -> Rerun:
+        """Open `run_dir` (its `gyre.duckdb`, unless the caller holds it and passes `store`); `evaluator`: settings
+        of the `evaluator` section that replace the run's own (checked as the config's are)."""
         run_dir = Path(run_dir).resolve()
         check_run_dir(run_dir)
         config = load_config(run_dir / CONFIG_FILE)
+        config, settings = with_evaluator(config, evaluator or {})
         own = store is None
         store = store or RunStore(run_dir / DB_FILE)
         try:
-            return cls(run_dir, config, store, own)
+            return cls(run_dir, config, store, own, settings)
         except BaseException:
             if own:
                 store.close()
@@ -190,7 +216,34 @@ class Rerun:
         self.store.write([("eval_attempts", attempts),
                           ("eval_rate_changes", [{"rerun_id": self.rerun_id, "changed_at": changed_at,
                                                   **vars(c)} for c in changes])], updates)
-        return RerunReport(self.run_dir, self.rerun_id, rescored, self.unrecoverable, changes)
+        scored = any(r.score.status is not EvalStatus.error for r in rescored)
+        verdict = self._judge_again(rescored) if scored else None  # a rerun that scored nothing changed nothing
+        return RerunReport(self.run_dir, self.rerun_id, rescored, self.unrecoverable, changes, self.settings, verdict)
+
+    def _judge_again(self, rescored: list[Rescored]) -> RunVerdict | None:
+        """The run's last start judged again over its executions' latest attempts, its `runs` row updated to say
+        so, when it ended `completed` or `failed` (a stopped or crashed start's status is about its process)."""
+        from gyre.runtime.run_status import verdict
+
+        last = self.store.query("select run_id, status, status_reason, prefect_flow_run_id, started_at from runs "
+                                "order by started_at desc limit 1")
+        if not last or last[0][1] not in ("completed", "failed"):
+            return None
+        run_id, old_status, old_reason, flow_run_id, started_at = last[0]
+        (executions, scored), = self.store.query(
+            f"with latest as ({LATEST_SQL}), started as (select execution_id, max(started_at) as started_at "
+            "from executions group by all) select count(*), count(*) filter (where l.eval_status in "
+            "('ok', 'tampering')) from latest l join started s using (execution_id) where s.started_at >= ?",
+            [started_at])
+        status, why = verdict(executions, scored, self.config.evaluator.max_dropped_share)
+        ok = sum(r.score.status is not EvalStatus.error for r in rescored)
+        what = (f"gyre rerun-failed {self.rerun_id}: {ok} of {len(rescored)} failed evaluations scored"
+                + (f" with {'; '.join(self.settings)}" if self.settings else " with the run's own evaluator settings"))
+        before = f"{old_status}" + (f" ({old_reason})" if old_reason else "")
+        reason = f"{why}; after {what}" if why else f"{scored} of {executions} executions scored after {what}"
+        reason += f"; before it: {before}"
+        self.store.query("update runs set status = ?, status_reason = ? where run_id = ?", [status, reason, run_id])
+        return RunVerdict(run_id, flow_run_id, old_status, status, reason)
 
     def close(self) -> None:
         if self._owns_store:
@@ -249,6 +302,24 @@ class Rerun:
                     updates.append(("update steps set eval_pass_rate = ? where step = ? and started_at >= ?",
                                     [new_rate, step, finished_at]))
         return changes, updates
+
+
+def with_evaluator(config: RunConfig, settings: dict) -> tuple[RunConfig, list[str]]:
+    """`config` with `settings` replacing fields of its `evaluator` section, validated (a ValueError naming the
+    field otherwise), and what they change (`evaluator.timeout_s: 120.0 -> 600.0`)."""
+    from pydantic import ValidationError
+
+    from gyre.config.run import EvaluatorConfig
+
+    old = config.evaluator.model_dump(mode="json")
+    try:
+        new = EvaluatorConfig.model_validate({**old, **settings})
+    except ValidationError as exc:
+        problems = "; ".join(f"evaluator.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"the evaluator settings given are not valid: {problems}") from None
+    changed = [f"evaluator.{key}: {old.get(key)!r} -> {value!r}" for key, value in new.model_dump(mode="json").items()
+               if old.get(key) != value]
+    return config.model_copy(update={"evaluator": new}), changed
 
 
 def check_run_dir(run_dir: Path) -> None:

@@ -184,7 +184,7 @@ def check_inputs(config: RunConfig) -> QuerySplit:
     execution_timeouts(config)
     check_backend(config.sandbox, config.harness.type)
     split = resolve_queries(config)
-    warn_unscorable([*split.train, *split.eval], config)
+    check_scorable([*split.train, *split.eval, *split.generalisation, *split.validation], config)
     if config.model.path is not None and not is_package_ref(config.model.path):
         load_tokenizer(resolve_model_path(config.model.path, config.cache_dir / "models"))
     if config.model.warmstart.steps and config.benchmark.kind != "tiny":
@@ -222,12 +222,44 @@ def check_answer_budget(config: RunConfig, split: QuerySplit, tokenizer) -> None
         return
 
 
+class UnscorableError(ValueError):
+    """Queries of a run this machine cannot score: named, each with what it needs, before any model is built."""
+
+
+def check_scorable(queries: list[Query], config: RunConfig) -> None:
+    """Stop a run whose queries this machine cannot score (every evaluation of theirs would be dropped: the run
+    would train on what is left, or end Failed having scored nothing), naming each query and what it needs;
+    with `evaluator.allow_unscorable` they run, said once as a warning (`warn_unscorable`)."""
+    if config.evaluator.allow_unscorable:
+        warn_unscorable(queries, config)
+        return
+    found = unscorable_queries(queries, config)
+    if found:
+        shown = "; ".join(f"{qid} needs {', '.join(missing)}" for qid, missing in found)
+        raise UnscorableError(
+            f"{len(found)} of {len(queries)} queries cannot be scored here ({shown}): their evaluations would all "
+            "be dropped. Give the evaluation what they need (`gyre benchmark check DIR --control` says it; "
+            "`evaluator.network: package-index` offers the index, uv's installer needs the task's own container "
+            "too: `sandbox.type: docker`), leave them out, or run anyway with --allow-unscorable (a deployment: "
+            "allow_unscorable=true)")
+
+
 def warn_unscorable(queries: list[Query], config: RunConfig) -> list[tuple[str, list[str]]]:
     """Say, before any execution, which queries this machine cannot score and what they need.
 
-    They still run (the agent's part is the same), and their evaluations are evaluator failures
-    naming the need, dropped from their groups: never zeros.
+    Where a run allows them (`evaluator.allow_unscorable`) they still run (the agent's part is the same), and
+    their evaluations are evaluator failures naming the need, dropped from their groups: never zeros.
     """
+    unscorable = unscorable_queries(queries, config)
+    if unscorable:
+        shown = "; ".join(f"{qid}: needs {', '.join(missing)}" for qid, missing in unscorable[:10])
+        _warn_once(f"{len(unscorable)} of {len(queries)} queries cannot be scored here (their evaluations will be "
+                   f"dropped, never zeros): {shown}{' ...' if len(unscorable) > 10 else ''}")
+    return unscorable
+
+
+def unscorable_queries(queries: list[Query], config: RunConfig) -> list[tuple[str, list[str]]]:
+    """(query id, what it needs that this machine does not offer its evaluation) per query it cannot score."""
     from gyre.benchmarks.registry import task_spec
     from gyre.evaluators.formats.in_container import IN_CONTAINER_FORMATS
     from gyre.evaluators.run_evaluator import tests_in_container
@@ -235,10 +267,5 @@ def warn_unscorable(queries: list[Query], config: RunConfig) -> list[tuple[str, 
     index = config.evaluator.network == "package-index"
     docker = tests_in_container(config)  # the formats tested in their container, as the run's evaluator does
     built = config.sandbox.type == "docker" and config.sandbox.docker.build_network != "none"  # NL2RepoBench images
-    unscorable = [(q.query_id, missing) for q in queries if (missing := unmet(task_needs(q, built), available_here(
+    return [(q.query_id, missing) for q in queries if (missing := unmet(task_needs(q, built), available_here(
         package_index=index, in_container=docker and task_spec(q).format in IN_CONTAINER_FORMATS)))]
-    if unscorable:
-        shown = "; ".join(f"{qid}: needs {', '.join(missing)}" for qid, missing in unscorable[:10])
-        _warn_once(f"{len(unscorable)} of {len(queries)} queries cannot be scored here (their evaluations will be "
-                   f"dropped, never zeros): {shown}{' ...' if len(unscorable) > 10 else ''}")
-    return unscorable

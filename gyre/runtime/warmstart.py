@@ -27,6 +27,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from gyre.engines.models.hf import load_causal_lm, load_tokenizer
 from gyre.harnesses.builtin import SYSTEM_PROMPT, TOOLS
 from gyre.proxy.prompt import PromptBuilder
 from gyre.records import Query
+from gyre.runtime.lifecycle import RunStopped, stopping
 from gyre.runtime.progress import ProgressEvent, emit
 from gyre.trajectories.rows import TrainSequence
 
@@ -134,11 +136,15 @@ def warmstart(base_model: Path, out: Path, queries: list[Query], spec: Warmstart
     flawed = [row(q, name, print_instead_of_return(text)) for q, name, text in solutions] if spec.flawed_fraction else []
     torch.manual_seed(spec.seed)
     rng = random.Random(spec.seed)
+    started = time.monotonic()
+    emit(ProgressEvent("warmstart_started", None, {"steps": spec.steps, "cache": str(out)}))
     model = load_causal_lm(base_model)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / spec.steps))
     for step in range(spec.steps):
+        if stopping():  # a stop signal, or the flow run cancelled: nothing is cached, the next run starts over
+            raise RunStopped(f"warm start stopped at step {step} of {spec.steps}")
         picks = rng.sample(range(len(rows)), min(spec.batch_size, len(rows)))
         if spec.flawed_fraction > 0.0:
             batch = [(flawed if rng.random() < spec.flawed_fraction else rows)[i] for i in picks]
@@ -150,7 +156,8 @@ def warmstart(base_model: Path, out: Path, queries: list[Query], spec: Warmstart
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        emit(ProgressEvent("warmstart", step, {"steps": spec.steps, "loss": float(loss.detach())}))
+        emit(ProgressEvent("warmstart", step, {"steps": spec.steps, "loss": float(loss.detach()),
+                                               "elapsed_s": time.monotonic() - started}))
     model.eval()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -171,6 +178,8 @@ def warmstart(base_model: Path, out: Path, queries: list[Query], spec: Warmstart
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    emit(ProgressEvent("warmstart_finished", None, {"steps": spec.steps, "cache": str(out),
+                                                    "seconds": time.monotonic() - started}))
     return out
 
 
@@ -231,10 +240,18 @@ def check_cached(path: Path, base_model: Path) -> None:
             + "; delete it (it is rebuilt on the next run) or point cache_dir elsewhere")
 
 
+_announced: set[str] = set()
+"""Warm starts this process built or said it reused (each is said once)."""
+
+
 def cached_warmstart(base_model: Path, cache_dir: Path, queries: list[Query], spec: WarmstartSpec) -> Path:
     """The warm start for (base, queries, spec), built once under `cache_dir`; a cache hit is checked."""
     path = Path(cache_dir) / f"{Path(base_model).name}-warm-{spec_digest(base_model, queries, spec)}"
     if path.exists():
         check_cached(path, base_model)
+        if str(path) not in _announced:  # once a process: the model task and the coordinator both resolve it
+            _announced.add(str(path))
+            emit(ProgressEvent("warmstart_cached", None, {"steps": spec.steps, "cache": str(path)}))
         return path
+    _announced.add(str(path))
     return warmstart(base_model, path, queries, spec)

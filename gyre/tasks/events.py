@@ -28,8 +28,11 @@ def related_flow_run() -> list[dict[str, str]]:
     return [{"prefect.resource.id": f"prefect.flow-run.{run_id}", "prefect.resource.role": "flow-run"}] if run_id else []
 
 
-def emit_run_event(event: str, run_id: str, name: str, payload: dict[str, Any]) -> None:
-    emit_event(event=event, resource=run_resource(run_id, name), related=related_flow_run(), payload=payload)
+def emit_run_event(event: str, run_id: str, name: str, payload: dict[str, Any],
+                   related: list[dict[str, str]] | None = None) -> None:
+    """`event` on the run's resource, related to the current flow run (and to `related`, other resources)."""
+    emit_event(event=event, resource=run_resource(run_id, name), related=[*related_flow_run(), *(related or [])],
+               payload=payload)
 
 
 log = logging.getLogger(__name__)

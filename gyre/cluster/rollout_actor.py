@@ -34,11 +34,11 @@ from pathlib import Path
 from gyre.cluster.ray_local import LocalRay, loopback_environment, start_local_ray
 from gyre.cluster.actor_weights import ActorEngine, ActorReader, WeightsChannel
 from gyre.cluster.cell_ranks import CellEngine, rank_engine_id
+from gyre.cluster.cell_watch import WATCH_INTERVAL_S, CellWatch
 from gyre.engines.sglang.adapter import SGLangRolloutEngine
 
 ACTOR_START_TIMEOUT_S = 300.0  # building the engine in a fresh process on a loaded 2-core box
 MAX_RESTARTS = 3  # Ray restarts a cell's process this often; after that the cell stays failed
-WATCH_INTERVAL_S = 0.5  # how often the watcher asks each actor for its pid: a death is noticed within ~1 s
 PING_TIMEOUT_S = 10.0  # an actor that does not answer within this is busy, not dead (a loaded box)
 RANK_SEED_STRIDE = 100_003  # rank r of a cell is seeded with the cell's seed + r * this: its ranks sample differently
 
@@ -133,6 +133,7 @@ class RayCells:
     _placement: list[object] = field(default_factory=list)
     _closing: threading.Event = field(default_factory=threading.Event)
     _watcher: threading.Thread | None = None
+    watcher: CellWatch | None = None
     channel: WeightsChannel = field(default_factory=lambda: WeightsChannel("disk"))
 
     @classmethod
@@ -204,54 +205,28 @@ class RayCells:
         """Cell `cell_id`'s placement group."""
         return self._placement[next(i for i, c in enumerate(self.cells) if c.cell_id == cell_id)]
 
-    def watch(self, on_down: Callable[[int], None], on_back: Callable[[int, object], None]) -> None:
-        """Notice any rank's process of a cell dying (`on_down(cell_id)`, within about a second)
-        and the cell coming back once Ray restarted every dead rank (`on_back(cell_id, engine)`:
-        a new engine on the ranks' addresses, every rank healthy, the restarted ones on base
-        weights, not yet routed). One thread; callbacks run on it."""
-        self._watcher = threading.Thread(target=self._watch, args=(on_down, on_back), name="ray-cells-watch",
-                                         daemon=True)
+    def watch(self, on_down: Callable[[int], None], on_back: Callable[[int, object], None],
+              on_lost: Callable[[int, str], None] = lambda cell_id, why: None) -> None:
+        """Notice any rank's process of a cell dying (`on_down(cell_id)`, within about a second),
+        the cell coming back once Ray restarted every dead rank (`on_back(cell_id, engine)`: a new
+        engine on the ranks' addresses, every rank healthy, the restarted ones on base weights, not
+        yet routed), and a cell that will not come back (`on_lost(cell_id, why)`: out of restarts,
+        or not back within ACTOR_START_TIMEOUT_S). Every cell is watched on its own
+        (`gyre.cluster.cell_watch`): a cell restarting or lost never hides another's death. One
+        thread; callbacks run on it."""
+        self.watcher = CellWatch(lambda: list(self.cells), on_down=on_down, on_back=on_back, on_lost=on_lost,
+                                 reconnect=self._reconnect, kill_survivors=_kill_survivors, closing=self._closing,
+                                 restart_timeout_s=ACTOR_START_TIMEOUT_S)
+        self._watcher = threading.Thread(target=self.watcher.run, name="ray-cells-watch", daemon=True)
         self._watcher.start()
 
-    def _watch(self, on_down: Callable[[int], None], on_back: Callable[[int, object], None]) -> None:
-        while not self._closing.wait(WATCH_INTERVAL_S):
-            for cell in list(self.cells):
-                if _alive(cell) or self._closing.is_set():
-                    continue
-                on_down(cell.cell_id)
-                if cell.restart_whole:
-                    _kill_survivors(cell)
-                if not self._restarted(cell):
-                    return
-                on_back(cell.cell_id, cell.engine)
-
-    def _restarted(self, cell: RayCell) -> bool:
-        """Wait until Ray has restarted every dead rank of `cell` (with `restart_whole`: every
-        rank answers from a new process), then connect to all its ranks again (`cell.ranks`,
-        `cell.engine`); False when closing or a rank is out of restarts."""
-        import ray
-        from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
-
-        deadline = time.monotonic() + ACTOR_START_TIMEOUT_S
-        waiting = list(cell.ranks)
-        while waiting:
-            if self._closing.is_set() or time.monotonic() > deadline:
-                return False
-            try:
-                pid = ray.get(waiting[0].actor.pid.remote(), timeout=PING_TIMEOUT_S)
-            except ActorDiedError:
-                return False  # no restarts left: the cell stays failed
-            except (RayActorError, GetTimeoutError):
-                time.sleep(WATCH_INTERVAL_S)
-                continue
-            if cell.restart_whole and pid == waiting[0].pid:
-                time.sleep(WATCH_INTERVAL_S)  # killed, not gone yet
-                continue
-            waiting.pop(0)
+    def _reconnect(self, cell: RayCell) -> SGLangRolloutEngine | CellEngine:
+        """Cell `cell` once Ray restarted its dead ranks: connect to every rank again (`cell.ranks`,
+        `cell.engine`, each waited healthy) and return its new engine."""
         cell.ranks = [RayRank(r.actor, *_connect(r.actor, r.engine.engine_id, cell.model_dir, self.channel))
                       for r in cell.ranks]  # fmt: skip
         cell.engine = _cell_engine(cell.engine.engine_id, cell.ranks)
-        return True
+        return cell.engine
 
     def close(self) -> None:
         import ray
@@ -276,24 +251,6 @@ def _cell_engine(engine_id: str, ranks: list[RayRank]) -> SGLangRolloutEngine | 
     return ranks[0].engine if len(ranks) == 1 else CellEngine(engine_id, [r.engine for r in ranks])
 
 
-def _alive(cell: RayCell) -> bool:
-    """False once any rank's process died (its call fails, or Ray restarted it: a new pid); a
-    rank that does not answer within PING_TIMEOUT_S is busy, not dead."""
-    import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
-
-    asks = [(rank, rank.actor.pid.remote()) for rank in cell.ranks]  # asked at once: one wait for all
-    alive = True
-    for rank, ref in asks:
-        try:
-            alive &= ray.get(ref, timeout=PING_TIMEOUT_S) == rank.pid
-        except GetTimeoutError:
-            continue  # busy, not dead
-        except RayActorError:
-            alive = False  # died (restarting, or out of restarts)
-    return alive
-
-
 def _kill_survivors(cell: RayCell) -> None:
     """Kill (Ray restarts them) the ranks of `cell` still in the process they had: those answering
     with their old pid, and those too busy to answer (stuck in a collective with the dead)."""
@@ -315,7 +272,7 @@ def _kill_survivors(cell: RayCell) -> None:
 
 def _wait_gone(rank: RayRank) -> None:
     """Until the killed rank's old process is seen gone (a call fails, or a new pid answers): a
-    call sent earlier would fail as if the actor were out of restarts (`RayCells._restarted`)."""
+    call sent earlier would fail as if the actor were out of restarts (`gyre.cluster.cell_watch`)."""
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 

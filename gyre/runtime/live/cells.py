@@ -152,7 +152,7 @@ class LiveCells:
         self.timeline = self._new_timeline()  # started again by `run`, so it begins with the scheduler
         self.switches = SwitchLog(self.timeline.start_s, self.clock)
         if self.ray is not None:
-            self.ray.watch(self.faults.on_down, self.faults.on_back)
+            self.ray.watch(self.faults.on_down, self.faults.on_back, self.faults.on_lost)
         self.feeds: list[queue.Queue[str | None]] = [queue.Queue() for _ in self.cells]
         """Per cell, a line for each thing that happened to it (switches, faults); None at the end.
         The run flow shows each cell as a task run that reads its feed (`gyre.tasks.step.cell`)."""

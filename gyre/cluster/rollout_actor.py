@@ -49,12 +49,12 @@ class RolloutCellActor:
 
     def __init__(self, model_dir: str, engine_id: str, seed: int, max_batch_size: int, prefix_cache_bytes: int,
                  torch_threads: int, weights: tuple[str, str | None] = ("disk", None),
-                 config: dict | None = None, device: str = "cpu") -> None:
+                 config: dict | None = None, device: str = "cpu", paced: tuple | None = None) -> None:
         import ray
         import torch
 
         from gyre.cluster.tp_cell import replica_host
-        from gyre.engines.factory import check_device
+        from gyre.engines.factory import check_device, paced_engine
         from gyre.engines.torch.rollout import TorchRolloutEngine
         from gyre.engines.torch.server import TorchEngineServer
         from gyre.net.server_thread import ServerThread
@@ -64,6 +64,8 @@ class RolloutCellActor:
         self.engine = TorchRolloutEngine(Path(model_dir), engine_id, max_batch_size=max_batch_size, seed=seed,
                                          prefix_cache_bytes=prefix_cache_bytes,
                                          device=check_device(device, "rollout.device"))  # its bundle's GPU
+        if paced is not None:  # rollout.engine: paced: released on the modelled cell's clock
+            self.engine = paced_engine(self.engine, paced)
         self.server = TorchEngineServer(self.engine, Path(model_dir))
         self.thread = ServerThread(self.server.app, host=self.host, name=engine_id).start()
         self.reader = ActorReader(*weights)  # attached again by a restart: the constructor reruns
@@ -93,6 +95,21 @@ class RolloutCellActor:
     def train_clear(self) -> None:
         if self.replica is not None:
             self.replica.clear()
+
+    def warm(self) -> None:
+        """A paced engine's warm-up (`PacedRolloutEngine.warm`); nothing for another engine."""
+        if hasattr(self.engine, "warm"):
+            self.engine.warm()
+
+    def paced_stats(self) -> dict | None:
+        """A paced engine's counts (calls, late calls, ...) and its cell's peak of calls at once; None
+        for an engine that is not paced."""
+        from dataclasses import asdict
+
+        stats = getattr(self.engine, "stats", None)
+        if stats is None:
+            return None
+        return {**asdict(stats), "peak_active": self.engine.device_clock.peak_active}
 
     def url(self) -> str:
         return f"http://{self.thread.host}:{self.thread.port}"
@@ -150,14 +167,15 @@ class RayCells:
     def add(self, cell_id: int, model_dir: Path, engine_id: str, *, seed: int, max_batch_size: int,
             prefix_cache_bytes: int, torch_threads: int, config: dict | None = None,
             ranks: int = 1, restart_whole: bool = False, gpus_per_rank: float = 0.0,
-            device: str = "cpu") -> SGLangRolloutEngine | CellEngine:
+            device: str = "cpu", paced: tuple | None = None) -> SGLangRolloutEngine | CellEngine:
         """Start cell `cell_id`'s `ranks` actors in one placement group (a bundle of one CPU each,
         STRICT_PACK: on one host); its engine once every rank is healthy. `config` (the run's, as
         a dict): the actors can train (each a replica of `model_dir`, or a tensor-parallel rank).
         `restart_whole`: when one rank dies the watcher kills the others so Ray restarts them all
         (a tensor-parallel world cannot take back one restarted member). `gpus_per_rank`: GPUs in
         each rank's bundle and actor (refused at once when the cluster has too few); `device`: the
-        rank's rollout engine's torch device."""
+        rank's rollout engine's torch device; `paced`: the modelled cell (device model, pacing) each
+        rank's engine is released on (`rollout.engine: paced`)."""
         import ray
         from ray.exceptions import GetTimeoutError
         from ray.util.placement_group import placement_group
@@ -184,7 +202,7 @@ class RayCells:
                                                                  placement_group_bundle_index=rank),
         ).remote(str(model_dir), rank_engine_id(engine_id, rank, ranks), seed + RANK_SEED_STRIDE * rank,
                  max_batch_size, prefix_cache_bytes, torch_threads, (self.channel.kind, self.channel.where), config,
-                 device)
+                 device, paced)
             for rank in range(ranks)]  # fmt: skip  (all start at once, then each is waited for)
         cell = RayCell(cell_id, [], None, Path(model_dir), restart_whole)
         cell.ranks = [RayRank(actor, *_connect(actor, rank_engine_id(engine_id, rank, ranks), cell.model_dir,

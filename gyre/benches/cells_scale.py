@@ -10,7 +10,8 @@ sized so the pool holds two steps' executions. Measured, per cell count:
   `Scheduler.handle` (invariants checked, as a live run does), and the events per second the run
   actually fed it;
 - from a `SwitchCell` to train (the moment the waterlevel rule let a cell go) to the first
-  micro-step claimed on that cell, median and worst;
+  micro-step claimed on that cell, median and worst (it includes waiting for a group to be scored
+  when none was ready), and the switches' own seconds (drain, pull, the modelled rest);
 - memory per actor (proportional set size, `/proc/PID/smaps_rollup`: shared pages split among
   their users) and the driver's; actors' start time;
 - the paced engines' late calls (real tokens after their release: the box, not the model, set
@@ -96,6 +97,7 @@ def run_one(config: RunConfig, run_dir: Path, kills: int = 0, kill_every_s: floa
             load_after = os.getloadavg()[0]
             stats = paced_stats(cells)
             log = list(cells.log.entries)
+            switches = [r.seconds for r in cells.switches.records if r.to_role == "train"]
             faults = [(r.cell_id, r.what) for r in cells.faults.records]
             applied = {step: dict(micro) for step, micro in cells.training.applied.items()}
             dispatched = len(cells.log.of(ev.DispatchExecution))
@@ -113,6 +115,7 @@ def run_one(config: RunConfig, run_dir: Path, kills: int = 0, kill_every_s: floa
             "scheduler_decisions_per_s": round(handle_s["events"] / handle_s["seconds"], 1) if handle_s["seconds"] else None,
             "scheduler_events_per_s": round(handle_s["events"] / wall_s, 1),
             "switch_to_first_micro_step_s": _switch_to_claim(log),
+            "switch_to_train_s": _switch_seconds(switches),
             "actor_pss_mb": {"median": round(statistics.median(memory.values()), 1),
                              "max": round(max(memory.values()), 1), "sum": round(sum(memory.values()), 1)},
             "driver_pss_mb": round(pss_mb(os.getpid()), 1),
@@ -199,6 +202,12 @@ def _time_handle(cells) -> dict:
 def _sample(router, samples: list[int], stop: threading.Event) -> None:
     while not stop.wait(SAMPLE_S):
         samples.append(sum(router.load().values()))
+
+
+def _switch_seconds(seconds: list[float]) -> dict:
+    if not seconds:
+        return {"count": 0}
+    return {"count": len(seconds), "median": round(statistics.median(seconds), 3), "max": round(max(seconds), 3)}
 
 
 def _switch_to_claim(log) -> dict:

@@ -213,3 +213,61 @@ def test_kill_9_of_a_training_cells_process_mid_step_applies_every_micro_step_on
     # rollout weights reached the actor through Ray's object store, checksummed
     pulls = con.execute("select transport, count(*), min(nbytes) from weight_pulls group by 1").fetchall()
     assert len(pulls) == 1 and pulls[0][0] == "ray" and pulls[0][1] >= 1 and pulls[0][2] > 0, pulls
+
+
+@pytest.mark.slow
+def test_a_cell_lost_for_good_leaves_the_run_going_and_a_later_death_elsewhere_is_noticed(
+        tiny_model_dir, tmp_path, monkeypatch):
+    """With no restarts left (max_restarts 0 here), a killed cell is lost for good: CellFailed, recorded
+    `lost`, and the run finishes its steps with the others; a second cell killed afterwards is noticed
+    too (before, the watcher stopped at the first lost cell and no later death was seen)."""
+    import signal
+    import threading
+    import time
+
+    import gyre.cluster.rollout_actor as rollout_actor
+
+    monkeypatch.setattr(rollout_actor, "MAX_RESTARTS", 0)
+    config = _config(tiny_model_dir, tmp_path, "ray-lost", steps=3, max_new_tokens=16, policy="colocate",
+                     num_cells=3, slots_per_cell=8, lookahead_groups=0, executions_per_micro_step=2)
+    coord = Coordinator(config, tmp_path / "run")
+    done = threading.Event()
+    try:
+        cells = LiveCells(coord, config.steps)
+        import ray
+
+        pids = {c.cell_id: ray.get(c.actor.pid.remote()) for c in cells.ray.cells}
+
+        def kill_two():
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and not done.is_set():
+                if coord.router.load().get("cell-2", 0) > 0:  # cell 2 serving calls now: killed mid-rollout
+                    os.kill(pids[2], signal.SIGKILL)
+                    break
+                time.sleep(0.01)
+            while not done.is_set() and cells.ray.watcher.state(2) != "lost":
+                time.sleep(0.05)
+            os.kill(pids[1], signal.SIGKILL)  # after cell 2 is lost for good
+
+        def until_both_lost(version: int) -> None:
+            """Hold the loop (bounded) after a publication until both deaths are handled, so the run
+            cannot end first on a quick box."""
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and any(cells.ray.watcher.state(c) != "lost" for c in (1, 2)):
+                time.sleep(0.1)
+
+        cells.on_published = until_both_lost
+        threading.Thread(target=kill_two, daemon=True).start()
+        records = cells.run()
+        faults = [(r.cell_id, r.what) for r in cells.faults.records]
+        cells.close()
+    finally:
+        done.set()
+        coord.close()
+    assert [r.policy_version for r in records] == [1, 2, 3]
+    assert {(2, "failed"), (2, "lost")} <= set(faults), faults
+    assert {(1, "failed"), (1, "lost")} <= set(faults), faults  # noticed after cell 2 was lost for good
+    con = duckdb.connect(str(tmp_path / "run" / "gyre.duckdb"), read_only=True)
+    assert con.execute("select count(*), count(score) from executions where purpose = 'train'").fetchone() == (24, 24)
+    recorded = {w for (w,) in con.execute("select what from cell_faults").fetchall()}
+    assert recorded == {"failed", "lost"}

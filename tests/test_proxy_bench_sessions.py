@@ -114,10 +114,8 @@ def test_echoing_the_proxys_answers_keeps_every_turn_on_the_fast_path(tiny_token
     turn, so the proxy tokenises only what is new (`gyre bench proxy-echo` measures that path)."""
     import asyncio
 
-    import httpx as _httpx
-
     from gyre.benches.proxy import NullEngine, _output_ids
-    from gyre.benches.proxy_echo import replay
+    from gyre.benches.proxy_echo import RawClient, replay
     from gyre.engines.models.hf import stop_token_ids
     from gyre.net.server_thread import ServerThread
     from gyre.proxy.app import create_app
@@ -132,7 +130,7 @@ def test_echoing_the_proxys_answers_keeps_every_turn_on_the_fast_path(tiny_token
     key = registry.mint("echo")
     try:
         async def go():
-            async with _httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=60) as client:
+            async with RawClient(server.port) as client:
                 return await replay(client, key, session)
 
         calls = asyncio.run(go())
@@ -159,3 +157,5 @@ def test_cli_bench_proxy_echo_reports_the_overhead():
     assert 0 < figures["p50_overhead_ms"] <= figures["p99_overhead_ms"]
     assert 0 < figures["sequential_p50_ms"] <= figures["sequential_p99_ms"]
     assert 0 < figures["tokenize_new_p50_ms"] <= figures["tokenize_new_p99_ms"]
+    # the sequential calls' overhead over tokenising their own new text, and the proxy's CPU at once
+    assert "sequential_over_tokenize_p50_ms" in figures and figures["concurrent_proxy_cpu_cores"] > 0

@@ -96,3 +96,23 @@ def test_reasoning_and_tool_calls_parse_out_of_the_text():
                           QwenToolCallParser())
     assert parsed.reasoning == "plan" and parsed.content == "ok"
     assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("f", {"x": 1})]
+
+
+def test_a_deferred_remember_is_settled_by_the_next_build_once_and_a_failing_one_only_unsplices(tiny_tokenizer):
+    """The proxy answers before it remembers the turn (`TitoCache.defer`); the next build of the
+    execution settles what is pending first, so it splices the turn exactly as if remembered at
+    once, and a background settle that comes later finds nothing left to run."""
+    builder, cache = PromptBuilder(tiny_tokenizer), TitoCache()
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
+    first = builder.build(messages, TOOLS, cache)
+    output = [tiny_tokenizer.convert_tokens_to_ids(t) for t in ("a", "b")]
+    output.append(tiny_tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    assistant = {"role": "assistant", "content": tiny_tokenizer.decode(output[:-1])}
+    runs = []
+    cache.defer(lambda: (runs.append(1), builder.remember(cache, first, assistant, output, True)))
+    cache.defer(lambda: (_ for _ in ()).throw(ValueError("a template that rewrites history")))
+    second = builder.build([*messages, assistant, {"role": "user", "content": "more"}], TOOLS, cache)
+    assert runs == [1] and second.fallback_turns == 0  # resumed from the state the remember left
+    assert second.ids[: len(first.ids) + len(output)] == first.ids + output
+    cache.settle()  # the worker's settle after the answer: nothing left, nothing run twice
+    assert runs == [1]

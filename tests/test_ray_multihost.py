@@ -86,7 +86,7 @@ def _probe(hosts: Hosts, address: str, env: dict[str, str]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _config(tmp_path: Path, model_dir: Path, address: str) -> Path:
+def _config(tmp_path: Path, model_dir: Path, address: str, transport: str = "disk") -> Path:
     """3 cells of 4 slots and a group of lookahead: the first 12 executions fill every cell's slots, so
     the run's first calls spread over the three engines before the core leaves for training."""
     path = tmp_path / "run.yaml"
@@ -96,13 +96,19 @@ def _config(tmp_path: Path, model_dir: Path, address: str) -> Path:
         f"rollout:\n  queries_per_step: {QUERIES}\n  group_size: {GROUP}\n  max_new_tokens: 16\n"
         "harness:\n  max_turns: 2\n"
         "scheduler:\n  policy: elastic\n  num_cells: 3\n  slots_per_cell: 4\n  lookahead_groups: 1\n"
-        f"  executions_per_micro_step: 2\n  runtime: ray\n  ray_address: \"{address}\"\n  weight_transport: disk\n"
+        f"  executions_per_micro_step: 2\n  runtime: ray\n  ray_address: \"{address}\"\n  weight_transport: {transport}\n"
     )
     return path
 
 
 @pytest.mark.slow
-def test_ray_cells_on_two_worker_hosts_survive_a_10s_link_cut_and_lose_nothing(hosts, tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("transport", ["disk", "mooncake"])
+def test_ray_cells_on_two_worker_hosts_survive_a_10s_link_cut_and_lose_nothing(hosts, tmp_path, tiny_model_dir,
+                                                                               transport):
+    """`mooncake`: every published version reaches the worker hosts' actors over the Mooncake Transfer
+    Engine (TCP across the bridge: the driver's segment is named by the head's address)."""
+    if transport == "mooncake":
+        pytest.importorskip("mooncake.engine", reason="the mooncake extra (mooncake-transfer-engine-non-cuda)")
     env = _env()
     t0 = time.monotonic()
     phases: dict[str, float] = {}
@@ -129,7 +135,7 @@ def test_ray_cells_on_two_worker_hosts_survive_a_10s_link_cut_and_lose_nothing(h
     run_dir = tmp_path / "run"
     run_log = tmp_path / "gyre-run.log"
     run = hosts.spawn(hosts.head, [str(VENV_BIN / "python"), "-m", "gyre.cli.main", "run", "--config",
-                                   str(_config(tmp_path, tiny_model_dir, address)), "--steps", str(STEPS),
+                                   str(_config(tmp_path, tiny_model_dir, address, transport)), "--steps", str(STEPS),
                                    str(run_dir)], env=env, log=run_log, cwd=tmp_path)
     seen: set[int] = set()
 
@@ -191,6 +197,11 @@ def test_ray_cells_on_two_worker_hosts_survive_a_10s_link_cut_and_lose_nothing(h
         assert set(reasons) <= {"stop", "length"}, reasons
         # the worker hosts' cells trained too when elastic moved them: their gradients crossed the bridge
         reductions = con.execute("select step, cells, micro_steps, recomputed from grad_reductions").fetchall()
+        pulls = con.execute("select transport, engine_id, count(*), min(nbytes) from weight_pulls group by 1, 2 "
+                            "order by 2").fetchall()
+        if transport == "mooncake":  # every cell took its versions over the bridge, whole
+            assert [(t, e) for t, e, _, _ in pulls] == [("mooncake", "cell-1"), ("mooncake", "cell-2")], pulls
+            assert all(n >= 1 and b > 0 for *_, n, b in pulls), pulls
     finally:
         con.close()
     print(f"\nlink of worker 1 ({cut_cell}) cut {CUT_S:.0f} s: {caught} of its calls caught in flight, run "

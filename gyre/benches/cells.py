@@ -109,12 +109,14 @@ def run_policy(config: RunConfig, run_dir: Path) -> tuple[PolicyRun, dict[str, l
         coord.close()
 
 
-def engine_share(store) -> float:
-    """Seconds its training executions spent in model calls over their own seconds."""
+def engine_share(store, executions_s: float | None = None) -> float:
+    """Seconds its training executions spent in model calls over their own seconds (`executions_s`:
+    the seconds to count them over instead, e.g. with their sandboxes and evaluations)."""
     seconds = "sum(epoch(t.finished_at) - epoch(t.started_at))"
     [(calls_s,)] = store.query(f"SELECT coalesce({seconds}, 0) FROM calls t JOIN executions e USING (execution_id) "
                                "WHERE e.purpose = 'train'")
-    [(executions_s,)] = store.query(f"SELECT coalesce({seconds}, 0) FROM executions t WHERE purpose = 'train'")
+    if executions_s is None:
+        [(executions_s,)] = store.query(f"SELECT coalesce({seconds}, 0) FROM executions t WHERE purpose = 'train'")
     if executions_s <= 0:
         raise ValueError("the run recorded no training executions: no engine share to measure")
     return min(1.0, calls_s / executions_s)

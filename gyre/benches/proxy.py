@@ -161,6 +161,19 @@ def _quantile(values: list[float], q: float) -> float:
 @contextmanager
 def null_proxy() -> Iterator[tuple[int, list[str]]]:
     """The proxy in front of a `NullEngine` in a child process: (port, one key per execution)."""
+    with null_proxy_process() as (port, keys, _):
+        yield port, keys
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def null_proxy_process() -> Iterator[tuple[int, list[str], int]]:
+    """`null_proxy`, with the child's pid (to read its CPU time: `cpu_seconds`)."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_serve, args=(child,), daemon=True)
@@ -168,7 +181,8 @@ def null_proxy() -> Iterator[tuple[int, list[str]]]:
     try:
         if not parent.poll(120):
             raise TimeoutError("proxy benchmark server did not start within 120 s")
-        yield parent.recv()
+        port, keys = parent.recv()
+        yield port, keys, proc.pid
     finally:
         parent.send("stop")
         proc.join(timeout=10)

@@ -11,28 +11,32 @@ so contexts grow by thousands of tokens a call to `target_tokens`.
 
 The proxy runs the real app in a child process in front of the `NullEngine` (it answers at
 once, as in `gyre.benches.proxy`), so a call's round trip is the proxy's overhead: HTTP, the
-body's JSON, templating and tokenising the new turns, recording, the answer (the client encodes
-each body before its clock starts: that is the harness's work). `concurrency`
-sessions run at once (32: the issue's setting); p50 and p99 over every call.
+body's JSON, templating and tokenising the new turns, recording, the answer. The client is a
+bare keep-alive HTTP/1.1 connection per session (`RawClient`: the request is encoded before its
+clock starts; a client library's own request building would be measured too). `concurrency`
+sessions run at once (32: the issue's setting); p50 and p99 over every call, and the proxy
+process's CPU over that phase in cores (`concurrent_proxy_cpu_cores`: near the box's core count
+when the proxy is bound by the cores rather than by one thread holding the GIL).
 
 In the same run, to say where the time goes: one session at a time (`sequential_*`: a call's
-service time with nothing queued before it), and `tokenize_new_*`: tokenising each call's new
-text alone (the messages appended since the previous call; the whole first prompt but the
-tools, which the proxy caches per process) with the same tokenizer, one thread, nothing else
-running: the part of a call's work that any server taking text must do. At 32 at once, a
-call's round trip is mostly its wait behind the other sessions' calls (a closed loop with no
-think time: each session sends its next call as soon as the last is answered).
+service time with nothing queued before it), and `tokenize_new_*`: tokenising each of those
+calls' new text alone (the messages appended since the previous call; the whole first prompt
+but the tools, which the proxy caches per process) with the same tokenizer, one thread, nothing
+else running: the part of a call's work that any server taking text must do.
+`sequential_over_tokenize_p50_ms` is the median over those calls of the one minus the other.
+At 32 at once, a call's round trip is mostly its wait behind the other sessions' calls (a
+closed loop with no think time: each session sends its next call as soon as the last is
+answered).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import statistics
 import time
 
-import httpx
+import orjson
 
 from gyre.benches.agent_sessions import AgentSession, agent_sessions
 
@@ -66,7 +70,37 @@ def message_text(message: dict) -> str:
     return (message.get("content") or "") + calls
 
 
-async def replay(client: httpx.AsyncClient, key: str, session: AgentSession, max_tokens: int = 16,
+class RawClient:
+    """One keep-alive HTTP/1.1 connection with as little client work as possible (`gyre.benches.proxy`
+    does the same): what is timed is the proxy, not a client library's request building."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def __aenter__(self) -> "RawClient":
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.writer.close()
+
+    @staticmethod
+    def request(key: str, body: bytes) -> bytes:
+        return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+    async def post(self, raw: bytes) -> tuple[int, bytes]:
+        """Send a prepared request; (status, body) of the answer."""
+        self.writer.write(raw)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        return status, await self.reader.readexactly(length)
+
+
+async def replay(client: RawClient, key: str, session: AgentSession, max_tokens: int = 16,
                  new_texts: list[str] | None = None) -> list[tuple[int, float]]:
     """The session's calls in order, echoing each answer; (request body bytes, seconds) per call.
     Each call's new text goes to `new_texts` when given."""
@@ -76,18 +110,16 @@ async def replay(client: httpx.AsyncClient, key: str, session: AgentSession, max
         if new_texts is not None:
             new_texts.append("".join(message_text(m) for m in messages[sent:]))
             sent = len(messages)
-        body = {"model": "null", "messages": messages, "tools": session.tools, "max_tokens": max_tokens}
-        content = json.dumps(body).encode()  # the client's own work, before the clock starts
+        body = orjson.dumps({"model": "null", "messages": messages, "tools": session.tools, "max_tokens": max_tokens})
+        raw = client.request(key, body)  # the client's own work, before the clock starts
         started = time.perf_counter()
-        response = await client.post("/v1/chat/completions", content=content,
-                                     headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
+        status, answer = await client.post(raw)
         seconds = time.perf_counter() - started
-        if response.status_code != 200:
-            raise RuntimeError(f"{session.session_id} call {k}: proxy answered {response.status_code}: "
-                               f"{response.text[:300]}")
-        out.append((len(response.request.content), seconds))
+        if status != 200:
+            raise RuntimeError(f"{session.session_id} call {k}: proxy answered {status}: {answer[:300]!r}")
+        out.append((len(body), seconds))
         if k < session.turns:
-            messages = next_messages(messages, response.json(), session.steps[k - 1])
+            messages = next_messages(messages, orjson.loads(answer), session.steps[k - 1])
     return out
 
 
@@ -95,7 +127,7 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
         result_chars: tuple[int, int] = RESULT_CHARS) -> dict:
     """`concurrency` echoing sessions growing to about `target_tokens`, all at once, through the
     null proxy; the per-call overhead's p50 / p99 (milliseconds)."""
-    from gyre.benches.proxy import NUM_EXECUTIONS, _quantile, null_proxy
+    from gyre.benches.proxy import NUM_EXECUTIONS, _quantile, cpu_seconds, null_proxy_process
 
     if concurrency + SEQUENTIAL_SESSIONS > NUM_EXECUTIONS:
         raise ValueError(f"at most {NUM_EXECUTIONS - SEQUENTIAL_SESSIONS} sessions (the benchmark server's keys)")
@@ -107,29 +139,33 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
     plan = agent_sessions(concurrency, turns, seed, api="openai", result_chars=result_chars)
     sequential_plan = agent_sessions(SEQUENTIAL_SESSIONS, turns, seed + 1, api="openai", result_chars=result_chars)
     new_texts: list[str] = []
-    with null_proxy() as (port, keys):
+    with null_proxy_process() as (port, keys, pid):
         load_before = os.getloadavg()[0]
 
         async def all_sessions() -> list[list[tuple[int, float]]]:
-            limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits) as client:
-                return await asyncio.gather(*(replay(client, keys[i], s, new_texts=new_texts)
-                                              for i, s in enumerate(plan)))
+            async def one(i: int, session: AgentSession) -> list[tuple[int, float]]:
+                async with RawClient(port) as client:
+                    return await replay(client, keys[i], session)
+
+            return await asyncio.gather(*(one(i, s) for i, s in enumerate(plan)))
 
         async def one_at_a_time() -> list[tuple[int, float]]:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
-                out = []
-                for i, s in enumerate(sequential_plan):
-                    out += await replay(client, keys[concurrency + i], s)
-                return out
+            out = []
+            for i, s in enumerate(sequential_plan):
+                async with RawClient(port) as client:
+                    out += await replay(client, keys[concurrency + i], s, new_texts=new_texts)
+            return out
 
+        cpu_before = cpu_seconds(pid)
         started = time.perf_counter()
         per_session = asyncio.run(all_sessions())
         wall_s = time.perf_counter() - started
+        proxy_cores = (cpu_seconds(pid) - cpu_before) / wall_s
         sequential_ms = [s * 1e3 for _, s in asyncio.run(one_at_a_time())]
     ms = [s * 1e3 for calls in per_session for _, s in calls]
     last = [calls[-1] for calls in per_session]
-    tokenize_ms = _tokenize_ms(new_texts)
+    tokenize_ms = _tokenize_ms(new_texts)  # the sequential calls' own new texts, call by call
+    over_ms = [a - b for a, b in zip(sequential_ms, tokenize_ms)]
     return {
         "p50_overhead_ms": round(statistics.median(ms), 3),
         "p99_overhead_ms": round(_quantile(ms, 0.99), 3),
@@ -137,6 +173,9 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
         "sequential_p99_ms": round(_quantile(sequential_ms, 0.99), 3),
         "tokenize_new_p50_ms": round(statistics.median(tokenize_ms), 3),
         "tokenize_new_p99_ms": round(_quantile(tokenize_ms, 0.99), 3),
+        "sequential_over_tokenize_p50_ms": round(statistics.median(over_ms), 3),
+        "concurrent_proxy_cpu_cores": round(proxy_cores, 2),
+        "cpu_count": os.cpu_count(),
         "calls": len(ms), "sessions": concurrency, "turns": turns, "wall_s": round(wall_s, 2),
         "last_call_body_kb": round(statistics.median(b for b, _ in last) / 1024, 1),
         "last_call_ms_p50": round(statistics.median(s * 1e3 for _, s in last), 3),

@@ -9,7 +9,9 @@
   shared-memory segment (`gyre.weights.shm`, two slots and a seqlock); each actor attaches
   once and pulls the version it is told to. One host.
 - `mooncake`: the same over the Mooncake Transfer Engine (`gyre.weights.mooncake`, TCP here,
-  RDMA where it exists), announced by a descriptor file. Across hosts.
+  RDMA where it exists), announced by a descriptor file (so hosts must share the descriptor's
+  directory). Across hosts: each end's engine is on its Ray node's address, the driver's segment
+  named by its own, so an actor on another host reads it over the network.
 - `ray`: the same through Ray's object store (`gyre.weights.ray_store`): one object per
   version, found through a named board actor. Across the hosts of the run's Ray.
 
@@ -70,7 +72,8 @@ class WeightsChannel:
 
             self._dir = Path(tempfile.mkdtemp(prefix="gyre-mooncake-"))
             self.where = str(self._dir / "descriptor.json")
-            self._publisher = MooncakeTransport.create(Path(self.where), snapshot.nbytes)
+            # the segment is named by this node's address: actors on other hosts read it over the network
+            self._publisher = MooncakeTransport.create(Path(self.where), snapshot.nbytes, host=_node_address())
         self._publisher.publish(snapshot)
 
     def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
@@ -130,7 +133,7 @@ class ActorReader:
         elif kind == "mooncake":
             from gyre.weights.mooncake import MooncakeTransport
 
-            self.reader = MooncakeTransport.attach(Path(where))
+            self.reader = MooncakeTransport.attach(Path(where), host=_node_address())
         elif kind == "ray":
             from gyre.weights.ray_store import RayObjectTransport
 
@@ -143,3 +146,11 @@ class ActorReader:
         record = asdict(pulled.record)
         record["started_at"] = pulled.record.started_at.isoformat()
         return record
+
+
+def _node_address() -> str:
+    """This process's Ray node address (127.0.0.1 for a local Ray on loopback, the host's own address
+    in a cluster): where a Mooncake engine listens so the other hosts' engines reach it."""
+    import ray
+
+    return ray.util.get_node_ip_address()

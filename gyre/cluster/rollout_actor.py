@@ -34,11 +34,11 @@ from pathlib import Path
 from gyre.cluster.ray_local import LocalRay, loopback_environment, start_local_ray
 from gyre.cluster.actor_weights import ActorEngine, ActorReader, WeightsChannel
 from gyre.cluster.cell_ranks import CellEngine, rank_engine_id
+from gyre.cluster.cell_watch import WATCH_INTERVAL_S, CellWatch
 from gyre.engines.sglang.adapter import SGLangRolloutEngine
 
 ACTOR_START_TIMEOUT_S = 300.0  # building the engine in a fresh process on a loaded 2-core box
 MAX_RESTARTS = 3  # Ray restarts a cell's process this often; after that the cell stays failed
-WATCH_INTERVAL_S = 0.5  # how often the watcher asks each actor for its pid: a death is noticed within ~1 s
 PING_TIMEOUT_S = 10.0  # an actor that does not answer within this is busy, not dead (a loaded box)
 RANK_SEED_STRIDE = 100_003  # rank r of a cell is seeded with the cell's seed + r * this: its ranks sample differently
 
@@ -49,12 +49,12 @@ class RolloutCellActor:
 
     def __init__(self, model_dir: str, engine_id: str, seed: int, max_batch_size: int, prefix_cache_bytes: int,
                  torch_threads: int, weights: tuple[str, str | None] = ("disk", None),
-                 config: dict | None = None, device: str = "cpu") -> None:
+                 config: dict | None = None, device: str = "cpu", paced: tuple | None = None) -> None:
         import ray
         import torch
 
         from gyre.cluster.tp_cell import replica_host
-        from gyre.engines.factory import check_device
+        from gyre.engines.factory import check_device, paced_engine
         from gyre.engines.torch.rollout import TorchRolloutEngine
         from gyre.engines.torch.server import TorchEngineServer
         from gyre.net.server_thread import ServerThread
@@ -64,6 +64,8 @@ class RolloutCellActor:
         self.engine = TorchRolloutEngine(Path(model_dir), engine_id, max_batch_size=max_batch_size, seed=seed,
                                          prefix_cache_bytes=prefix_cache_bytes,
                                          device=check_device(device, "rollout.device"))  # its bundle's GPU
+        if paced is not None:  # rollout.engine: paced: released on the modelled cell's clock
+            self.engine = paced_engine(self.engine, paced)
         self.server = TorchEngineServer(self.engine, Path(model_dir))
         self.thread = ServerThread(self.server.app, host=self.host, name=engine_id).start()
         self.reader = ActorReader(*weights)  # attached again by a restart: the constructor reruns
@@ -93,6 +95,21 @@ class RolloutCellActor:
     def train_clear(self) -> None:
         if self.replica is not None:
             self.replica.clear()
+
+    def warm(self) -> None:
+        """A paced engine's warm-up (`PacedRolloutEngine.warm`); nothing for another engine."""
+        if hasattr(self.engine, "warm"):
+            self.engine.warm()
+
+    def paced_stats(self) -> dict | None:
+        """A paced engine's counts (calls, late calls, ...) and its cell's peak of calls at once; None
+        for an engine that is not paced."""
+        from dataclasses import asdict
+
+        stats = getattr(self.engine, "stats", None)
+        if stats is None:
+            return None
+        return {**asdict(stats), "peak_active": self.engine.device_clock.peak_active}
 
     def url(self) -> str:
         return f"http://{self.thread.host}:{self.thread.port}"
@@ -133,6 +150,7 @@ class RayCells:
     _placement: list[object] = field(default_factory=list)
     _closing: threading.Event = field(default_factory=threading.Event)
     _watcher: threading.Thread | None = None
+    watcher: CellWatch | None = None
     channel: WeightsChannel = field(default_factory=lambda: WeightsChannel("disk"))
 
     @classmethod
@@ -149,14 +167,15 @@ class RayCells:
     def add(self, cell_id: int, model_dir: Path, engine_id: str, *, seed: int, max_batch_size: int,
             prefix_cache_bytes: int, torch_threads: int, config: dict | None = None,
             ranks: int = 1, restart_whole: bool = False, gpus_per_rank: float = 0.0,
-            device: str = "cpu") -> SGLangRolloutEngine | CellEngine:
+            device: str = "cpu", paced: tuple | None = None) -> SGLangRolloutEngine | CellEngine:
         """Start cell `cell_id`'s `ranks` actors in one placement group (a bundle of one CPU each,
         STRICT_PACK: on one host); its engine once every rank is healthy. `config` (the run's, as
         a dict): the actors can train (each a replica of `model_dir`, or a tensor-parallel rank).
         `restart_whole`: when one rank dies the watcher kills the others so Ray restarts them all
         (a tensor-parallel world cannot take back one restarted member). `gpus_per_rank`: GPUs in
         each rank's bundle and actor (refused at once when the cluster has too few); `device`: the
-        rank's rollout engine's torch device."""
+        rank's rollout engine's torch device; `paced`: the modelled cell (device model, pacing) each
+        rank's engine is released on (`rollout.engine: paced`)."""
         import ray
         from ray.exceptions import GetTimeoutError
         from ray.util.placement_group import placement_group
@@ -183,7 +202,7 @@ class RayCells:
                                                                  placement_group_bundle_index=rank),
         ).remote(str(model_dir), rank_engine_id(engine_id, rank, ranks), seed + RANK_SEED_STRIDE * rank,
                  max_batch_size, prefix_cache_bytes, torch_threads, (self.channel.kind, self.channel.where), config,
-                 device)
+                 device, paced)
             for rank in range(ranks)]  # fmt: skip  (all start at once, then each is waited for)
         cell = RayCell(cell_id, [], None, Path(model_dir), restart_whole)
         cell.ranks = [RayRank(actor, *_connect(actor, rank_engine_id(engine_id, rank, ranks), cell.model_dir,
@@ -204,54 +223,28 @@ class RayCells:
         """Cell `cell_id`'s placement group."""
         return self._placement[next(i for i, c in enumerate(self.cells) if c.cell_id == cell_id)]
 
-    def watch(self, on_down: Callable[[int], None], on_back: Callable[[int, object], None]) -> None:
-        """Notice any rank's process of a cell dying (`on_down(cell_id)`, within about a second)
-        and the cell coming back once Ray restarted every dead rank (`on_back(cell_id, engine)`:
-        a new engine on the ranks' addresses, every rank healthy, the restarted ones on base
-        weights, not yet routed). One thread; callbacks run on it."""
-        self._watcher = threading.Thread(target=self._watch, args=(on_down, on_back), name="ray-cells-watch",
-                                         daemon=True)
+    def watch(self, on_down: Callable[[int], None], on_back: Callable[[int, object], None],
+              on_lost: Callable[[int, str], None] = lambda cell_id, why: None) -> None:
+        """Notice any rank's process of a cell dying (`on_down(cell_id)`, within about a second),
+        the cell coming back once Ray restarted every dead rank (`on_back(cell_id, engine)`: a new
+        engine on the ranks' addresses, every rank healthy, the restarted ones on base weights, not
+        yet routed), and a cell that will not come back (`on_lost(cell_id, why)`: out of restarts,
+        or not back within ACTOR_START_TIMEOUT_S). Every cell is watched on its own
+        (`gyre.cluster.cell_watch`): a cell restarting or lost never hides another's death. One
+        thread; callbacks run on it."""
+        self.watcher = CellWatch(lambda: list(self.cells), on_down=on_down, on_back=on_back, on_lost=on_lost,
+                                 reconnect=self._reconnect, kill_survivors=_kill_survivors, closing=self._closing,
+                                 restart_timeout_s=ACTOR_START_TIMEOUT_S)
+        self._watcher = threading.Thread(target=self.watcher.run, name="ray-cells-watch", daemon=True)
         self._watcher.start()
 
-    def _watch(self, on_down: Callable[[int], None], on_back: Callable[[int, object], None]) -> None:
-        while not self._closing.wait(WATCH_INTERVAL_S):
-            for cell in list(self.cells):
-                if _alive(cell) or self._closing.is_set():
-                    continue
-                on_down(cell.cell_id)
-                if cell.restart_whole:
-                    _kill_survivors(cell)
-                if not self._restarted(cell):
-                    return
-                on_back(cell.cell_id, cell.engine)
-
-    def _restarted(self, cell: RayCell) -> bool:
-        """Wait until Ray has restarted every dead rank of `cell` (with `restart_whole`: every
-        rank answers from a new process), then connect to all its ranks again (`cell.ranks`,
-        `cell.engine`); False when closing or a rank is out of restarts."""
-        import ray
-        from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
-
-        deadline = time.monotonic() + ACTOR_START_TIMEOUT_S
-        waiting = list(cell.ranks)
-        while waiting:
-            if self._closing.is_set() or time.monotonic() > deadline:
-                return False
-            try:
-                pid = ray.get(waiting[0].actor.pid.remote(), timeout=PING_TIMEOUT_S)
-            except ActorDiedError:
-                return False  # no restarts left: the cell stays failed
-            except (RayActorError, GetTimeoutError):
-                time.sleep(WATCH_INTERVAL_S)
-                continue
-            if cell.restart_whole and pid == waiting[0].pid:
-                time.sleep(WATCH_INTERVAL_S)  # killed, not gone yet
-                continue
-            waiting.pop(0)
+    def _reconnect(self, cell: RayCell) -> SGLangRolloutEngine | CellEngine:
+        """Cell `cell` once Ray restarted its dead ranks: connect to every rank again (`cell.ranks`,
+        `cell.engine`, each waited healthy) and return its new engine."""
         cell.ranks = [RayRank(r.actor, *_connect(r.actor, r.engine.engine_id, cell.model_dir, self.channel))
                       for r in cell.ranks]  # fmt: skip
         cell.engine = _cell_engine(cell.engine.engine_id, cell.ranks)
-        return True
+        return cell.engine
 
     def close(self) -> None:
         import ray
@@ -276,24 +269,6 @@ def _cell_engine(engine_id: str, ranks: list[RayRank]) -> SGLangRolloutEngine | 
     return ranks[0].engine if len(ranks) == 1 else CellEngine(engine_id, [r.engine for r in ranks])
 
 
-def _alive(cell: RayCell) -> bool:
-    """False once any rank's process died (its call fails, or Ray restarted it: a new pid); a
-    rank that does not answer within PING_TIMEOUT_S is busy, not dead."""
-    import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
-
-    asks = [(rank, rank.actor.pid.remote()) for rank in cell.ranks]  # asked at once: one wait for all
-    alive = True
-    for rank, ref in asks:
-        try:
-            alive &= ray.get(ref, timeout=PING_TIMEOUT_S) == rank.pid
-        except GetTimeoutError:
-            continue  # busy, not dead
-        except RayActorError:
-            alive = False  # died (restarting, or out of restarts)
-    return alive
-
-
 def _kill_survivors(cell: RayCell) -> None:
     """Kill (Ray restarts them) the ranks of `cell` still in the process they had: those answering
     with their old pid, and those too busy to answer (stuck in a collective with the dead)."""
@@ -315,7 +290,7 @@ def _kill_survivors(cell: RayCell) -> None:
 
 def _wait_gone(rank: RayRank) -> None:
     """Until the killed rank's old process is seen gone (a call fails, or a new pid answers): a
-    call sent earlier would fail as if the actor were out of restarts (`RayCells._restarted`)."""
+    call sent earlier would fail as if the actor were out of restarts (`gyre.cluster.cell_watch`)."""
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 

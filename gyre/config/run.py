@@ -19,13 +19,14 @@ from pydantic import Field, field_validator, model_validator
 
 from gyre.config.base import ConfigError, Section, load_yaml_model
 from gyre.config.model import ModelConfig, TinyModelSettings, WarmstartSettings
+from gyre.config.paced import PacedConfig
 from gyre.config.scheduler import SchedulerConfig
 
 __all__ = [  # the sections in config_model and the base in config_base are re-exported here
     "Section", "ConfigError", "load_yaml_model", "TinyModelSettings", "WarmstartSettings", "ModelConfig",
     "BenchmarkConfig", "RolloutConfig", "HarnessConfig", "SandboxConfig", "DockerConfig",
     "EvaluatorConfig", "EvaluationConfig",
-    "MegatronConfig", "TrainConfig", "TrajectoryConfig", "AlgoConfig", "MetricsConfig", "SchedulerConfig",
+    "MegatronConfig", "TrainConfig", "TrajectoryConfig", "AlgoConfig", "MetricsConfig", "SchedulerConfig", "PacedConfig",
     "RunConfig", "load_config", "dump_config",
 ]
 
@@ -66,12 +67,17 @@ class BenchmarkConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["torch", "sglang"] = "torch"
+    engine: Literal["torch", "sglang", "paced"] = "torch"
     """Rollout engine backend: `torch`, the reference engine in this process (the default), or
     `sglang`, SGLang servers already running (one per rollout cell, `sglang_urls`), reached over
     HTTP (`gyre/engines/sglang/adapter.py`; servers launched with `--skip-tokenizer-init` on the
     run's model directory). With `sglang` each server is given the run's start weights before
-    the first step, and every published snapshot after that."""
+    the first step, and every published snapshot after that. `paced`: the torch engine with each
+    call's tokens released when a modelled accelerator cell would have produced them (`paced`
+    below, `gyre/engines/paced.py`); under the cell scheduler the cells' training, pulls,
+    switches and publications are paced by the same cell model."""
+    paced: PacedConfig = PacedConfig()
+    """`engine: paced`: the modelled cell and the clock it runs on."""
     sglang_urls: list[str] = Field(default_factory=list)
     """`engine: sglang`: base URLs of the servers (e.g. `http://10.0.0.5:30000`), one per rollout
     engine: the first serves the run (cell 0), the next ones cells 1.. of the cell scheduler and
@@ -409,11 +415,25 @@ class RunConfig(Section):
     """Where step metrics go besides DuckDB."""
 
     @model_validator(mode="after")
+    def _paced_engine_has_a_clock(self) -> "RunConfig":
+        """A paced engine runs on the sleepy harness's clock unless it names its own."""
+        paced = self.rollout.paced
+        if self.rollout.engine == "paced" and paced.scale_s_per_h is None and self.harness.type != "sleepy":
+            raise ValueError("rollout.engine: paced needs rollout.paced.scale_s_per_h (wall seconds per modelled "
+                             f"hour) with harness.type: {self.harness.type}; only the sleepy harness lends its clock")
+        if (self.rollout.engine == "paced" and self.harness.type == "sleepy" and paced.scale_s_per_h is not None
+                and paced.scale_s_per_h != self.harness.sleepy_scale):
+            raise ValueError(f"rollout.paced.scale_s_per_h ({paced.scale_s_per_h}) differs from harness.sleepy_scale "
+                             f"({self.harness.sleepy_scale}): the executions' durations and the cells' device would "
+                             "run on two clocks")
+        return self
+
+    @model_validator(mode="after")
     def _ray_cells_run_torch_engines(self) -> "RunConfig":
         """`scheduler.runtime: ray` builds the torch engines inside each cell's actor (the Megatron
         train engine in tensor-parallel cells)."""
         if self.scheduler.runtime == "ray":
-            if self.rollout.engine != "torch":
+            if self.rollout.engine == "sglang":
                 raise ValueError("scheduler.runtime: ray runs the torch rollout engine in each cell's actor; with "
                                  "rollout.engine: sglang the servers are already separate (runtime: threads)")
             sched = self.scheduler

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gyre.config.run import RunConfig
+from gyre.device.model import DeviceModel, Pacing
 from gyre.engines.base import RolloutEngine
 from gyre.engines.torch.rollout import TorchRolloutEngine
 
@@ -43,7 +44,7 @@ def train_engine(config: RunConfig, model_dir: Path, *, seed: int):
 
 def check_devices(config: RunConfig) -> None:
     """The run's torch devices, checked in this process before any engine is built."""
-    if config.rollout.engine == "torch":
+    if config.rollout.engine in ("torch", "paced"):
         check_device(config.rollout.device, "rollout.device")
     check_device(config.train.device, "train.device")
 
@@ -69,17 +70,22 @@ def check_device(device: str, field: str) -> str:
 
 
 def rollout_engine(config: RunConfig, model_dir: Path, index: int, engine_id: str, *, seed: int,
-                   policy_version: int = 0, snapshot: Path | None = None) -> RolloutEngine:
+                   policy_version: int = 0, snapshot: Path | None = None,
+                   paced: tuple[DeviceModel, Pacing] | None = None) -> RolloutEngine:
     """Engine `index` of the run on `model_dir` (the run's start weights), serving `policy_version`.
 
     `snapshot`: the weights of `policy_version` when it is not 0 (a cell joining later); a new
-    torch engine loads it, an SGLang server is told to load it."""
+    torch engine loads it, an SGLang server is told to load it. `paced`: the modelled cell a
+    `rollout.engine: paced` engine runs on (the runtime builds it from the simulator's workload,
+    `gyre.runtime.pacing`)."""
     rollout = config.rollout
-    if rollout.engine == "torch":
+    if rollout.engine in ("torch", "paced"):
         engine: RolloutEngine = TorchRolloutEngine(
             model_dir, engine_id, max_batch_size=rollout.max_batch_size, seed=seed,
             prefix_cache_bytes=rollout.prefix_cache_bytes, device=check_device(rollout.device, "rollout.device"),
         )  # fmt: skip
+        if rollout.engine == "paced":
+            engine = paced_engine(engine, paced)
     else:
         engine = _sglang(config, model_dir, index, engine_id)
     if policy_version:
@@ -87,6 +93,16 @@ def rollout_engine(config: RunConfig, model_dir: Path, index: int, engine_id: st
             raise ValueError(f"engine {engine_id}: policy version {policy_version} needs its snapshot")
         engine.load_weights(snapshot, policy_version)
     return engine
+
+
+def paced_engine(engine, paced: tuple[DeviceModel, Pacing] | None) -> RolloutEngine:
+    """`engine` released on the modelled cell `paced` (`gyre.engines.paced`)."""
+    if paced is None:
+        raise EngineConfigError("rollout.engine: paced needs its cells' device model (the runtime builds it from "
+                                "rollout.paced: gyre.runtime.pacing.paced_cells); none was given")
+    from gyre.engines.paced import PacedRolloutEngine
+
+    return PacedRolloutEngine(engine, *paced)
 
 
 def _sglang(config: RunConfig, model_dir: Path, index: int, engine_id: str) -> RolloutEngine:

@@ -40,12 +40,14 @@ class ModelClient:
         self._client.close()
 
     def chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], agent_id: str, deadline_s: float
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], agent_id: str, deadline_s: float,
+        max_tokens: int | None = None,
     ) -> dict[str, Any] | None:
-        """One chat completion (the response JSON); None when the deadline passes first."""
+        """One chat completion (the response JSON); None when the deadline passes first.
+        `max_tokens`: this call's cap, instead of the client's."""
         body: dict[str, Any] = {"model": self.model, "messages": messages, "tools": tools}
-        if self.max_tokens:
-            body["max_tokens"] = self.max_tokens
+        if max_tokens or self.max_tokens:
+            body["max_tokens"] = max_tokens or self.max_tokens
         headers = {AGENT_HEADER: agent_id}
         for attempt in range(HTTP_RETRIES):
             remaining = deadline_s - time.monotonic()

@@ -15,6 +15,11 @@ untouched tiny query). The outcome's status is the simulator's end for the draw 
 harness_timeout or overall_timeout), unless the run's own harness deadline comes first: then
 it stops there and reports harness_timeout. Executions outside a training group (evaluation
 rounds) make their calls without waiting.
+
+Engine-bound, on a paced engine (`rollout.engine: paced`, whose cells release tokens on a
+modelled accelerator's clock): the runtime hands over, with the draw, the tokens whose modelled
+decode is the drawn duration, and the execution makes its calls back to back until they are
+sampled, waiting for nothing else. Its time is then the engines' time, as in the simulator.
 """
 
 from __future__ import annotations
@@ -39,6 +44,11 @@ class SleepyDraw:
     """The simulator's duration in hours."""
     status: ExecutionStatus
     """How the simulator ends it: completed, harness_timeout or overall_timeout."""
+    tokens: int | None = None
+    """Engine-bound (a paced engine, `rollout.engine: paced`): the output tokens whose modelled
+    decode is the drawn duration. The calls then carry the duration themselves, back to back with
+    no wait: a call slowed by a crowded cell lengthens the execution as a stall does in the
+    simulator. None: the duration is waited out between the calls."""
 
 
 Durations = Callable[[ExecutionSlot], SleepyDraw]
@@ -66,6 +76,8 @@ class SleepyHarness:
         if slot is None:
             raise ValueError("the sleepy harness needs the execution's slot (group and index) to draw its duration")
         planned = self.durations(slot)
+        if planned.tokens is not None:
+            return self._engine_bound(query, endpoint, deadline_s, planned)
         wait_s = planned.wall_s / self.calls
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": SYSTEM_PROMPT},
@@ -80,6 +92,28 @@ class SleepyHarness:
                 if not _sleep_until(time.monotonic() + wait_s, deadline_s):
                     return HarnessOutcome(ExecutionStatus.harness_timeout, turn + 1)
         return HarnessOutcome(planned.status, self.calls)
+
+
+    def _engine_bound(self, query: Query, endpoint: ModelEndpoint, deadline_s: float,
+                      planned: SleepyDraw) -> HarnessOutcome:
+        """Calls back to back until the planned tokens are sampled: `calls` calls sharing them
+        equally, and more while the model ended some early (end of turn before its cap)."""
+        left = planned.tokens
+        per_call = -(-left // self.calls)
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": query.instruction},
+        ]
+        turn = 0
+        with ModelClient(endpoint, self.max_tokens) as client:
+            while left > 0:
+                response = client.chat(messages, [], MAIN_AGENT_ID, deadline_s, max_tokens=min(left, per_call))
+                if response is None:
+                    return HarnessOutcome(ExecutionStatus.harness_timeout, turn)
+                turn += 1
+                left -= max(1, int((response.get("usage") or {}).get("completion_tokens", 0)))
+                messages += _continuation(response["choices"][0]["message"], 0.0)
+        return HarnessOutcome(planned.status, turn)
 
 
 def _continuation(message: dict[str, Any], wait_s: float) -> list[dict[str, Any]]:

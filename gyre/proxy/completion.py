@@ -260,19 +260,23 @@ class Turn:
             rest = self._stops.flush()  # no stop string: what was held back is shown now
             if rest:
                 self._queue.put_nowait(rest)
-        return await self.core.lanes.run(self.chars, self._finish, out, finish, stop_sequence, started)
+        result = await self.core.lanes.run(self.chars, self._finish, out, finish, stop_sequence, started)
+        if finish != "abort":  # remembered after the answer is written (this task runs on to it first)
+            asyncio.get_running_loop().call_soon(self.core.lanes.submit, self.chars, self.req.session.tito.settle)
+        return result
 
     def _finish(self, out: Generated, finish: str, stop_sequence: str | None, started) -> TurnResult:
-        """Worker thread: decode and parse the output, record the call, remember the turn."""
+        """Worker thread: decode and parse the output, record the call; the turn is remembered
+        later (`TitoCache.defer`): by a worker once the answer is out, or by the execution's
+        next build, whichever comes first."""
         ended = finish == "stop" and bool(out.output_ids) and out.output_ids[-1] in self.core.stop_token_ids
         text_ids = out.output_ids[:-1] if ended else out.output_ids
         text = self.core.tokenizer.decode(text_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         parsed = parse_output(text, self.parser)
         call = self._record(out, finish, started)
         if finish != "abort":
-            self.core.builder.remember(
-                self.req.session.tito, self.prompt, self.req.assistant_message(parsed), out.output_ids, ended
-            )
+            tito, prompt, assistant = self.req.session.tito, self.prompt, self.req.assistant_message(parsed)
+            tito.defer(lambda: self.core.builder.remember(tito, prompt, assistant, out.output_ids, ended))
         return TurnResult(call, parsed, finish, stop_sequence)
 
     def _record(self, out: Generated, finish: str, started) -> Call:

@@ -4,7 +4,9 @@ The proxy's event loop only moves bytes: it reads bodies, routes, streams tokens
 `/health`. Templating a conversation and tokenising it, and after the engine answers,
 decoding, parsing and rendering the turn to remember it for splicing (`completion.py`),
 cost time linear in the prompt, so they never run on the loop: `PromptLanes.run` hands
-them to a worker thread and awaits the result.
+them to a worker thread and awaits the result. Remembering the turn is not on the call's
+path at all: `PromptLanes.submit` runs it once the answer is out (the execution's next
+build runs it first if it comes before, `prompt.TitoCache.settle`).
 
 Two lanes, chosen by the prompt's size in characters (`limits.counted_chars`, known
 before any of that work): prompts under `HEAVY_PROMPT_CHARS` (most calls; TITO prefix
@@ -22,11 +24,13 @@ loop's priority: a nicer thread descheduled while it holds the GIL would stall t
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 HEAVY_PROMPT_CHARS = 65_536
 """Prompts with at least this many counted characters (~16k tokens) take the heavy lane."""
@@ -45,5 +49,17 @@ class PromptLanes:
 
     async def run(self, chars: int, fn: Callable[..., T], *args) -> T:
         """`fn(*args)` in the lane for a prompt of `chars` characters."""
-        lane = self._heavy if chars >= self.heavy_chars else self._light
-        return await asyncio.get_running_loop().run_in_executor(lane, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._lane(chars), fn, *args)
+
+    def submit(self, chars: int, fn: Callable[..., object], *args) -> None:
+        """`fn(*args)` in the lane for a prompt of `chars` characters, not waited for: work off a
+        call's path (its error is logged; whoever needs the work's result runs it again)."""
+        self._lane(chars).submit(fn, *args).add_done_callback(_log_error)
+
+    def _lane(self, chars: int) -> ThreadPoolExecutor:
+        return self._heavy if chars >= self.heavy_chars else self._light
+
+
+def _log_error(future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("proxy: background prompt work failed", exc_info=future.exception())

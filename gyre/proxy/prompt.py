@@ -32,12 +32,16 @@ turns (Qwen3 drops old reasoning) breaks that prefix and shows up as fallbacks.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gyre.proxy.escape import ControlTokenEscaper
+
+log = logging.getLogger(__name__)
 
 END_OF_TURN = "<|im_end|>"
 MAX_CACHED_HEADS = 64
@@ -56,23 +60,59 @@ class Segment:
 
 @dataclass
 class PrefixState:
-    """Rendered text of a conversation ending with a returned turn, and its prompt ids."""
+    """Rendered text of a conversation ending with a returned turn, and its prompt ids: the ids of
+    the prompt that produced the turn (shared with that call's record, never changed) followed by
+    `tail_ids` (the sampled ids and what the template adds after them). Kept in two parts so that
+    remembering a turn copies no id list; the next build copies them once, into its own prompt."""
 
     text: str
-    ids: list[int]
+    head_ids: list[int]
+    tail_ids: list[int]
     num_messages: int
     fallback_spans: list[tuple[int, int]]
+
+    @property
+    def ids(self) -> list[int]:
+        return self.head_ids + self.tail_ids
 
 
 @dataclass
 class TitoCache:
-    """One execution's splice memory: canonical turn text -> segment, and prefix states."""
+    """One execution's splice memory: canonical turn text -> segment, and prefix states.
+
+    Remembering a returned turn is deferred (`defer`): the proxy answers first and remembers
+    after, off the call's path; a later build of the same execution settles (runs) whatever is
+    still pending before it looks, so it never misses a turn."""
 
     segments: dict[str, Segment] = field(default_factory=dict)
     states: OrderedDict[int, PrefixState] = field(default_factory=OrderedDict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    _pending: list[Callable[[], None]] = field(default_factory=list)
+    _settling: threading.Lock = field(default_factory=threading.Lock)
+
+    def defer(self, remember: Callable[[], None]) -> None:
+        """`remember()` is run by `settle`: by whoever calls it first (a worker after the answer,
+        or the next build), exactly once."""
+        with self.lock:
+            self._pending.append(remember)
+
+    def settle(self) -> None:
+        """Run every deferred remember, in the order deferred. One that fails (a chat template that
+        does not render a conversation as a prefix of its continuation) is logged: its turn is not
+        remembered, so a later prompt holding it falls back to template tokens (counted as such)."""
+        with self._settling:
+            while True:
+                with self.lock:
+                    if not self._pending:
+                        return
+                    remember = self._pending.pop(0)
+                try:
+                    remember()
+                except ValueError:  # deliberate: the turn stays unspliced, its tokens marked as fallback
+                    log.exception("proxy: a returned turn could not be remembered for splicing")
 
     def best_state(self, full: str, num_messages: int) -> PrefixState | None:
+        self.settle()
         with self.lock:
             best = None
             for key, state in self.states.items():
@@ -193,7 +233,7 @@ class PromptBuilder:
             cursor, first = 0, 0
         else:
             prompt = BuiltPrompt(
-                ids=list(state.ids), text=full, num_messages=len(messages), messages=messages, tools=tools,
+                ids=state.ids, text=full, num_messages=len(messages), messages=messages, tools=tools,
                 fallback_spans=list(state.fallback_spans),
             )
             cursor, first = len(state.text), state.num_messages
@@ -230,8 +270,8 @@ class PromptBuilder:
         if not after.startswith(prompt.text):
             raise ValueError("chat template does not render a conversation as a prefix of its continuation")
         canonical = after[len(prompt.text) :]
-        ids = prompt.ids + output_ids + self.encode(self._tail(canonical, ended))
-        state = PrefixState(after, ids, len(messages) + 1, prompt.fallback_spans)
+        tail_ids = list(output_ids) + self.encode(self._tail(canonical, ended))
+        state = PrefixState(after, prompt.ids, tail_ids, len(messages) + 1, prompt.fallback_spans)
         cache.remember(canonical, Segment(list(output_ids), ended), state)
 
     def _tail(self, canonical: str, ended: bool) -> str:

@@ -26,6 +26,7 @@ from gyre.benchmarks import task_spec
 from gyre.config.run import RunConfig, dump_config
 from gyre.engines.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from gyre.engines.factory import check_devices, rollout_engine, train_engine
+from gyre.runtime.pacing import paced_cells
 from gyre.engines.file_transport import FileSnapshotTransport
 from gyre.engines.models.hf import load_tokenizer, stop_token_ids
 from gyre.engines.torch.rollout import TorchRolloutEngine
@@ -100,7 +101,9 @@ class Coordinator:
         )
         self.policy_version = 0
         self.tokenizer = load_tokenizer(self.model_dir)
-        self.rollout = rollout_engine(config, self.model_dir, 0, f"{config.rollout.engine}-0", seed=config.seed)
+        self.paced = paced_cells(config)  # rollout.engine: paced: the modelled cells (None otherwise)
+        self.rollout = rollout_engine(config, self.model_dir, 0, f"{config.rollout.engine}-0", seed=config.seed,
+                                      paced=self.paced and self.paced.engine_args)
         self.trainer = train_engine(config, self.model_dir, seed=config.seed)  # train.engine: torch | megatron
         self.algorithm = make_algorithm(config.algo)
         self.transport = FileSnapshotTransport(self.run_dir / "snapshots")
@@ -108,7 +111,8 @@ class Coordinator:
         self.sessions = SessionRegistry(sink=self.call_log.put)
         self.router = EngineRouter([self.rollout])
         self.server = self._start_proxy()
-        self.harness = make_harness(config.harness, durations=simulated_durations.for_harness(config.harness))
+        self.harness = make_harness(config.harness, durations=simulated_durations.for_harness(
+            config.harness, self.paced and self.paced.engine_args))
         # the builtin agent's compaction prompt marks its compactions for the trajectory classifier
         markers = [*config.trajectories.compaction_markers, *classifier_markers(config.harness)]
         self.trajectory_config = config.trajectories.model_copy(

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 
 from gyre.config.run import HarnessConfig
+from gyre.device.model import DeviceModel, Pacing
 from gyre.harnesses.base import ExecutionSlot
 from gyre.harnesses.sleepy import SleepyDraw
 from gyre.records import ExecutionStatus
@@ -43,6 +44,8 @@ class SimulatedDurations:
 
     workload: str
     scale_s_per_h: float
+    paced: tuple[DeviceModel, Pacing] | None = None
+    """A paced run's cell model: each draw also says the tokens whose modelled decode it is."""
 
     def __post_init__(self) -> None:
         if self.workload not in workload_names():
@@ -52,12 +55,20 @@ class SimulatedDurations:
             raise ValueError(f"harness.sleepy_scale must be > 0 (seconds per simulated hour), got {self.scale_s_per_h}")
 
     def __call__(self, slot: ExecutionSlot) -> SleepyDraw:
-        return draw_for(self.workload, self.scale_s_per_h, slot)
+        planned = draw_for(self.workload, self.scale_s_per_h, slot)
+        if self.paced is None or slot.group_id is None:
+            return planned
+        device, pacing = self.paced
+        return replace(planned, tokens=pacing.real_tokens(device, planned.simulated_h))
 
 
-def for_harness(config: HarnessConfig) -> SimulatedDurations | None:
-    """The durations a run's harness waits out: the configured workload's for `sleepy`, else None."""
-    return SimulatedDurations(config.sleepy_workload, config.sleepy_scale) if config.type == "sleepy" else None
+def for_harness(config: HarnessConfig, paced: tuple[DeviceModel, Pacing] | None = None) -> SimulatedDurations | None:
+    """The durations a run's harness waits out: the configured workload's for `sleepy`, else None.
+    `paced` (a paced run's device model and pacing): the executions are engine-bound, each draw
+    carrying the tokens its calls must sample (`SleepyDraw.tokens`)."""
+    if config.type != "sleepy":
+        return None
+    return SimulatedDurations(config.sleepy_workload, config.sleepy_scale, paced)
 
 
 @cache

@@ -17,6 +17,8 @@ timers: an event loop step is O(log n).
 Training model: a micro-step takes tokens / (tokens_per_node_s * cell_nodes) plus a fixed
 overhead; the optimizer step adds a gradient reduce (one snapshot-sized transfer) when
 satellites took part; satellites pay a snapshot pull on joining and after each update.
+Every cost, and the engines' sharing rule, is the cell's `gyre.device.model.DeviceModel`
+(built from the workload, `Workload.device`): the one the paced rollout engine runs on.
 """
 
 from __future__ import annotations
@@ -24,25 +26,18 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from functools import cache
-
 import numpy as np
 
 from gyre.cells import events as ev
 from gyre.cells.events import Role
 from gyre.cells.policy import Policy
 from gyre.cells.scheduler import Scheduler
-from gyre.sim.durations import END_COMPLETED, END_HARNESS, DurationModel
-from gyre.sim.workloads import Workload
+from gyre.device.model import DeviceModel
+from gyre.sim.durations import END_COMPLETED, END_HARNESS
+from gyre.sim.workloads import Workload, mean_duration_h
 
 HOUR_S = 3600.0
 CHUNK_GROUPS = 256
-
-
-@cache
-def _mean_duration_h(model: DurationModel) -> float:
-    hours, _ = model.sample(np.random.default_rng(12345), 4000, 16)
-    return float(hours.mean())
 
 
 def execution_rate(engine_rate: float, engine_share: float) -> float:
@@ -91,9 +86,14 @@ class Simulation:
         seed: int = 0,
         failures: tuple[tuple[float, int], ...] = (),
         check_invariants: bool = False,
+        device: DeviceModel | None = None,
     ) -> None:
+        """`device`: what a cell's work costs (default: a cell of this topology's nodes of the
+        workload's cluster, `Workload.device`); `gyre bench cells --engine paced` passes the one its
+        paced engines use."""
         self.workload = workload
         self.topology = workload.topology(cell_nodes, num_cells)
+        self.device = device or workload.device(self.topology.cell_nodes, self.topology.slots_per_cell)
         self.now_s = 0.0
         self.scheduler = Scheduler(policy, self.topology, workload.shape(steps), lambda: self.now_s, check_invariants)
         self.seed = seed
@@ -124,8 +124,8 @@ class Simulation:
             self._chunks[chunk] = self.workload.durations.sample(rng, CHUNK_GROUPS, size)
         hours, ends = self._chunks[chunk]
         duration_h = float(hours[row, index])
-        tokens = int(self.workload.mean_tokens * duration_h / _mean_duration_h(self.workload.durations))
-        return duration_h * HOUR_S, int(ends[row, index]), tokens
+        tokens = int(self.workload.mean_tokens * duration_h / mean_duration_h(self.workload.durations))
+        return duration_h * HOUR_S + self.workload.execution_overhead_s, int(ends[row, index]), tokens
 
     def query_duration_s(self, group_id: int) -> float:
         size = self.workload.group_size
@@ -190,7 +190,7 @@ class Simulation:
         heapq.heappush(self._events, (time_s, self._seq, event))
 
     def _carry_out(self, commands: list[ev.Command]) -> None:
-        w, nodes, now = self.workload, self.topology.cell_nodes, self.now_s
+        device, now = self.device, self.now_s
         for command in commands:
             match command:
                 case ev.DispatchExecution(execution_id=eid):
@@ -199,33 +199,29 @@ class Simulation:
                     self.trace.num_dispatched += 1
                     self._push(now, ev.ExecutionDispatched(eid))
                 case ev.SwitchCell(cell_id=cid, role=role, pull_snapshot=pull):
-                    cost_s = w.switch_to_train_s if role is Role.train else w.switch_to_rollout_s
-                    cost_s += w.pull_s(nodes) if pull else 0.0
                     self._roles[cid] = Role.to_train if role is Role.train else Role.to_rollout
                     self.trace.cells[cid].num_switches += 1
-                    self._push(now + cost_s, ev.SwitchDone(cid, role))
+                    self._push(now + device.switch_s(role is Role.train, pull), ev.SwitchDone(cid, role))
                 case ev.ClaimMicroStep(cell_id=cid, micro_step_id=mid, num_tokens=tokens):
                     self._active[cid] += 1
-                    cost_s = tokens / (w.tokens_per_node_s * nodes) + w.micro_step_overhead_s
-                    self._push(now + cost_s, ev.MicroStepDone(cid, mid))
+                    self._push(now + device.micro_step_s(tokens), ev.MicroStepDone(cid, mid))
                 case ev.PullSnapshot(cell_id=cid, version=version):
                     self._active[cid] += 1
-                    self._push(now + w.pull_s(nodes), ev.SnapshotPulled(cid, version))
+                    self._push(now + device.pull_s(), ev.SnapshotPulled(cid, version))
                 case ev.ApplyOptimizerStep(cell_id=cid, step_index=step, num_satellites=sats):
                     self._active[cid] += 1
-                    cost_s = w.optimizer_s + (w.pull_s(nodes) if sats else 0.0)
-                    self._push(now + cost_s, ev.OptimizerStepDone(cid, step + 1))
+                    self._push(now + device.optimizer_step_s(sats), ev.OptimizerStepDone(cid, step + 1))
                 case ev.PublishWeights(version=version):
-                    self._push(now + w.publish_s, ev.WeightsPublished(version))
+                    self._push(now + device.publish_s, ev.WeightsPublished(version))
         self._set_rate()
         self._refresh_display()
 
     # --------------------------------------------------------------- accounting
 
     def _set_rate(self) -> None:
-        slots = sum(self.topology.slots_per_cell for r in self._roles if r is Role.rollout)
+        slots = sum(self.device.slots for r in self._roles if r is Role.rollout)
         waterlevel = self.scheduler.state.waterlevel
-        self._rate = execution_rate(1.0 if waterlevel <= slots else slots / waterlevel, self.workload.engine_share)
+        self._rate = execution_rate(self.device.rollout_rate(waterlevel, slots), self.workload.engine_share)
         self._slots = slots
 
     def _advance(self, time_s: float) -> None:

@@ -82,7 +82,7 @@ class SimResult(BaseModel):
 
 def lower_bounds_s(sim: Simulation, trace: Trace) -> tuple[float, float]:
     """(work bound, critical-path bound) in seconds for the groups the run consumed."""
-    w, topo = sim.workload, sim.topology
+    w, topo, device = sim.workload, sim.topology, sim.device
     size = w.group_size
     rollout_slot_s = 0.0
     train_cell_s = 0.0
@@ -92,20 +92,20 @@ def lower_bounds_s(sim: Simulation, trace: Trace) -> tuple[float, float]:
         for i in range(size):
             duration_s, _, tokens = sim.execution(group_id * size + i)
             rollout_slot_s += duration_s
-            train_cell_s += tokens / (w.tokens_per_node_s * topo.cell_nodes)
+            train_cell_s += device.micro_step_s(tokens) - device.micro_step_overhead_s
             query_s = max(query_s, duration_s)
         slowest_query_s = max(slowest_query_s, query_s)
     num_micro = len(trace.consumed_groups) * size // w.executions_per_micro_step
     num_steps = len(trace.consumed_groups) // w.queries_per_step
-    train_cell_s += num_micro * w.micro_step_overhead_s + num_steps * w.optimizer_s
-    work_s = (rollout_slot_s / topo.slots_per_cell + train_cell_s) / topo.num_cells
-    critical_s = slowest_query_s + w.micro_step_overhead_s + w.optimizer_s
+    train_cell_s += num_micro * device.micro_step_overhead_s + num_steps * device.optimizer_s
+    work_s = (rollout_slot_s / device.slots + train_cell_s) / topo.num_cells
+    critical_s = slowest_query_s + device.micro_step_overhead_s + device.optimizer_s
     return work_s, critical_s
 
 
 def room_bound_s(sim: Simulation, steps: int, lookahead_groups: int) -> float:
     """The staleness-room bound (module docstring) for `steps` steps, in seconds."""
-    w = sim.workload
+    w, device = sim.workload, sim.device
     per_step, room = w.queries_per_step, w.queries_per_step + lookahead_groups
     num_groups = steps * per_step
     ready: list[float] = []
@@ -119,8 +119,8 @@ def room_bound_s(sim: Simulation, steps: int, lookahead_groups: int) -> float:
             heapq.heappush(ready, published_s + sim.query_duration_s(group_id))
         dispatched = admitted
         last_ready_s = max(heapq.heappop(ready) for _ in range(per_step))
-        finish_s = max(last_ready_s + w.micro_step_overhead_s, finish_s) + w.optimizer_s  # updates are serial
-        published_s = finish_s + w.publish_s
+        finish_s = max(last_ready_s + device.micro_step_overhead_s, finish_s) + device.optimizer_s  # serial updates
+        published_s = finish_s + device.publish_s
     return finish_s
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from gyre.cells.asynchronous import Async
 from gyre.cells.registry import make_policy
 from gyre.cells.topology import SchedulingConfigError
+from gyre.device.model import DeviceModel
 from gyre.sim.engine import Simulation
 from gyre.sim.metrics import SimResult, summarize
 from gyre.sim.workloads import Workload
@@ -47,8 +48,10 @@ def run_once(
     target_staleness: float | None = None,
     failures: tuple[tuple[float, int], ...] = (),
     check_invariants: bool = False,
+    device: DeviceModel | None = None,
     **knobs: Any,
 ) -> SimResult:
+    """One simulation; `device`: the cells' device model (default: the workload's, `Workload.device`)."""
     started = time.perf_counter()
     scheduling_policy = make_policy(policy, lookahead_groups=lookahead_groups, **knobs)
     sim = Simulation(
@@ -60,6 +63,7 @@ def run_once(
         seed=seed,
         failures=failures,
         check_invariants=check_invariants,
+        device=device,
     )
     trace = sim.run()
     return summarize(

@@ -61,8 +61,12 @@ How the comparisons are run (gyre/sim/api.py, gyre/cells/; docs/scheduler.md):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
 
 from gyre.cells.topology import BatchShape, SchedulingConfigError, Topology
+from gyre.device.model import DeviceModel
 from gyre.sim.durations import DurationModel
 
 PEAK_FLOPS_PER_NODE = 8 * 989e12
@@ -70,8 +74,19 @@ MFU = 0.15  # assumption; compared with the paper's C2 - E0 gap after it was set
 RDMA_GB_PER_NODE_S = 400.0
 
 
+TRAIN_FLOPS_PER_FORWARD = 4  # FLOPs/token = 8 x active x attention: forward 2, backward 4, recompute 2
+
+
 def train_tokens_per_node_s(active_params: float, attention_factor: float) -> float:
     return MFU * PEAK_FLOPS_PER_NODE / (8 * active_params * attention_factor)
+
+
+@cache
+def mean_duration_h(model: DurationModel) -> float:
+    """An execution's mean unstalled duration under `model` (a fixed seeded sample, as the simulator
+    uses to give each execution tokens in proportion to its duration)."""
+    hours, _ = model.sample(np.random.default_rng(12345), 4000, 16)
+    return float(hours.mean())
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,12 @@ class Workload:
     `gyre bench cells` sets it to the share its sleepy runs measured (calls' seconds over
     executions' seconds)."""
 
+    execution_overhead_s: float = 0.0
+    """Seconds every execution adds outside the engines (sandbox, evaluation, the harness between
+    calls), served at full speed like the rest of it. 0 (every workload here): the simulator's
+    executions are their engine time. `gyre bench cells --engine paced` sets the overhead its real
+    runs measured, to show what of a gap to the prediction that overhead explains."""
+
     @property
     def slots_per_node(self) -> float:
         return self.batches_in_flight * self.queries_per_step * self.group_size / self.num_nodes
@@ -119,7 +140,29 @@ class Workload:
         return BatchShape(self.queries_per_step, self.group_size, self.executions_per_micro_step, steps)
 
     def pull_s(self, cell_nodes: int) -> float:
-        return self.weights_gb / (RDMA_GB_PER_NODE_S * cell_nodes) + 2.0
+        return self.device(cell_nodes).pull_s()
+
+    def device(self, cell_nodes: float, slots: float | None = None) -> DeviceModel:
+        """A cell of `cell_nodes` nodes of this workload's cluster (`slots` sequences; default: the
+        workload's slots per node), every cost from the parameters above:
+
+        * decode per output token: an engine-bound execution's mean unstalled duration over its
+          mean tokens (`mean_duration_h(durations)` / `mean_tokens`: 1.93 h / 700K = 9.9 ms for
+          NL2Repo 122B), the rate at which the simulator gives an execution its tokens, so a paced
+          engine decoding an execution's tokens takes its drawn duration;
+        * prefill: the training FLOP model's forward (a quarter of a trained token's FLOPs), at
+          the same MFU: `TRAIN_FLOPS_PER_FORWARD x tokens_per_node_s`;
+        * training, pulls, optimizer, publication, switches: the fields of the same name."""
+        return DeviceModel(
+            name=self.name, cell_nodes=cell_nodes,
+            slots=self.slots_per_node * cell_nodes if slots is None else slots,
+            decode_s_per_token=mean_duration_h(self.durations) * 3600.0 / self.mean_tokens,
+            prefill_tokens_per_node_s=TRAIN_FLOPS_PER_FORWARD * self.tokens_per_node_s,
+            train_tokens_per_node_s=self.tokens_per_node_s, micro_step_overhead_s=self.micro_step_overhead_s,
+            optimizer_s=self.optimizer_s, publish_s=self.publish_s, switch_to_train_s=self.switch_to_train_s,
+            switch_to_rollout_s=self.switch_to_rollout_s, weights_gb=self.weights_gb,
+            rdma_gb_per_node_s=RDMA_GB_PER_NODE_S,
+        )  # fmt: skip
 
 
 # Fitted by calibration.py (python -m gyre.sim.calibration) to the targets below.

@@ -145,6 +145,8 @@ class LiveCells:
         self.training = TrainingPlane(coord, self.shape, steps, cfg.num_cells, ray=self.ray, faults=self.faults,
                                       start_version=start_version, note=self.note)
         self.log = CommandLog()
+        self.real_seconds: defaultdict[str, list[float]] = defaultdict(list)
+        """The same commands' own work, before a paced run's wait for the modelled cell."""
         self.command_seconds: defaultdict[str, list[float]] = defaultdict(list)
         """Wall seconds of every command carried out, by kind (`execute`, `switch`, `micro_step`,
         `pull`, `optimizer_step`, `publish`): what `gyre bench cells` gives the simulator."""
@@ -152,7 +154,7 @@ class LiveCells:
         self.timeline = self._new_timeline()  # started again by `run`, so it begins with the scheduler
         self.switches = SwitchLog(self.timeline.start_s, self.clock)
         if self.ray is not None:
-            self.ray.watch(self.faults.on_down, self.faults.on_back)
+            self.ray.watch(self.faults.on_down, self.faults.on_back, self.faults.on_lost)
         self.feeds: list[queue.Queue[str | None]] = [queue.Queue() for _ in self.cells]
         """Per cell, a line for each thing that happened to it (switches, faults); None at the end.
         The run flow shows each cell as a task run that reads its feed (`gyre.tasks.step.cell`)."""
@@ -214,6 +216,7 @@ class LiveCells:
         if self._eval_engine is None:
             self._eval_engine = rollout_engine(
                 self.coord.config, self.coord.model_dir, len(self.cells), "eval", seed=self.coord.config.seed + len(self.cells),
+                paced=self.coord.paced and self.coord.paced.engine_args,
             )  # fmt: skip
         route_current(self, self._eval_engine)
         started = self.clock()
@@ -262,23 +265,34 @@ class LiveCells:
                 case ev.SwitchCell(cell_id=cid, role=role):
                     self._submit(f"switch-cell{cid}-to-{role.value}", self._switch, command)
                 case ev.ClaimMicroStep(cell_id=cid, micro_step_id=mid, step_index=step):
-                    self._submit(f"micro-step-{mid}-of-step-{step}-on-cell{cid}", self._micro_step, command)
+                    self._submit(f"micro-step-{mid}-of-step-{step}-on-cell{cid}", self._micro_step, command,
+                                 paced=command)
                 case ev.PullSnapshot(cell_id=cid, version=version):
-                    self._submit(f"pull-v{version}-to-cell{cid}", self._pull, cid, version)
+                    self._submit(f"pull-v{version}-to-cell{cid}", self._pull, cid, version, paced=command)
                 case ev.ApplyOptimizerStep(step_index=step, num_satellites=sats):
-                    self._submit(f"optimizer-step-{step}-with-{sats}-satellites", self._optimizer_step, command)
+                    self._submit(f"optimizer-step-{step}-with-{sats}-satellites", self._optimizer_step, command,
+                                 paced=command)
                 case ev.PublishWeights(version=version):
-                    self._submit(f"publish-weights-v{version}", self._publish, version)
+                    self._submit(f"publish-weights-v{version}", self._publish, version, paced=command)
 
-    def _submit(self, name: str, fn: Callable[..., ev.Event | None], *args: object) -> None:
+    def _submit(self, name: str, fn: Callable[..., ev.Event | None], *args: object,
+                paced: ev.Command | None = None) -> None:
         """Start `fn(*args)` through the launcher; its event (or error) comes back on the queue.
-        Its wall time lands in `command_seconds` under its kind (`micro_step`, `publish`, ...)."""
+        Its wall time lands in `command_seconds` under its kind (`micro_step`, `publish`, ...).
+        `paced`: in a paced run (`rollout.engine: paced`), the event waits until the modelled cell
+        would have finished this command (`gyre.runtime.pacing`); the real work's own seconds land
+        in `real_seconds`."""
         kind = fn.__name__.lstrip("_")
+        pacer = self.coord.paced if paced is not None else None
 
         def timed(*call_args: object) -> ev.Event | None:
             started = self.clock()
             try:
-                return fn(*call_args)
+                event = fn(*call_args)
+                self.real_seconds[kind].append(self.clock() - started)
+                if pacer is not None and event is not None:
+                    pacer.pad(paced, started, self.clock)
+                return event
             finally:
                 self.command_seconds[kind].append(self.clock() - started)
 
@@ -322,6 +336,7 @@ class LiveCells:
     def _switch(self, command: ev.SwitchCell) -> ev.Event:
         cell = self.cells[command.cell_id]
         to_train = command.role is Role.train
+        started = self.clock()
         timer = self.switches.start(cell.cell_id, "rollout" if to_train else "train", command.role.value)
         if to_train:
             with timer.phase("drain"):
@@ -343,6 +358,9 @@ class LiveCells:
                 if self.ray is not None and self.faults.confirmed_down(cell.cell_id):
                     return ev.SwitchDone(command.cell_id, command.role)  # the cell failed meanwhile: ignored
                 return refused(self, cell.cell_id, cell.engine, exc)  # the cell leaves the run (the core's: raised)
+        if self.coord.paced is not None:  # the rest of the modelled cell's switch (and pull)
+            with timer.phase("device"):
+                self.coord.paced.pad(command, started, self.clock)
         record = self.switches.add(timer)
         phases = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in record.phases)
         self.note(cell.cell_id, f"{record.from_role} -> {record.to_role} in {record.seconds:.3f} s ({phases})")

@@ -48,16 +48,17 @@ def policy_state(trainer) -> dict:
 def cell_engine(coord, ray, i: int) -> RolloutEngine:
     """Cell `i`'s rollout engine, serving the coordinator's current policy."""
     snapshot = coord.transport.latest() if coord.policy_version else None
+    paced = coord.paced and coord.paced.engine_args  # rollout.engine: paced: the modelled cell it runs on
     if ray is None:
         return rollout_engine(coord.config, coord.model_dir, i, f"cell-{i}", seed=coord.config.seed + i,
-                              policy_version=coord.policy_version, snapshot=snapshot)
+                              policy_version=coord.policy_version, snapshot=snapshot, paced=paced)
     rollout = coord.config.rollout
     engine = ray.add(i, coord.model_dir, f"cell-{i}", seed=coord.config.seed + i,
                      max_batch_size=rollout.max_batch_size, prefix_cache_bytes=rollout.prefix_cache_bytes,
                      torch_threads=coord.config.scheduler.ray_actor_threads,
                      config=coord.config.model_dump(mode="json"), ranks=coord.config.scheduler.ranks_per_cell,
                      restart_whole=coord.config.scheduler.cell_model_parallel > 1,
-                     gpus_per_rank=coord.config.scheduler.gpus_per_rank, device=rollout.device)
+                     gpus_per_rank=coord.config.scheduler.gpus_per_rank, device=rollout.device, paced=paced)
     if snapshot is not None:
         engine.load_weights(snapshot, coord.policy_version)
     return engine

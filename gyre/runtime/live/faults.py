@@ -13,6 +13,9 @@ from its own thread:
   process, so its claimed micro-step goes back to the queue, and the micro-steps it finished
   whose gradients had not reached the core are recomputed by the core at the optimizer step
   (`gyre.runtime.live.training`); a pull or micro-step it was doing ends without an event;
+- a cell Ray will not bring back (out of restarts, or not back within the actor start bound) is
+  recorded `lost` and stays failed; the run goes on with the other cells, still watched
+  (`gyre.cluster.cell_watch`);
 - when Ray has restarted every dead rank and all of the cell's ranks answer healthy, the
   failed cell's new engine loads the newest published weights (into every rank whose version
   is behind: a cell reports its lowest), is routed again, and the scheduler hears `CellRejoined`.
@@ -40,7 +43,7 @@ from dataclasses import dataclass
 
 from gyre.cells import events as ev
 from gyre.cells.events import Role
-from gyre.runtime.live.fault_events import ActorBack, ActorDown, EngineRecovered, EngineRefused
+from gyre.runtime.live.fault_events import ActorBack, ActorDown, ActorLost, EngineRecovered, EngineRefused
 from gyre.runtime.live.publish import refused, route_current
 
 NOTICE_S = 15.0  # a call to a dead engine failed: how long to wait for the watcher to confirm it
@@ -51,7 +54,7 @@ REFUSED_RETRIES = 3  # publications offered to a cell whose engine refused weigh
 class FaultRecord:
     cell_id: int
     at_s: float
-    what: str  # "failed" (reported to the scheduler) | "rejoined" | "replaced" (back while not failed)
+    what: str  # "failed" (reported to the scheduler) | "rejoined" | "replaced" (back while not failed) | "lost"
 
 
 class CellFaults:
@@ -80,6 +83,11 @@ class CellFaults:
 
     def on_back(self, cell_id: int, engine) -> None:
         self.cells.events.put(ActorBack(cell_id, engine))
+
+    def on_lost(self, cell_id: int, why: str) -> None:
+        """Cell `cell_id` will not come back (out of restarts, or not back in time): it stays
+        failed, the scheduler already heard `CellFailed`, and the run goes on with the others."""
+        self.cells.events.put(ActorLost(cell_id, why))
 
     # -- any thread ------------------------------------------------------------------------
 
@@ -147,6 +155,10 @@ class CellFaults:
                 self.refused.pop(event.cell_id, None)
             self._record(event.cell_id, now, "rejoined", "its engine loaded a later publication: CellRejoined")
             return ev.CellRejoined(event.cell_id)
+        if isinstance(event, ActorLost):
+            self._record(event.cell_id, now, "lost", f"Ray will not bring it back ({event.why}): it stays failed, "
+                         "the run goes on with the other cells")
+            return None
         if isinstance(event, ActorDown):
             role = state.cells[event.cell_id].role
             if role is Role.failed:

@@ -1,0 +1,1 @@
+"""A modelled accelerator cell's costs, shared by the simulator and the paced rollout engine."""

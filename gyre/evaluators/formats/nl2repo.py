@@ -60,16 +60,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from gyre.benchmarks.nl2repo import WORKSPACE_DIR
 from gyre.benchmarks.registry import task_spec
 from gyre.evaluators.common import EVAL_LIMITS, error, tail
 from gyre.evaluators.environments.deadline import capped, overall_timeout_error
 from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.workspace_copy import copy_workspace
+from gyre.evaluators.formats import nl2repo_upstream as upstream
 from gyre.evaluators.integrity.channel import ChannelResults
 from gyre.evaluators.integrity.control import crashed, no_verdict
 from gyre.evaluators.integrity.origins import Watch, mismatches
 from gyre.evaluators.integrity.pytest_guard import imported_modules, neutralise_pytest_config, pin_rootdir
-from gyre.evaluators.integrity.pytest_settings import project_settings, python_files, render_ini, sanitise
+from gyre.evaluators.integrity.pytest_settings import python_files, render_ini, sanitise
 from gyre.evaluators.integrity.runtime import with_runtime
 from gyre.evaluators.integrity.tally import Tally, tally
 from gyre.evaluators.observed import IndexAccess, Observer, install_image, place_pristine, read_sources
@@ -78,7 +80,6 @@ from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.layout import SandboxLayout
 from gyre.sandboxes.local.isolation import Isolation
 from gyre.sandboxes.local.privileges import CODE_SUFFIXES, protect
-from gyre.sandboxes.paths import clear_path
 from gyre.sandboxes.process import sandbox_env
 
 USAGE_ERROR = 4
@@ -149,8 +150,9 @@ def _score(
     deadline_s: float | None = None,
     index: IndexAccess | None = None,
 ) -> Score:
-    # no workdir is set: commands see the repository at its host path
-    ready = prepare(query, workspace, eval_dir, execution_id, limits, str(eval_dir / "repo"), isolation.hand_over)
+    # at upstream's /workspace (a command may name it), bound there by bubblewrap; the plain fallback cannot move it
+    inside = WORKSPACE_DIR if isolation.bwrap else str(eval_dir / "repo")
+    ready = prepare(query, workspace, eval_dir, execution_id, limits, inside, isolation.hand_over)
     if isinstance(ready, Score):
         return ready
     observer = Observer.create(eval_dir, isolation, index, frozenset({query.query_id}),
@@ -159,6 +161,7 @@ def _score(
     try:
         notes = install_image(observer, task_spec(query).image_packages, query.query_id, eval_dir, ready.scratch,
                               limits, capped(timeout_s, deadline_s))
+        upstream.autoload_image_plugins(observer)  # before any workspace code: by distribution, as pytest autoloads
         return run_and_count(query, ready, execution_id, timeout_s, limits, deadline_s, observer, notes)
     finally:
         observer.finish(Tally())  # idempotent clean-up if counting did not get there
@@ -191,11 +194,10 @@ def prepare(query: Query, workspace: Path, eval_dir: Path, execution_id: str, li
     if too_big is not None:  # the agent's doing: a valid zero, never a dropped sample
         return Score(execution_id=execution_id, status=EvalStatus.ok, score=0.0, tests_passed=0,
                      tests_total=query.test_case_count, detail=too_big)
-    for rel in task_spec(query).replaced_paths:  # upstream replaces listed entries wholesale
-        clear_path(repo, rel.rstrip("/"))  # links on the way are removed, never followed
+    steps = upstream.clean(repo, query)  # package files and test paths removed, the image's files in, as upstream
     sources = read_sources(Path(query.hidden_tests_dir), query.test_files)
     project = imported_modules([data.decode("utf-8", errors="replace") for data in sources.values()])
-    settings, source = project_settings(repo)  # the project's own, carried on by gyre's pinned pytest.ini
+    settings, source = upstream.image_settings(query)  # the image's, never the workspace's; carried on by the pin
     kept, removed = sanitise(settings, source or "")
     neutralised = [*neutralise_pytest_config(repo, query.test_files, project, keep_root=True), *removed]
     pristine = place_pristine(repo, sources, inside, random.Random(secrets.randbits(64)),
@@ -208,6 +210,7 @@ def prepare(query: Query, workspace: Path, eval_dir: Path, execution_id: str, li
     watch = Watch.start(repo, query.test_files, (repo / "pytest.ini").read_text(encoding="utf-8") if pinned else None,
                         data)
     reports.mkdir()
+    (reports / "upstream_steps.txt").write_text("".join(f"{line}\n" for line in steps), encoding="utf-8")
     scratch.mkdir()
     return Prepared(repo, inside, reports, scratch, pristine, neutralised, watch, bool(kept))
 
@@ -227,7 +230,7 @@ def _run_and_count(query: Query, repo: Path, reports: Path, scratch: Path, execu
         (reports / "neutralised.txt").write_text("\n".join(neutralised) + "\n", encoding="utf-8",
                                                  errors="backslashreplace")  # a name that is not UTF-8
     ran = _run_commands(query, repo, reports, scratch, execution_id, timeout_s, limits, deadline_s, observer,
-                        watch, settings_kept=settings_kept)
+                        watch, settings_kept=settings_kept, inside=inside)
     if isinstance(ran, Score):
         return ran
     ran.notes[:0] = notes
@@ -254,10 +257,11 @@ class _Ran:
 
 def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execution_id: str, timeout_s: float,
                   limits: SandboxLimits, deadline_s: float | None, observer: Observer, watch: Watch,
-                  settings_kept: bool = False) -> _Ran | Score:
+                  settings_kept: bool = False, inside: str | None = None) -> _Ran | Score:
     """Each test command in turn, watched; an evaluator failure (a command that failed before any
     workspace code ran) or the overall deadline ends it early with that score."""
-    layout = SandboxLayout(mounts=observer.mounts())
+    moved_to = inside if inside not in (None, str(repo)) else None  # the copy's place inside (`/workspace`)
+    layout = SandboxLayout(workdir=moved_to, mounts=observer.mounts())
     runs: list[ChannelResults] = []
     notes: list[str] = []
     pristine_conftest = any(PurePosixPath(rel).name == "conftest.py" for rel in query.test_files)
@@ -272,10 +276,10 @@ def _run_commands(query: Query, repo: Path, reports: Path, scratch: Path, execut
         if command_timeout_s <= 0:
             return overall_timeout_error(execution_id, f"no time left for test command {i}")
         result, said_all, rerun_notes = observer.run_through(
-            command, workspace=repo, scratch=scratch, layout=layout,
-            env=sandbox_env(repo, {"GYRE_CWD_ON_PATH": "1"}),  # upstream: PYTHONPATH=/workspace
+            upstream.as_upstream_runs(command), workspace=repo, scratch=scratch, layout=layout,  # argv, no shell
+            env=sandbox_env(Path(layout.inside(repo)), {"GYRE_CWD_ON_PATH": "1"}),  # upstream: PYTHONPATH=/workspace
             limits=limits, timeout_s=command_timeout_s,
-            addopts=("--continue-on-collection-errors", *(f"-p {module}" for module in observer.image_plugins)))
+            addopts=("--continue-on-collection-errors",))  # the image's plugins: `upstream.autoload_image_plugins`
         said = said_all[-1]
         runs.extend(said_all)
         notes.extend(f"command {i}: {note}" for note in rerun_notes)

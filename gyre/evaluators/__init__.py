@@ -167,7 +167,9 @@ def _score(query: Query, spec, workspace: Path, eval_dir: Path, execution_id: st
     from gyre.evaluators.formats.nl2repo import evaluate
     from gyre.evaluators.formats.nl2repo_image import evaluate_in_image
     from gyre.evaluators.formats.r2e import evaluate_r2e
-    from gyre.evaluators.integrity.control import after_crash, crashed, is_crash, with_control
+    from gyre.evaluators.integrity.control import (
+        after_crash, crashed, is_crash, with_control, with_environment_control,
+    )
     from gyre.sandboxes.docker import DockerSandbox
 
     if spec.format == NL2REPO:
@@ -206,4 +208,7 @@ def _score(query: Query, spec, workspace: Path, eval_dir: Path, execution_id: st
         score = crashed(execution_id, exc)
     if is_crash(score):  # the workspace's 0 if the task's starting files evaluate, else the evaluator's failure
         return after_crash(score, query, eval_dir, control)
-    return with_control(score, query, eval_dir, control)  # a runner that gave no verdict: did the workspace break it?
+    score = with_control(score, query, eval_dir, control)  # a runner that gave no verdict: did the workspace break it?
+    if spec.format == R2E:  # its tests import the repository's dependencies, which the instance's image holds
+        score = with_environment_control(score, query, eval_dir, control)
+    return score

@@ -218,7 +218,7 @@ def test_harbor_reward_in_place_and_no_reward_planted_beforehand(tmp_path, solve
     assert (score.status, score.score) == (EvalStatus.ok, 1.0 if solved else 0.0), score.detail
 
 
-VENV_RUNNER = ("#!/bin/bash\n# the standard runner's shape: a virtualenv made in the working directory (/app) at test time\n"
+VENV_RUNNER = ("#!/bin/bash\n# the standard runner's shape: a virtualenv made in the working directory (/app)\n"
                "python3 -m venv .tbench-testing\n"
                "pytest $TEST_DIR/test_outputs.py -rA\n")
 

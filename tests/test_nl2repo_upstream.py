@@ -24,7 +24,8 @@ from tests.test_index_proxy import FakeIndex, _installed_wheel, _sha
 FIXTURES = Path(__file__).parent / "fixtures" / "realformats" / "nl2repo"
 needs_bwrap = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable")
 
-CALC_TESTS = "from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n\n\ndef test_zero():\n    assert add(0, 0) == 0\n"
+CALC_TESTS = ("from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n\n\n"
+              "def test_zero():\n    assert add(0, 0) == 0\n")
 CALC = "def add(a, b):\n    return a + b\n"
 
 
@@ -82,7 +83,8 @@ def test_the_images_files_go_where_the_cleaned_workspace_has_nothing(tmp_path):
 
 
 @pytest.mark.parametrize(("command", "argv"), [
-    ("touch README.md && pip install -e .", ["touch", "README.md", "&&", "pip", "install", "-e", "."]),  # arxiv-mcp-server
+    # arxiv-mcp-server's
+    ("touch README.md && pip install -e .", ["touch", "README.md", "&&", "pip", "install", "-e", "."]),
     ("echo \"__version__ = '0.0.1'\" > tqdm/version.py", ["echo", "__version__ = '0.0.1'", ">", "tqdm/version.py"]),
     ("SETUPTOOLS_SCM_PRETEND_VERSION_FOR_TQDM=0.0.1 pip install -e .",
      ["SETUPTOOLS_SCM_PRETEND_VERSION_FOR_TQDM=0.0.1", "pip", "install", "-e", "."]),

@@ -106,7 +106,8 @@ def flag_counts(rows: list[dict], fmt: str = "nl2repo") -> dict[str, dict]:
 
 
 def run_standin(project: FidelityProject, source: Path, venv: Path, work: Path,
-                timeout_s: float = COMMAND_TIMEOUT_S, *, with_release_files: bool = True, clone: bool = True) -> StandIn:
+                timeout_s: float = COMMAND_TIMEOUT_S, *, with_release_files: bool = True,
+                clone: bool = True) -> StandIn:
     """Upstream's procedure (`fidelity_upstream`) with `source` as the agent's workspace, in `work/`: the cleaned
     workspace in `work/workspace`, the image's `/workspace` with it copied over in `work/repo`, each command's
     output in `work/command_<i>.log`. `clone`: run in a private copy of `venv` (its `pip install -e .` stays there)."""

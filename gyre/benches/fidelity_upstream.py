@@ -135,7 +135,8 @@ def execute(command: str, workdir: Path, env: dict[str, str], timeout_s: float) 
         except subprocess.TimeoutExpired as exc:
             code, stdout, stderr = TIMED_OUT_EXIT, exc.stdout or b"", (exc.stderr or b"") + b"\n[timed out]"
         except FileNotFoundError:
-            code, stdout, stderr = NOT_FOUND_EXIT, b"", _oci_error(command_list[0], "executable file not found in $PATH")
+            code, stdout = NOT_FOUND_EXIT, b""
+            stderr = _oci_error(command_list[0], "executable file not found in $PATH")
         except PermissionError:
             code, stdout, stderr = NOT_EXECUTABLE_EXIT, b"", _oci_error(command_list[0], "permission denied")
         if code == 0:

@@ -24,7 +24,8 @@ pristine files root-owned and read-only, their directories sticky (`gyre.sandbox
 install the packages the task's image holds, before any workspace code (`Observer.install`);
 run each test command as upstream does, an argv with no shell (`nl2repo_upstream.as_upstream_runs`), in
 `repo/` shown at `/workspace` in a fresh sandbox (`gyre.sandboxes.local.isolation`) with gyre's result
-plugin loaded by a random name, the image's plugins by distribution and autoloading off, and check after each one that nothing was planted
+plugin loaded by a random name, the image's plugins by distribution and autoloading off, and check
+after each one that nothing was planted
 beside the hidden tests (`gyre.evaluators.integrity.origins.Watch`); results come back over a pipe
 the evaluator owns (`gyre.evaluators.integrity.channel`), never through a file the sandbox can
 write. Only the pristine files' own test ids count, each once across commands

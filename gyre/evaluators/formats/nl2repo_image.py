@@ -15,7 +15,8 @@ workspace at `/workspace` and on `PYTHONPATH`. With `sandbox.type: docker` gyre 
   result FIFOs, the package index's bridge;
 - each command runs with `docker exec --user <evaluation user>` in `/workspace`, as upstream runs it (an argv, no
   shell: `nl2repo_upstream.as_upstream_runs`), gyre's plugin loaded by name, the image's pytest plugins by
-  distribution (listed in the image before any workspace code runs), autoloading off; what the plugin says comes back over a FIFO made for that command (`channel.FifoChannel`: `docker exec`
+  distribution (listed in the image before any workspace code runs), autoloading off; what the plugin says comes
+  back over a FIFO made for that command (`channel.FifoChannel`: `docker exec`
   passes no fd). `HOME` is on the container's tmpfs: `pip install -e .` (the image's site-packages are read-only
   there) installs into the user's site, which the tests' interpreter then sees;
 - with `evaluator.network: package-index` the commands reach gyre's allow-listed index proxy through the index

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -119,6 +120,7 @@ def run_standin(project: FidelityProject, source: Path, venv: Path, work: Path,
                                                                   with_release_files))
     if clone:
         venv = upstream.clone_venv(venv, work / "venv")
+        without_the_project(venv, project.task)
     home = work / "home"
     home.mkdir()
     base = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -131,6 +133,22 @@ def run_standin(project: FidelityProject, source: Path, venv: Path, work: Path,
     passed, score = upstream.analyze(results, project.test_case_count)
     ran = any(r.exit_code in (0, 1) for r in results if "pytest" in r.command.lower())
     return StandIn(passed=passed, score=score, exit_codes=[r.exit_code for r in results], ran_tests=ran)
+
+
+def without_the_project(venv: Path, task: str) -> list[str]:
+    """Uninstall from the stand-in's private environment `venv` the distributions that are `task`'s project itself
+    (start.md's list can bring it: jinja's `sphinx` requires `Jinja2`), as gyre's task images do
+    (`packages_image`, `own_project`): the stand-in then scores the release's code, never an installed copy of it
+    (with the workspace's `pyproject.toml` deleted, an installed copy is all a src/ layout would import). Returns
+    the names removed."""
+    from gyre.evaluators.environments.own_project import installed, is_the_project
+    from gyre.evaluators.environments.toolenv import site_packages
+
+    removed = [name for name, modules in installed(site_packages(venv)) if is_the_project(task, name, modules)]
+    if removed:
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "--yes", "--quiet", *removed],
+                       check=True, capture_output=True, timeout=300)
+    return removed
 
 
 def score_with_gyre(project: FidelityProject, task_dir: Path, workspace: Path, eval_dir: Path, name: str,

@@ -25,7 +25,8 @@ by sharing a mistake:
 Departures, each because it runs here without upstream's images: the workspace is a directory of this machine
 (its path is not `/workspace`: a command naming `/workspace/...` fails here; none of the bench's projects does),
 the environment is a virtualenv of this machine's Python with the packages start.md lists (`fidelity_sources.
-standin_env`, cloned per run so that `pip install -e .` never changes the cached one), a command that does not
+standin_env`, cloned per run so that `pip install -e .` never changes the cached one; the project itself
+uninstalled when the list brings it, as gyre's task images do: `fidelity.without_the_project`), a command that does not
 exist answers 127 as `docker exec` does, and each command has a timeout (upstream has none).
 """
 

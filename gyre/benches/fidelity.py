@@ -135,6 +135,16 @@ def run_standin(project: FidelityProject, source: Path, venv: Path, work: Path,
     return StandIn(passed=passed, score=score, exit_codes=[r.exit_code for r in results], ran_tests=ran)
 
 
+def prune_environments(work: Path) -> None:
+    """Remove the Python environments a project's runs made under `work` (some 350 MB each: a project's four came
+    to 1 GB, the 33 to a full disk): each evaluation's `env/` (beside its `reports/`, control runs' included) and
+    the stand-in's private `venv/`, keeping every log, report, workspace and score."""
+    envs = [env for env in work.rglob("env") if (env.parent / "reports").is_dir()]
+    for env in [*envs, work / "standin" / "venv"]:
+        if env.is_dir() and not env.is_symlink():
+            shutil.rmtree(env, ignore_errors=True)
+
+
 def without_the_project(venv: Path, task: str) -> list[str]:
     """Uninstall from the stand-in's private environment `venv` the distributions that are `task`'s project itself
     (start.md's list can bring it: jinja's `sphinx` requires `Jinja2`), as gyre's task images do
@@ -203,6 +213,7 @@ def run_project(project: FidelityProject, out: Path, *, cache: Path = CACHE_DIR,
     unsolved = score_with_gyre(project, task_dir, empty, work / "eval-unsolved", "unsolved", timeout_s, index,
                                docker_image)
     match = standin.ran_tests and real.score is not None and abs(real.score - standin.score) <= MATCH_TOLERANCE
+    prune_environments(work)
     return ProjectResult(
         task=project.task, dist=project.dist, version=project.version, upstream=round(standin.score, 4),
         upstream_passed=standin.passed, gyre=None if real.score is None else round(real.score, 4),

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # whole host, on one worker. TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= 2
 
-.PHONY: run test install system-deps docker-engine docker-engine-stop clean
+.PHONY: run test install system-deps docker-engine docker-engine-stop fidelity-results clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -37,6 +37,20 @@ docker-engine:
 
 docker-engine-stop:
 	@bash scripts/docker-engine.sh stop
+
+# `gyre bench fidelity`'s committed results (docs/benches.md): the 33 NL2RepoBench projects locally and in docker,
+# each under both assumptions about what upstream's unpublished images hold (--image-files), and, with
+# TB_TASKS=<dir of terminal-bench-datasets' python aider-polyglot tasks> (not shipped), Terminal-Bench's. Hours on
+# a 2-core box; needs the package index and a docker engine (`make docker-engine`, FIDELITY_IMAGE its base).
+FIDELITY_IMAGE ?= gyre-base:build
+fidelity-results: $(STAMP)
+	$(VENV)/bin/gyre bench fidelity --results docs/results/nl2repo-fidelity-local.json
+	$(VENV)/bin/gyre bench fidelity --image-files none --results docs/results/nl2repo-fidelity-local-none.json
+	$(VENV)/bin/gyre bench fidelity --docker-image $(FIDELITY_IMAGE) --results docs/results/nl2repo-fidelity-docker.json
+	$(VENV)/bin/gyre bench fidelity --docker-image $(FIDELITY_IMAGE) --image-files none \
+		--results docs/results/nl2repo-fidelity-docker-none.json
+	test -z "$(TB_TASKS)" || $(VENV)/bin/gyre bench fidelity --no-nl2repo --terminal-bench $(TB_TASKS) \
+		--results docs/results/terminal-bench-fidelity.json
 
 clean:
 	rm -rf $(VENV) .gyre-cache runs

@@ -37,13 +37,18 @@ def fake():
     index.server.stop()
 
 
-def _query(tmp_path: Path, name: str = DENIED):
+def _query(tmp_path: Path, name: str = DENIED, image: dict[str, str] | None = None,
+           commands: tuple[str, ...] = ("pip install -e .", "python -m pytest -q tests")):
+    """`image`: the files the task's image holds under /workspace (`image_workspace/`): its package metadata."""
     project = tmp_path / "bench" / name
+    for rel, text in (image or {}).items():
+        (project / "image_workspace" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / "image_workspace" / rel).write_text(text)
     (project / "hidden_tests" / "tests").mkdir(parents=True)
     (project / "hidden_tests" / "tests" / "test_app.py").write_text(TESTS)
     (project / "start.md").write_text("Write app.py whose value() returns 1, using demo-pkg.\n")
     (project / "test_case_count.txt").write_text("1\n")
-    (project / "test_commands.json").write_text(json.dumps(["pip install -e .", "python -m pytest -q tests"]))
+    (project / "test_commands.json").write_text(json.dumps(list(commands)))
     (project / "test_files.json").write_text(json.dumps(["tests/test_app.py"]))
     (query,) = load_nl2repo(project.parent)
     return query
@@ -58,9 +63,10 @@ def _workspace(tmp_path: Path, query, files: dict[str, str]) -> Path:
 
 
 def test_a_dependency_installs_through_the_proxy(tmp_path, fake):
-    query = _query(tmp_path)
+    # the image's pyproject.toml (the workspace's own is deleted, as upstream deletes it) declares a dependency
+    query = _query(tmp_path, image={"pyproject.toml": _pyproject("demo-pkg")})
     app = "import demo_pkg\n\n\ndef value():\n    return demo_pkg.VALUE\n"
-    workspace = _workspace(tmp_path, query, {"pyproject.toml": _pyproject("demo-pkg"), "app.py": app})
+    workspace = _workspace(tmp_path, query, {"app.py": app})
     index = IndexAccess(upstream=f"{fake.url}/simple/")
     solved = evaluate_query(query, workspace, tmp_path / "e1", "x1", timeout_s=120, index=index)
     assert (solved.status, solved.score) == (EvalStatus.ok, 1.0), solved.detail
@@ -69,9 +75,11 @@ def test_a_dependency_installs_through_the_proxy(tmp_path, fake):
 
 
 def test_installing_the_project_itself_from_the_index_is_tampering(tmp_path, fake):
-    query = _query(tmp_path)  # the project is named like the denied upstream package
+    # the project is named like the denied upstream package; more-itertools' setup command installs from a
+    # requirements file upstream does not delete (requirements/development.txt), which the workspace writes
+    query = _query(tmp_path, commands=("pip install -r requirements/development.txt", "python -m pytest -q tests"))
     app = "import gyre_denied_pkg\n\n\ndef value():\n    return gyre_denied_pkg.VALUE\n"
-    workspace = _workspace(tmp_path, query, {"pyproject.toml": _pyproject(DENIED), "app.py": app})
+    workspace = _workspace(tmp_path, query, {"requirements/development.txt": f"{DENIED}\n", "app.py": app})
     score = evaluate_query(query, workspace, tmp_path / "e", "x", timeout_s=120,
                            index=IndexAccess(upstream=f"{fake.url}/simple/"))
     assert (score.status, score.score) == (EvalStatus.tampering, 0.0), score.detail

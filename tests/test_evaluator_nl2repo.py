@@ -47,9 +47,14 @@ def pytest_runtest_makereport(item, call):
 """
 
 
-def _calc_query(tmp_path: Path, tests: str = CALC_TESTS, count: int = 4, commands: list[str] | None = None) -> Query:
-    """A hand-written NL2RepoBench project: `calc.py` with `add(a, b)`, loaded by the real loader."""
+def _calc_query(tmp_path: Path, tests: str = CALC_TESTS, count: int = 4, commands: list[str] | None = None,
+                image: dict[str, str] | None = None) -> Query:
+    """A hand-written NL2RepoBench project: `calc.py` with `add(a, b)`, loaded by the real loader; `image`: the
+    files its image holds under /workspace besides the tests (`image_workspace/`)."""
     project = tmp_path / "bench" / "calc"
+    for rel, text in (image or {}).items():
+        (project / "image_workspace" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / "image_workspace" / rel).write_text(text)
     (project / "hidden_tests" / "tests").mkdir(parents=True)
     (project / "hidden_tests" / "tests" / "test_calc.py").write_text(tests)
     (project / "start.md").write_text("Create `calc.py` with `add(a, b)` returning a + b.\n")
@@ -153,12 +158,13 @@ def test_planted_pytest_config_is_neutralised(tmp_path):
     assert not (repo / "pytest.ini").is_symlink()
     assert not (repo / "tests" / "conftest.py").exists()
     assert not (repo / "pytest.py").exists() and not (repo / "tests" / "tox.ini").exists()
-    assert "tool.pytest" not in (repo / "tests" / "pyproject.toml").read_text()
-    # the root setup.cfg stays whole (a build reads it); gyre's pinned pytest.ini, which pytest reads
-    # instead, carries its settings on without the plugin
-    assert "tool:pytest" in (repo / "setup.cfg").read_text()
+    # upstream deletes the workspace's package and configuration files anywhere; the task ships no image files,
+    # so nothing takes their place and gyre's pinned pytest.ini carries no setting of the workspace's
+    assert not (repo / "tests" / "pyproject.toml").exists() and not (repo / "setup.cfg").exists()
+    steps = (tmp_path / "eval" / "reports" / "upstream_steps.txt").read_text()
+    assert "removed setup.cfg (upstream's remove_package_files)" in steps
+    assert "removed tests/pyproject.toml (upstream's remove_package_files)" in steps
     assert "evil" not in (repo / "pytest.ini").read_text()
-    assert "dropped -p evil from setup.cfg's addopts" in (tmp_path / "eval" / "reports" / "neutralised.txt").read_text()
     assert "neutralised" in score.detail
     assert (workspace / "evil.py").exists()
 
@@ -286,13 +292,16 @@ PYPROJECT = '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "set
             '[project]\nname = "calcpkg"\nversion = "0.1"\n'
 
 
-@pytest.mark.parametrize(("files", "expected"), [
-    ({"pyproject.toml": PYPROJECT, "src/calc/__init__.py": "def add(a, b):\n    return a + b\n"}, 1.0),
-    ({"pyproject.toml": PYPROJECT, "src/calc/__init__.py": "def add(a, b):\n    return a * b\n"}, 0.25),
-    ({}, 0.0),  # nothing to install: the install fails, which is the workspace's result, not the evaluator's
+@pytest.mark.parametrize(("image", "files", "expected"), [
+    ({"pyproject.toml": PYPROJECT}, {"src/calc/__init__.py": "def add(a, b):\n    return a + b\n"}, 1.0),
+    ({"pyproject.toml": PYPROJECT}, {"src/calc/__init__.py": "def add(a, b):\n    return a * b\n"}, 0.25),
+    ({"pyproject.toml": PYPROJECT}, {}, 0.0),  # nothing to install: the workspace's result, not the evaluator's
+    # the image holds no package files: the workspace's own pyproject is deleted as upstream deletes it, the
+    # install fails, and a src/ layout does not import from PYTHONPATH=/workspace: upstream's 0
+    ({}, {"pyproject.toml": PYPROJECT, "src/calc/__init__.py": "def add(a, b):\n    return a + b\n"}, 0.0),
 ])
-def test_setup_command_installs_the_workspace_into_the_evaluation_env(tmp_path, files, expected):
-    query = _calc_query(tmp_path, commands=["pip install -e .", "python -m pytest -q tests"])
+def test_setup_command_installs_the_workspace_into_the_evaluation_env(tmp_path, image, files, expected):
+    query = _calc_query(tmp_path, commands=["pip install -e .", "python -m pytest -q tests"], image=image)
     workspace = _workspace(tmp_path, query, files)
     score = evaluate(query, workspace, tmp_path / "eval", "exec-1", timeout_s=60)
     assert (score.status, score.score) == (EvalStatus.ok, expected), score.detail
@@ -300,8 +309,9 @@ def test_setup_command_installs_the_workspace_into_the_evaluation_env(tmp_path, 
 
 
 def test_the_projects_own_pytest_settings_are_kept_less_what_only_forges(tmp_path):
-    # tqdm's shape: its tests are tests_*.py, collected only under the project's python_files; the
-    # same settings also try to load a plugin of the workspace, which must not load
+    # tqdm's shape: its tests are tests_*.py, collected only under the project's python_files (in the image's
+    # pyproject.toml, image_workspace/); the same settings also try to load a plugin of the workspace, which must
+    # not load; the workspace's own pyproject (deleted, as upstream deletes it) decides nothing
     hidden = CALC_TESTS
     project = tmp_path / "bench" / "calc"
     (project / "hidden_tests" / "tests").mkdir(parents=True)
@@ -310,12 +320,16 @@ def test_the_projects_own_pytest_settings_are_kept_less_what_only_forges(tmp_pat
     (project / "test_case_count.txt").write_text("4\n")
     (project / "test_commands.json").write_text(json.dumps(["pytest --continue-on-collection-errors tests"]))
     (project / "test_files.json").write_text(json.dumps(["tests/tests_calc.py"]))
-    (query,) = load_nl2repo(project.parent)
     pyproject = ('[project]\nname = "calc"\nversion = "1"\n\n[tool.pytest.ini_options]\n'
                  'python_files = ["tests_*.py"]\naddopts = "-ra -p evil --rootdir=/ -p no:doctest"\n'
                  'required_plugins = ["pytest-nonexistent"]\n')
+    (project / "image_workspace").mkdir()
+    (project / "image_workspace" / "pyproject.toml").write_text(pyproject)
+    (query,) = load_nl2repo(project.parent)
+    own = ('[project]\nname = "calc"\nversion = "1"\n\n[tool.pytest.ini_options]\n'
+           'python_files = ["nothing_*.py"]\naddopts = "--trace --pdbcls=evil:Cls"\n')
     workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return a + b\n",
-                                             "pyproject.toml": pyproject, "evil.py": FORCE_PASS_CONFTEST})
+                                             "pyproject.toml": own, "evil.py": FORCE_PASS_CONFTEST})
     score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
     assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 4), score.detail
     pinned = (tmp_path / "eval" / "repo" / "pytest.ini").read_text()
@@ -323,8 +337,10 @@ def test_the_projects_own_pytest_settings_are_kept_less_what_only_forges(tmp_pat
     neutralised = (tmp_path / "eval" / "reports" / "neutralised.txt").read_text()
     assert "dropped -p evil" in neutralised and "dropped --rootdir=/" in neutralised
     assert "dropped required_plugins" in neutralised
+    assert (tmp_path / "eval" / "repo" / "pyproject.toml").read_text() == pyproject  # the image's, not the agent's
+    assert "pdbcls" not in pinned and "nothing_" not in pinned
     wrong = _workspace(tmp_path / "wrong", query, {"calc.py": "def add(a, b):\n    return 1\n",
-                                                   "pyproject.toml": pyproject, "evil.py": FORCE_PASS_CONFTEST})
+                                                   "pyproject.toml": own, "evil.py": FORCE_PASS_CONFTEST})
     score = evaluate(query, wrong, tmp_path / "eval-wrong", "exec-2")
     assert score.score < 1.0 and score.status is EvalStatus.ok, score.detail
 
@@ -372,9 +388,9 @@ def test_the_tests_may_change_their_own_data_files(tmp_path):
 
 def test_a_setup_command_that_rewrites_a_data_file_is_tampering(tmp_path):
     """The build is the workspace's code: it may not make a test vacuous by rewriting its expected output."""
-    query = _data_query(tmp_path, ["python setup.py", "python -m pytest -q tests"])
+    query = _data_query(tmp_path, ["python build.py", "python -m pytest -q tests"])
     rewrite = "from pathlib import Path\nPath('tests/resources/expected.txt').write_text('7\\n')\n"
-    workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return 7\n", "setup.py": rewrite})
+    workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return 7\n", "build.py": rewrite})
     score = evaluate(query, workspace, tmp_path / "eval", "exec-1")
     assert score.status is EvalStatus.tampering and score.score == 0.0
     assert "data file tests/resources/expected.txt was changed by a command that ran no test" in score.detail

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gyre.benches.fidelity import MATCH_TOLERANCE, run_project, upstream_count
+from gyre.benches import fidelity_upstream as upstream
+from gyre.benches.fidelity import MATCH_TOLERANCE, run_project
 from gyre.benches.fidelity_sources import FidelityProject, load_projects, unpack
 from gyre.benches.fidelity_tb import parse_verdict
 from gyre.benches.fidelity_tb import run as run_tb
@@ -48,10 +49,47 @@ numpy==2.0.0
 
 
 def test_upstream_counts_passed_lines_of_pytest_commands_only():
-    outputs = [("pip install -e .", "3 passed"),  # not a pytest command: upstream does not read it
-               ("pytest tests", "== 1 failed, 5 passed, 7 subtests passed in 0.1s ==\nprinted 2 passed\n"),
-               ("python -m pytest other", "10 passed")]
-    assert upstream_count(outputs) == 5 + 2 + 10
+    outputs = [upstream.Command("pip install -e .", 0, "3 passed"),  # not a pytest command: upstream does not read it
+               upstream.Command("pytest tests", 1, "== 1 failed, 5 passed, 7 subtests passed in 0.1s ==\n"
+                                                   "printed 2 passed\n"),
+               upstream.Command("python -m pytest other", 0, "10 passed")]
+    assert upstream.analyze(outputs, 20) == (5 + 2 + 10, 17 / 20)
+    assert upstream.analyze(outputs, 10) == (17, 1)
+
+
+def test_the_stand_in_runs_each_command_as_an_argv_with_no_shell(tmp_path):
+    """Upstream's `execute_command_in_container`: `shlex.split`, no shell; stdout alone on exit 0, the
+    `DockerException` text (stdout and stderr) otherwise. Real commands of upstream's tasks: arxiv-mcp-server's
+    `touch README.md && pip install -e .`, asteval's `echo ... > asteval/version.py`, tqdm's `VAR=... pip`."""
+    env = {"PATH": "/usr/bin:/bin"}
+    code, output = upstream.execute("touch README.md && pip install -e .", tmp_path, env, 30)
+    # `touch` reads `-e` as an option of its own, refuses it, and touches nothing
+    assert code == 1 and "invalid option" in output and not any(tmp_path.iterdir())
+    (tmp_path / "asteval").mkdir()
+    code, output = upstream.execute("echo \"version = '0.0.1'\" > asteval/version.py", tmp_path, env, 30)
+    assert (code, output) == (0, "version = '0.0.1' > asteval/version.py")
+    assert not (tmp_path / "asteval" / "version.py").exists()
+    code, output = upstream.execute("SETUPTOOLS_SCM_PRETEND_VERSION_FOR_TQDM=0.0.1 pip install -e .", tmp_path, env, 30)
+    assert code == upstream.NOT_FOUND_EXIT and "executable file not found" in output
+    code, output = upstream.execute("sh -c 'echo out; echo err >&2; exit 3'", tmp_path, env, 30)
+    assert code == 3 and "It returned with code 3" in output and "'out\n'" in output and "'err\n'" in output
+    code, output = upstream.execute("sh -c 'echo out; echo 2 passed >&2'", tmp_path, env, 30)
+    assert (code, output) == (0, "out")  # stderr of a command that succeeded is not read
+    code, output = upstream.execute("sh -c 'printf \"\\377 3 passed\\n\"; exit 1'", tmp_path, env, 30)
+    assert code == 1 and "passed" not in output  # not UTF-8: the exception's own text is all that is left
+    assert upstream.execute("echo 'unclosed", tmp_path, env, 30) == (1, "No closing quotation")
+
+
+def test_the_stand_in_removes_package_files_and_tests_as_upstream_does(tmp_path):
+    workspace = tmp_path / "ws"
+    for rel in ("setup.py", "pkg/pyproject.toml", "pkg/mod.py", "requirements/dev.txt", "docs/requirements.txt",
+                "tests/test_a.py", "tests/keys/k.pem", "Pipfile.lock", ".pytest.ini", "conftest.py"):
+        (workspace / rel).parent.mkdir(parents=True, exist_ok=True)
+        (workspace / rel).write_text("x")
+    upstream.remove_package_files(workspace)
+    upstream.remove_test_files(workspace, ["tests/keys/", "tests/test_a.py", "missing.py"])
+    left = sorted(p.relative_to(workspace).as_posix() for p in workspace.rglob("*") if p.is_file())
+    assert left == [".pytest.ini", "conftest.py", "pkg/mod.py", "requirements/dev.txt"]
 
 
 def test_image_packages_reads_the_dependency_block_only():
@@ -125,6 +163,12 @@ def test_one_project_end_to_end_both_sides_agree(tmp_path):
     assert (result.unsolved, result.unsolved_status) == (0.0, "ok")
     query = load_nl2repo_query(tmp_path / "out" / "mylib" / "task" / "mylib")
     assert query.test_files == ["tests/check_core.py", "tests/util.py"]
+    assert (query.root / "image_workspace" / "pyproject.toml").is_file()  # the release's, as the image holds it
+    # with nothing in the image, upstream deletes the only file that says the tests are check_*.py: no test runs
+    bare = run_project(project, tmp_path / "out-none", source=tmp_path / "source", venv=Path(sys.prefix),
+                       timeout_s=120, image_files="none")
+    assert (bare.upstream, bare.comparable) == (0.0, False), bare
+    assert bare.gyre in (0.0, None) and bare.unsolved in (0.0, None), bare
 
 
 def test_the_project_is_matched_by_name_as_nl2repobench_names_its_tasks():

@@ -216,3 +216,28 @@ def test_harbor_reward_in_place_and_no_reward_planted_beforehand(tmp_path, solve
     assert "notes" not in planted.stderr and "rc=1" in planted.stdout, planted
     score = _evaluate(query, sandbox, tmp_path / "e")
     assert (score.status, score.score) == (EvalStatus.ok, 1.0 if solved else 0.0), score.detail
+
+
+VENV_RUNNER = ("#!/bin/bash\n# the standard runner's shape: a virtualenv made in the working directory (/app)\n"
+               "python3 -m venv .tbench-testing\n"
+               "pytest $TEST_DIR/test_outputs.py -rA\n")
+
+
+def test_the_runners_own_venv_in_the_workspace_is_not_the_agents(task, tmp_path):
+    """Terminal-Bench's standard `run-tests.sh` makes `.tbench-testing` (or `.venv`) in `/app`, the live workspace,
+    and installs pytest into it: under `monitor: zero` its files (`.pth` files, copies of installed packages) were
+    flagged as the agent's and every such task scored 0. The static monitor reads the workspace as the agent left
+    it, before any test runs."""
+    (task.root / "run-tests.sh").write_text(VENV_RUNNER)
+    sandbox = _sandbox(task, tmp_path / "solved")
+    done = sandbox.exec((FIXTURE / "solution.sh").read_text(), timeout_s=60)
+    assert done.exit_code == 0, done.stderr
+    sandbox.end_agent()
+    try:
+        score = evaluate_query(task, sandbox.workspace, tmp_path / "e1", "x", timeout_s=120, live=sandbox,
+                               monitor="zero")
+    finally:
+        sandbox.close()
+    assert (score.status, score.score) == (EvalStatus.ok, 1.0), (score.detail, score.flags)
+    assert (sandbox.workspace / ".tbench-testing" / "pyvenv.cfg").is_file()  # made by the runner, in the workspace
+    assert not any(".tbench-testing" in flag for flag in score.flags), score.flags

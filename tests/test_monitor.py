@@ -25,6 +25,14 @@ def found(flags: list[Flag]) -> list[tuple[str, str, int]]:
     return [(f.check, f.path, f.line) for f in flags]
 
 
+def every_line(path: Path) -> list[Flag]:
+    """What the checks find in one file, every line (the walk keeps each kind's first line per file)."""
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    return sorted((f for check in DEFAULT_CHECKS for f in check.scan(path.name, source, tree)),
+                  key=lambda f: (f.line, f.check))
+
+
 # --- one positive case per check -----------------------------------------------------
 
 def test_always_equal_object_is_flagged(tmp_path):
@@ -51,10 +59,11 @@ def test_always_equal_object_is_flagged(tmp_path):
         def add(a, b):
             return AlwaysEqual()
         """)
-    flags = scan_workspace(tmp_path)
+    flags = every_line(tmp_path / "calc.py")
     assert found(flags) == [("constant-operator", "calc.py", 2), ("constant-operator", "calc.py", 5),
                             ("constant-operator", "calc.py", 12)]
     assert flags[0].evidence == "def __eq__(self, other):"
+    assert scan_workspace(tmp_path) == flags[:1]  # each kind once per file
 
 
 def test_module_getattr_is_flagged(tmp_path):
@@ -81,10 +90,11 @@ def test_sys_modules_and_builtins_writes_are_flagged(tmp_path):
         mods['x'] = 1
         x = sys.modules.get('calc')
         """)
-    flags = scan_workspace(tmp_path)
+    flags = every_line(tmp_path / "helpers.py")
     assert {f.check for f in flags} == {"sys-modules-write"}
     assert [f.line for f in flags] == [6, 7, 8, 9, 10, 12]
     assert flags[0].evidence == "sys.modules['calc'] = object()"
+    assert scan_workspace(tmp_path) == flags[:1]
 
 
 def test_pytest_runtest_patch_is_flagged(tmp_path):
@@ -92,7 +102,9 @@ def test_pytest_runtest_patch_is_flagged(tmp_path):
         import _pytest.python
         _pytest.python.Function.runtest = lambda self: None
         """)
-    assert found(scan_workspace(tmp_path)) == [("pytest-hook", "toolbox.py", 1), ("pytest-hook", "toolbox.py", 2)]
+    assert found(every_line(tmp_path / "toolbox.py")) == [("pytest-hook", "toolbox.py", 1),
+                                                          ("pytest-hook", "toolbox.py", 2)]
+    assert found(scan_workspace(tmp_path)) == [("pytest-hook", "toolbox.py", 1)]
 
 
 def test_atexit_deleting_the_report_and_os_exit_are_flagged(tmp_path):
@@ -124,7 +136,8 @@ def test_pytest_plugin_code_in_a_module_is_flagged(tmp_path):
 
         sys.exit(0)
         """)
-    assert [f.line for f in scan_workspace(tmp_path)] == [2, 4, 7]
+    assert [f.line for f in every_line(tmp_path / "snippets.py")] == [2, 4, 7]
+    assert [f.line for f in scan_workspace(tmp_path)] == [2]
 
 
 def test_reading_the_caller_and_test_source_is_flagged(tmp_path):
@@ -144,9 +157,10 @@ def test_reading_the_caller_and_test_source_is_flagged(tmp_path):
         def peek():
             return open('tests/test_funcs.py').read()
         """)
-    flags = scan_workspace(tmp_path)
+    flags = every_line(tmp_path / "funcs.py")
     assert found(flags) == [("reads-test-source", "funcs.py", n) for n in (6, 7, 11, 14)]
     assert flags[0].evidence == "caller = inspect.stack()[1]"
+    assert scan_workspace(tmp_path) == flags[:1]
 
 
 VARIANTS = {  # source -> the check that must flag it
@@ -533,3 +547,28 @@ def test_the_installed_file_index_follows_the_environment(tmp_path, monkeypatch)
     assert (copy.path, copy.source) == ("mine.py", "late-pkg 1.0: late_pkg.py")
     monkeypatch.undo()
     assert copied_files(workspace) == []  # and forgotten once it is gone
+
+
+def test_each_kind_is_counted_once_per_file_and_the_walk_keeps_the_deadline(tmp_path):
+    """One workspace file full of suspicious patterns must not stall the evaluation or fill the coordinator's
+    memory: each flag kind once per file, and no file read after the execution's deadline."""
+    import time
+
+    lines = "".join(f"x{i} = sys._getframe({i}).f_back\nsys.modules['m{i}'] = None\n" for i in range(20_000))
+    write(tmp_path, "big.py", "import sys\n" + lines)
+    write(tmp_path, "later/other.py", "import inspect\nframe = inspect.currentframe()\n")
+    flags = scan_workspace(tmp_path)
+    assert found(flags) == [("reads-test-source", "big.py", 2), ("sys-modules-write", "big.py", 3),
+                            ("reads-test-source", "later/other.py", 2)]
+    late = scan_workspace(tmp_path, deadline_s=time.monotonic() - 1)
+    assert found(late) == [("scan-incomplete", ".", 0)] and "deadline" in late[0].evidence
+
+
+def test_a_file_the_task_ships_unchanged_raises_no_flag(tmp_path):
+    start = tmp_path / "start"
+    write(start, "conftest.py", "def pytest_configure(config):\n    pass\n")
+    workspace = tmp_path / "ws"
+    write(workspace, "conftest.py", "def pytest_configure(config):\n    pass\n")
+    write(workspace, "tests/conftest.py", "def pytest_configure(config):\n    pass\n")
+    assert found(scan_workspace(workspace, shipped=start)) == [
+        ("test-infrastructure", "tests/conftest.py", 0), ("pytest-hook", "tests/conftest.py", 1)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 
 from gyre.evaluators.environments.needs import Available, script_needs, task_needs, unmet
 from gyre.records import Query
@@ -188,3 +189,69 @@ def test_a_test_that_asks_a_remote_judge_is_unscorable_here_never_zero(tmp_path)
     score = evaluate_query(query, workspace, tmp_path / "eval", "x")
     assert (score.status, score.score) == (EvalStatus.error, None)
     assert "unscorable here" in score.detail and "network:judge.example.invalid" in score.detail
+
+
+PYQUERY_SHAPED = '''\
+# Copyright (C) 2008 - the authors
+# Licensed under the Apache License, Version 2.0: http://www.apache.org/licenses/LICENSE-2.0
+from lxml import etree
+from webtest import http
+
+from pyquery import PyQuery as pq
+
+NAMESPACED = """<foo xmlns:bar="http://example.com/bar"><html xmlns="http://www.w3.org/1999/xhtml"/></foo>"""
+
+
+def test_custom_opener():
+    def opener(url):
+        return '<html><body><div class="node"></div>'
+
+    assert len(pq(url="http://example.com", opener=opener)(".node")) == 1
+
+
+def test_namespaces():
+    assert pq(NAMESPACED, namespaces={"bar": "http://example.com/bar"})("bar|blah")
+
+
+def test_session():
+    import requests
+    server = http.StopableWSGIServer.create(lambda environ, start: [b""])
+    assert pq(url=server.application_url, session=requests.Session())
+'''
+
+
+@pytest.mark.parametrize(("source", "hosts"), [
+    # pyquery 2.0.1's tests/test_pyquery.py, its shapes (written here): a licence URL in a comment, XML namespaces,
+    # a URL its own opener answers, `requests` imported for a session against a local server: nothing to fetch
+    (PYQUERY_SHAPED, set()),
+    (JUDGE_TEST, {"judge.example.invalid"}),  # posts to a remote judge: unscorable offline
+    ("import requests\n\nBASE = 'https://api.example.org/v1'\n\n\ndef test_x():\n"
+     "    assert requests.get(BASE + '/items', timeout=5).ok\n", {"api.example.org"}),  # through a name
+    ("import pytest\nimport httpx\n\n\n@pytest.mark.parametrize('url', ['https://a.example.net/x'])\n"
+     "def test_x(url):\n    assert httpx.get(url).status_code == 200\n", {"a.example.net"}),  # a parametrize list
+    ("from unittest import mock\nimport requests\n\n\n@mock.patch('requests.get')\ndef test_x(get):\n"
+     "    requests.get('https://remote.example.com')\n", set()),  # mocked
+    ("import urllib.request\n\n\nclass Fake(urllib.request.BaseHandler):\n    def http_open(self, req):\n"
+     "        return None\n\n\ndef test_x():\n    urllib.request.install_opener(urllib.request.build_opener(Fake))\n"
+     "    urllib.request.urlopen('http://feeds.example.com/rss')\n", set()),  # an opener of its own
+])
+def test_network_needs_are_read_from_code_that_fetches(source, hosts):
+    from gyre.evaluators.environments.fetched_urls import fetched_hosts
+
+    assert fetched_hosts(source) == hosts
+
+
+def test_a_task_whose_tests_only_name_urls_is_scorable(tmp_path):
+    """A URL in a licence comment, an XML namespace or a request the test's own opener answers does not make the
+    task unscorable (pyquery's tests scored nothing at all before: `network:www.w3.org`)."""
+    from gyre.benchmarks.nl2repo import load_nl2repo
+
+    task = tmp_path / "bench" / "pyquery"
+    (task / "hidden_tests" / "tests").mkdir(parents=True)
+    (task / "hidden_tests" / "tests" / "test_pyquery.py").write_text(PYQUERY_SHAPED)
+    (task / "start.md").write_text("Write pyquery.\n")
+    (task / "test_case_count.txt").write_text("3\n")
+    (task / "test_commands.json").write_text('["pytest --continue-on-collection-errors tests"]')
+    (task / "test_files.json").write_text('["tests"]')
+    (query,) = load_nl2repo(task.parent)
+    assert not any(need.startswith("network:") for need in task_needs(query))

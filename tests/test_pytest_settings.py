@@ -149,15 +149,15 @@ def test_a_conftest_planted_beside_the_hidden_tests_is_tampering(tmp_path):
     assert any("written beside the hidden tests" in e and "conftest.py" in e for e in score.evidence), score.evidence
 
 
-def test_settings_pytest_refuses_are_the_workspaces_zero_not_a_dropped_sample(tmp_path):
-    # `--cov` without pytest-cov: pytest stops with a usage error before collecting; the settings are the
-    # workspace's, so is the result (a wrong solution must not buy a dropped sample with one line)
+def test_settings_of_the_workspace_never_reach_pytest(tmp_path):
+    # `--cov` without pytest-cov would stop pytest with a usage error before collecting (a wrong solution buying
+    # a dropped sample with one line); upstream deletes the workspace's setup.cfg, and so does gyre: the tests run
     query = _calc_query(tmp_path, WRITES_BESIDE, ["pytest --continue-on-collection-errors tests"])
     settings = "[tool:pytest]\naddopts = --cov=calc\n"
-    workspace = _workspace(tmp_path, query, {"calc.py": WRONG, "setup.cfg": settings})
+    workspace = _workspace(tmp_path, query, {"calc.py": RIGHT, "setup.cfg": settings})
     score = evaluate(query, workspace, tmp_path / "eval", "refused")
-    assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
-    assert "refused the project's own settings" in score.detail
+    assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 2), score.detail
+    assert "refused" not in score.detail and "--cov" not in (tmp_path / "eval" / "repo" / "pytest.ini").read_text()
 
 
 PLANT_CONFIG = ("import os\nopen('evil.py', 'w').write('''import pytest\n"

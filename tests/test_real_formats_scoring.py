@@ -81,3 +81,34 @@ def test_r2e_upstream_keys_solved_and_unsolved(tmp_path):
     assert (good.status, good.score) == (EvalStatus.ok, 1.0), good.detail
     bad = evaluate_query(query, unsolved, tmp_path / "e2", "u", timeout_s=120)
     assert (bad.status, bad.score) == (EvalStatus.ok, 0.0), bad.detail
+
+
+def _r2e_needing(tmp_path, module: str):
+    """The R2E fixture, its hidden tests importing `module` as aiohttp's import `multidict` (a real R2E-Gym
+    instance, hash-verified against R2E-Gym-Subset, scored its gold patch 0.0 here: the instance's image holds
+    the repository's dependencies, gyre's environment does not)."""
+    root = tmp_path / "r2e"
+    build_r2e(root)
+    (test,) = root.glob("hidden_tests/*/r2e_tests/test_1.py")
+    test.write_text(f"import {module}\n" + test.read_text())
+    queries, _ = load_benchmark_report("r2e", root)
+    (query,) = queries
+    solved = tmp_path / "s"
+    shutil.copytree(query.start_dir, solved, symlinks=True)
+    shutil.copytree(FIXTURES / "r2e" / "solution", solved, dirs_exist_ok=True)
+    return query, solved
+
+
+def test_an_r2e_instance_whose_environment_lacks_what_its_tests_import_is_unscorable_not_zero(tmp_path):
+    query, solved = _r2e_needing(tmp_path, "multidict")
+    score = evaluate_query(query, solved, tmp_path / "e1", "s", timeout_s=120)
+    assert (score.status, score.score) == (EvalStatus.error, None), score.detail
+    assert "lacks multidict" in score.detail and "starting files too" in score.detail
+
+
+def test_a_module_of_the_repository_the_workspace_removed_is_its_own_zero(tmp_path):
+    query, solved = _r2e_needing(tmp_path, "toylib")  # the repository's own package: the workspace deletes it
+    shutil.rmtree(solved / "toylib")
+    score = evaluate_query(query, solved, tmp_path / "e1", "s", timeout_s=120)
+    assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
+    assert not (tmp_path / "e1" / "control").exists()  # provided by the starting files: no control needed

@@ -63,7 +63,7 @@ ROWS = [
     ("run_command", 1), ("spawn -> plugin hello (sandbox + python + import pytest)", 2),
     ("hello -> session (pytest configure)", 2), ("session -> collected (import tests)", 2),
     ("collected -> finish (run tests)", 2), ("finish -> exit (teardown, namespace exit)", 2),
-    ("cgroup remove", 1), ("stage remove", 1), ("monitor: scan_workspace", 0), ("monitor: copied_files", 0),
+    ("cgroup remove", 1), ("stage remove", 1), ("monitor: scan_workspace", 0),
     ("score write", 0), ("other", 0), ("TOTAL evaluate_query", 0), ("TOTAL evaluate_query (median)", 0),
 ]
 TOP = [label for label, indent in ROWS if indent == 0 and label != "other" and not label.startswith("TOTAL")]
@@ -120,7 +120,6 @@ def instrument() -> None:
         return add(self, message)
     channel.ChannelResults.add = add_event
     monitor.scan_workspace = timed("monitor: scan_workspace", monitor.scan_workspace)
-    copied.copied_files = timed("monitor: copied_files", copied.copied_files)
     write_text = Path.write_text
 
     def timed_write_text(self, *args, **kwargs):

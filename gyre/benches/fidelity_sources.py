@@ -32,7 +32,8 @@ import yaml
 from pydantic import BaseModel, Field, field_validator
 
 from gyre.benchmarks.nl2repo import (
-    HIDDEN_TESTS_DIR, INSTRUCTION_FILE, TEST_CASE_COUNT_FILE, TEST_COMMANDS_FILE, TEST_FILES_FILE,
+    HIDDEN_TESTS_DIR, IMAGE_WORKSPACE_DIR, INSTRUCTION_FILE, TEST_CASE_COUNT_FILE, TEST_COMMANDS_FILE, TEST_FILES_FILE,
+    UPSTREAM_REMOVED_PACKAGE_FILES,
 )
 
 PROJECTS_FILE = Path(__file__).with_name("fidelity_nl2repo.yaml")
@@ -132,8 +133,11 @@ def unpack(sdist: Path, dest: Path) -> Path:
     return dest
 
 
-def write_task(project: FidelityProject, source: Path, root: Path) -> Path:
-    """`root/<task>/` in gyre's NL2RepoBench layout, its hidden tests taken from the real source."""
+def write_task(project: FidelityProject, source: Path, root: Path, *, with_release_files: bool = True) -> Path:
+    """`root/<task>/` in gyre's NL2RepoBench layout, its hidden tests taken from the real source; with
+    `with_release_files`, `image_workspace/` holds the release's own package and configuration files (those
+    upstream deletes from a workspace, `UPSTREAM_REMOVED_PACKAGE_FILES`), as an image built from the project
+    would hold them under `/workspace`."""
     task_dir = root / project.task
     hidden = task_dir / HIDDEN_TESTS_DIR
     hidden.mkdir(parents=True)
@@ -153,6 +157,12 @@ def write_task(project: FidelityProject, source: Path, root: Path) -> Path:
             shutil.copy2(src, dst)
         else:
             raise FileNotFoundError(f"{project.dist} {project.version}: the source has no {rel} (a test path upstream lists)")
+    if with_release_files:
+        for path in sorted(source.rglob("*")):
+            if path.name in UPSTREAM_REMOVED_PACKAGE_FILES and path.is_file() and not path.is_symlink():
+                dst = task_dir / IMAGE_WORKSPACE_DIR / path.relative_to(source)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, dst)
     return task_dir
 
 

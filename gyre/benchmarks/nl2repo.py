@@ -20,6 +20,10 @@ convention keeps them on disk instead:
 
     <root>/<project>/hidden_tests/<path from test_files.json>   pristine hidden tests
     <root>/<project>/start/                                     optional starting files
+    <root>/<project>/image_workspace/   optional: what the task's image holds under /workspace besides the
+                                        hidden tests (its package and configuration files); laid under the
+                                        cleaned workspace before the tests run
+                                        (`gyre.evaluators.formats.nl2repo_upstream`)
 
 A listed directory stands for every file under it (conftest.py, __init__.py and data
 files included; `__pycache__/` left out): the query's `test_files` is that expanded list
@@ -54,6 +58,10 @@ WORKSPACE_DIR = "/workspace"
 """Where upstream's image holds the project (`WORKDIR /workspace`, `ENV PYTHONPATH=/workspace`): the workspace's
 place in a docker sandbox, and the tests'."""
 START_DIR = "start"
+IMAGE_WORKSPACE_DIR = "image_workspace"
+"""Local convention: the files upstream's image holds under `/workspace` besides the hidden tests (`docker cp` them
+out with the tests): the project's own `pyproject.toml`, `setup.py`, ... that survive upstream's deletion of the
+workspace's."""
 
 UPSTREAM_REMOVED_PACKAGE_FILES = (
     "setup.py", "pyproject.toml", "setup.cfg", "requirements.txt", "requirements-dev.txt",
@@ -61,7 +69,7 @@ UPSTREAM_REMOVED_PACKAGE_FILES = (
     "environment.yml", "conda-env.yaml", "manifest.in", "MANIFEST.in",
 )
 """File names upstream deletes anywhere in the agent's workspace before testing
-(`openhands/post_processor.py: remove_package_files`); the test image supplies its own."""
+(`openhands/post_processor.py: remove_package_files`); the test image supplies its own (`IMAGE_WORKSPACE_DIR`)."""
 
 
 def parses_pytest_output(command: str) -> bool:

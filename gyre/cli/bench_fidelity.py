@@ -28,6 +28,13 @@ def bench_fidelity(
         help="Score gyre's side as a docker run does (sandbox.type: docker): each project in a fresh container of "
              "its task image, built FROM this image (e.g. the one `make docker-engine` prints) with its start.md "
              "packages through the package index."),
+    image_files: str = typer.Option(
+        "release", "--image-files",
+        help="What upstream's unpublished task image is taken to hold under /workspace besides the hidden tests: "
+             "'release' (the release's own package and configuration files, gyre's assumption) or 'none'."),
+    results: Path | None = typer.Option(
+        None, "--results", dir_okay=False,
+        help="Also write the summary JSON here (e.g. docs/results/nl2repo-fidelity-local.json)."),
     as_json: bool = JSON,
 ) -> None:
     """Real NL2RepoBench projects, their real released sources scored by gyre and by a stand-in of
@@ -40,7 +47,7 @@ def bench_fidelity(
         if terminal_bench is None:
             _fail(ValueError("--no-nl2repo leaves nothing to score without --terminal-bench"))
         result = {"terminal_bench": _fidelity_tb(terminal_bench, out, timeout_s, as_json)}
-        (out / "fidelity.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        _write(result, out, results)
         if as_json:
             _print_json(result)
         return
@@ -52,12 +59,13 @@ def bench_fidelity(
                           + (f": {row.detail}" if row.gyre_status == "bench error" else ""))
 
     try:
-        result = run(task or None, out, timeout_s=timeout_s, on_result=progress, docker_image=docker_image)
+        result = run(task or None, out, timeout_s=timeout_s, on_result=progress, docker_image=docker_image,
+                     image_files=image_files)
     except (*INPUT_ERRORS, ValueError) as exc:  # an unknown --task, a malformed projects file
         _fail(exc)
     if terminal_bench is not None:
         result["terminal_bench"] = _fidelity_tb(terminal_bench, out, timeout_s, as_json)
-    (out / "fidelity.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    _write(result, out, results)
     if as_json:
         _print_json(result)
         return
@@ -69,11 +77,21 @@ def bench_fidelity(
                       _num(r["unsolved"]), "yes" if r["match"] else "NO" if r["comparable"] else "n/a",
                       str(len(r["skipped_pins"])))
     console.print(table)
+    console.print(f"upstream's procedure as at {result['upstream']}; image files: {result['image_files']}")
     console.print(f"{result['matched']} of {result['comparable']} comparable projects ({result['projects']} in all) "
                   f"within {result['tolerance']} of the stand-in; {result['unsolved_above_0']} unsolved above 0; "
                   f"{result['bench_errors']} not set up; not comparable (the stand-in's pytest never ran the tests): "
                   f"{', '.join(result['not_comparable']) or 'none'}")
     console.print(_flag_line(result["flags"]))
+
+
+def _write(result: dict, out: Path, results: Path | None) -> None:
+    """The summary JSON in `out/fidelity.json` and, if asked, at `results`."""
+    text = json.dumps(result, indent=2) + "\n"
+    (out / "fidelity.json").write_text(text, encoding="utf-8")
+    if results is not None:
+        results.parent.mkdir(parents=True, exist_ok=True)
+        results.write_text(text, encoding="utf-8")
 
 
 def _fidelity_tb(root: Path, out: Path, timeout_s: float, as_json: bool) -> dict:

@@ -53,22 +53,29 @@ def index_access(config) -> IndexAccess | None:
     return IndexAccess(upstream=config.index_url, extra_hosts=tuple(config.index_hosts))
 
 
-def with_monitor(score: Score, workspace: Path, query: Query, act: bool, fmt: str = "") -> Score:
-    """`score` with the monitor's flags on `workspace`; with `act`, a scored workspace with a flag that acts on its
-    format and benchmark (`zero_policy`) is tampering."""
-    from gyre.evaluators.integrity.copied import CHECK, copied_files
+def static_flags(workspace: Path, query: Query, deadline_s: float | None = None) -> list[str]:
+    """The static monitor's flags on `workspace` as the agent left it, read before any test runs (a runner's own
+    files, Terminal-Bench's `/app/.venv` made by `run-tests.sh`, are not the agent's), within the execution's
+    deadline, each file read once (`monitor.scan_workspace`); a file the task itself ships unchanged
+    (`query.start_dir`: the project's own `conftest.py` in an R2E repository) raises none."""
+    from gyre.evaluators.integrity.copied import installed_hashes
     from gyre.evaluators.integrity.monitor import SCAN_INCOMPLETE, scan_workspace
+
+    try:
+        return [f"{f.check} {f.path}:{f.line} {f.evidence}".rstrip() for f in
+                scan_workspace(Path(workspace), protected=query.test_files, deadline_s=deadline_s,
+                               copies=installed_hashes(), shipped=query.start_dir)]
+    except Exception as exc:  # hostile content is the workspace's: flagged, never an exception out of here
+        return [f"{SCAN_INCOMPLETE} .:0 the monitor raised {type(exc).__name__}: {str(exc)[:200]}"]
+
+
+def with_monitor(score: Score, flags: list[str], query: Query, act: bool, fmt: str = "") -> Score:
+    """`score` with the static monitor's `flags` (`static_flags`) and its runtime ones; with `act`, a scored
+    workspace with a flag that acts on its format and benchmark (`zero_policy`) is tampering."""
     from gyre.evaluators.integrity.runtime import PREFIX as RUNTIME_PREFIX
     from gyre.evaluators.integrity.zero_policy import acts
     from gyre.records import EvalStatus
 
-    try:
-        flags = [f"{f.check} {f.path}:{f.line} {f.evidence}".rstrip() for f in
-                 scan_workspace(Path(workspace), protected=query.test_files)]
-        flags += [f"{CHECK} {c.path}:0 a copy of {c.source}" for c in copied_files(Path(workspace))]
-    except Exception as exc:  # hostile content is the workspace's: flagged, never an exception out of here
-        flags = [f"{SCAN_INCOMPLETE} .:0 the monitor raised {type(exc).__name__}: {str(exc)[:200]}"]
-    flags = [f for f in flags if not _shipped(f, Path(workspace), query.start_dir)]
     found = [f for f in flags if acts(f, fmt, query.benchmark)]
     found += [f for f in score.flags if f.startswith(RUNTIME_PREFIX) and acts(f, fmt, query.benchmark)]  # run time
     flags = [*score.flags, *(f for f in flags if f not in score.flags)]  # the scorer's own stay
@@ -77,23 +84,6 @@ def with_monitor(score: Score, workspace: Path, query: Query, act: bool, fmt: st
                                         "evidence": [*score.evidence, *found[:50]],
                                         "detail": f"monitor: {len(found)} flags; {score.detail}"})
     return score.model_copy(update={"flags": flags})
-
-
-SHIPPED_MAX_BYTES = 2_000_000
-
-
-def _shipped(flag: str, workspace: Path, start_dir: Path | None) -> bool:
-    """Whether the static monitor's `flag` is on a file the task itself ships (`query.start_dir`), unchanged: the
-    project's own `conftest.py` or pytest settings in an R2E repository are not the agent's doing. Read without
-    following a link (`fdwalk.read_regular`)."""
-    from gyre.sandboxes.fdwalk import read_regular
-
-    parts = flag.split(" ", 2)
-    rel = parts[1].rsplit(":", 1)[0] if len(parts) > 1 else ""
-    if start_dir is None or rel in ("", "."):
-        return False
-    ours = read_regular(workspace, rel, SHIPPED_MAX_BYTES)
-    return ours is not None and ours == read_regular(Path(start_dir), rel, SHIPPED_MAX_BYTES)
 
 
 def evaluate_query(
@@ -144,6 +134,8 @@ def evaluate_query(
     missing = [] if spec is None else unmet(task_needs(query, image_holds_packages=image is not None),
                                             available_here(package_index=index is not None, in_container=in_container))
     late = past(deadline_s)
+    # what the agent left, before any test runs in it (an in-place evaluation runs them in the live workspace)
+    static = static_flags(workspace, query, deadline_s) if monitor != "off" and Path(workspace).is_dir() else None
     if late or missing or spec is None:
         eval_dir.mkdir(parents=True, exist_ok=False)
         why = ("the execution's overall budget ran out before its evaluation" if late else
@@ -155,8 +147,8 @@ def evaluate_query(
                        index, live, in_container, image)
     if past(deadline_s) and not score.detail.startswith(OVERALL_TIMEOUT):
         score = overall_timeout_error(execution_id, f"evaluation still running at the overall deadline ({score.detail})")
-    if monitor != "off" and Path(workspace).is_dir():
-        score = with_monitor(score, workspace, query, act=monitor == "zero", fmt=spec.format if spec else "")
+    if static is not None:
+        score = with_monitor(score, static, query, act=monitor == "zero", fmt=spec.format if spec else "")
     (eval_dir / SCORE_FILE).write_text(score.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return score
 
@@ -175,7 +167,9 @@ def _score(query: Query, spec, workspace: Path, eval_dir: Path, execution_id: st
     from gyre.evaluators.formats.nl2repo import evaluate
     from gyre.evaluators.formats.nl2repo_image import evaluate_in_image
     from gyre.evaluators.formats.r2e import evaluate_r2e
-    from gyre.evaluators.integrity.control import after_crash, crashed, is_crash, with_control
+    from gyre.evaluators.integrity.control import (
+        after_crash, crashed, is_crash, with_control, with_environment_control,
+    )
     from gyre.sandboxes.docker import DockerSandbox
 
     if spec.format == NL2REPO:
@@ -214,4 +208,7 @@ def _score(query: Query, spec, workspace: Path, eval_dir: Path, execution_id: st
         score = crashed(execution_id, exc)
     if is_crash(score):  # the workspace's 0 if the task's starting files evaluate, else the evaluator's failure
         return after_crash(score, query, eval_dir, control)
-    return with_control(score, query, eval_dir, control)  # a runner that gave no verdict: did the workspace break it?
+    score = with_control(score, query, eval_dir, control)  # a runner that gave no verdict: did the workspace break it?
+    if spec.format == R2E:  # its tests import the repository's dependencies, which the instance's image holds
+        score = with_environment_control(score, query, eval_dir, control)
+    return score

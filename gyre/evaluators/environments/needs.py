@@ -15,9 +15,11 @@ task's own directory, e.g. `run-tests.sh`, `tests/test.sh`) and every need is na
   boilerplate). Met where the evaluation provides what the installer would leave: in a task's
   container with the package index, `uv==<version>` from the index into `$HOME/.local/bin` with the
   installer's `env` file (`uv_installer.py`); elsewhere unmet;
-- `network:<host>`: a URL fetched with curl or wget (the sandbox has no network), or named in a
-  hidden Python test file that imports a network client (`requests`, `httpx`, `urllib`, ...: a
-  test that asks a remote judge; loopback hosts are the task's own servers, `test_hosts`);
+- `network:<host>`: a URL fetched with curl or wget (the sandbox has no network), or one a hidden
+  Python test file's code passes to a fetching call of a network client (`requests.post(...)`: a
+  test that asks a remote judge; `fetched_urls`: never a licence comment, an XML namespace, or a
+  request the file's own opener or mock answers; loopback hosts are the task's own servers,
+  `test_hosts`);
 - `python:<X.Y>`: a specific interpreter asked of uv or pyenv, other than the one here;
 - `uv`: uv / uvx, when the evaluation's tools do not include it (they do when gyre's `uv`
   dependency is installed: `available_here`);
@@ -62,6 +64,7 @@ from pathlib import Path, PurePosixPath
 
 from packaging.utils import canonicalize_name
 
+from gyre.evaluators.environments.fetched_urls import fetched_hosts
 from gyre.evaluators.environments.toolenv import tool_distributions, tools_have_uv, top_level_modules
 from gyre.records import Query
 
@@ -91,11 +94,6 @@ _INSTALLER_HELPERS = frozenset({"curl", "ca-certificates"})
 """What apt lines install only to fetch an installer."""
 _MAX_SCRIPT_BYTES = 1 << 20
 _SCRIPT_DEPTH = 3
-_NET_IMPORT = re.compile(r"^\s*(?:(?:import|from)\s+(?:requests|httpx|urllib3|urllib\.request|aiohttp|http\.client|"
-                         r"websockets?|grpc)\b|from\s+urllib\s+import\s+.*\brequest\b)", re.M)
-_MOCKED = re.compile(r"\b(mock|patch|monkeypatch|responses|respx|httpretty|requests_mock|vcr|aioresponses)\b")
-"""A test file that mocks its calls (`unittest.mock`, `responses`, ...) names URLs it never reaches."""
-_LOOPBACK = frozenset({"localhost", "127.0.0.1", "0.0.0.0", "::1"})
 
 
 @dataclass(frozen=True)
@@ -158,20 +156,17 @@ def task_plugins(query: Query) -> tuple[str, ...]:
 
 
 def test_hosts(query: Query) -> set[str]:
-    """`network:<host>` for each remote host a hidden Python test file names in a URL while importing a
-    network client (`requests`, `httpx`, `urllib.request`, ...) and mocking nothing: a test that calls a
-    remote judge can only fail here, so the task is unscorable, never a 0. Loopback hosts are the task's own
-    servers."""
+    """`network:<host>` for each remote host a hidden Python test file's code fetches from
+    (`fetched_urls.fetched_hosts`: a URL passed to a network client's call, the network not mocked): a test
+    that calls a remote judge can only fail here, so the task is unscorable, never a 0. Loopback hosts are the
+    task's own servers."""
     hidden = Path(query.hidden_tests_dir)
     needs: set[str] = set()
     for rel in query.test_files:
         path = hidden / rel
         if path.suffix != ".py" or not path.is_file() or path.is_symlink() or path.stat().st_size > _MAX_SCRIPT_BYTES:
             continue
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if not _NET_IMPORT.search(text) or _MOCKED.search(text):
-            continue
-        needs |= {f"network:{host.lower()}" for host in _URL.findall(text) if host.lower() not in _LOOPBACK}
+        needs |= {f"network:{host}" for host in fetched_hosts(path.read_text(encoding="utf-8", errors="replace"))}
     return needs
 
 

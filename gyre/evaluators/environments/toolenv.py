@@ -42,6 +42,7 @@ import compileall
 import hashlib
 import os
 import py_compile
+import re
 import shutil
 import sys
 import tempfile
@@ -235,6 +236,20 @@ def pytest11_modules(site: Path) -> tuple[str, ...]:
             continue
         modules |= {point.module for point in points}
     return tuple(sorted(m for m in modules if m))
+
+
+def pytest11_distributions(site: Path) -> tuple[str, ...]:
+    """The distributions installed in `site` that have `pytest11` entry points, their names normalised (PEP 503,
+    as `GYRE_PLUGIN_DISTS` takes them), sorted: what pytest's autoloading would load from an image holding `site`."""
+    names = set()
+    for dist in metadata.distributions(path=[str(site)]):
+        try:
+            points = dist.entry_points.select(group="pytest11")
+        except (ValueError, TypeError):  # an entry_points.txt that does not parse names none
+            continue
+        if points and dist.metadata["Name"]:
+            names.add(re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower())
+    return tuple(sorted(names))
 
 
 def tools_have_uv(tools: Path | None = None) -> bool:

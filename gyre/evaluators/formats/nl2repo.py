@@ -11,18 +11,21 @@ kept afterwards for inspection:
     eval_dir/reports/image_packages.txt  the image's packages, what could not be installed, plugins
     eval_dir/score.json            the returned Score
 
-Steps: copy the workspace; read the project's own root pytest settings
-(`gyre.evaluators.integrity.pytest_settings`), then remove the code and configuration the agent
-could use to force passes or shadow what pytest imports (`gyre.evaluators.integrity.pytest_guard`);
+Steps: copy the workspace; clean it as upstream does (`nl2repo_upstream.clean`: the package and
+configuration files deleted anywhere, the hidden test paths whole, the image's own files laid under it);
+read the project's pytest settings from the image's files (`nl2repo_upstream.image_settings`), then
+remove the code and configuration the agent could use to force passes or shadow what pytest imports
+(`gyre.evaluators.integrity.pytest_guard`);
 copy the pristine hidden tests in LAST (this run's variant: `run_both` runs everything twice, each
 run on a fresh copy whose tests carry some mutants, `gyre.evaluators.integrity.mutants`), replacing
 any agent edits (symlinks on their way are replaced, never followed); pin pytest's rootdir with gyre's own pytest.ini, which carries the
 project's settings on less what only forges; hand the copy to the sandbox's user and make the
 pristine files root-owned and read-only, their directories sticky (`gyre.sandboxes.local.privileges`);
 install the packages the task's image holds, before any workspace code (`Observer.install`);
-run each test command with `bash -c` in `repo/` in a fresh sandbox
-(`gyre.sandboxes.local.isolation`) with gyre's result plugin loaded by a random name, the
-image's plugins by theirs and autoloading off, and check after each one that nothing was planted
+run each test command as upstream does, an argv with no shell (`nl2repo_upstream.as_upstream_runs`), in
+`repo/` shown at `/workspace` in a fresh sandbox (`gyre.sandboxes.local.isolation`) with gyre's result
+plugin loaded by a random name, the image's plugins by distribution and autoloading off, and check
+after each one that nothing was planted
 beside the hidden tests (`gyre.evaluators.integrity.origins.Watch`); results come back over a pipe
 the evaluator owns (`gyre.evaluators.integrity.channel`), never through a file the sandbox can
 write. Only the pristine files' own test ids count, each once across commands
@@ -62,18 +65,20 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from gyre.benchmarks.nl2repo import WORKSPACE_DIR
 from gyre.benchmarks.registry import task_spec
 from gyre.evaluators.common import EVAL_LIMITS, error, tail
 from gyre.evaluators.environments.deadline import capped, overall_timeout_error
 from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.workspace_copy import copy_workspace
+from gyre.evaluators.formats import nl2repo_upstream as upstream
 from gyre.evaluators.integrity.channel import ChannelResults
 from gyre.evaluators.integrity.control import crashed, no_verdict
 from gyre.evaluators.integrity.mutants import RUNS
 from gyre.evaluators.integrity.origins import Watch, mismatches
 from gyre.evaluators.integrity.pristine import PristineFile
 from gyre.evaluators.integrity.pytest_guard import imported_modules, neutralise_pytest_config, pin_rootdir
-from gyre.evaluators.integrity.pytest_settings import project_settings, python_files, render_ini, sanitise
+from gyre.evaluators.integrity.pytest_settings import python_files, render_ini, sanitise
 from gyre.evaluators.integrity.runtime import with_runtime
 from gyre.evaluators.integrity.tally import Tally, tally
 from gyre.evaluators.observed import IndexAccess, Observer, install_image
@@ -83,7 +88,6 @@ from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.layout import SandboxLayout
 from gyre.sandboxes.local.isolation import Isolation
 from gyre.sandboxes.local.privileges import CODE_SUFFIXES, protect
-from gyre.sandboxes.paths import clear_path
 from gyre.sandboxes.process import sandbox_env
 
 USAGE_ERROR = 4
@@ -168,6 +172,7 @@ def _score(
         (eval_dir / "reports").mkdir()
         notes = install_image(observer, task_spec(query).image_packages, query.query_id, eval_dir, scratch,
                               limits, capped(timeout_s, deadline_s))
+        upstream.autoload_image_plugins(observer)  # before any workspace code: by distribution, as pytest autoloads
         observer.keep_env()
 
         @contextmanager
@@ -176,9 +181,10 @@ def _score(
                 observer.reset_env()  # nothing the first run's workspace code installed reaches the second
             yield observer
 
-        # no workdir is set: commands see the repository at its host path (the same in both runs)
+        # at upstream's /workspace (a command may name it), bound there by bubblewrap; the plain fallback cannot move it
+        inside = WORKSPACE_DIR if isolation.bwrap else str(eval_dir / "repo")
         return run_both(query, workspace, eval_dir, execution_id, timeout_s, limits, deadline_s,
-                        str(eval_dir / "repo"), isolation.hand_over, same_observer, notes, observer.finish)
+                        inside, isolation.hand_over, same_observer, notes, observer.finish)
     finally:
         observer.finish(Tally())  # idempotent clean-up if counting did not get there
 
@@ -212,11 +218,10 @@ def prepare(query: Query, workspace: Path, eval_dir: Path, execution_id: str, li
     if too_big is not None:  # the agent's doing: a valid zero, never a dropped sample
         return Score(execution_id=execution_id, status=EvalStatus.ok, score=0.0, tests_passed=0,
                      tests_total=query.test_case_count, detail=too_big)
-    for rel in task_spec(query).replaced_paths:  # upstream replaces listed entries wholesale
-        clear_path(repo, rel.rstrip("/"))  # links on the way are removed, never followed
+    steps = upstream.clean(repo, query)  # package files and test paths removed, the image's files in, as upstream
     sources = read_sources(Path(query.hidden_tests_dir), query.test_files)
     project = imported_modules([data.decode("utf-8", errors="replace") for data in sources.values()])
-    settings, source = project_settings(repo)  # the project's own, carried on by gyre's pinned pytest.ini
+    settings, source = upstream.image_settings(query)  # the image's, never the workspace's; carried on by the pin
     kept, removed = sanitise(settings, source or "")
     neutralised = [*neutralise_pytest_config(repo, query.test_files, project, keep_root=True), *removed]
     if pristine is None:
@@ -230,6 +235,7 @@ def prepare(query: Query, workspace: Path, eval_dir: Path, execution_id: str, li
     watch = Watch.start(repo, query.test_files, (repo / "pytest.ini").read_text(encoding="utf-8") if pinned else None,
                         data)
     reports.mkdir(exist_ok=True)
+    (reports / "upstream_steps.txt").write_text("".join(f"{line}\n" for line in steps), encoding="utf-8")
     scratch.mkdir(exist_ok=True)
     return Prepared(repo, inside, reports, scratch, pristine, neutralised, watch, bool(kept))
 
@@ -286,7 +292,8 @@ def _run_commands(query: Query, ready: Prepared, execution_id: str, timeout_s: f
     """Each test command of run `run` in turn, watched; an evaluator failure (a command that failed before any
     workspace code ran) or the overall deadline ends it early with that score."""
     repo, watch = ready.repo, ready.watch
-    layout = SandboxLayout(mounts=observer.mounts())
+    moved_to = ready.inside if ready.inside != str(repo) else None  # the copy's place inside (`/workspace`)
+    layout = SandboxLayout(workdir=moved_to, mounts=observer.mounts())
     runs: list[ChannelResults] = []
     notes: list[str] = []
     pristine_conftest = any(PurePosixPath(rel).name == "conftest.py" for rel in query.test_files)
@@ -301,10 +308,10 @@ def _run_commands(query: Query, ready: Prepared, execution_id: str, timeout_s: f
         if command_timeout_s <= 0:
             return overall_timeout_error(execution_id, f"no time left for test command {i} (run {run})")
         result, said = observer.run(
-            command, workspace=repo, scratch=ready.scratch, layout=layout,
-            env=sandbox_env(repo, {"GYRE_CWD_ON_PATH": "1"}),  # upstream: PYTHONPATH=/workspace
+            upstream.as_upstream_runs(command), workspace=repo, scratch=ready.scratch, layout=layout,  # argv, no shell
+            env=sandbox_env(Path(layout.inside(repo)), {"GYRE_CWD_ON_PATH": "1"}),  # upstream: PYTHONPATH=/workspace
             limits=limits, timeout_s=command_timeout_s,
-            addopts=("--continue-on-collection-errors", *(f"-p {module}" for module in observer.image_plugins)))
+            addopts=("--continue-on-collection-errors",))  # the image's plugins: `upstream.autoload_image_plugins`
         said.run, said.command = run, i
         runs.append(said)
         _write_log(ready.reports / f"command_{i}{'' if run == 0 else f'.run{run}'}.log", command, result)

@@ -14,9 +14,10 @@ workspace at `/workspace` and on `PYTHONPATH`. With `sandbox.type: docker` gyre 
   and read-only), then bound at `/workspace` in a new container (`DockerSandbox.around`: no network, no
   capabilities, read-only root, the limits of `SandboxLimits`) with three slots: gyre's plugin (read-only), the
   result FIFOs, the package index's bridge;
-- each command runs with `docker exec --user <evaluation user>` in `/workspace` (`bash -c`), gyre's plugin loaded
-  by name, the image's pytest plugins by theirs (listed in the image before any workspace code runs), autoloading
-  off; what the plugin says comes back over a FIFO made for that command (`channel.FifoChannel`: `docker exec`
+- each command runs with `docker exec --user <evaluation user>` in `/workspace`, as upstream runs it (an argv, no
+  shell: `nl2repo_upstream.as_upstream_runs`), gyre's plugin loaded by name, the image's pytest plugins by
+  distribution (listed in the image before any workspace code runs), autoloading off; what the plugin says comes
+  back over a FIFO made for that command (`channel.FifoChannel`: `docker exec`
   passes no fd). `HOME` is on the container's tmpfs: `pip install -e .` (the image's site-packages are read-only
   there) installs into the user's site, which the tests' interpreter then sees;
 - with `evaluator.network: package-index` the commands reach gyre's allow-listed index proxy through the index
@@ -66,10 +67,15 @@ HOME = "/tmp/gyre-home"
 OFFLINE_PIP = {"PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "false", **UV_OFFLINE_ENV}
 """pip and uv with no index: a build uses the image's own setuptools (pip reads `PIP_NO_BUILD_ISOLATION=false` as
 `--no-build-isolation`, as `toolenv` sets it)."""
-LIST_PLUGINS = ("import importlib.metadata as m\n"
+LIST_PLUGINS = ("import importlib.metadata as m, re\n"
                 "print('\\n'.join(sorted({p.module for d in m.distributions() for p in d.entry_points "
-                "if p.group == 'pytest11' and p.module})))")
-"""Run with `python3 -I` from `/` (no workspace on the path): the image's `pytest11` modules, one a line."""
+                "if p.group == 'pytest11' and p.module})))\n"
+                "print('--')\n"
+                "print('\\n'.join(sorted({re.sub(r'[-_.]+', '-', d.metadata['Name']).lower() for d in m.distributions() "
+                "if d.metadata['Name'] and any(p.group == 'pytest11' for p in d.entry_points)})))")
+"""Run with `python3 -I` from `/` (no workspace on the path): the image's `pytest11` modules, one a line, `--`, then
+the distributions that hold them (normalised names): loaded by name as pytest's autoloading loads them
+(`nl2repo_upstream.autoload_image_plugins`)."""
 
 
 @dataclass(frozen=True)
@@ -166,7 +172,9 @@ class ContainerObserver(Observer):
         if listed.exit_code != 0:
             raise RuntimeError(f"could not list the image's pytest plugins (exit {listed.exit_code}): "
                                f"{listed.stderr[-500:]}")
-        self.image_plugins = tuple(line for line in listed.stdout.split() if line)
+        modules, _, dists = listed.stdout.partition("--")
+        self.image_plugins = tuple(line for line in modules.split() if line)
+        self.plugin_dists = tuple(sorted({*self.plugin_dists, *(line for line in dists.split() if line)}))
         left = self._as_user(f"cat {PACKAGES_LEFT_OUT} 2>/dev/null; true", limits)
         left_out = [line for line in left.stdout.split() if line]
         (ready.reports / "image_packages.txt").write_text("\n".join(

@@ -20,6 +20,15 @@ execution tested in its own container (`in_container`) gets its control in a new
 same image (`in_container.control_in_container`). Not done for NL2RepoBench, whose setup commands
 are the workspace's build and are handled by `nl2repo` itself.
 
+The same control decides whether an R2E-Gym instance can be scored here at all (`with_environment_control`): its
+tests run in an environment gyre makes, not in the instance's image, which holds the repository's dependencies
+(aiohttp's tests import `multidict`). A run that scored below 1 and whose test output names a module missing from
+the environment (`No module named 'multidict'`) that the repository does not provide either (no top-level module
+or package of that name in the task's starting files: one the workspace deleted is its own doing) is run again
+on the starting files; if the same module is missing there, the evaluation cannot run the tests here: an
+evaluator failure (`unscorable here: the environment lacks ...`), never a 0. The output is the workspace's to
+write, but only the control run on the task's own files can make the failure stand.
+
 The same control decides when the evaluator itself raised while reading, copying, scanning or running a
 workspace (`after_crash`, every format: a module shadowing one pytest imports, a name that is not UTF-8,
 a path past PATH_MAX, a recursion bomb in a configuration file, a hostile `# coding:` line): if the
@@ -29,6 +38,7 @@ and a flag; if they raise too, it is the evaluator's failure.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from gyre.evaluators.common import error, ok
@@ -114,3 +124,54 @@ def after_crash(score: Score, query: Query, eval_dir: Path, run) -> Score:
                                        "files evaluate without it: this workspace's result",
               total=query.test_case_count)
     return zero.model_copy(update={"flags": [f"{CRASH_FLAG} {reason[:200]}"]})
+
+
+MISSING_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([A-Za-z_][\w.]*)'")
+UNSCORABLE_ENV = "unscorable here: the evaluation environment lacks"
+MAX_LOG_BYTES = 4_000_000
+
+
+def missing_modules(eval_dir: Path) -> set[str]:
+    """Top-level names of the modules an evaluation's test output says are missing (`reports/*.log`)."""
+    found: set[str] = set()
+    for log in sorted((Path(eval_dir) / "reports").glob("*.log")):
+        if log.is_file() and not log.is_symlink():
+            with log.open("rb") as f:
+                text = f.read(MAX_LOG_BYTES).decode("utf-8", errors="replace")
+            found |= {name.split(".")[0] for name in MISSING_MODULE.findall(text)}
+    return found
+
+
+def provided_by(start: Path | None) -> set[str]:
+    """Top-level module and package names of the task's starting files (the repository)."""
+    if start is None or not Path(start).is_dir():
+        return set()
+    names = set()
+    for entry in Path(start).iterdir():
+        if entry.is_dir() and not entry.is_symlink() and entry.name.isidentifier():
+            names.add(entry.name)  # a package, or a namespace package
+        elif entry.suffix in (".py", ".so", ".pyd") and entry.name.split(".")[0].isidentifier():
+            names.add(entry.name.split(".")[0])
+    src = Path(start) / "src"
+    return names | (provided_by(src) if src.is_dir() and not src.is_symlink() else set())
+
+
+def with_environment_control(score: Score, query: Query, eval_dir: Path, run) -> Score:
+    """`score`, or an evaluator failure when it is a run below 1 whose output names modules missing from the
+    environment that the starting files do not provide, and `run(workspace, control_dir)` on the starting files
+    misses them too (module docstring)."""
+    if score.status is not EvalStatus.ok or score.score == 1.0 or (Path(eval_dir) / CONTROL_DIR).exists():
+        return score
+    missing = missing_modules(eval_dir) - provided_by(query.start_dir)
+    if not missing:
+        return score
+    try:
+        control = _control_run(query, eval_dir, run)
+    except Exception as exc:  # the control could not say: the workspace's result stands
+        return score.model_copy(update={"detail": f"{score.detail}; control run failed: {type(exc).__name__}"})
+    also = missing & missing_modules(Path(eval_dir) / CONTROL_DIR)
+    if not also or control.status is EvalStatus.tampering:
+        return score
+    return error(score.execution_id, f"{UNSCORABLE_ENV} {', '.join(sorted(also))}, which the tests import (on "
+                                     f"the task's starting files too; the instance's image holds it)")
+

@@ -28,6 +28,7 @@ import hashlib
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path, PurePosixPath
@@ -119,6 +120,15 @@ def copied_files(workspace: Path) -> list[Copy]:
                     rel = Path(entry.path).relative_to(workspace).as_posix()
                     copies.append(Copy(rel, str(known[digest])))
     return sorted(copies, key=lambda c: c.path)
+
+
+def copy_of(data: bytes, known: Mapping[str, object]) -> str | None:
+    """What the file whose bytes are `data` is a copy of (`<distribution> <version>: <file>`), given `known`
+    (`installed_hashes`); None if it is no copy (or too small to tell)."""
+    if not MIN_BYTES <= len(data) <= MAX_FILE_BYTES:
+        return None
+    source = known.get(base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode())
+    return None if source is None else str(source)
 
 
 def _digest(entry: os.DirEntry) -> str | None:

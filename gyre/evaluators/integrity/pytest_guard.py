@@ -13,9 +13,10 @@ configuration file of our own:
 - stripped anywhere: `[tool.pytest*]` tables of `pyproject.toml` and `[tool:pytest]` /
   `[pytest]` sections of `setup.cfg`; a file still carrying pytest settings, or one
   pytest could not parse, is removed. With `keep_root` (NL2RepoBench) the root's
-  `pyproject.toml`, `setup.cfg` and `tox.ini` stay whole instead: their settings were read
-  first and the pin carries them on, less what only serves forging (`pytest_settings`); so
-  does the root `conftest.py` (upstream keeps it: the agent's repository is the thing scored);
+  `pyproject.toml`, `setup.cfg` and `tox.ini` stay whole instead: by then they are the task image's
+  (upstream deletes the workspace's, `formats/nl2repo_upstream.py`), their settings were read first
+  and the pin carries them on, less what only serves forging (`pytest_settings`); so does the root
+  `conftest.py` (upstream's list of deleted files does not name it: deepdiff's tests use its fixtures);
 - removed at the top level and in every directory that holds a hidden test file (pytest
   puts those first on `sys.path`): modules (.py, .pyc, .so) or packages that would shadow
   pytest or anything it imports, `shadowing_names()`: derived from the installed pytest's

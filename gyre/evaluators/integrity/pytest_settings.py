@@ -1,12 +1,14 @@
 """The project's own pytest settings, kept: only what can serve nothing but forging is taken out.
 
-Upstream runs the hidden tests with the repository's own configuration (the agent's repository is
-the thing scored), and real projects depend on it: tqdm collects `tests_*.py` (`python_files`), emoji
-imports its helpers through `pythonpath`, aiofiles' async tests need `asyncio_mode = auto`. Stripping
-every pytest setting scored such projects 0. gyre pins pytest's rootdir with a `pytest.ini` of its own
-at the repository root (`pytest_guard.pin_rootdir`), which takes precedence over the project's root
-configuration; `project_settings` reads that configuration first, in pytest's own order of files, and
-the pin carries its settings on, less these:
+Upstream runs the hidden tests with the project's own configuration, and real projects depend on it:
+tqdm collects `tests_*.py` (`python_files`), emoji imports its helpers through `pythonpath`, aiofiles'
+async tests need `asyncio_mode = auto`. Not the agent's: NL2RepoBench deletes the workspace's
+`pyproject.toml`, `setup.cfg`, `tox.ini`, `pytest.ini`, ... before testing, and the files that configure
+pytest are the task image's (`formats/nl2repo_upstream.py`: gyre reads them from the task's
+`image_workspace/`); R2E-Gym's are the repository's at the base commit (`formats/r2e.py` restores
+them). gyre pins pytest's rootdir with a `pytest.ini` of its own at the repository root
+(`pytest_guard.pin_rootdir`), which takes precedence over any other configuration; `project_settings`
+reads the project's (in pytest's own order of files) and the pin carries its settings on, less these:
 
 - `-p NAME` in `addopts` (loads a module of the workspace as a plugin, before any test: the classic
   forging route); `-p no:NAME` stays (it only turns a plugin off);

@@ -48,7 +48,7 @@ from gyre.config.run import load_config
 from gyre.evaluators import evaluate_query, index_access, observed
 from gyre.evaluators.environments import toolenv
 from gyre.evaluators.formats import nl2repo
-from gyre.evaluators.integrity import channel, copied, monitor
+from gyre.evaluators.integrity import channel, copied, monitor, plugin_install
 from gyre.runtime.resolve import resolve_queries
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.layout import SandboxLayout
@@ -95,15 +95,15 @@ def timed(label: str, fn: Callable) -> Callable:
 
 def instrument() -> None:
     """Wrap every phase (module attributes the evaluator looks up at call time)."""
-    for name in ("neutralise_pytest_config", "place_pristine", "pin_rootdir", "protect"):
+    for name in ("neutralise_pytest_config", "write_pristine", "pin_rootdir", "protect"):
         setattr(nl2repo, name, timed("guard, pristine tests, hand over, protect", getattr(nl2repo, name)))
     nl2repo.copy_workspace = timed("workspace copy", nl2repo.copy_workspace)
     isolation.Isolation.hand_over = timed("guard, pristine tests, hand over, protect", isolation.Isolation.hand_over)
     observed.make_env = timed("make_env (venv + .pth)", observed.make_env)
     toolenv.tools_dir = timed("tools_dir", toolenv.tools_dir)
     toolenv.venv.EnvBuilder.create = timed("venv.EnvBuilder.create", toolenv.venv.EnvBuilder.create)
-    write = channel.PluginInstall.write.__func__
-    channel.PluginInstall.write = classmethod(timed("plugin install", write))
+    write = plugin_install.PluginInstall.write.__func__
+    plugin_install.PluginInstall.write = classmethod(timed("plugin install", write))
     isolation.Isolation.run = timed("Isolation.run", isolation.Isolation.run)
     privileges.Stage.create = classmethod(timed("Stage.create", privileges.Stage.create.__func__))
     privileges.Stage.remove = timed("stage remove", privileges.Stage.remove)

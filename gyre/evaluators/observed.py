@@ -193,8 +193,9 @@ class Observer:
         kept = self.env.directory.parent / ENV_KEPT if self.env is not None else None
         if kept is None or not kept.is_dir():
             return
-        remove_tree(self.env.directory)
-        shutil.copytree(kept, self.env.directory, symlinks=True)
+        for entry in list(self.env.directory.iterdir()):  # emptied, never replaced: a live session binds it
+            remove_tree(entry)
+        shutil.copytree(kept, self.env.directory, symlinks=True, dirs_exist_ok=True)
         if self.session is not None:
             hand_over(self.env.directory, EVAL_USER)
         else:

@@ -193,3 +193,49 @@ def test_a_correct_solution_fails_its_mutants_and_scores_full_marks(tmp_path):
     workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return a + b\n"})
     score = evaluate(query, workspace, tmp_path / "eval", "honest", timeout_s=60)
     assert score.status is EvalStatus.ok and score.score == 1.0, score
+
+
+BOUND = '''import unittest
+from verses import recite
+
+
+class VerseTest(unittest.TestCase):
+    def test_bound_once_read_last(self):
+        expected = ["2 bottles of beer.", "Take one down."]
+        self.assertEqual(recite(start=2), expected)
+
+    def test_bound_and_passed_in(self):
+        expected = [3]
+        self.assertEqual(recite(start=expected), expected)
+
+    def test_bound_twice(self):
+        expected = 1
+        expected = 2
+        self.assertEqual(recite(start=2), expected)
+
+
+def test_plain_assert_bound():
+    want = {"a": 1}
+    assert recite(start=1) == want
+
+
+def test_bound_read_before_the_end():
+    want = 4
+    print(want)
+    assert recite(start=1) == want
+'''
+
+
+def test_a_name_bound_to_a_literal_once_and_read_only_by_the_last_assertion_gets_a_value_mutant():
+    """exercism's shape (Terminal-Bench's aider-polyglot tasks): `expected = [...]` then
+    `self.assertEqual(f(), expected)`. The literal is changed where it is written; a name any earlier statement
+    reads, or bound twice, changes what ran before the assertion and is negated instead."""
+    found = {m.test[-1]: m for m in plan_mutations(BOUND, random.Random(3))}
+    assert found["test_bound_once_read_last"].kind == VALUE
+    assert found["test_bound_once_read_last"].start[0] == 7  # the assignment's line, not the assertion's
+    assert found["test_plain_assert_bound"].kind == VALUE
+    for flipped in ("test_bound_and_passed_in", "test_bound_twice", "test_bound_read_before_the_end"):
+        assert found[flipped].kind == FLIP, flipped
+    mutated = apply(BOUND.encode(), [found["test_bound_once_read_last"]]).decode()
+    assert mutated.count("\n") == BOUND.count("\n")  # the same lines: code objects keep their line numbers
+    assert mutated != BOUND and "self.assertEqual(recite(start=2), expected)" in mutated

@@ -164,12 +164,39 @@ def _tests(body: list[ast.stmt], outer: TestId, classes: dict[str, ast.ClassDef]
     """(test id, function node) of every test function pytest collects by default in `body`, but in classes others
     derive from."""
     classes = {**classes, **{n.name: n for n in body if isinstance(n, ast.ClassDef)}}
-    for node in body:
+    for i, node in enumerate(body):
+        if _rebound(node.name if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else "",
+                    body[i + 1:]):
+            continue  # what pytest collects under this name is another object (funcy: `from .py38 import *`)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
             yield (*outer, node.name), node
         elif isinstance(node, ast.ClassDef) and node.name not in subclassed and (
                 node.name.startswith("Test") or _testcase(node, classes)):
             yield from _tests(node.body, (*outer, node.name), classes, subclassed)
+
+
+def _rebound(name: str, later: list[ast.stmt]) -> bool:
+    """Whether a statement of `later` (the rest of the same body, inside its `if`/`try`/`with` blocks but not
+    inside functions or classes) binds `name` again: a def, a class, an assignment, an import, or a star import
+    that may."""
+    if not name:
+        return False
+    stack = list(later)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == name:
+                return True
+            continue  # another scope
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" or (a.asname or a.name.split(".")[0]) == name for a in node.names):
+                return True
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)) and node.id == name:
+            return True
+        if not isinstance(node, ast.Lambda):
+            stack.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def base_names(source: str) -> set[str]:
@@ -230,7 +257,8 @@ def _equality_assert(name: str) -> bool:
     """A library's equality assertion by its name (`assert_equal`, `assert_array_equal`, `assert_allclose`,
     `assert_frame_equal`): its first two arguments are compared."""
     lowered = name.lower()
-    return lowered.startswith("assert") and ("equal" in lowered or "close" in lowered) and "not" not in lowered
+    return (lowered.startswith("assert") and ("equal" in lowered or "close" in lowered)
+            and not any(word in lowered for word in ("not", "less", "greater")))  # assertLessEqual bounds a value
 
 
 def _value_change(literal: ast.expr, lines: list[str], rng: random.Random):

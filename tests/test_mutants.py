@@ -281,3 +281,14 @@ def test_a_test_pytest_collects_under_another_definition_or_an_inequality_gets_n
     assert found[("test_defined_twice",)].start[0] == 18  # the definition pytest collects, the last one
     assert found[("BoundTests", "test_at_most")].kind == FLIP  # an inequality is flipped, never value-mutated
     assert ("BoundTests", "test_at_most") in found and ("BoundTests", "test_at_least") in found
+
+
+def test_spans_count_lines_as_the_parser_does_not_as_splitlines():
+    """autopep8's tests hold a form feed inside a string literal: `str.splitlines` breaks there, the parser does
+    not, and a flip landed on the wrong line (a syntax error: the honest release scored 0)."""
+    source = ('import unittest\n\n\nclass T(unittest.TestCase):\n    def test_ff(self):\n'
+              '        text = "a\x0cb"\n        self.assertEqual(\n            f(text), g())\n')
+    (mutation,) = plan_mutations(source, random.Random(1))
+    mutated = apply(source.encode(), [mutation]).decode()
+    ast.parse(mutated)
+    assert "self.assertNotEqual(" in mutated and mutated.count("\n") == source.count("\n")

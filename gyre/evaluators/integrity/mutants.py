@@ -96,7 +96,7 @@ def plan_mutations(source: str, rng: random.Random, runs: tuple[int, ...] = (0, 
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
-    lines = source.splitlines(keepends=True)
+    lines = code_lines(source)
     found = []
     for test, function in _tests(tree.body, (), {}, subclassed):
         change = _change(function, lines, rng, helpers or {})
@@ -151,13 +151,27 @@ def shows(message: str, mutation: Mutation) -> bool:
 
 
 def apply(source: bytes, mutations: list[Mutation]) -> bytes:
-    """`source` with `mutations` applied (spans never overlap: one per test, in its last statement)."""
-    lines = source.decode("utf-8").splitlines(keepends=True)
+    """`source` with `mutations` applied (spans never overlap: one per test, inside the test)."""
+    lines = code_lines(source.decode("utf-8"))
     for m in sorted(mutations, key=lambda m: m.start, reverse=True):
         first, last = lines[m.start[0] - 1].encode("utf-8"), lines[m.end[0] - 1].encode("utf-8")
         merged = (first[:m.start[1]] + m.text.encode("utf-8") + last[m.end[1]:]).decode("utf-8")
         lines[m.start[0] - 1:m.end[0]] = [merged] + [""] * (m.end[0] - m.start[0])  # line numbers stay
     return "".join(lines).encode("utf-8")
+
+
+def code_lines(text: str) -> list[str]:
+    """`text`'s lines as Python's parser counts them (ends at `\n`, `\r\n`, `\r` only): `str.splitlines` also
+    breaks at a form feed, `\x1c`-`\x1e`, `\x85`, U+2028/2029 inside a string literal (autopep8's tests hold
+    form feeds), which put every later span on the wrong line."""
+    lines: list[str] = []
+    pending = ""
+    for piece in text.splitlines(keepends=True):
+        pending += piece
+        if pending.endswith(("\n", "\r")):
+            lines.append(pending)
+            pending = ""
+    return [*lines, pending] if pending else lines
 
 
 def _tests(body: list[ast.stmt], outer: TestId, classes: dict[str, ast.ClassDef], subclassed: frozenset[str]):

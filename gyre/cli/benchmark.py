@@ -1,6 +1,7 @@
 """`gyre benchmark ...`: write, check, list and score benchmark directories.
 
-Every command takes `--format` (auto, nl2repo, terminal-bench, harbor, r2e) and `--json`.
+Every command takes `--format` (auto, nl2repo, terminal-bench, harbor, r2e, swe-bench) and `--json`;
+`build swe-bench` makes SWE-bench task directories from rows and the repositories' histories.
 One malformed task never hides the others: `check` lists each with its reason (and the
 tasks this machine cannot score, with what they need), `ls` notes them on stderr, `score`
 refuses only a malformed QUERY_ID.
@@ -17,6 +18,51 @@ from rich.table import Table
 from gyre.cli.common import INPUT_ERRORS, _fail, console, err_console
 
 benchmark_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+build_app = typer.Typer(help="Build task directories from a benchmark's rows and the repositories' histories.",
+                        no_args_is_help=True)
+benchmark_app.add_typer(build_app, name="build")
+
+
+@build_app.command("swe-bench")
+def build_swe_bench_command(
+    rows: Path = typer.Argument(..., help="SWE-bench rows: a JSON list (SWE-bench's exports) or JSON lines."),
+    out: Path = typer.Argument(..., help="Where the task directories go (one per instance)."),
+    repos: Path = typer.Option(..., "--repos", help="Directory of git repositories with their history: "
+                               "<owner>__<name>, <owner>/<name>, <name> or <owner>+<name>/repo."),
+    specs: Path | None = typer.Option(None, "--specs", help="JSON of install specifications to add to gyre's "
+                                      "table (repository -> version -> python, install, ...)."),
+    objects: Path | None = typer.Option(None, "--objects", help="Files a repository's snapshot lacks (its release "
+                                        "unpacked), taken only where their git blob id matches."),
+    scoring: str = typer.Option("resolved", "--scoring", help="resolved (SWE-bench's rule) or partial-credit "
+                                "(the share of FAIL_TO_PASS and PASS_TO_PASS tests that pass: not SWE-bench's)."),
+    instance: list[str] = typer.Option([], "--instance", help="Only these instance ids (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the build report as JSON."),
+) -> None:
+    """Turn SWE-bench rows plus the repositories' histories into task directories (gyre/benchmarks/swe_build.py):
+    the repository at base_commit with no later commit, the test patch's files hidden, the install specification
+    resolved. Exit code: 0 every row built, 1 some could not be (each with its reason), 2 bad input."""
+    import json
+
+    from gyre.benchmarks.swe_build import build_swe_bench
+    from gyre.benchmarks.swe_specs import load_extra_specs
+
+    try:
+        table = load_extra_specs(specs) if specs is not None else None
+        if not repos.is_dir():
+            raise FileNotFoundError(f"--repos {repos} is not a directory")
+        report = build_swe_bench(rows, repos, out, specs=table, scoring=scoring, only=tuple(instance),
+                                 objects=objects)
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        console.print(f"{len(report.built)} built, {len(report.kept)} kept as they were, {len(report.failed)} "
+                      f"could not be built, in {escape(report.out)}")
+        for row in report.failed:
+            console.print(f"[red]not built[/] {escape(row['instance_id'])}: {escape(row['reason'])}")
+    if report.failed:
+        raise typer.Exit(code=1)
 
 
 @benchmark_app.command("tiny")
@@ -38,7 +84,7 @@ def benchmark_tiny(
 @benchmark_app.command("check")
 def benchmark_check(
     root: Path = typer.Argument(..., help="Benchmark directory."),
-    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
+    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e, swe-bench."),
     kind: str | None = typer.Option(None, "--kind", hidden=True, help="Deprecated alias of --format."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
     eval_fraction: float = typer.Option(0.25, min=0.0, max=0.99, help="Held-out share for the split shown."),
@@ -176,7 +222,7 @@ def _print_check(report: dict, eval_fraction: float) -> None:
 @benchmark_app.command("ls")
 def benchmark_ls(
     root: Path = typer.Argument(..., help="Benchmark directory."),
-    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
+    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e, swe-bench."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of rows instead of a table."),
 ) -> None:
     """List a benchmark's queries: id, format, timeouts, scoring rule (malformed tasks: a note on stderr)."""
@@ -208,7 +254,7 @@ def benchmark_score(
     root: Path = typer.Argument(..., help="Benchmark directory."),
     query_id: str = typer.Argument(..., help="The query to score against."),
     workspace: Path = typer.Argument(..., help="A workspace (for example a kept one under runs/)."),
-    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
+    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e, swe-bench."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
     network: str = typer.Option("none", "--network", help="none, or package-index (a run's evaluator.network)."),
     index_url: str | None = typer.Option(None, "--index-url", help="The index proxied (evaluator.index_url)."),

@@ -48,6 +48,7 @@ from gyre.evaluators.environments.toolenv import UV_OFFLINE_ENV
 from gyre.evaluators.formats.container_index import INDEX_DIR, INDEX_SLOT, ContainerIndex
 from gyre.evaluators.formats.in_container import PLUGIN_SLOT, RESULT_DIR, RESULT_SLOT, own, result_fifos
 from gyre.evaluators.formats.nl2repo import Prepared, prepare, recorded, run_and_count
+from gyre.evaluators.formats.swe_recipe import recipe
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults, PluginInstall
 from gyre.evaluators.integrity.tally import Tally
 from gyre.evaluators.observed import INTERRUPT_GRACE_S, IndexAccess, Observer
@@ -86,6 +87,8 @@ def docker_placement(query: Query, spec: TaskSpec) -> dict:
     if spec.format == NL2REPO:
         return {"workdir": spec.workdir or WORKSPACE_DIR, "packages": spec.image_packages,
                 "is_project": partial(is_the_project, query.query_id)}
+    if spec.swe is not None:  # SWE-bench: the instance's images
+        return {"workdir": spec.workdir, "recipe": recipe(query, spec)}
     return {"workdir": spec.workdir}
 
 

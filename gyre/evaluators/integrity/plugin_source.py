@@ -16,7 +16,8 @@ _FD = (int(_os.environ.pop("GYRE_RESULT_FD")) if "GYRE_RESULT_FD" in _os.environ
        else _os.open(_os.environ.pop("GYRE_RESULT_PATH"), _os.O_WRONLY))  # a FIFO: `docker exec` passes no fd
 _os.environ.pop("PYTHONSAFEPATH", None)
 _ARGV = list(getattr(_sys, "orig_argv", []))
-_M_PYTEST = "-m" in _ARGV and _ARGV[_ARGV.index("-m") + 1 : _ARGV.index("-m") + 2] == ["pytest"]
+_M_PYTEST = "-m" in _ARGV and _ARGV[_ARGV.index("-m") + 1 : _ARGV.index("-m") + 2] == ["pytest"] or (
+    not hasattr(_sys, "orig_argv") and _sys.argv[0].replace("\\", "/").endswith("/pytest/__main__.py"))  # 3.9
 import pytest as _pt  # already imported by pytest itself, before the line below
 
 if _M_PYTEST or _os.environ.get("GYRE_CWD_ON_PATH") == "1":
@@ -34,10 +35,12 @@ class _StdlibFirst:
     directory pytest puts first later) never loads in its place (PEP 451 finder, before the path finder)."""
 
     _DIRS = _stdlib_dirs()
+    _NAMES = getattr(_sys, "stdlib_module_names", None) or frozenset(  # Python 3.9 lacks it: what its dirs hold
+        (*_sys.builtin_module_names, *(m.name for m in __import__("pkgutil").iter_modules(_DIRS))))
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):
-        if path is None and name in _sys.stdlib_module_names and name != "test":  # `test/`: a project's tests
+        if path is None and name in cls._NAMES and name != "test":  # `test/`: a project's tests
             import importlib.machinery
             return importlib.machinery.PathFinder.find_spec(name, cls._DIRS)
         return None

@@ -269,6 +269,8 @@ _HANDLERS = {
     "compile": _on_compile, "code.__new__": _on_compile, "object.__setattr__": _on_setattr,
     "sys.addaudithook": _fixed("audit-hook"),
 }
+if _sys.version_info < (3, 10):  # 3.8/3.9 raise code.__new__ for every code object marshal loads from a .pyc
+    del _HANDLERS["code.__new__"]
 _CTYPES = _fixed("ctypes")  # every `ctypes.*` event (their names vary)
 _BUSY = set()
 

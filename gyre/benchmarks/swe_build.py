@@ -8,8 +8,9 @@ JSON lines) and a directory of git repositories with their history, and `build_s
 instance (the layout is `gyre.benchmarks.swe_bench`'s):
 
 - `start/`: a new repository holding `base_commit`'s history and nothing else (its objects packed from the source
-  repository), checked out at it on branch `main`: no other ref, remote, tag or reflog, so `git log --all` shows
-  nothing after the base (SWE-bench#465: agents read the fix from future commits); verified before it is kept;
+  repository), checked out at it on branch `main`, with the tags of its ancestors (upstream keeps the tags older
+  than the base; a project's version comes from them): no other ref, remote, later tag or reflog, so `git log
+  --all` shows nothing after the base (SWE-bench#465: agents read the fix from future commits); verified;
 - `hidden_tests/`: the test patch applied in that clone with `git apply` (as upstream applies it), each file it
   touches copied out, then the clone put back (`git checkout`, new files removed) and checked clean;
 - `environment.json`: the install specification of the row's repository and version (`swe_specs`), the
@@ -44,6 +45,8 @@ from gyre.benchmarks.swe_specs import UPSTREAM, SpecTable, requirements_at, test
 
 GIT_TIMEOUT_S = 600
 BRANCH = "main"
+BUILD_VERSION = 2
+"""Bumped when what the builder writes changes: a directory built by another version is built again."""
 _GIT_ENV = {"PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
 
 
@@ -137,6 +140,7 @@ def _build_one(raw: Any, where: Path, repos: Path, out: Path, specs: SpecTable, 
         "pre_install": list(spec.pre_install), "install": spec.install,
         "test_command": test_command(spec, row["test_patch"]), "log_parser": spec.log_parser, "scoring": scoring,
         "specification": f"{spec.source} ({UPSTREAM})" if spec.source.startswith("SPECS_") else spec.source,
+        "build_version": BUILD_VERSION,
     }
     target = out / instance_id
     instance_text = json.dumps(raw, indent=1, sort_keys=True) + "\n"
@@ -162,18 +166,26 @@ def _clone_at(source: Path, start: Path, commit: str, objects: Path | None = Non
     """`start`: a repository checked out at `commit` holding `commit`'s history and nothing else. Its objects are
     packed from `source` by `git pack-objects` over `rev-list --objects <commit>` (objects a snapshot left out,
     its files of 4 MiB and more, stay out: `--missing=allow-any`); no ref, tag, remote or reflog of `source`
-    comes along. A file of `commit`'s tree the source lacks is taken from `objects` when a file there has its git
+    comes along but its tags of `commit`'s ancestors (upstream keeps the tags older than the base: versioneer and
+    setuptools-scm read the version from them). A file of `commit`'s tree the source lacks is taken from `objects` when a file there has its git
     blob id (byte for byte the same), else the build fails naming it."""
     start.mkdir()
     _git(start, "init", "-q")
     _git(start, "symbolic-ref", "HEAD", f"refs/heads/{BRANCH}")
     listed = _git(source, "rev-list", "--objects", "--missing=allow-any", commit).stdout
+    ancestors = set(_git(source, "rev-list", commit).stdout.split())
+    tags = [(ref, obj) for ref, obj, peeled in (line.split(" ") for line in _git(
+        source, "for-each-ref", "refs/tags", "--format=%(refname) %(objectname) %(*objectname)").stdout.splitlines())
+        if (peeled or obj) in ancestors]  # a tag of a commit after the base (or beside it) stays out
+    listed += "".join(f"{obj}\n" for _, obj in tags if obj not in ancestors)  # annotated tags' own objects
     packed = subprocess.run(["git", "-C", str(source), "pack-objects", "-q", "--missing=allow-any",
                              str(start / ".git" / "objects" / "pack" / "pack")], input=listed, capture_output=True,
                             text=True, timeout=GIT_TIMEOUT_S, env={**_GIT_ENV, "HOME": str(start)})
     if packed.returncode != 0:
         raise ValueError(f"packing {commit}'s history from {source} failed: {packed.stderr.strip()[-400:]}")
     _git(start, "update-ref", f"refs/heads/{BRANCH}", commit)
+    for ref, obj in tags:
+        _git(start, "update-ref", ref, obj)
     missing = _missing_blobs(start, commit)
     if missing:
         missing = _fill_blobs(start, missing, objects)

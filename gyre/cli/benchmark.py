@@ -130,7 +130,7 @@ def benchmark_check(
     report = _check_report(root, resolved, queries, malformed, eval_fraction, held_out_kind,
                            package_index=network == "package-index", docker=sandbox == "docker")
     if control:
-        _add_control(report, queries, network, index_url, timeout_s, control_dir)
+        _add_control(report, queries, network, index_url, timeout_s, control_dir, docker=sandbox == "docker")
     if as_json:
         print(json.dumps(report, indent=2))
     else:
@@ -173,10 +173,15 @@ def _check_report(root: Path, resolved: str, queries, malformed, eval_fraction: 
 
 
 def _add_control(report: dict, queries, network: str, index_url: str | None, timeout_s: float,
-                 control_dir: Path | None) -> None:
+                 control_dir: Path | None, docker: bool = False) -> None:
     """Score the starting files of each task not already unscorable (`evaluators.control_check`); an evaluator
-    failure there joins `unscorable_here` with the evaluator's reason."""
+    failure there joins `unscorable_here` with the evaluator's reason. `docker`: SWE-bench and NL2RepoBench tasks
+    are evaluated in a fresh container of their image, built as a docker run builds it (its build steps through
+    the package index with `--network package-index`); a SWE-bench verdict says how many of its PASS_TO_PASS
+    tests pass at base_commit (`pass_to_pass_at_base`)."""
     import tempfile
+
+    from gyre.evaluators.formats.swe_log import pass_to_pass_counts
 
     from gyre.evaluators.control_check import control_verdicts
     from gyre.evaluators.observed import IndexAccess
@@ -192,11 +197,28 @@ def _add_control(report: dict, queries, network: str, index_url: str | None, tim
     if out.exists():
         _fail(ValueError(f"--control-dir {out} already exists; name a new directory"))
     verdicts = control_verdicts(todo, out, index=IndexAccess(upstream=index_url) if network == "package-index"
-                                else None, timeout_s=timeout_s, on_done=said)
-    report["control"] = {"dir": str(out), "verdicts": [v.as_dict() for v in verdicts]}
+                                else None, timeout_s=timeout_s, on_done=said,
+                                image_for=_docker_images(network, index_url) if docker else None)
+    rows = [v.as_dict() for v in verdicts]
+    for row in rows:
+        counts = pass_to_pass_counts(row["reason"])
+        if counts is not None:
+            row["pass_to_pass_at_base"] = {"passed": counts[0], "total": counts[1]}
+    report["control"] = {"dir": str(out), "verdicts": rows}
     report["unscorable_here"] += [{"id": v.query_id, "needs": [f"an evaluation its starting files do not break "
                                                                f"(control run: {v.reason})"]}
                                   for v in verdicts if v.unscorable]
+
+
+def _docker_images(network: str, index_url: str | None):
+    """`query -> TaskImage | None` as a docker run with this network builds task images (`RunEvaluator`)."""
+    from gyre.config.run import RunConfig
+    from gyre.evaluators.run_evaluator import RunEvaluator
+    from gyre.sandboxes.local.isolation import Isolation
+
+    config = RunConfig.model_validate({"sandbox": {"type": "docker", "docker": {
+        "build_network": network, "index_url": index_url}}, "evaluator": {"network": network}})
+    return RunEvaluator.from_config(config, Isolation.detect()).task_image
 
 
 def _print_check(report: dict, eval_fraction: float) -> None:

@@ -116,6 +116,15 @@ class Grade:
                    if failed else ""))
 
 
+_P2P = re.compile(r"PASS_TO_PASS (\d+)/(\d+) passed")
+
+
+def pass_to_pass_counts(detail: str) -> tuple[int, int] | None:
+    """(passed, total) of the PASS_TO_PASS tests a SWE-bench score's detail reports (`Grade.summary`), else None."""
+    found = _P2P.search(detail)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
 def grade(statuses: dict[str, str], fail_to_pass: tuple[str, ...], pass_to_pass: tuple[str, ...]) -> Grade:
     """SWE-bench's `get_eval_tests_report` for the PASS_AND_FAIL rule: a listed test passed iff its status is
     PASSED or XFAIL."""

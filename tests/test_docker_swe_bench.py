@@ -34,7 +34,7 @@ from gyre.evaluators.formats.nl2repo_image import TaskImage, docker_placement
 from gyre.records import EvalStatus
 from gyre.sandboxes.docker import DockerSandbox
 from gyre.sandboxes.factory import docker_image
-from tests.swe_toy import INSTANCE, toy_instance
+from tests.fixtures.realformats.swe_toy import INSTANCE, toy_instance
 
 pytestmark = pytest.mark.slow
 CONFIG = SandboxConfig(type="docker", docker={"build_network": "package-index"})

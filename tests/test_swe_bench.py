@@ -24,7 +24,7 @@ from gyre.benchmarks.swe_specs import PYTEST_OPTIONS_PARSER, PYTEST_PARSER, Spec
 from gyre.cli.main import app
 from gyre.evaluators.formats.swe_log import grade, log_key, parse_log, pass_to_pass_counts, statuses_from_results
 from gyre.evaluators.integrity.channel import TestResult as ChannelResult
-from tests.swe_toy import F2P, INSTANCE, P2P, REPO, TEST_PATCH_TESTS, toy_instance
+from tests.fixtures.realformats.swe_toy import F2P, INSTANCE, P2P, REPO, TEST_PATCH_TESTS, toy_instance
 
 
 def _git(repo: Path, *args: str) -> str:

@@ -92,7 +92,8 @@ def build_swe_bench(rows_path: Path, repos: Path, out: Path, *, specs: SpecTable
     if scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {', '.join(SCORINGS)}, got {scoring!r}")
     specs = specs or SpecTable()
-    out = Path(out)
+    out, repos = Path(out).resolve(), Path(repos).resolve()  # git runs in other directories than this one
+    objects = Path(objects).resolve() if objects is not None else None
     out.mkdir(parents=True, exist_ok=True)
     report = BuildReport(str(out))
     for number, raw in enumerate(read_rows(Path(rows_path)), start=1):
@@ -100,7 +101,7 @@ def build_swe_bench(rows_path: Path, repos: Path, out: Path, *, specs: SpecTable
         if only and instance_id not in only:
             continue
         try:
-            kept = _build_one(raw, Path(f"{rows_path}[{number}]"), Path(repos), out, specs, scoring, objects)
+            kept = _build_one(raw, Path(f"{rows_path}[{number}]"), repos, out, specs, scoring, objects)
             (report.kept if kept else report.built).append(instance_id)
         except (BenchmarkFormatError, OSError, ValueError, subprocess.SubprocessError) as exc:
             report.failed.append({"instance_id": str(instance_id or f"row {number}"), "reason": str(exc)})

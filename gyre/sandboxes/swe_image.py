@@ -9,9 +9,10 @@ makes the same three here, each cached on the engine:
 - the base of the Debian suite whose `python3` is the specification's Python (`suite_base`: bullseye 3.9,
   bookworm 3.11, trixie 3.13), built offline with mmdebstrap; a Python none of them ships is `NoPythonHere`,
   which the caller turns into "unscorable here, with this reason", never a 0;
-- the environment: `FROM` that base, pip, setuptools and wheel upgraded (as a conda environment made today has
-  them: Debian bullseye's setuptools 52 cannot install in editable mode by PEP 660, which the eval script's
-  install needs without build isolation), the requirement lines (a requirements file, or the conda
+- the environment: `FROM` that base, pip (below 25, as SWE-bench's conda environments of 2024 had it: pip 25.3 drops
+  the `setup.py develop` fallback that astroid 2.13's `pip install -e .` needs, its build backend pinned to
+  setuptools 62 without PEP 660), setuptools and wheel upgraded (Debian bullseye's setuptools 52 cannot install
+  in editable mode by PEP 660, which the eval script's install needs without build isolation), the requirement lines (a requirements file, or the conda
   packages the specification names: pip installs them here), then the extra pip packages; a task image built by
   `docker_build.task_image`, so it is cached by its Dockerfile's digest (every instance of one repository version
   with the same requirements shares it) and its steps reach the package index through gyre's proxy when the
@@ -41,7 +42,7 @@ from gyre.sandboxes.suite_base import no_suite_reason, suite_base, suite_for
 REQUIREMENTS = "requirements.txt"
 ENVIRONMENT_DOCKERFILE = """FROM {base}
 COPY {requirements} /tmp/gyre-requirements.txt
-RUN python3 -m pip install --no-cache-dir --quiet --upgrade pip setuptools wheel{install_requirements}{install_packages} && \\
+RUN python3 -m pip install --no-cache-dir --quiet --upgrade 'pip<25' setuptools wheel{install_requirements}{install_packages} && \\
     rm /tmp/gyre-requirements.txt
 """
 INSTANCE_DOCKERFILE = """FROM {environment}

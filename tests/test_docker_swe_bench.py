@@ -127,3 +127,26 @@ def test_the_real_marshmallow_instance_scores_as_upstream(tmp_path, docker_image
     assert gold.score == 1.0 and "FAIL_TO_PASS 1/1, PASS_TO_PASS 76/76" in gold.detail, gold.detail
     none = _score(query, tmp_path, "none", (), image)
     assert none.score == 0.0 and "FAIL_TO_PASS 0/1, PASS_TO_PASS 76/76" in none.detail, none.detail
+
+
+def test_check_control_says_pass_to_pass_at_base_and_names_the_unscorable(tmp_path, docker_image):
+    from typer.testing import CliRunner
+
+    from gyre.cli.main import app
+
+    query, _ = _task(tmp_path / "ok")
+    py310, _ = _task(tmp_path / "py310", python="3.10")
+    shutil.copytree(py310.root, Path(query.root).parent / "gyre-fixtures__toystats-310")
+    row = json.loads((Path(query.root).parent / "gyre-fixtures__toystats-310" / "instance.json").read_text())
+    row["instance_id"] = "gyre-fixtures__toystats-310"
+    (Path(query.root).parent / "gyre-fixtures__toystats-310" / "instance.json").write_text(json.dumps(row))
+    result = CliRunner().invoke(app, ["benchmark", "check", str(Path(query.root).parent), "--control", "--sandbox",
+                                      "docker", "--network", "package-index", "--json",
+                                      "--control-dir", str(tmp_path / "control")])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    verdicts = {v["query_id"]: v for v in report["control"]["verdicts"]}
+    assert verdicts[INSTANCE]["status"] == "ok" and verdicts[INSTANCE]["score"] == 0.0
+    assert verdicts[INSTANCE]["pass_to_pass_at_base"] == {"passed": 5, "total": 5}
+    unscorable = {u["id"]: u["needs"] for u in report["unscorable_here"]}
+    assert "needs Python 3.10" in unscorable["gyre-fixtures__toystats-310"][0]

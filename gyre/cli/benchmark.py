@@ -181,6 +181,7 @@ def _add_control(report: dict, queries, network: str, index_url: str | None, tim
     tests pass at base_commit (`pass_to_pass_at_base`)."""
     import tempfile
 
+    from gyre.evaluators.control_check import docker_task_images
     from gyre.evaluators.formats.swe_log import pass_to_pass_counts
 
     from gyre.evaluators.control_check import control_verdicts
@@ -198,7 +199,7 @@ def _add_control(report: dict, queries, network: str, index_url: str | None, tim
         _fail(ValueError(f"--control-dir {out} already exists; name a new directory"))
     verdicts = control_verdicts(todo, out, index=IndexAccess(upstream=index_url) if network == "package-index"
                                 else None, timeout_s=timeout_s, on_done=said,
-                                image_for=_docker_images(network, index_url) if docker else None)
+                                image_for=docker_task_images(network, index_url) if docker else None)
     rows = [v.as_dict() for v in verdicts]
     for row in rows:
         counts = pass_to_pass_counts(row["reason"])
@@ -208,17 +209,6 @@ def _add_control(report: dict, queries, network: str, index_url: str | None, tim
     report["unscorable_here"] += [{"id": v.query_id, "needs": [f"an evaluation its starting files do not break "
                                                                f"(control run: {v.reason})"]}
                                   for v in verdicts if v.unscorable]
-
-
-def _docker_images(network: str, index_url: str | None):
-    """`query -> TaskImage | None` as a docker run with this network builds task images (`RunEvaluator`)."""
-    from gyre.config.run import RunConfig
-    from gyre.evaluators.run_evaluator import RunEvaluator
-    from gyre.sandboxes.local.isolation import Isolation
-
-    config = RunConfig.model_validate({"sandbox": {"type": "docker", "docker": {
-        "build_network": network, "index_url": index_url}}, "evaluator": {"network": network}})
-    return RunEvaluator.from_config(config, Isolation.detect()).task_image
 
 
 def _print_check(report: dict, eval_fraction: float) -> None:

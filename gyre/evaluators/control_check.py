@@ -72,3 +72,15 @@ def control_verdicts(queries: Iterable[Query], out_dir: Path, *, index: IndexAcc
         if on_done is not None:
             on_done(verdict)
     return verdicts
+
+
+def docker_task_images(network: str, index_url: str | None) -> Callable[[Query], object]:
+    """`query -> TaskImage | None` as a docker run with this evaluator network builds task images (its build steps
+    through the package index with `package-index`): `control_verdicts`' `image_for` for `check --sandbox docker`."""
+    from gyre.config.run import RunConfig
+    from gyre.evaluators.run_evaluator import RunEvaluator
+    from gyre.sandboxes.local.isolation import Isolation
+
+    config = RunConfig.model_validate({"sandbox": {"type": "docker", "docker": {
+        "build_network": network, "index_url": index_url}}, "evaluator": {"network": network}})
+    return RunEvaluator.from_config(config, Isolation.detect()).task_image

@@ -61,6 +61,8 @@ class SweSpec:
     """Files the test patch deletes (gone before the tests run, as upstream's `git apply` leaves them)."""
     scoring: str = "resolved"
     """resolved (SWE-bench's rule) or `SWE_PARTIAL_CREDIT`."""
+    packages_before: str | None = None
+    """The environment's distributions as of this date (`gyre benchmark build swe-bench --packages-before`)."""
 
 
 @dataclass(frozen=True)

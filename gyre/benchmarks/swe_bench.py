@@ -108,6 +108,7 @@ def swe_spec(task_dir: Path) -> TaskSpec:
         test_command=non_empty_str(env.get("test_command"), where, "test_command"), log_parser=parser,
         fail_to_pass=row["FAIL_TO_PASS"], pass_to_pass=row["PASS_TO_PASS"],
         removed_tests=_strings(env, "removed_tests", where), scoring=scoring,
+        packages_before=_date(env.get("packages_before"), where),
     )
     rule = SWE_PARTIAL_RULE if scoring == SWE_PARTIAL_CREDIT else SCORING_RULES[SWE_BENCH]
     return TaskSpec(format=SWE_BENCH, scoring=rule, workdir=WORKDIR, swe=swe)
@@ -143,6 +144,14 @@ def _tests(value: Any, where: Path, name: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
         raise BenchmarkFormatError(where, name, "must be a list of test ids (or a JSON string of one)")
     return tuple(value)
+
+
+def _date(value: Any, where: Path) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+        raise BenchmarkFormatError(where, "packages_before", f"must be a date YYYY-MM-DD, got {value!r}")
+    return value
 
 
 def _strings(env: dict, name: str, where: Path) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -45,8 +46,14 @@ from gyre.benchmarks.swe_specs import UPSTREAM, SpecTable, requirements_at, test
 
 GIT_TIMEOUT_S = 600
 BRANCH = "main"
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 """Bumped when what the builder writes changes: a directory built by another version is built again."""
+PACKAGES_BEFORE = "2024-01-01"
+"""The default date the environments' distributions are taken as of: SWE-bench recorded FAIL_TO_PASS and
+PASS_TO_PASS in its 2023 validation runs; this is before pytest 8.0 (2024-01-28: no more nose-style `setup`, which
+pydicom 2.1's PASS_TO_PASS tests use) and NumPy 2.0 (2024-06-16: no `np.Inf`, which pvlib 0.8 imports). Chosen after
+seeing those instances' gold patches fail under the newest packages: a parameter read off the target, said so in
+docs/benchmarks.md."""
 _GIT_ENV = {"PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
 
 
@@ -85,12 +92,15 @@ def read_rows(path: Path) -> list[Any]:
 
 
 def build_swe_bench(rows_path: Path, repos: Path, out: Path, *, specs: SpecTable | None = None,
-                    scoring: str = "resolved", only: tuple[str, ...] = (), objects: Path | None = None) -> BuildReport:
+                    scoring: str = "resolved", only: tuple[str, ...] = (), objects: Path | None = None,
+                    packages_before: str | None = PACKAGES_BEFORE) -> BuildReport:
     """Write a task directory under `out` for each row of `rows_path` (or only those whose instance id is in
     `only`) from the repositories under `repos`; `objects`: files a repository's snapshot lacks, matched by git
     blob id; see the module docstring."""
     if scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {', '.join(SCORINGS)}, got {scoring!r}")
+    if packages_before is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", packages_before):
+        raise ValueError(f"packages_before must be a date YYYY-MM-DD, got {packages_before!r}")
     specs = specs or SpecTable()
     out, repos = Path(out).resolve(), Path(repos).resolve()  # git runs in other directories than this one
     objects = Path(objects).resolve() if objects is not None else None
@@ -101,7 +111,8 @@ def build_swe_bench(rows_path: Path, repos: Path, out: Path, *, specs: SpecTable
         if only and instance_id not in only:
             continue
         try:
-            kept = _build_one(raw, Path(f"{rows_path}[{number}]"), repos, out, specs, scoring, objects)
+            kept = _build_one(raw, Path(f"{rows_path}[{number}]"), repos, out, specs, scoring, objects,
+                              packages_before)
             (report.kept if kept else report.built).append(instance_id)
         except (BenchmarkFormatError, OSError, ValueError, subprocess.SubprocessError) as exc:
             report.failed.append({"instance_id": str(instance_id or f"row {number}"), "reason": str(exc)})
@@ -118,7 +129,7 @@ def find_repository(repos: Path, repo: str) -> Path | None:
 
 
 def _build_one(raw: Any, where: Path, repos: Path, out: Path, specs: SpecTable, scoring: str,
-               objects: Path | None) -> bool:
+               objects: Path | None, packages_before: str | None = PACKAGES_BEFORE) -> bool:
     row = check_row(raw, where)
     instance_id, repo = row["instance_id"], row["repo"]
     spec = specs.find(repo, row["version"])
@@ -141,7 +152,7 @@ def _build_one(raw: Any, where: Path, repos: Path, out: Path, specs: SpecTable, 
         "pre_install": list(spec.pre_install), "install": spec.install,
         "test_command": test_command(spec, row["test_patch"]), "log_parser": spec.log_parser, "scoring": scoring,
         "specification": f"{spec.source} ({UPSTREAM})" if spec.source.startswith("SPECS_") else spec.source,
-        "build_version": BUILD_VERSION,
+        "build_version": BUILD_VERSION, "packages_before": packages_before,
     }
     target = out / instance_id
     instance_text = json.dumps(raw, indent=1, sort_keys=True) + "\n"

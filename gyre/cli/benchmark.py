@@ -15,6 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from gyre.benchmarks.swe_build import PACKAGES_BEFORE
 from gyre.cli.common import INPUT_ERRORS, _fail, console, err_console
 
 benchmark_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
@@ -36,6 +37,8 @@ def build_swe_bench_command(
     scoring: str = typer.Option("resolved", "--scoring", help="resolved (SWE-bench's rule) or partial-credit "
                                 "(the share of FAIL_TO_PASS and PASS_TO_PASS tests that pass: not SWE-bench's)."),
     instance: list[str] = typer.Option([], "--instance", help="Only these instance ids (repeatable)."),
+    packages_before: str = typer.Option(PACKAGES_BEFORE, "--packages-before", help="The environments' distributions "
+                                        "as of this date (YYYY-MM-DD; `none`: the newest)."),
     as_json: bool = typer.Option(False, "--json", help="Print the build report as JSON."),
 ) -> None:
     """Turn SWE-bench rows plus the repositories' histories into task directories (gyre/benchmarks/swe_build.py):
@@ -51,7 +54,7 @@ def build_swe_bench_command(
         if not repos.is_dir():
             raise FileNotFoundError(f"--repos {repos} is not a directory")
         report = build_swe_bench(rows, repos, out, specs=table, scoring=scoring, only=tuple(instance),
-                                 objects=objects)
+                                 objects=objects, packages_before=None if packages_before == "none" else packages_before)
     except (*INPUT_ERRORS, ValueError) as exc:
         _fail(exc)
     if as_json:

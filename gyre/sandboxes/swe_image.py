@@ -9,7 +9,10 @@ makes the same three here, each cached on the engine:
 - the base of the Debian suite whose `python3` is the specification's Python (`suite_base`: bullseye 3.9,
   bookworm 3.11, trixie 3.13), built offline with mmdebstrap; a Python none of them ships is `NoPythonHere`,
   which the caller turns into "unscorable here, with this reason", never a 0;
-- the environment: `FROM` that base, pip (below 25, as SWE-bench's conda environments of 2024 had it: pip 25.3 drops
+- the environment: `FROM` that base, its requirement lines and pip packages resolved as of the task's
+  `packages_before` date (uv's `--exclude-newer`, through the index: upstream's images were built in 2024, and a
+  package released since can break a 2020 repository: NumPy 2 removed `np.Inf`, which pvlib 0.8 imports), what
+  that installed frozen into a constraints file every later `pip install` honours (`PIP_CONSTRAINT`); pip (below 25, as SWE-bench's conda environments of 2024 had it: pip 25.3 drops
   the `setup.py develop` fallback that astroid 2.13's `pip install -e .` needs, its build backend pinned to
   setuptools 62 without PEP 660), setuptools and wheel upgraded (Debian bullseye's setuptools 52 cannot install
   in editable mode by PEP 660, which the eval script's install needs without build isolation), the requirement lines (a requirements file, or the conda
@@ -40,10 +43,15 @@ from gyre.sandboxes.docker_build import BuiltImage, task_image
 from gyre.sandboxes.suite_base import no_suite_reason, suite_base, suite_for
 
 REQUIREMENTS = "requirements.txt"
+CONSTRAINTS = "/etc/gyre-swe-constraints.txt"
+"""In an environment image: `pip freeze` of what it installed, named by `PIP_CONSTRAINT` in its environment, so the
+install command (and the eval script's) never upgrades them."""
 ENVIRONMENT_DOCKERFILE = """FROM {base}
 COPY {requirements} /tmp/gyre-requirements.txt
-RUN python3 -m pip install --no-cache-dir --quiet --upgrade 'pip<25' setuptools wheel{install_requirements}{install_packages} && \\
+RUN python3 -m pip install --no-cache-dir --quiet --upgrade 'pip<25' setuptools wheel uv{install_requirements}{install_packages} && \\
+    python3 -m pip freeze --all --exclude pip --exclude setuptools --exclude wheel --exclude uv > {constraints} && \\
     rm /tmp/gyre-requirements.txt
+ENV PIP_CONSTRAINT={constraints}
 """
 INSTANCE_DOCKERFILE = """FROM {environment}
 COPY testbed/ {workdir}/
@@ -70,6 +78,8 @@ class EnvironmentRecipe:
     pre_install: tuple[str, ...]
     install: str
     repository: Path
+    packages_before: str | None = None
+    """Install only distributions uploaded before this date (uv's `--exclude-newer`); None: the newest."""
     """The repository at base_commit (the task's `start/`)."""
     workdir: str = "/testbed"
 
@@ -103,12 +113,13 @@ def environment_image(client, recipe: EnvironmentRecipe, base: str, timeout_s: f
         context = Path(tmp)
         (context / REQUIREMENTS).write_text("".join(f"{line}\n" for line in recipe.requirements), encoding="utf-8")
         (context / REQUIREMENTS).chmod(0o644)
+        uv = f"uv pip install --system --no-cache --quiet --exclude-newer {shlex.quote(recipe.packages_before)}" \
+            if recipe.packages_before else "python3 -m pip install --no-cache-dir --quiet"
         text = ENVIRONMENT_DOCKERFILE.format(
-            base=base, requirements=REQUIREMENTS,
-            install_requirements=" && \\\n    python3 -m pip install --no-cache-dir --quiet -r /tmp/gyre-requirements.txt"
-            if recipe.requirements else "",
-            install_packages=" && \\\n    python3 -m pip install --no-cache-dir --quiet "
-            + " ".join(shlex.quote(p) for p in recipe.pip_packages) if recipe.pip_packages else "")
+            base=base, requirements=REQUIREMENTS, constraints=CONSTRAINTS,
+            install_requirements=f" && \\\n    {uv} -r /tmp/gyre-requirements.txt" if recipe.requirements else "",
+            install_packages=f" && \\\n    {uv} " + " ".join(shlex.quote(p) for p in recipe.pip_packages)
+            if recipe.pip_packages else "")
         (context / "Dockerfile").write_text(text, encoding="utf-8")
         (context / "Dockerfile").chmod(0o644)
         return task_image(client, f"{recipe.environment_key} environment", context, context / "Dockerfile", {},

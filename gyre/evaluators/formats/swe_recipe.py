@@ -23,4 +23,4 @@ def recipe(query: Query, spec: TaskSpec) -> EnvironmentRecipe:
     return EnvironmentRecipe(task=query.query_id, environment_key=f"{swe.repo} {swe.version}", python=swe.python,
                              requirements=swe.requirements, pip_packages=swe.pip_packages,
                              pre_install=swe.pre_install, install=swe.install, repository=Path(query.start_dir),
-                             workdir=spec.workdir or WORKDIR)
+                             workdir=spec.workdir or WORKDIR, packages_before=swe.packages_before)

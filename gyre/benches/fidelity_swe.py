@@ -137,6 +137,8 @@ def _instance(query, config: SandboxConfig, out: Path, timeout_s: float, index_u
         scored = evaluate_query(query, workspace, out / f"eval-{arm}", f"{query.query_id}-{arm}", timeout_s,
                                 monitor="record", index=index, image=image)
         shutil.rmtree(workspace)
+        for copy in [p for p in (out / f"eval-{arm}").rglob("repo") if p.is_dir() and not p.is_symlink()]:
+            shutil.rmtree(copy, ignore_errors=True)  # the evaluation's copy of the repository: its reports stay
         result.details[arm] = scored.detail[:1500]
         if LOG_PARSE_DISAGREES in scored.detail:
             result.log_parse_disagrees.append(arm)

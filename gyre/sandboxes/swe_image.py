@@ -12,7 +12,9 @@ makes the same three here, each cached on the engine:
 - the environment: `FROM` that base, its requirement lines and pip packages resolved as of the task's
   `packages_before` date (uv's `--exclude-newer`, through the index: upstream's images were built in 2024, and a
   package released since can break a 2020 repository: NumPy 2 removed `np.Inf`, which pvlib 0.8 imports), what
-  that installed frozen into a constraints file every later `pip install` honours (`PIP_CONSTRAINT`); pip (below 25, as SWE-bench's conda environments of 2024 had it: pip 25.3 drops
+  that installed frozen into a constraints file every later `pip install` honours (`PIP_CONSTRAINT`), compiled to
+  bytecode as pip and conda leave it (else every import compiles the library's source, which gyre's runtime monitor
+  reads as code compiled under a trusted file's name); pip (below 25, as SWE-bench's conda environments of 2024 had it: pip 25.3 drops
   the `setup.py develop` fallback that astroid 2.13's `pip install -e .` needs, its build backend pinned to
   setuptools 62 without PEP 660), setuptools and wheel upgraded (Debian bullseye's setuptools 52 cannot install
   in editable mode by PEP 660, which the eval script's install needs without build isolation), the requirement lines (a requirements file, or the conda
@@ -113,7 +115,8 @@ def environment_image(client, recipe: EnvironmentRecipe, base: str, timeout_s: f
         context = Path(tmp)
         (context / REQUIREMENTS).write_text("".join(f"{line}\n" for line in recipe.requirements), encoding="utf-8")
         (context / REQUIREMENTS).chmod(0o644)
-        uv = f"uv pip install --system --no-cache --quiet --exclude-newer {shlex.quote(recipe.packages_before)}" \
+        uv = ("uv pip install --system --no-cache --quiet --compile-bytecode --exclude-newer "
+              f"{shlex.quote(recipe.packages_before)}") \
             if recipe.packages_before else "python3 -m pip install --no-cache-dir --quiet"
         text = ENVIRONMENT_DOCKERFILE.format(
             base=base, requirements=REQUIREMENTS, constraints=CONSTRAINTS,

@@ -12,8 +12,9 @@ patch, the test command with the test patch's files as directives; the log is gr
   root-owned and read-only, the rest handed to the evaluation's user;
 - it is bound at `/testbed` in a fresh container of the instance image (`DockerSandbox.around`: no network, no
   capabilities, read-only root), the install command and then the test command run as the evaluation's user
-  (`nl2repo_image.ContainerObserver`: gyre's plugin, a FIFO per command, the image's pytest plugins loaded by name,
-  the package index through its slot when the run grants it);
+  (`nl2repo_image.ContainerObserver`: gyre's plugin, a FIFO per command, the image's pytest plugins loaded by name
+  with `-p` as upstream's pytest autoloads them (pvlib's tests need pytest-mock's `mocker`), the package index
+  through its slot when the run grants it);
 - the verdict: each test's status from gyre's plugin keyed as the repository's parser keys the summary line
   (`swe_log.statuses_from_results`), SWE-bench's rule (`swe_log.grade`): 1.0 iff every FAIL_TO_PASS and
   PASS_TO_PASS test passed; a task built with `--scoring partial-credit` scores the share that passed instead.
@@ -113,7 +114,8 @@ def _score(query: Query, spec: TaskSpec, workspace: Path, eval_dir: Path, execut
             notes.append(f"the install command exited {installed.exit_code} (the tests ran all the same, as "
                          "upstream's eval script runs them)")
         seen = observer.run_single(command, pristine, workspace=repo, scratch=repo, layout=None, env={},
-                                   limits=limits, timeout_s=timeout_s)  # finishes the observer
+                                   limits=limits, timeout_s=timeout_s,  # finishes the observer
+                                   addopts=tuple(f"-p {module}" for module in observer.image_plugins))
     finally:
         box.close()
     write_log(reports / TEST_LOG, command, seen.result)

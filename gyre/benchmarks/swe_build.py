@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from gyre.benchmarks.errors import BenchmarkFormatError
-from gyre.benchmarks.spec import SWE_PARTIAL_CREDIT
 from gyre.benchmarks.swe_bench import (
     ENVIRONMENT_FILE, HIDDEN_TESTS_DIR, INSTANCE_FILE, SCORINGS, START_DIR, check_row,
 )

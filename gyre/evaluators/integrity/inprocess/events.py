@@ -156,4 +156,6 @@ HANDLERS = {
     "sys.addaudithook": _fixed("audit-hook"),
     "subprocess.Popen": _on_spawn, "os.posix_spawn": _on_spawn,
 }
+if _sys.version_info < (3, 10):  # 3.8/3.9 raise code.__new__ for every code object marshal loads from a .pyc
+    del HANDLERS["code.__new__"]
 CTYPES = _fixed("ctypes")  # every `ctypes.*` event (their names vary)

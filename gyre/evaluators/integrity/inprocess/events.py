@@ -4,16 +4,21 @@ A handler gets the event and its arguments and says (kind, detail) when the even
 hidden test's source opened, the result pipe reopened, code compiled under another file's name, pytest's
 classes changed, a Python child started without the monitor), or None. Who did it is the monitor's question
 (`monitor._actor`): a handler's finding is kept only when the actor is the workspace's code. A copy lies beside
-the monitor (`<plugin>_events`); it reads the monitor's state (the pristine files, the result pipe) from it.
+the monitor (`<plugin>_events`); it reads the monitor's state (the pristine files, the result pipe) from the
+monitor that imported it (`use`).
 """
 
 import os as _os
 import sys as _sys
 
-if __package__:  # gyre's own package module (tests, linters)
-    from gyre.evaluators.integrity.inprocess import monitor as _mon
-else:  # an evaluation's copy: the monitor is importing it
-    _mon = __import__(__name__[:-len("_events")] + "_monitor")
+_mon = None
+"""The monitor whose state the handlers read: it imports this module and hands itself over (`use`), so this module
+never imports it back (package or evaluation copy alike)."""
+
+
+def use(monitor):
+    global _mon
+    _mon = monitor
 
 
 def _path_of(value):

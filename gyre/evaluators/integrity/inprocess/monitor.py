@@ -271,6 +271,7 @@ if __package__:  # what each audit event means (`events`): gyre's package module
     from gyre.evaluators.integrity.inprocess import events as _events
 else:
     _events = __import__(_PLUGIN + "_events")
+_events.use(_sys.modules[__name__])  # its handlers read this module's state
 _HANDLERS, _CTYPES = _events.HANDLERS, _events.CTYPES
 _BUSY = set()
 

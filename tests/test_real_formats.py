@@ -292,7 +292,7 @@ def test_report_still_raises_for_a_wholly_broken_root(tmp_path):
     with pytest.raises(BenchmarkFormatError, match="no \\*.jsonl"):
         load_benchmark_report("r2e", tmp_path / "empty")
     with pytest.raises(ValueError, match="unknown benchmark kind"):
-        load_benchmark_report("swe-bench", tmp_path / "empty")
+        load_benchmark_report("no-such-format", tmp_path / "empty")
 
 
 # ---------------------------------------------------------------------------------------------------------- CLI
@@ -334,7 +334,7 @@ def test_check_text_exit_codes_and_the_hidden_kind_alias(tmp_path):
 
     result = runner.invoke(app, ["benchmark", "check", str(tmp_path / "nowhere"), "--json"])
     assert result.exit_code == 2 and said("does not exist", result.output)
-    result = runner.invoke(app, ["benchmark", "check", str(good), "--format", "swe-bench"])
+    result = runner.invoke(app, ["benchmark", "check", str(good), "--format", "no-such-format"])
     assert result.exit_code == 2 and said("unknown benchmark kind", result.output)
 
 
@@ -363,7 +363,7 @@ def test_score_refuses_a_malformed_or_unknown_query_and_bad_arguments(tmp_path):
     assert result.exit_code == 2 and said("no query 'nope'; known: mathkit, textkit", result.output)
     result = runner.invoke(app, ["benchmark", "score", str(NL2REPO), "mathkit", str(tmp_path / "gone")])
     assert result.exit_code == 2 and said("does not exist", result.output)
-    result = runner.invoke(app, ["benchmark", "score", str(NL2REPO), "mathkit", str(ws), "--format", "swe-bench"])
+    result = runner.invoke(app, ["benchmark", "score", str(NL2REPO), "mathkit", str(ws), "--format", "no-such-format"])
     assert result.exit_code == 2 and said("unknown benchmark kind", result.output)
 
     build_r2e(tmp_path / "r2e")

@@ -12,6 +12,8 @@ Kinds (native on-disk formats, each in its own module):
 - `terminal-bench`: Terminal-Bench (`task.yaml`, `tests/`, `run-tests.sh`);
 - `harbor`: Harbor (`task.toml`, `instruction.md`, `tests/test.sh`);
 - `r2e`: R2E-Gym / DeepSWE rows (`*.jsonl` + local repositories and hidden tests);
+- `swe-bench`: SWE-bench instances built from rows and the repositories' histories (`instance.json`,
+  `environment.json`, `start/`, `hidden_tests/`; `gyre.benchmarks.swe_build` makes them);
 - `auto`: whichever of these the directory holds (`detect_benchmark_format`).
 
 Format-specific facts (timeouts, scoring rule, expected paths) come from
@@ -31,7 +33,8 @@ from gyre.benchmarks.harbor import TASK_TOML, load_harbor, load_harbor_report
 from gyre.benchmarks.nl2repo import INSTRUCTION_FILE, load_nl2repo, load_nl2repo_report
 from gyre.benchmarks.r2e import load_r2e, load_r2e_report
 from gyre.benchmarks.registry import task_spec
-from gyre.benchmarks.spec import HARBOR, NL2REPO, R2E, TERMINAL_BENCH, TaskSpec
+from gyre.benchmarks.spec import HARBOR, NL2REPO, R2E, SWE_BENCH, TERMINAL_BENCH, TaskSpec
+from gyre.benchmarks.swe_bench import INSTANCE_FILE, load_swe_bench, load_swe_bench_report
 from gyre.benchmarks.terminal_bench import TASK_YAML, load_terminal_bench, load_terminal_bench_report
 from gyre.benchmarks.tiny import generate_tiny
 from gyre.records import Query
@@ -41,12 +44,14 @@ LOADERS: dict[str, Callable[..., list[Query]]] = {
     TERMINAL_BENCH: load_terminal_bench,
     HARBOR: load_harbor,
     R2E: load_r2e,
+    SWE_BENCH: load_swe_bench,
 }
 REPORT_LOADERS: dict[str, Callable[..., tuple[list[Query], list[Problem]]]] = {
     NL2REPO: load_nl2repo_report,
     TERMINAL_BENCH: load_terminal_bench_report,
     HARBOR: load_harbor_report,
     R2E: load_r2e_report,
+    SWE_BENCH: load_swe_bench_report,
 }
 KINDS = ("auto", *LOADERS)
 
@@ -97,7 +102,7 @@ def detect_benchmark_format(root: Path) -> str:
         raise FileNotFoundError(f"{root}: benchmark root does not exist or is not a directory")
     if any(root.glob("*.jsonl")):
         return R2E
-    markers = {TASK_YAML: TERMINAL_BENCH, TASK_TOML: HARBOR, INSTRUCTION_FILE: NL2REPO}
+    markers = {TASK_YAML: TERMINAL_BENCH, TASK_TOML: HARBOR, INSTANCE_FILE: SWE_BENCH, INSTRUCTION_FILE: NL2REPO}
     candidates = [root, *sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))]
     found = {fmt for d in candidates for marker, fmt in markers.items() if (d / marker).is_file()}
     if len(found) != 1:

@@ -18,14 +18,51 @@ NL2REPO = "nl2repo"
 TERMINAL_BENCH = "terminal-bench"
 HARBOR = "harbor"
 R2E = "r2e"
-FORMATS = (NL2REPO, TERMINAL_BENCH, HARBOR, R2E)
+SWE_BENCH = "swe-bench"
+FORMATS = (NL2REPO, TERMINAL_BENCH, HARBOR, R2E, SWE_BENCH)
 
 SCORING_RULES = {
     NL2REPO: "partial: min(hidden tests passed / test_case_count, 1)",
     TERMINAL_BENCH: "binary: 1 if every test in the report passed, else 0",
     HARBOR: "reward file: /logs/verifier/reward.txt (a float) or reward.json",
     R2E: "binary: 1 if every test's status equals expected_output_json, else 0",
+    SWE_BENCH: "binary (SWE-bench's resolved): 1 if every FAIL_TO_PASS and PASS_TO_PASS test passes, else 0",
 }
+SWE_PARTIAL_CREDIT = "partial-credit"
+"""A SWE-bench task built with `--scoring partial-credit`: the share of FAIL_TO_PASS and PASS_TO_PASS tests that
+pass, which is NOT SWE-bench's rule (an option whose name says so)."""
+SWE_PARTIAL_RULE = "partial credit (not SWE-bench's rule): FAIL_TO_PASS and PASS_TO_PASS tests passed / their number"
+
+
+@dataclass(frozen=True)
+class SweSpec:
+    """A SWE-bench instance's grading and environment, as the builder resolved them (`benchmarks.swe_specs`)."""
+
+    repo: str
+    """`owner/name`, SWE-bench's `repo`."""
+    version: str
+    base_commit: str
+    python: str
+    """The Python its install specification names ("3.9")."""
+    requirements: tuple[str, ...]
+    """Requirement lines its environment installs first (the repository's requirements file at
+    `environment_setup_commit`, or the specification's conda `packages` installed with pip here)."""
+    pip_packages: tuple[str, ...]
+    pre_install: tuple[str, ...]
+    install: str
+    """The specification's install command, run in the repository (the image) and again before the tests."""
+    test_command: str
+    """The specification's test command with the test patch's files as directives."""
+    log_parser: str
+    """How the repository's own log parser keys a test (`swe_bench_keys`): pytest | pytest-options."""
+    fail_to_pass: tuple[str, ...]
+    pass_to_pass: tuple[str, ...]
+    removed_tests: tuple[str, ...] = ()
+    """Files the test patch deletes (gone before the tests run, as upstream's `git apply` leaves them)."""
+    scoring: str = "resolved"
+    """resolved (SWE-bench's rule) or `SWE_PARTIAL_CREDIT`."""
+    packages_before: str | None = None
+    """The environment's distributions as of this date (`gyre benchmark build swe-bench --packages-before`)."""
 
 
 @dataclass(frozen=True)
@@ -61,3 +98,5 @@ class TaskSpec:
     dependency block, `gyre.benchmarks.image_packages`); Terminal-Bench and Harbor, what its Dockerfile
     pip-installs (`gyre.benchmarks.dockerfile`). Installed in the evaluation environment from the
     package index before the task's commands run, as the image has them."""
+    swe: SweSpec | None = None
+    """SWE-bench: the instance's grading and environment."""

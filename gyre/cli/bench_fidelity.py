@@ -23,6 +23,12 @@ def bench_fidelity(
         help="Also score the Terminal-Bench tasks under this directory whose reference solution is in the open "
              "(terminal-bench-datasets' aider-polyglot tasks; not shipped: gyre/benches/fidelity_tb.py)."),
     nl2repo: bool = typer.Option(True, "--nl2repo/--no-nl2repo", help="Score the NL2RepoBench projects."),
+    swe: Path | None = typer.Option(
+        None, "--swe", exists=True, dir_okay=False,
+        help="Score these SWE-bench rows instead (gold patch, none, gold with a hunk reverted: expected 1/0/0; "
+             "gyre/benches/fidelity_swe.py), built from --swe-repos; needs a Docker engine."),
+    swe_repos: Path | None = typer.Option(None, "--swe-repos", help="The repositories' histories (--swe)."),
+    swe_objects: Path | None = typer.Option(None, "--swe-objects", help="Files the snapshots lack (--swe)."),
     docker_image: str | None = typer.Option(
         None, "--docker-image",
         help="Score gyre's side as a docker run does (sandbox.type: docker): each project in a fresh container of "
@@ -43,6 +49,8 @@ def bench_fidelity(
     from gyre.benches.fidelity import run
 
     out = _out_dir(out, "fidelity")
+    if swe is not None:
+        return _fidelity_swe(swe, swe_repos, swe_objects, task, out, timeout_s, as_json)
     if not nl2repo:
         if terminal_bench is None:
             _fail(ValueError("--no-nl2repo leaves nothing to score without --terminal-bench"))
@@ -116,6 +124,35 @@ def _fidelity_tb(root: Path, out: Path, timeout_s: float, as_json: bool) -> dict
                       "unsolved above 0")
         console.print(_flag_line(result["flags"]))
     return result
+
+
+def _fidelity_swe(rows: Path, repos: Path | None, objects: Path | None, task: list[str] | None, out: Path,
+                  timeout_s: float, as_json: bool) -> None:
+    """The SWE-bench part of `gyre bench fidelity` (`--swe ROWS`): its logic is `gyre.benches.fidelity_swe`."""
+    from gyre.benches.fidelity_swe import run as run_swe
+
+    def progress(r) -> None:
+        if not as_json:
+            console.print(f"{r.instance_id}: " + (f"gold {r.gold}, none {r.none}, reverted {r.reverted} "
+                                                  f"[{r.seconds:.0f} s]" if r.scorable else f"unscorable: {r.reason}"))
+
+    if repos is None:
+        _fail(ValueError("--swe needs --swe-repos: the directory of the repositories' histories"))
+    try:
+        result = run_swe(rows, repos, out, objects=objects, instances=tuple(task or ()), timeout_s=timeout_s,
+                         on_result=progress)
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+    (out / "fidelity-swe.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if as_json:
+        _print_json(result)
+        return
+    console.print(f"SWE-bench: {result['scorable']} of {result['instances']} instances scorable here; "
+                  f"{result['matched']} of them gold 1 / none 0 / reverted 0 ({result['gold_1']} gold 1, "
+                  f"{result['none_0']} none 0, {result['reverted_0']} reverted 0)")
+    for row in result["unscorable"]:
+        console.print(f"  unscorable {row['instance_id']}: {row['reason'][:300]}")
+    console.print(_flag_line(result["flags"]))
 
 
 def _flag_line(flags: dict) -> str:

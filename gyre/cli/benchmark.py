@@ -1,6 +1,7 @@
 """`gyre benchmark ...`: write, check, list and score benchmark directories.
 
-Every command takes `--format` (auto, nl2repo, terminal-bench, harbor, r2e) and `--json`.
+Every command takes `--format` (auto, nl2repo, terminal-bench, harbor, r2e, swe-bench) and `--json`;
+`build swe-bench` makes SWE-bench task directories from rows and the repositories' histories.
 One malformed task never hides the others: `check` lists each with its reason (and the
 tasks this machine cannot score, with what they need), `ls` notes them on stderr, `score`
 refuses only a malformed QUERY_ID.
@@ -14,9 +15,57 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from gyre.benchmarks.swe_build import PACKAGES_BEFORE
 from gyre.cli.common import INPUT_ERRORS, _fail, console, err_console
 
 benchmark_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+build_app = typer.Typer(help="Build task directories from a benchmark's rows and the repositories' histories.",
+                        no_args_is_help=True)
+benchmark_app.add_typer(build_app, name="build")
+
+
+@build_app.command("swe-bench")
+def build_swe_bench_command(
+    rows: Path = typer.Argument(..., help="SWE-bench rows: a JSON list (SWE-bench's exports) or JSON lines."),
+    out: Path = typer.Argument(..., help="Where the task directories go (one per instance)."),
+    repos: Path = typer.Option(..., "--repos", help="Directory of git repositories with their history: "
+                               "<owner>__<name>, <owner>/<name>, <name> or <owner>+<name>/repo."),
+    specs: Path | None = typer.Option(None, "--specs", help="JSON of install specifications to add to gyre's "
+                                      "table (repository -> version -> python, install, ...)."),
+    objects: Path | None = typer.Option(None, "--objects", help="Files a repository's snapshot lacks (its release "
+                                        "unpacked), taken only where their git blob id matches."),
+    scoring: str = typer.Option("resolved", "--scoring", help="resolved (SWE-bench's rule) or partial-credit "
+                                "(the share of FAIL_TO_PASS and PASS_TO_PASS tests that pass: not SWE-bench's)."),
+    instance: list[str] = typer.Option([], "--instance", help="Only these instance ids (repeatable)."),
+    packages_before: str = typer.Option(PACKAGES_BEFORE, "--packages-before", help="The environments' distributions "
+                                        "as of this date (YYYY-MM-DD; `none`: the newest)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the build report as JSON."),
+) -> None:
+    """Turn SWE-bench rows plus the repositories' histories into task directories (gyre/benchmarks/swe_build.py):
+    the repository at base_commit with no later commit, the test patch's files hidden, the install specification
+    resolved. Exit code: 0 every row built, 1 some could not be (each with its reason), 2 bad input."""
+    import json
+
+    from gyre.benchmarks.swe_build import build_swe_bench
+    from gyre.benchmarks.swe_specs import load_extra_specs
+
+    try:
+        table = load_extra_specs(specs) if specs is not None else None
+        if not repos.is_dir():
+            raise FileNotFoundError(f"--repos {repos} is not a directory")
+        report = build_swe_bench(rows, repos, out, specs=table, scoring=scoring, only=tuple(instance),
+                                 objects=objects, packages_before=None if packages_before == "none" else packages_before)
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        console.print(f"{len(report.built)} built, {len(report.kept)} kept as they were, {len(report.failed)} "
+                      f"could not be built, in {escape(report.out)}")
+        for row in report.failed:
+            console.print(f"[red]not built[/] {escape(row['instance_id'])}: {escape(row['reason'])}")
+    if report.failed:
+        raise typer.Exit(code=1)
 
 
 @benchmark_app.command("tiny")
@@ -38,7 +87,7 @@ def benchmark_tiny(
 @benchmark_app.command("check")
 def benchmark_check(
     root: Path = typer.Argument(..., help="Benchmark directory."),
-    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
+    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e, swe-bench."),
     kind: str | None = typer.Option(None, "--kind", hidden=True, help="Deprecated alias of --format."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
     eval_fraction: float = typer.Option(0.25, min=0.0, max=0.99, help="Held-out share for the split shown."),
@@ -84,7 +133,7 @@ def benchmark_check(
     report = _check_report(root, resolved, queries, malformed, eval_fraction, held_out_kind,
                            package_index=network == "package-index", docker=sandbox == "docker")
     if control:
-        _add_control(report, queries, network, index_url, timeout_s, control_dir)
+        _add_control(report, queries, network, index_url, timeout_s, control_dir, docker=sandbox == "docker")
     if as_json:
         print(json.dumps(report, indent=2))
     else:
@@ -127,10 +176,16 @@ def _check_report(root: Path, resolved: str, queries, malformed, eval_fraction: 
 
 
 def _add_control(report: dict, queries, network: str, index_url: str | None, timeout_s: float,
-                 control_dir: Path | None) -> None:
+                 control_dir: Path | None, docker: bool = False) -> None:
     """Score the starting files of each task not already unscorable (`evaluators.control_check`); an evaluator
-    failure there joins `unscorable_here` with the evaluator's reason."""
+    failure there joins `unscorable_here` with the evaluator's reason. `docker`: SWE-bench and NL2RepoBench tasks
+    are evaluated in a fresh container of their image, built as a docker run builds it (its build steps through
+    the package index with `--network package-index`); a SWE-bench verdict says how many of its PASS_TO_PASS
+    tests pass at base_commit (`pass_to_pass_at_base`)."""
     import tempfile
+
+    from gyre.evaluators.control_check import docker_task_images
+    from gyre.evaluators.formats.swe_log import pass_to_pass_counts
 
     from gyre.evaluators.control_check import control_verdicts
     from gyre.evaluators.observed import IndexAccess
@@ -146,8 +201,14 @@ def _add_control(report: dict, queries, network: str, index_url: str | None, tim
     if out.exists():
         _fail(ValueError(f"--control-dir {out} already exists; name a new directory"))
     verdicts = control_verdicts(todo, out, index=IndexAccess(upstream=index_url) if network == "package-index"
-                                else None, timeout_s=timeout_s, on_done=said)
-    report["control"] = {"dir": str(out), "verdicts": [v.as_dict() for v in verdicts]}
+                                else None, timeout_s=timeout_s, on_done=said,
+                                image_for=docker_task_images(network, index_url) if docker else None)
+    rows = [v.as_dict() for v in verdicts]
+    for row in rows:
+        counts = pass_to_pass_counts(row["reason"])
+        if counts is not None:
+            row["pass_to_pass_at_base"] = {"passed": counts[0], "total": counts[1]}
+    report["control"] = {"dir": str(out), "verdicts": rows}
     report["unscorable_here"] += [{"id": v.query_id, "needs": [f"an evaluation its starting files do not break "
                                                                f"(control run: {v.reason})"]}
                                   for v in verdicts if v.unscorable]
@@ -176,7 +237,7 @@ def _print_check(report: dict, eval_fraction: float) -> None:
 @benchmark_app.command("ls")
 def benchmark_ls(
     root: Path = typer.Argument(..., help="Benchmark directory."),
-    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
+    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e, swe-bench."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of rows instead of a table."),
 ) -> None:
     """List a benchmark's queries: id, format, timeouts, scoring rule (malformed tasks: a note on stderr)."""
@@ -208,7 +269,7 @@ def benchmark_score(
     root: Path = typer.Argument(..., help="Benchmark directory."),
     query_id: str = typer.Argument(..., help="The query to score against."),
     workspace: Path = typer.Argument(..., help="A workspace (for example a kept one under runs/)."),
-    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e."),
+    fmt: str = typer.Option("auto", "--format", help="Format: auto, nl2repo, terminal-bench, harbor, r2e, swe-bench."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
     network: str = typer.Option("none", "--network", help="none, or package-index (a run's evaluator.network)."),
     index_url: str | None = typer.Option(None, "--index-url", help="The index proxied (evaluator.index_url)."),

@@ -32,9 +32,10 @@ __all__ = [  # the sections in config_model and the base in config_base are re-e
 
 
 class BenchmarkConfig(Section):
-    kind: Literal["tiny", "nl2repo", "terminal-bench", "harbor", "r2e", "auto"] = "tiny"
+    kind: Literal["tiny", "nl2repo", "terminal-bench", "harbor", "r2e", "swe-bench", "auto"] = "tiny"
     """`tiny`: the bundled generated set (NL2RepoBench layout). Otherwise the native format of the
-    directory at `path`: `nl2repo`, `terminal-bench`, `harbor`, `r2e` (R2E-Gym / DeepSWE rows), or
+    directory at `path`: `nl2repo`, `terminal-bench`, `harbor`, `r2e` (R2E-Gym / DeepSWE rows), `swe-bench`
+    (instances built by `gyre benchmark build swe-bench`), or
     `auto` to detect it."""
     path: Path | None = None
     """Benchmark directory. For `tiny`, None generates it under the cache directory."""

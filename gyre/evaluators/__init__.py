@@ -159,7 +159,8 @@ def _score(query: Query, spec, workspace: Path, eval_dir: Path, execution_id: st
     """The format's own scorer; Terminal-Bench, Harbor and R2E in a fresh sandbox (or the live one). When the
     runner gave no verdict or the evaluation raised, a control run on the task's starting files decides whose
     failure it was (`integrity.control`): the evaluator's only if it fails there too."""
-    from gyre.benchmarks.spec import NL2REPO, R2E
+    from gyre.benchmarks.spec import NL2REPO, R2E, SWE_BENCH
+    from gyre.evaluators.common import error
     from gyre.evaluators.environments.deadline import capped
     from gyre.evaluators.formats.container_task import evaluate_container_task
     from gyre.evaluators.formats.in_container import control_in_container, evaluate_in_container
@@ -167,11 +168,27 @@ def _score(query: Query, spec, workspace: Path, eval_dir: Path, execution_id: st
     from gyre.evaluators.formats.nl2repo import evaluate
     from gyre.evaluators.formats.nl2repo_image import evaluate_in_image
     from gyre.evaluators.formats.r2e import evaluate_r2e
+    from gyre.evaluators.formats.swe_bench import evaluate_swe_bench
     from gyre.evaluators.integrity.control import (
         after_crash, crashed, is_crash, with_control, with_environment_control,
     )
     from gyre.sandboxes.docker import DockerSandbox
 
+    if spec.format == SWE_BENCH:  # in a fresh container of the instance's image, as upstream's harness
+        if image is None:
+            eval_dir.mkdir(parents=True, exist_ok=False)
+            return error(execution_id, "unscorable here: a SWE-bench instance is graded in its own image (its "
+                                       "Python and install), which needs sandbox.type: docker")
+
+        def swe(ws: Path, directory: Path) -> Score:
+            return evaluate_swe_bench(query, spec, ws, directory, execution_id,
+                                      max(capped(spec.test_timeout_s or timeout_s, deadline_s), 0.01), image,
+                                      limits=limits, index=index)
+
+        score = swe(workspace, eval_dir)
+        if is_crash(score):  # the workspace's 0 if the starting files evaluate, else the evaluator's failure
+            return after_crash(score, query, eval_dir, lambda ws, d: swe(ws, d / "eval"))
+        return with_control(score, query, eval_dir, lambda ws, d: swe(ws, d / "eval"))
     if spec.format == NL2REPO:
         def nl2repo(ws: Path, directory: Path) -> Score:
             if image is not None:  # docker: in a fresh container of the task's image, as upstream

@@ -46,8 +46,11 @@ class ControlVerdict:
 
 def control_verdicts(queries: Iterable[Query], out_dir: Path, *, index: IndexAccess | None = None,
                      timeout_s: float = 120.0,
-                     on_done: Callable[[ControlVerdict], None] | None = None) -> list[ControlVerdict]:
-    """Score each query's starting files under `out_dir` (which must not exist); `on_done` sees each verdict."""
+                     on_done: Callable[[ControlVerdict], None] | None = None,
+                     image_for: Callable[[Query], object] | None = None) -> list[ControlVerdict]:
+    """Score each query's starting files under `out_dir` (which must not exist); `on_done` sees each verdict.
+    `image_for(query)`: the task image a docker run evaluates it in (`RunEvaluator.task_image`; SWE-bench and
+    NL2RepoBench), None for the local evaluation."""
     from gyre.evaluators import evaluate_query
 
     out_dir = Path(out_dir)
@@ -60,7 +63,8 @@ def control_verdicts(queries: Iterable[Query], out_dir: Path, *, index: IndexAcc
             shutil.copytree(query.start_dir, workspace, symlinks=True)
         else:
             workspace.mkdir(parents=True)
-        score = evaluate_query(query, workspace, where / "eval", f"control-{number:04d}", timeout_s, index=index)
+        score = evaluate_query(query, workspace, where / "eval", f"control-{number:04d}", timeout_s, index=index,
+                               image=image_for(query) if image_for is not None else None)
         if (where / "eval" / "env").is_dir():  # gyre built it; the verdict and its logs do not need it
             shutil.rmtree(where / "eval" / "env")
         verdict = ControlVerdict(query.query_id, score.status.value, score.score, score.detail, str(where / "eval"))
@@ -68,3 +72,15 @@ def control_verdicts(queries: Iterable[Query], out_dir: Path, *, index: IndexAcc
         if on_done is not None:
             on_done(verdict)
     return verdicts
+
+
+def docker_task_images(network: str, index_url: str | None) -> Callable[[Query], object]:
+    """`query -> TaskImage | None` as a docker run with this evaluator network builds task images (its build steps
+    through the package index with `package-index`): `control_verdicts`' `image_for` for `check --sandbox docker`."""
+    from gyre.config.run import RunConfig
+    from gyre.evaluators.run_evaluator import RunEvaluator
+    from gyre.sandboxes.local.isolation import Isolation
+
+    config = RunConfig.model_validate({"sandbox": {"type": "docker", "docker": {
+        "build_network": network, "index_url": index_url}}, "evaluator": {"network": network}})
+    return RunEvaluator.from_config(config, Isolation.detect()).task_image

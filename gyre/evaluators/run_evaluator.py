@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gyre.benchmarks.registry import task_spec
-from gyre.benchmarks.spec import NL2REPO
+from gyre.benchmarks.spec import NL2REPO, SWE_BENCH
 from gyre.config.run import RunConfig
 from gyre.evaluators import evaluate_query, index_access
 from gyre.evaluators.formats.in_container import IN_CONTAINER_FORMATS
@@ -74,7 +74,8 @@ class RunEvaluator:
         )
 
     def task_image(self, query: Query) -> TaskImage | None:
-        """Docker runs: the image an NL2RepoBench execution ran in, where it is evaluated (`nl2repo_image`); else
+        """Docker runs: the image an NL2RepoBench or SWE-bench execution ran in, where it is evaluated in a fresh
+        container (`nl2repo_image`, `swe_bench`); else
         None (scored in the local sandbox)."""
         sandbox = self.config.sandbox
         if sandbox.type != "docker":
@@ -83,7 +84,7 @@ class RunEvaluator:
             spec = task_spec(query)
         except Exception:  # deliberate: `evaluate_query` turns a format it cannot read into its clear error
             return None
-        if spec.format != NL2REPO:
+        if spec.format not in (NL2REPO, SWE_BENCH):
             return None
 
         def resolve() -> tuple[str, str]:

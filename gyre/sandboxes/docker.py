@@ -81,6 +81,7 @@ from gyre.sandboxes.docker_container import (
 )
 from gyre.sandboxes.docker_build import seed_workspace
 from gyre.sandboxes.packages_image import execution_image
+from gyre.sandboxes.swe_image import EnvironmentRecipe
 from gyre.sandboxes.fdwalk import strip_special_bits
 from gyre.sandboxes.git_history import strip_git_history
 from gyre.sandboxes.local.diskwatch import DEFAULT_INTERVAL_S, DiskWatch
@@ -174,13 +175,14 @@ class DockerSandbox:
         agent_index: bool = False,
         packages: tuple[str, ...] = (),
         is_project: Callable[[str, list[str]], bool] | None = None,
+        recipe: EnvironmentRecipe | None = None,
     ) -> DockerSandbox:
         """`base_images`: `sandbox.docker.base_images` (`resolve_image`); `cgroup_parent_name`: the cgroup made
         under gyre's own memory cgroup for the container (`sandbox.docker.cgroup_parent`; engines with the
         cgroupfs driver: one on systemd's keeps its own placement). `dockerfile`: the task's own, built
         (`docker_build.container_image`: when there is no `image`, or it is not on the engine and not pulled) and
         run; `packages`: what the task's image holds on top, never the project itself (`is_project`; NL2RepoBench,
-        `packages_image`).
+        `packages_image`); `recipe`: a SWE-bench instance's images, built instead (`swe_image`).
         The workspace starts from the query's `start/` with what the image holds at `workdir` around it
         (`docker_build.seed_workspace`), git history past the start commit stripped."""
         import docker  # the optional extra, imported only here
@@ -208,7 +210,7 @@ class DockerSandbox:
                 used, note = execution_image(client, query.query_id, requested_image(image, dockerfile), dockerfile,
                                              base_images or {},
                                              build_timeout_s, build_network, pull, index_url, packages, workdir,
-                                             is_project)
+                                             is_project, recipe)
                 left_out = seed_workspace(client, used, workdir, workspace)  # the bind mount hides its workdir
                 if left_out:
                     note += f"; left out of the workspace: {', '.join(left_out[:5])}"

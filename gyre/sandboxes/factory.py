@@ -55,6 +55,7 @@ def create_sandbox(
     eval_slots: Mapping[str, str] | None = None,
     packages: tuple[str, ...] = (),
     is_project: Callable[[str, list[str]], bool] | None = None,
+    recipe=None,
 ) -> Sandbox:
     """A fresh sandbox for one execution; `image` / `dockerfile` / `workdir` are what the query's format asks
     for (docker: the task's image, else its Dockerfile built when `sandbox.docker.build_task_images`).
@@ -64,7 +65,8 @@ def create_sandbox(
     `eval_slots` (docker): evaluation slots bound into the container for an in-container evaluation
     (`gyre.evaluators.formats.in_container`); `agent_dirs` applies to them as to session slots.
     `packages` (docker): what the task's image holds on top of its base (NL2RepoBench, `docker_image`); `is_project`:
-    which of its distributions is the task's own project (removed again, `packages_image`)."""
+    which of its distributions is the task's own project (removed again, `packages_image`). `recipe` (docker): a
+    SWE-bench instance's images (`swe_image.EnvironmentRecipe`), built and run instead."""
     if config.type == "docker":
         from gyre.sandboxes.docker import DockerSandbox
 
@@ -77,7 +79,7 @@ def create_sandbox(
                                     build_network=config.docker.build_network, pull=config.docker.pull,
                                     index_url=config.docker.index_url,
                                     agent_index=config.docker.agent_network == "package-index",
-                                    packages=packages, is_project=is_project)
+                                    packages=packages, is_project=is_project, recipe=recipe)
     from gyre.sandboxes.local.sandbox import LocalSandbox
 
     layout = SandboxLayout(workdir=workdir, mounts=mounts) if isolation.bwrap else None
@@ -87,7 +89,7 @@ def create_sandbox(
 
 def docker_image(config: SandboxConfig, query: Query, *, image: str | None = None, dockerfile: str | None = None,
                  workdir: str | None = None, packages: tuple[str, ...] = (),
-                 is_project: Callable[[str, list[str]], bool] | None = None) -> tuple[str, str]:
+                 is_project: Callable[[str, list[str]], bool] | None = None, recipe=None) -> tuple[str, str]:
     """The image `create_sandbox` runs an execution of `query` from under `config` (docker), and what the execution
     records: built or found as for the agent (`packages_image.execution_image`), so an evaluation that runs in a
     fresh container of it (NL2RepoBench) finds the agent's image in the engine's cache."""
@@ -101,7 +103,7 @@ def docker_image(config: SandboxConfig, query: Query, *, image: str | None = Non
         return execution_image(docker.from_env(), query.query_id, requested_image(image, build),
                                build, config.docker.base_images,
                                config.docker.build_timeout_s, config.docker.build_network, config.docker.pull,
-                               config.docker.index_url, packages, workdir or DEFAULT_WORKDIR, is_project)
+                               config.docker.index_url, packages, workdir or DEFAULT_WORKDIR, is_project, recipe)
 
 
 def _docker_request(config: SandboxConfig, image: str | None, dockerfile: str | None) -> tuple[str | None, str | None]:

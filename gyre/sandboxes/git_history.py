@@ -5,9 +5,10 @@ to fix (SWE-bench strips history newer than the base commit for this reason). A 
 starting files may be a git checkout carrying more than its base commit: other branches,
 tags, remotes, reflogs, a stash, or unreachable objects of the solution. Before the agent
 starts, `strip_git_history` keeps exactly the commits reachable from HEAD: every other
-ref, every remote, every reflog, ORIG_HEAD / FETCH_HEAD, and then (`repack -a -d`,
-`prune`) every object no longer reachable are deleted from the fresh workspace copy
-(never from the benchmark's own directory).
+ref (a tag stays only when it names one of those commits: SWE-bench keeps a repository's
+older tags, which versioneer and setuptools-scm read the version from), every remote, every
+reflog, ORIG_HEAD / FETCH_HEAD, and then (`repack -a -d`, `prune`) every object no longer
+reachable are deleted from the fresh workspace copy (never from the benchmark's own directory).
 """
 
 from __future__ import annotations
@@ -41,8 +42,13 @@ def strip_git_history(repo: Path) -> bool:
         [git, "-C", str(repo), "symbolic-ref", "-q", "HEAD"], capture_output=True, text=True, timeout=GIT_TIMEOUT_S,
         env={"PATH": "/usr/bin:/bin", "HOME": str(repo), "GIT_CONFIG_NOSYSTEM": "1"},
     ).stdout.strip()
-    for ref in run("for-each-ref", "--format=%(refname)").split():
-        if ref != head_ref:
+    has_head = subprocess.run([git, "-C", str(repo), "rev-parse", "--verify", "-q", "HEAD"], capture_output=True,
+                              timeout=GIT_TIMEOUT_S, env={"PATH": "/usr/bin:/bin", "HOME": str(repo),
+                                                          "GIT_CONFIG_NOSYSTEM": "1"}).returncode == 0
+    ancestors = set(run("rev-list", "HEAD").split()) if has_head else set()
+    for line in run("for-each-ref", "--format=%(refname) %(objectname) %(*objectname)").splitlines():
+        ref, obj, peeled = (line.split(" ") + ["", ""])[:3]
+        if ref != head_ref and not (ref.startswith("refs/tags/") and (peeled or obj) in ancestors):
             run("update-ref", "-d", "--no-deref", ref)
     for remote in run("remote").split():
         run("remote", "remove", remote)

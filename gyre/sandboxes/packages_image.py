@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from gyre.sandboxes.docker_build import BuiltImage, container_image, task_image
+from gyre.sandboxes.swe_image import EnvironmentRecipe, instance_image
 
 PACKAGES_LEFT_OUT = "/usr/local/share/gyre-image/left-out.txt"
 """In an image `packages_image` built: the requirements pip could not install there, one a line (none: empty)."""
@@ -105,11 +106,15 @@ def packages_image(client, task: str, base: str, packages: tuple[str, ...], work
 def execution_image(client, task: str, image: str, dockerfile: str | None, base_images: Mapping[str, str],
                     timeout_s: float = 1800.0, network: str = "none", pull: bool = False,
                     index_url: str | None = None, packages: tuple[str, ...] = (), workdir: str = "/app",
-                    is_project: Callable[[str, list[str]], bool] | None = None) -> tuple[str, str]:
-    """`container_image`, then, for an NL2RepoBench task (`packages` its image holds, `is_project` which installed
+                    is_project: Callable[[str, list[str]], bool] | None = None,
+                    recipe: EnvironmentRecipe | None = None) -> tuple[str, str]:
+    """A SWE-bench instance's image when there is a `recipe` (`swe_image.instance_image`); else `container_image`, then, for an NL2RepoBench task (`packages` its image holds, `is_project` which installed
     distribution is its own project), `packages_image` on it: the image an execution runs from and what it records.
     The same arguments give the same (cached) image, so the evaluation of an execution finds the one its agent ran
     in."""
+    if recipe is not None:
+        built = instance_image(client, recipe, timeout_s, network, index_url)
+        return built.tag, built.note
     used, note, _built = container_image(client, task, image, dockerfile, base_images, timeout_s, network, pull,
                                          index_url)
     if packages or is_project is not None:

@@ -53,6 +53,7 @@ from gyre.evaluators.formats.in_container import PLUGIN_SLOT, RESULT_DIR, RESULT
 from gyre.evaluators.formats.nl2repo import Prepared, recorded, run_both
 from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults
 from gyre.evaluators.integrity.plugin_install import PluginInstall
+from gyre.evaluators.formats.swe_recipe import recipe
 from gyre.evaluators.integrity.tally import Tally
 from gyre.evaluators.observed import INTERRUPT_GRACE_S, IndexAccess, Observer
 from gyre.records import Query, Score
@@ -95,6 +96,8 @@ def docker_placement(query: Query, spec: TaskSpec) -> dict:
     if spec.format == NL2REPO:
         return {"workdir": spec.workdir or WORKSPACE_DIR, "packages": spec.image_packages,
                 "is_project": partial(is_the_project, query.query_id)}
+    if spec.swe is not None:  # SWE-bench: the instance's images
+        return {"workdir": spec.workdir, "recipe": recipe(query, spec)}
     return {"workdir": spec.workdir}
 
 

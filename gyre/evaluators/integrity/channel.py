@@ -89,6 +89,9 @@ class TestResult:
     path: str
     outcome: str = "passed"
     """passed | failed | error | skipped."""
+    xfailed: bool = False
+    """Its call failed as its xfail marker expects (pytest's `XFAIL`; `outcome` is skipped): SWE-bench counts it
+    passed."""
     phases: set[str] = field(default_factory=set)
     key: str = ""
     """Its key in `ChannelResults.results`: the node id, or `nodeid#index` for a second item of the same id."""
@@ -222,6 +225,8 @@ class ChannelResults:
             result.outcome = "skipped"
         if message.get("xfail") and result.outcome == "passed" and when == "call":
             result.outcome = "skipped"  # an xfail-marked test that passed is not a plain pass
+        result.xfailed = bool(message.get("xfail")) and when == "call" and outcome == "skipped" or (
+            result.xfailed and outcome != "failed")
 
     def _key(self, nodeid: str, index) -> str:
         """Where a report of `nodeid` goes: its own entry, unless another collected item of the same node id

@@ -4,7 +4,8 @@ A handler gets the event and its arguments and says (kind, detail) when the even
 hidden test's source opened, the result pipe reopened, code compiled under another file's name, pytest's
 classes changed, a Python child started without the monitor), or None. Who did it is the monitor's question
 (`monitor._actor`): a handler's finding is kept only when the actor is the workspace's code. A copy lies beside
-the monitor (`<plugin>_events`); it reads the monitor's state (the pristine files, the result pipe) from it.
+the monitor (`<plugin>_events`); it reads the monitor's state (the pristine files, the result pipe) from the
+monitor that imported it (`use`).
 """
 
 import os as _os
@@ -155,4 +156,6 @@ HANDLERS = {
     "sys.addaudithook": _fixed("audit-hook"),
     "subprocess.Popen": _on_spawn, "os.posix_spawn": _on_spawn,
 }
+if _sys.version_info < (3, 10):  # 3.8/3.9 raise code.__new__ for every code object marshal loads from a .pyc
+    del HANDLERS["code.__new__"]
 CTYPES = _fixed("ctypes")  # every `ctypes.*` event (their names vary)

@@ -34,7 +34,8 @@ def _start():
           else _os.open(_os.environ.pop("GYRE_RESULT_PATH"), _os.O_WRONLY))  # a FIFO: `docker exec` passes no fd
     _os.environ.pop("PYTHONSAFEPATH", None)
     argv = list(getattr(_sys, "orig_argv", []))
-    m_pytest = "-m" in argv and argv[argv.index("-m") + 1: argv.index("-m") + 2] == ["pytest"]
+    m_pytest = "-m" in argv and argv[argv.index("-m") + 1: argv.index("-m") + 2] == ["pytest"] or (
+        not hasattr(_sys, "orig_argv") and _sys.argv[0].replace("\\", "/").endswith("/pytest/__main__.py"))  # 3.9
     if m_pytest or _os.environ.get("GYRE_CWD_ON_PATH") == "1":
         _sys.path.insert(0, _os.getcwd())  # what `python -m pytest` (or the task's PYTHONPATH) puts first
     _stdlib_first()
@@ -80,9 +81,9 @@ def _start():
             return
         import re
         from importlib import metadata
-        for point in metadata.entry_points(group="pytest11"):
-            dist = point.dist
-            if dist is None or re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower() not in plugin_dists:
+        for dist, point in [(d, p) for d in metadata.distributions() for p in d.entry_points  # 3.9: no `point.dist`,
+                            if p.group == "pytest11"]:                                    # no `entry_points(group=)`
+            if re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower() not in plugin_dists:
                 continue
             where = _os.path.realpath(str(dist.locate_file(""))) + _os.sep
             if where.startswith(cwd) or pluginmanager.is_blocked(point.name) or pluginmanager.get_plugin(point.name):
@@ -195,10 +196,13 @@ def _stdlib_first():
     dirs = [d for d in dict.fromkeys(sysconfig.get_path(k) for k in ("stdlib", "platstdlib")) if d]
     dirs += [_os.path.join(d, "lib-dynload") for d in dirs if _os.path.isdir(_os.path.join(d, "lib-dynload"))]
 
+    names = getattr(_sys, "stdlib_module_names", None) or frozenset(  # Python 3.9 lacks it: what its dirs hold
+        (*_sys.builtin_module_names, *(m.name for m in __import__("pkgutil").iter_modules(dirs))))
+
     class _StdlibFirst:
         @classmethod
         def find_spec(cls, name, path=None, target=None):
-            if path is None and name in _sys.stdlib_module_names and name != "test":  # `test/`: a project's tests
+            if path is None and name in names and name != "test":  # `test/`: a project's tests
                 return importlib.machinery.PathFinder.find_spec(name, dirs)
             return None
 

@@ -121,3 +121,19 @@ def test_records_lost_from_duckdb_fail_nothing_lost(store):
             lost["role_switches_rows"], lost["switches_in_memory"]) == (1, 1, 1, 1, 2)
     log3 = [*log, (40.0, ev.DispatchExecution(99, 9, 1))]  # dispatched, never recorded
     assert _checks(store, log3, applied, kills)["records"]["dispatched"] == STEPS * PER_STEP + 1
+
+
+def test_the_scale_bench_sizes_each_run_for_two_steps_in_flight():
+    from pathlib import Path
+
+    from gyre.benches.cells_scale import DEFAULT_CONFIG, scale_config
+    from gyre.config.run import load_config
+
+    base = load_config(Path(__file__).parent.parent / DEFAULT_CONFIG)
+    config = scale_config(base, 16, 8, 3, ranks=2)
+    s = config.scheduler
+    assert (s.policy, s.runtime, s.num_cells, s.slots_per_cell, s.ranks_per_cell) == ("elastic", "ray", 16, 8, 2)
+    # 128 slots hold two steps of 16 groups of 4; the benchmark has queries for four steps
+    assert config.rollout.queries_per_step * config.rollout.group_size * 2 == 16 * 8
+    assert config.benchmark.num_queries >= 4 * config.rollout.queries_per_step and config.steps == 3
+    assert config.rollout.engine == "paced"

@@ -159,7 +159,8 @@ def run(config_path: Path = DEFAULT_CONFIG, out: Path = Path("runs/cells-scale")
 class _Killer(threading.Thread):
     """Kills -9 a random living actor (a random rank of a random cell the watcher sees up) every
     `every_s`; cell `victim` (chosen at random) again and again until Ray's restarts are spent, so
-    it is lost for good."""
+    it is lost for good: while it restarts, other cells are killed only with kills to spare beyond
+    the ones it still needs (`kills` > Ray's restarts, else it cannot be lost)."""
 
     def __init__(self, cells, kills: int, every_s: float, seed: int) -> None:
         super().__init__(daemon=True, name="chaos")
@@ -184,6 +185,12 @@ class _Killer(threading.Thread):
             if not up:
                 continue
             on_victim = victim_kills <= MAX_RESTARTS and any(c.cell_id == self.victim for c in up)
+            owed = max(0, MAX_RESTARTS + 1 - victim_kills)  # kills the victim still needs to be lost
+            if not on_victim and self.kills - len(self.killed) <= owed:
+                continue  # the victim is restarting: keep the kills it needs rather than spend them elsewhere
+            up = [c for c in up if c.cell_id != self.victim or on_victim]
+            if not up:
+                continue
             cell = next(c for c in up if c.cell_id == self.victim) if on_victim else self.rng.choice(up)
             # the victim's rank 0 each time (Ray's restarts are counted per actor); any rank of another cell
             actor = cell.actor if on_victim else self.rng.choice(cell.ranks).actor

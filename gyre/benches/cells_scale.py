@@ -40,6 +40,7 @@ from gyre.config.run import RunConfig, load_config
 
 DEFAULT_CONFIG = Path("configs/tiny-cpu-paced.yaml")
 SAMPLE_S = 0.5  # how often the router's load is sampled
+AFTER_LOSS = 2  # chaos: kills kept for other cells after the victim is lost (the watcher must still see them)
 
 
 def scale_config(base: RunConfig, num_cells: int, slots: int, steps: int, ranks: int = 1) -> RunConfig:
@@ -160,7 +161,8 @@ class _Killer(threading.Thread):
     """Kills -9 a random living actor (a random rank of a random cell the watcher sees up) every
     `every_s`; cell `victim` (chosen at random) again and again until Ray's restarts are spent, so
     it is lost for good: while it restarts, other cells are killed only with kills to spare beyond
-    the ones it still needs (`kills` > Ray's restarts, else it cannot be lost)."""
+    the ones it still needs and `AFTER_LOSS` more for after its loss (`kills` > Ray's restarts, else
+    it cannot be lost)."""
 
     def __init__(self, cells, kills: int, every_s: float, seed: int) -> None:
         super().__init__(daemon=True, name="chaos")
@@ -185,7 +187,8 @@ class _Killer(threading.Thread):
             if not up:
                 continue
             on_victim = victim_kills <= MAX_RESTARTS and any(c.cell_id == self.victim for c in up)
-            owed = max(0, MAX_RESTARTS + 1 - victim_kills)  # kills the victim still needs to be lost
+            # kills the victim still needs to be lost, and AFTER_LOSS kept for other cells once it is
+            owed = max(0, MAX_RESTARTS + 1 - victim_kills) + (AFTER_LOSS if victim_kills <= MAX_RESTARTS else 0)
             if not on_victim and self.kills - len(self.killed) <= owed:
                 continue  # the victim is restarting: keep the kills it needs rather than spend them elsewhere
             up = [c for c in up if c.cell_id != self.victim or on_victim]

@@ -193,3 +193,91 @@ def test_a_correct_solution_fails_its_mutants_and_scores_full_marks(tmp_path):
     workspace = _workspace(tmp_path, query, {"calc.py": "def add(a, b):\n    return a + b\n"})
     score = evaluate(query, workspace, tmp_path / "eval", "honest", timeout_s=60)
     assert score.status is EvalStatus.ok and score.score == 1.0, score
+
+
+BOUND = '''import unittest
+from verses import recite
+
+
+class VerseTest(unittest.TestCase):
+    def test_bound_once_read_last(self):
+        expected = ["2 bottles of beer.", "Take one down."]
+        self.assertEqual(recite(start=2), expected)
+
+    def test_bound_and_passed_in(self):
+        expected = [3]
+        self.assertEqual(recite(start=expected), expected)
+
+    def test_bound_twice(self):
+        expected = 1
+        expected = 2
+        self.assertEqual(recite(start=2), expected)
+
+
+def test_plain_assert_bound():
+    want = {"a": 1}
+    assert recite(start=1) == want
+
+
+def test_bound_read_before_the_end():
+    want = 4
+    print(want)
+    assert recite(start=1) == want
+'''
+
+
+def test_a_name_bound_to_a_literal_once_and_read_only_by_the_last_assertion_gets_a_value_mutant():
+    """exercism's shape (Terminal-Bench's aider-polyglot tasks): `expected = [...]` then
+    `self.assertEqual(f(), expected)`. The literal is changed where it is written; a name any earlier statement
+    reads, or bound twice, changes what ran before the assertion and is negated instead."""
+    found = {m.test[-1]: m for m in plan_mutations(BOUND, random.Random(3))}
+    assert found["test_bound_once_read_last"].kind == VALUE
+    assert found["test_bound_once_read_last"].start[0] == 7  # the assignment's line, not the assertion's
+    assert found["test_plain_assert_bound"].kind == VALUE
+    for flipped in ("test_bound_and_passed_in", "test_bound_twice", "test_bound_read_before_the_end"):
+        assert found[flipped].kind == FLIP, flipped
+    mutated = apply(BOUND.encode(), [found["test_bound_once_read_last"]]).decode()
+    assert mutated.count("\n") == BOUND.count("\n")  # the same lines: code objects keep their line numbers
+    assert mutated != BOUND and "self.assertEqual(recite(start=2), expected)" in mutated
+
+
+REBOUND = '''import sys
+import unittest
+
+
+def test_shadowed_by_a_later_star_import():
+    assert f(1) == 3
+
+
+def test_defined_twice():
+    assert f(2) == 4
+
+
+if sys.version_info >= (3, 8):
+    from .py38_tests import *
+
+
+def test_defined_twice():
+    assert f(2) == 5
+
+
+class BoundTests(unittest.TestCase):
+    def test_at_most(self):
+        count = g()
+        self.assertLessEqual(count, 14)
+
+    def test_at_least(self):
+        self.assertGreaterEqual(g(), 2)
+'''
+
+
+def test_a_test_pytest_collects_under_another_definition_or_an_inequality_gets_no_value_mutant():
+    """Both measured on the fidelity bench's real releases (in-sample): funcy's tests/test_decorators.py ends
+    with `from .py38_decorators import *`, which rebinds `test_decorator_access_args`, so the mutated function
+    never runs and the other passes (an honest release scored tampering); more-itertools' `assertLessEqual(count,
+    14)` passes honestly with 14 changed upward."""
+    found = {m.test: m for m in plan_mutations(REBOUND, random.Random(5))}
+    assert ("test_shadowed_by_a_later_star_import",) not in found  # the star import may rebind it
+    assert found[("test_defined_twice",)].start[0] == 18  # the definition pytest collects, the last one
+    assert found[("BoundTests", "test_at_most")].kind == FLIP  # an inequality is flipped, never value-mutated
+    assert ("BoundTests", "test_at_most") in found and ("BoundTests", "test_at_least") in found

@@ -11,25 +11,20 @@ kept afterwards for inspection:
     eval_dir/reports/image_packages.txt  the image's packages, what could not be installed, plugins
     eval_dir/score.json            the returned Score
 
-Steps: copy the workspace; clean it as upstream does (`nl2repo_upstream.clean`: the package and
-configuration files deleted anywhere, the hidden test paths whole, the image's own files laid under it);
-read the project's pytest settings from the image's files (`nl2repo_upstream.image_settings`), then
-remove the code and configuration the agent could use to force passes or shadow what pytest imports
-(`gyre.evaluators.integrity.pytest_guard`);
-copy the pristine hidden tests in LAST (this run's variant: `run_both` runs everything twice, each
-run on a fresh copy whose tests carry some mutants, `gyre.evaluators.integrity.mutants`), replacing
-any agent edits (symlinks on their way are replaced, never followed); pin pytest's rootdir with gyre's own pytest.ini, which carries the
-project's settings on less what only forges; hand the copy to the sandbox's user and make the
-pristine files root-owned and read-only, their directories sticky (`gyre.sandboxes.local.privileges`);
-install the packages the task's image holds, before any workspace code (`Observer.install`);
-run each test command as upstream does, an argv with no shell (`nl2repo_upstream.as_upstream_runs`), in
-`repo/` shown at `/workspace` in a fresh sandbox (`gyre.sandboxes.local.isolation`) with gyre's result
-plugin loaded by a random name, the image's plugins by distribution and autoloading off, and check
-after each one that nothing was planted
-beside the hidden tests (`gyre.evaluators.integrity.origins.Watch`); results come back over a pipe
-the evaluator owns (`gyre.evaluators.integrity.channel`), never through a file the sandbox can
-write. Only the pristine files' own test ids count, each once across commands
-(`gyre.evaluators.integrity.tally`); a pristine module loaded from another file is tampering.
+Steps: copy the workspace; clean it as upstream does (`nl2repo_upstream.clean`: package and configuration
+files deleted anywhere, the hidden test paths whole, the image's own files laid under it); read the project's
+pytest settings from the image's files (`nl2repo_upstream.image_settings`); remove what could force passes or
+shadow what pytest imports (`integrity.pytest_guard`); copy the pristine hidden tests in LAST, this run's
+variant (`run_both`: everything twice, each run on a fresh copy whose tests carry some mutants,
+`integrity.mutants`), symlinks on their way replaced, never followed; pin pytest's rootdir with gyre's own
+pytest.ini carrying the project's settings less what only forges; hand the copy to the sandbox's user, the
+pristine files root-owned and read-only (`sandboxes.local.privileges`); install the image's packages before
+any workspace code (`Observer.install`); run each command as upstream does, an argv with no shell
+(`nl2repo_upstream.as_upstream_runs`), in `repo/` shown at `/workspace` in a fresh sandbox with gyre's result
+plugin loaded by a random name, the image's plugins by distribution and autoloading off, and check after each
+that nothing was planted beside the hidden tests (`integrity.origins.Watch`); results come back over a pipe
+the evaluator owns (`integrity.channel`). Only the pristine files' own test ids count, each once across
+commands (`integrity.tally`); a pristine module loaded from another file is tampering.
 
 Rules: one rule decides what is dropped (shared/DESIGN.md, "Reward integrity").
 - Once pytest has started collecting below its session with the plugin (with no agent

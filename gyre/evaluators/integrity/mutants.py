@@ -20,7 +20,8 @@ an assertion: so when the original passes every earlier statement ran the same w
 only at its very end (the tests after it meet the same state). The change, by what that assertion is:
 
 - `value`: it compares with a literal (`assert f(x) == 3`, `== "abc"`, `== [1, 2]`, `== approx(0.5)`,
-  `self.assertEqual(f(x), 3)`, `assertAlmostEqual`): one scalar of the literal changed to a value of the
+  `self.assertEqual(f(x), 3)`, `assertAlmostEqual`), or with a name bound to one earlier in the test and read
+  nowhere else (`expected = [...]`, `_bound_literals`): one scalar of the literal changed to a value of the
   same kind and look (an int by 2 to 9 keeping its sign and base, a float by 2 to 20 %, one letter or
   digit of a string for another of its class), never to a value that marks it. Honest code passes a
   value mutant only by returning exactly that other value, so a value mutant reported passed is
@@ -43,17 +44,14 @@ import ast
 import math
 import random
 import re
-import string
 from dataclasses import dataclass
+
+from gyre.evaluators.integrity import literal_change as lit
+from gyre.evaluators.integrity.literal_change import INT_STEPS  # noqa: F401  (the mutants' public figures)
 
 VALUE, FLIP = "value", "flip"
 RUNS = 2
 """Each qualifying test is mutated in exactly one of this many runs."""
-INT_STEPS = range(2, 10)
-"""An int literal moves by one of these (never 1: an off-by-one honest answer must not pass a mutant)."""
-FLOAT_SCALE = (0.02, 0.2)
-"""A float literal moves by this relative range (well outside pytest.approx's 1e-6 and assertAlmostEqual's 7
-places)."""
 SKIPPING_MARKS = ("xfail", "skip")
 FLIPPED_METHODS = {
     "assertTrue": "assertFalse", "assertFalse": "assertTrue", "assertIsNone": "assertIsNotNone",
@@ -166,12 +164,39 @@ def _tests(body: list[ast.stmt], outer: TestId, classes: dict[str, ast.ClassDef]
     """(test id, function node) of every test function pytest collects by default in `body`, but in classes others
     derive from."""
     classes = {**classes, **{n.name: n for n in body if isinstance(n, ast.ClassDef)}}
-    for node in body:
+    for i, node in enumerate(body):
+        if _rebound(node.name if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else "",
+                    body[i + 1:]):
+            continue  # what pytest collects under this name is another object (funcy: `from .py38 import *`)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
             yield (*outer, node.name), node
         elif isinstance(node, ast.ClassDef) and node.name not in subclassed and (
                 node.name.startswith("Test") or _testcase(node, classes)):
             yield from _tests(node.body, (*outer, node.name), classes, subclassed)
+
+
+def _rebound(name: str, later: list[ast.stmt]) -> bool:
+    """Whether a statement of `later` (the rest of the same body, inside its `if`/`try`/`with` blocks but not
+    inside functions or classes) binds `name` again: a def, a class, an assignment, an import, or a star import
+    that may."""
+    if not name:
+        return False
+    stack = list(later)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == name:
+                return True
+            continue  # another scope
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" or (a.asname or a.name.split(".")[0]) == name for a in node.names):
+                return True
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)) and node.id == name:
+            return True
+        if not isinstance(node, ast.Lambda):
+            stack.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def base_names(source: str) -> set[str]:
@@ -199,16 +224,17 @@ def _change(function, lines: list[str], rng: random.Random, helpers: dict[str, t
     if not function.body or not _plain(function):
         return None
     last = function.body[-1]
+    bound = _bound_literals(function)
     if isinstance(last, ast.Assert):
         test = last.test
-        literal = _literal_side(test)
+        literal = _literal_side(test, bound)
         if literal is not None and (value := _value_change(literal, lines, rng)) is not None:
             return value
         if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.IsNot, ast.Eq)):
             right = test.comparators[0]
             if isinstance(right, ast.Constant) and isinstance(right.value, bool):
-                return (*_span(right), str(not right.value), FLIP, None)
-        return (*_span(test), f"not ({_source(test, lines)})", FLIP, None)
+                return (*lit.span(right), str(not right.value), FLIP, None)
+        return (*lit.span(test), f"not ({lit.source(test, lines)})", FLIP, None)
     if not isinstance(last, ast.Expr) or not isinstance(last.value, ast.Call):
         return None
     call = last.value
@@ -217,7 +243,8 @@ def _change(function, lines: list[str], rng: random.Random, helpers: dict[str, t
     compared = (places if places is not None else (0, 1) if name in VALUE_METHODS or _equality_assert(name) else ())
     for place in compared:
         arg = call.args[place] if place < len(call.args) else None
-        if arg is not None and _is_literal(arg) and (value := _value_change(arg, lines, rng)) is not None:
+        arg = bound.get(arg.id, arg) if isinstance(arg, ast.Name) else arg
+        if arg is not None and lit.is_literal(arg) and (value := _value_change(arg, lines, rng)) is not None:
             return value
     if isinstance(call.func, ast.Attribute) and name in FLIPPED_METHODS:
         end = (call.func.end_lineno, call.func.end_col_offset)
@@ -230,21 +257,22 @@ def _equality_assert(name: str) -> bool:
     """A library's equality assertion by its name (`assert_equal`, `assert_array_equal`, `assert_allclose`,
     `assert_frame_equal`): its first two arguments are compared."""
     lowered = name.lower()
-    return lowered.startswith("assert") and ("equal" in lowered or "close" in lowered) and "not" not in lowered
+    return (lowered.startswith("assert") and ("equal" in lowered or "close" in lowered)
+            and not any(word in lowered for word in ("not", "less", "greater")))  # assertLessEqual bounds a value
 
 
 def _value_change(literal: ast.expr, lines: list[str], rng: random.Random):
     """A value mutant of the literal `literal` (one of its scalars changed), with the whole literal as changed."""
-    scalar = _scalar(literal, rng)
-    if scalar is None:
+    chosen = lit.scalar(literal, rng)
+    if chosen is None:
         return None
-    text = _changed(scalar, lines, rng)
+    text = lit.changed(chosen, lines, rng)
     expected = None
     if literal.lineno == literal.end_lineno:
         whole = lines[literal.lineno - 1].encode("utf-8")
-        expected = (whole[literal.col_offset:scalar.col_offset] + text.encode("utf-8")
-                    + whole[scalar.end_col_offset:literal.end_col_offset]).decode("utf-8")
-    return (*_span(scalar), text, VALUE, expected)
+        expected = (whole[literal.col_offset:chosen.col_offset] + text.encode("utf-8")
+                    + whole[chosen.end_col_offset:literal.end_col_offset]).decode("utf-8")
+    return (*lit.span(chosen), text, VALUE, expected)
 
 
 def _plain(function) -> bool:
@@ -263,14 +291,42 @@ def _plain(function) -> bool:
     return True
 
 
-def _literal_side(test: ast.expr) -> ast.expr | None:
-    """The literal side of `a == <literal>` (either side), or of `a == approx(<number>)`."""
+def _bound_literals(function) -> dict[str, ast.expr]:
+    """Names bound to a literal once in `function`'s body (`expected = [...]`, a statement of its own before the
+    last) and read only by the last statement, once: the literal the last assertion compares with, written a
+    line earlier (exercism's tests, Terminal-Bench's aider-polyglot tasks). Changing it changes nothing any
+    earlier statement sees."""
+    if len(function.body) < 2:
+        return {}
+    uses: dict[str, int] = {}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Name):
+            uses[node.id] = uses.get(node.id, 0) + 1
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            for name in node.names:
+                uses[name] = uses.get(name, 0) + 2  # never a candidate
+    read_last = {n.id for n in ast.walk(function.body[-1]) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    found = {}
+    for stmt in function.body[:-1]:
+        if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                and lit.is_literal(stmt.value)):
+            name = stmt.targets[0].id
+            if uses.get(name) == 2 and name in read_last:
+                found[name] = stmt.value
+    return found
+
+
+def _literal_side(test: ast.expr, bound: dict[str, ast.expr] | None = None) -> ast.expr | None:
+    """The literal side of `a == <literal>` (either side, a literal or a name `bound` to one), or of
+    `a == approx(<number>)`."""
     if not isinstance(test, ast.Compare) or len(test.ops) != 1 or not isinstance(test.ops[0], ast.Eq):
         return None
+    bound = bound or {}
     for side, other in ((test.comparators[0], test.left), (test.left, test.comparators[0])):
-        if _is_approx(side) and not _is_literal(other):
+        side = bound.get(side.id, side) if isinstance(side, ast.Name) else side
+        if _is_approx(side) and not lit.is_literal(other):
             return side.args[0]
-        if _is_literal(side) and not _is_literal(other):
+        if lit.is_literal(side) and not lit.is_literal(other):
             return side
     return None
 
@@ -278,112 +334,4 @@ def _literal_side(test: ast.expr) -> ast.expr | None:
 def _is_approx(node: ast.expr) -> bool:
     func = node.func if isinstance(node, ast.Call) else None
     name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-    return name == "approx" and bool(node.args) and _is_literal(node.args[0])
-
-
-def _is_literal(node: ast.expr) -> bool:
-    if isinstance(node, ast.Constant):
-        return True
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        return isinstance(node.operand, ast.Constant)
-    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-        return all(_is_literal(e) for e in node.elts)
-    if isinstance(node, ast.Dict):
-        return all(k is not None and _is_literal(k) for k in node.keys) and all(_is_literal(v) for v in node.values)
-    return False
-
-
-def _scalar(literal: ast.expr, rng: random.Random) -> ast.Constant | ast.UnaryOp | None:
-    """One changeable scalar inside `literal` (an int, float, str or bytes on one line, never a bool), at random."""
-    found = []
-    stack = [literal]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.Dict):
-            stack.extend(node.values)  # keys stay: a changed key reads as a different structure
-        elif isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-            stack.extend(node.elts)
-        elif _changeable(node):
-            found.append(node)
-    return rng.choice(found) if found else None
-
-
-def _changeable(node: ast.expr) -> bool:
-    value = node.operand if isinstance(node, ast.UnaryOp) else node
-    if not isinstance(value, ast.Constant) or node.lineno != node.end_lineno:
-        return False
-    v = value.value
-    if isinstance(v, bool) or not isinstance(v, (int, float, str, bytes)):
-        return False
-    return not (isinstance(v, float) and v != v) and not (isinstance(v, (str, bytes)) and not _has_alnum(v))
-
-
-def _has_alnum(v: str | bytes) -> bool:
-    text = v.decode("latin-1") if isinstance(v, bytes) else v
-    return any(c in string.ascii_letters + string.digits for c in text)
-
-
-def _span(node: ast.AST) -> tuple[tuple[int, int], tuple[int, int]]:
-    return (node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset)
-
-
-def _source(node: ast.AST, lines: list[str]) -> str:
-    """`node`'s own source text (its span in `lines`, UTF-8 byte columns)."""
-    if node.lineno == node.end_lineno:
-        return lines[node.lineno - 1].encode("utf-8")[node.col_offset:node.end_col_offset].decode("utf-8")
-    first = lines[node.lineno - 1].encode("utf-8")[node.col_offset:].decode("utf-8")
-    middle = lines[node.lineno:node.end_lineno - 1]
-    last = lines[node.end_lineno - 1].encode("utf-8")[:node.end_col_offset].decode("utf-8")
-    return first + "".join(middle) + last
-
-
-def _changed(node: ast.expr, lines: list[str], rng: random.Random) -> str:
-    """The replacement text of the scalar literal `node`: same kind, same look, another value."""
-    token = _source(node, lines)
-    negative = isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
-    value = (node.operand if isinstance(node, ast.UnaryOp) else node).value
-    if isinstance(value, int):
-        value = -value if negative else value
-        step = rng.choice(INT_STEPS)
-        moved = rng.choice([v for v in (value + step, value - step) if (v >= 0) == (value >= 0)])  # sign kept
-        return _int_text(moved, token.lstrip("-+ "))
-    if isinstance(value, float):
-        value = -value if negative else value
-        scale = rng.uniform(*FLOAT_SCALE) * rng.choice((-1, 1))
-        moved = value * (1 + scale) if value else scale
-        return _float_text(moved, value, token)
-    return _string_text(value, token, rng)
-
-
-def _int_text(value: int, like: str) -> str:
-    prefix = like[:2].lower()
-    if prefix in ("0x", "0o", "0b") and value >= 0:
-        return like[:2] + format(value, {"0x": "x", "0o": "o", "0b": "b"}[prefix]).upper() \
-            if like[2:].isupper() else like[:2] + format(value, {"0x": "x", "0o": "o", "0b": "b"}[prefix])
-    return str(value)
-
-
-def _float_text(moved: float, original: float, token: str) -> str:
-    """`moved` written as `token` is (fixed or exponent notation), with as few digits as keep it nearer to `moved`
-    than to `original`."""
-    style = "e" if "e" in token.lower() else "f"
-    for places in range(1, 17):
-        text = f"{moved:.{places}{style}}"
-        if abs(float(text) - moved) < abs(float(text) - original):
-            return text
-    return repr(moved)
-
-
-def _string_text(value: str | bytes, token: str, rng: random.Random) -> str:
-    """One letter or digit of `value` replaced by another of its class; written with `token`'s prefix and quotes."""
-    text = value.decode("latin-1") if isinstance(value, bytes) else value
-    places = [i for i, c in enumerate(text) if c in string.ascii_letters + string.digits]
-    i = rng.choice(places)
-    pool = next(p for p in (string.ascii_lowercase, string.ascii_uppercase, string.digits) if text[i] in p)
-    text = text[:i] + rng.choice([c for c in pool if c != text[i]]) + text[i + 1:]
-    changed = text.encode("latin-1") if isinstance(value, bytes) else text
-    quote = next((c for c in token.lstrip("rRbBuUfF") if c in "'\""), "'")
-    written = repr(changed)
-    if quote == '"' and "'" not in text and '"' not in text:
-        written = written.replace("'", '"')
-    return written
+    return name == "approx" and bool(node.args) and lit.is_literal(node.args[0])

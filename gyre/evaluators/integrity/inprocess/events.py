@@ -10,10 +10,9 @@ the monitor (`<plugin>_events`); it reads the monitor's state (the pristine file
 import os as _os
 import sys as _sys
 
-if __package__:  # gyre's own package module (tests, linters)
-    from gyre.evaluators.integrity.inprocess import monitor as _mon
-else:  # an evaluation's copy: the monitor is importing it
-    _mon = __import__(__name__[:-len("_events")] + "_monitor")
+_mon = None
+"""The monitor module that imported this one: it binds itself here (`monitor` imports `events`, never the
+other way round), in gyre's package and in an evaluation's copy alike."""
 
 
 def _path_of(value):

@@ -271,6 +271,7 @@ if __package__:  # what each audit event means (`events`): gyre's package module
     from gyre.evaluators.integrity.inprocess import events as _events
 else:
     _events = __import__(_PLUGIN + "_events")
+_events._mon = _sys.modules[__name__]  # the handlers read the monitor's state (the pristine files, the pipe)
 _HANDLERS, _CTYPES = _events.HANDLERS, _events.CTYPES
 _BUSY = set()
 

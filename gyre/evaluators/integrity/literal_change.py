@@ -1,0 +1,123 @@
+"""How a value mutant changes a literal (`mutants`): which literals qualify, which scalar in one changes, and
+its new text, of the same kind and look as the old (an int by 2 to 9 keeping its sign and base, a float by 2 to
+20 % in its own notation, one letter or digit of a string for another of its class, the same quotes)."""
+
+from __future__ import annotations
+
+import ast
+import random
+import string
+
+INT_STEPS = range(2, 10)
+"""An int literal moves by one of these (never 1: an off-by-one honest answer must not pass a mutant)."""
+FLOAT_SCALE = (0.02, 0.2)
+"""A float literal moves by this relative range (well outside pytest.approx's 1e-6 and assertAlmostEqual's 7
+places)."""
+
+
+def is_literal(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return isinstance(node.operand, ast.Constant)
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return all(is_literal(e) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(k is not None and is_literal(k) for k in node.keys) and all(is_literal(v) for v in node.values)
+    return False
+
+
+def scalar(literal: ast.expr, rng: random.Random) -> ast.Constant | ast.UnaryOp | None:
+    """One changeable scalar inside `literal` (an int, float, str or bytes on one line, never a bool), at random."""
+    found = []
+    stack = [literal]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Dict):
+            stack.extend(node.values)  # keys stay: a changed key reads as a different structure
+        elif isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            stack.extend(node.elts)
+        elif changeable(node):
+            found.append(node)
+    return rng.choice(found) if found else None
+
+
+def changeable(node: ast.expr) -> bool:
+    value = node.operand if isinstance(node, ast.UnaryOp) else node
+    if not isinstance(value, ast.Constant) or node.lineno != node.end_lineno:
+        return False
+    v = value.value
+    if isinstance(v, bool) or not isinstance(v, (int, float, str, bytes)):
+        return False
+    return not (isinstance(v, float) and v != v) and not (isinstance(v, (str, bytes)) and not has_alnum(v))
+
+
+def has_alnum(v: str | bytes) -> bool:
+    text = v.decode("latin-1") if isinstance(v, bytes) else v
+    return any(c in string.ascii_letters + string.digits for c in text)
+
+
+def span(node: ast.AST) -> tuple[tuple[int, int], tuple[int, int]]:
+    return (node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset)
+
+
+def source(node: ast.AST, lines: list[str]) -> str:
+    """`node`'s own source text (its span in `lines`, UTF-8 byte columns)."""
+    if node.lineno == node.end_lineno:
+        return lines[node.lineno - 1].encode("utf-8")[node.col_offset:node.end_col_offset].decode("utf-8")
+    first = lines[node.lineno - 1].encode("utf-8")[node.col_offset:].decode("utf-8")
+    middle = lines[node.lineno:node.end_lineno - 1]
+    last = lines[node.end_lineno - 1].encode("utf-8")[:node.end_col_offset].decode("utf-8")
+    return first + "".join(middle) + last
+
+
+def changed(node: ast.expr, lines: list[str], rng: random.Random) -> str:
+    """The replacement text of the scalar literal `node`: same kind, same look, another value."""
+    token = source(node, lines)
+    negative = isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+    value = (node.operand if isinstance(node, ast.UnaryOp) else node).value
+    if isinstance(value, int):
+        value = -value if negative else value
+        step = rng.choice(INT_STEPS)
+        moved = rng.choice([v for v in (value + step, value - step) if (v >= 0) == (value >= 0)])  # sign kept
+        return int_text(moved, token.lstrip("-+ "))
+    if isinstance(value, float):
+        value = -value if negative else value
+        scale = rng.uniform(*FLOAT_SCALE) * rng.choice((-1, 1))
+        moved = value * (1 + scale) if value else scale
+        return float_text(moved, value, token)
+    return string_text(value, token, rng)
+
+
+def int_text(value: int, like: str) -> str:
+    prefix = like[:2].lower()
+    if prefix in ("0x", "0o", "0b") and value >= 0:
+        return like[:2] + format(value, {"0x": "x", "0o": "o", "0b": "b"}[prefix]).upper() \
+            if like[2:].isupper() else like[:2] + format(value, {"0x": "x", "0o": "o", "0b": "b"}[prefix])
+    return str(value)
+
+
+def float_text(moved: float, original: float, token: str) -> str:
+    """`moved` written as `token` is (fixed or exponent notation), with as few digits as keep it nearer to `moved`
+    than to `original`."""
+    style = "e" if "e" in token.lower() else "f"
+    for places in range(1, 17):
+        text = f"{moved:.{places}{style}}"
+        if abs(float(text) - moved) < abs(float(text) - original):
+            return text
+    return repr(moved)
+
+
+def string_text(value: str | bytes, token: str, rng: random.Random) -> str:
+    """One letter or digit of `value` replaced by another of its class; written with `token`'s prefix and quotes."""
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    places = [i for i, c in enumerate(text) if c in string.ascii_letters + string.digits]
+    i = rng.choice(places)
+    pool = next(p for p in (string.ascii_lowercase, string.ascii_uppercase, string.digits) if text[i] in p)
+    text = text[:i] + rng.choice([c for c in pool if c != text[i]]) + text[i + 1:]
+    changed = text.encode("latin-1") if isinstance(value, bytes) else text
+    quote = next((c for c in token.lstrip("rRbBuUfF") if c in "'\""), "'")
+    written = repr(changed)
+    if quote == '"' and "'" not in text and '"' not in text:
+        written = written.replace("'", '"')
+    return written

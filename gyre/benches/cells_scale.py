@@ -35,19 +35,23 @@ import threading
 import time
 from pathlib import Path
 
+from gyre.benches.chaos_checks import Kill, chaos_checks
 from gyre.config.run import RunConfig, load_config
 
 DEFAULT_CONFIG = Path("configs/tiny-cpu-paced.yaml")
 SAMPLE_S = 0.5  # how often the router's load is sampled
+AFTER_LOSS = 2  # chaos: kills kept for other cells after the victim is lost (the watcher must still see them)
 
 
-def scale_config(base: RunConfig, num_cells: int, slots: int, steps: int) -> RunConfig:
-    """Elastic on `num_cells` Ray cells of `slots` slots, a batch sized for two steps in flight."""
+def scale_config(base: RunConfig, num_cells: int, slots: int, steps: int, ranks: int = 1) -> RunConfig:
+    """Elastic on `num_cells` Ray cells of `slots` slots (`ranks` actors each), a batch sized for two
+    steps in flight."""
     group = base.rollout.group_size
     queries = max(1, num_cells * slots // (2 * group))
     scheduler = base.scheduler.model_copy(update={
         "policy": "elastic", "runtime": "ray", "num_cells": num_cells, "slots_per_cell": slots,
-        "lookahead_groups": max(1, queries // 2), "executions_per_micro_step": group})
+        "lookahead_groups": max(1, queries // 2), "executions_per_micro_step": group,
+        "ranks_per_cell": ranks})
     rollout = base.rollout.model_copy(update={"queries_per_step": queries})
     benchmark = base.benchmark.model_copy(update={"num_queries": max(base.benchmark.num_queries, 4 * queries)})
     return base.model_copy(update={"scheduler": scheduler, "rollout": rollout, "benchmark": benchmark, "steps": steps,
@@ -63,8 +67,7 @@ def pss_mb(pid: int) -> float:
 
 
 def run_one(config: RunConfig, run_dir: Path, kills: int = 0, kill_every_s: float = 8.0, seed: int = 0) -> dict:
-    from gyre.benches.cells_paced import paced_stats, warm
-    from gyre.cells import events as ev
+    from gyre.benches.cells_paced import warm
     from gyre.runtime.coordinator import Coordinator
     from gyre.runtime.live.cells import LiveCells
 
@@ -77,7 +80,8 @@ def run_one(config: RunConfig, run_dir: Path, kills: int = 0, kill_every_s: floa
             warm(cells)
             import ray
 
-            pids = {c.cell_id: ray.get(c.actor.pid.remote(), timeout=60) for c in cells.ray.cells}
+            pids = {(c.cell_id, r): ray.get(rank.actor.pid.remote(), timeout=60)
+                    for c in cells.ray.cells for r, rank in enumerate(c.ranks)}
             memory = {cid: pss_mb(pid) for cid, pid in pids.items()}
             handle_s = _time_handle(cells)
             stop = threading.Event()
@@ -95,21 +99,23 @@ def run_one(config: RunConfig, run_dir: Path, kills: int = 0, kill_every_s: floa
                 killer.stop.set()
             wall_s = time.monotonic() - run_started
             load_after = os.getloadavg()[0]
-            stats = paced_stats(cells)
+            stats, stats_lost = _paced_stats(cells)
             log = list(cells.log.entries)
             switches = [r.seconds for r in cells.switches.records if r.to_role == "train"]
-            faults = [(r.cell_id, r.what) for r in cells.faults.records]
             applied = {step: dict(micro) for step, micro in cells.training.applied.items()}
-            dispatched = len(cells.log.of(ev.DispatchExecution))
+            engine_ids = {c.cell_id: c.engine.engine_id for c in cells.cells}
+            kept = {"faults_in_memory": len(cells.faults.records), "switches_in_memory": len(cells.switches.records)}
         finally:
             cells.close()
         coord.call_log.flush()
+        [(calls,)] = coord.store.query("SELECT count(*) FROM calls")
         result = {
             "num_cells": config.scheduler.num_cells, "slots_per_cell": config.scheduler.slots_per_cell,
+            "ranks_per_cell": config.scheduler.ranks_per_cell, "actors": len(pids),
             "queries_per_step": config.rollout.queries_per_step, "steps": config.steps,
             "actors_start_s": round(actors_start_s, 1), "wall_s": round(wall_s, 1),
             "policy_versions": [r.policy_version for r in records],
-            "router_calls_per_s": round(sum(s["calls"] for s in stats) / wall_s, 1),
+            "router_calls_per_s": round(calls / wall_s, 1),
             "router_peak_in_flight": max(samples, default=0),
             "scheduler_events": handle_s["events"],
             "scheduler_decisions_per_s": round(handle_s["events"] / handle_s["seconds"], 1) if handle_s["seconds"] else None,
@@ -119,19 +125,26 @@ def run_one(config: RunConfig, run_dir: Path, kills: int = 0, kill_every_s: floa
             "actor_pss_mb": {"median": round(statistics.median(memory.values()), 1),
                              "max": round(max(memory.values()), 1), "sum": round(sum(memory.values()), 1)},
             "driver_pss_mb": round(pss_mb(os.getpid()), 1),
-            "calls": sum(s["calls"] for s in stats), "late_calls": sum(s["late_calls"] for s in stats),
-            "late_s": round(sum(s["late_s"] for s in stats), 2),
+            "calls": calls, "paced_calls": sum(s["calls"] for s in stats),
+            "late_calls": sum(s["late_calls"] for s in stats), "late_s": round(sum(s["late_s"] for s in stats), 2),
+            "engines_whose_counts_died": stats_lost,
             "load_avg_1m": [round(load_before, 2), round(load_after, 2)], "run_dir": str(run_dir),
         }
         if kills:
-            result["chaos"] = _chaos_checks(coord, killer, faults, applied, log, dispatched)
+            from gyre.cluster.rollout_actor import MAX_RESTARTS
+
+            result["chaos"] = {
+                "kills": [{"at_s": round(k.at_s, 1), "cell": k.cell_id, "pid": k.pid} for k in killer.killed],
+                **chaos_checks(coord.store, killer.killed, log, applied, engine_ids, steps=config.steps,
+                               executions_per_step=cells.shape.executions_per_step, victim=killer.victim,
+                               max_restarts=MAX_RESTARTS, **kept)}
         return result
     finally:
         coord.close()
 
 
 def run(config_path: Path = DEFAULT_CONFIG, out: Path = Path("runs/cells-scale"), cells: tuple[int, ...] = (4, 8, 16),
-        slots: int = 8, steps: int = 2, kills: int = 0, kill_every_s: float = 8.0) -> dict:
+        slots: int = 8, steps: int = 2, kills: int = 0, kill_every_s: float = 8.0, ranks: int = 1) -> dict:
     """One run per cell count (the chaos run, `kills` > 0, on the largest only)."""
     base = load_config(config_path)
     if base.rollout.engine != "paced":
@@ -140,20 +153,23 @@ def run(config_path: Path = DEFAULT_CONFIG, out: Path = Path("runs/cells-scale")
     runs = []
     for n in cells:
         chaos = kills if n == max(cells) else 0
-        runs.append(run_one(scale_config(base, n, slots, steps), out / f"{n}-cells", chaos, kill_every_s))
+        runs.append(run_one(scale_config(base, n, slots, steps, ranks), out / f"{n}-cells", chaos, kill_every_s))
     return {"runs": runs, "cpu_count": os.cpu_count(), "config": str(config_path)}
 
 
 class _Killer(threading.Thread):
-    """Kills -9 a random living actor every `every_s`; cell `victim` (chosen at random) again and
-    again until Ray's restarts are spent, so it is lost for good."""
+    """Kills -9 a random living actor (a random rank of a random cell the watcher sees up) every
+    `every_s`; cell `victim` (chosen at random) again and again until Ray's restarts are spent, so
+    it is lost for good: while it restarts, other cells are killed only with kills to spare beyond
+    the ones it still needs and `AFTER_LOSS` more for after its loss (`kills` > Ray's restarts, else
+    it cannot be lost)."""
 
     def __init__(self, cells, kills: int, every_s: float, seed: int) -> None:
         super().__init__(daemon=True, name="chaos")
         self.cells, self.kills, self.every_s = cells, kills, every_s
         self.rng = random.Random(seed)
         self.stop = threading.Event()
-        self.killed: list[tuple[float, int, int]] = []  # (seconds into the run, cell, pid)
+        self.killed: list[Kill] = []  # at_s on the cells' timeline, the clock `cell_faults.at_s` uses
         ids = [c.cell_id for c in cells.ray.cells]
         self.victim = self.rng.choice(ids) if ids else None
 
@@ -162,7 +178,6 @@ class _Killer(threading.Thread):
 
         from gyre.cluster.rollout_actor import MAX_RESTARTS
 
-        started = time.monotonic()
         victim_kills = 0
         while len(self.killed) < self.kills and not self.stop.wait(self.every_s):
             if self.cells.scheduler.state.trained_version >= self.cells.steps - 1:
@@ -172,14 +187,54 @@ class _Killer(threading.Thread):
             if not up:
                 continue
             on_victim = victim_kills <= MAX_RESTARTS and any(c.cell_id == self.victim for c in up)
+            # kills the victim still needs to be lost, and AFTER_LOSS kept for other cells once it is
+            owed = max(0, MAX_RESTARTS + 1 - victim_kills) + (AFTER_LOSS if victim_kills <= MAX_RESTARTS else 0)
+            if not on_victim and self.kills - len(self.killed) <= owed:
+                continue  # the victim is restarting: keep the kills it needs rather than spend them elsewhere
+            up = [c for c in up if c.cell_id != self.victim or on_victim]
+            if not up:
+                continue
             cell = next(c for c in up if c.cell_id == self.victim) if on_victim else self.rng.choice(up)
+            # the victim's rank 0 each time (Ray's restarts are counted per actor); any rank of another cell
+            actor = cell.actor if on_victim else self.rng.choice(cell.ranks).actor
             try:
-                pid = ray.get(cell.actor.pid.remote(), timeout=10)
+                pid = ray.get(actor.pid.remote(), timeout=10)
             except Exception:  # deliberate: it is dying or busy already; the next round picks again
                 continue
+            at_s = self.cells.clock() - self.cells.timeline.start_s
             os.kill(pid, signal.SIGKILL)
             victim_kills += cell.cell_id == self.victim
-            self.killed.append((time.monotonic() - started, cell.cell_id, pid))
+            self.killed.append(Kill(at_s, cell.cell_id, pid))
+
+
+def _paced_stats(cells) -> tuple[list[dict], int]:
+    """Each engine's paced counts (`cells_paced.paced_stats`), asked of each actor on its own: an actor
+    restarted by Ray counts from its restart, and one lost for good has none (counted apart)."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    from gyre.benches.cells_paced import paced_stats
+
+    local = paced_stats(_NoRay(cells))
+    out, lost = list(local), 0
+    for cell in cells.ray.cells:
+        for actor in cells.ray.actors(cell.cell_id):
+            try:
+                stats = ray.get(actor.paced_stats.remote(), timeout=60)
+            except RayActorError:  # deliberate: a cell lost for good took its counts with it
+                lost += 1
+                continue
+            if stats is not None:
+                out.append(stats)
+    return out, lost
+
+
+class _NoRay:
+    """The driver's own cells (the core's engine) as `paced_stats` sees them, the actors left out."""
+
+    def __init__(self, cells) -> None:
+        self.cells = [c for c in cells.cells if getattr(c.engine, "stats", None) is not None]
+        self.ray = None
 
 
 def _time_handle(cells) -> dict:
@@ -224,37 +279,3 @@ def _switch_to_claim(log) -> dict:
     if not waits:
         return {"count": 0}
     return {"count": len(waits), "median": round(statistics.median(waits), 3), "max": round(max(waits), 3)}
-
-
-def _chaos_checks(coord, killer: _Killer, faults, applied, log, dispatched: int) -> dict:
-    from gyre.cells import events as ev
-
-    failed = [c for c, what in faults if what == "failed"]
-    lost = [c for c, what in faults if what == "lost"]
-    claims: dict[int, set[int]] = {}
-    for _, c in log:
-        if isinstance(c, ev.ClaimMicroStep):
-            claims.setdefault(c.step_index, set()).add(c.micro_step_id)
-    [(rows, scored, dropped, other)] = coord.store.query(
-        "SELECT count(*), count(*) FILTER (WHERE eval_status IN ('ok', 'tampering')), "
-        "count(*) FILTER (WHERE eval_status = 'error'), "
-        "count(*) FILTER (WHERE eval_status IS NULL OR eval_status NOT IN ('ok', 'tampering', 'error')) "
-        "FROM executions WHERE purpose = 'train'")
-    [(calls, counted)] = coord.store.query(
-        "SELECT (SELECT count(*) FROM calls c JOIN executions e USING (execution_id) WHERE e.purpose = 'train'), "
-        "(SELECT coalesce(sum(num_calls), 0) FROM executions WHERE purpose = 'train')")
-    [(step_rows, distinct_steps)] = coord.store.query("SELECT count(*), count(DISTINCT step) FROM steps")
-    return {
-        "kills": [{"at_s": round(t, 1), "cell": c, "pid": p} for t, c, p in killer.killed],
-        "victim": killer.victim,
-        "deaths_noticed": len(failed), "cells_lost": sorted(set(lost)),
-        "every_death_noticed": len(failed) >= len(killer.killed),
-        "executions": {"dispatched": dispatched, "rows": rows, "scored": scored, "dropped_evaluator_failure": dropped,
-                       "neither": other},
-        "every_execution_scored_or_dropped": other == 0 and scored + dropped == rows,
-        "nothing_lost": rows == dispatched and calls == counted,
-        "calls": {"rows": calls, "counted_by_executions": counted},
-        "no_step_applied_twice": step_rows == distinct_steps
-        and all(set(applied.get(s, {})) == ids for s, ids in claims.items()),
-    }
-

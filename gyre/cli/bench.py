@@ -18,7 +18,7 @@ from rich.table import Table
 from gyre.cli.bench_fidelity import bench_fidelity
 from gyre.cli.bench_learning import bench_learning
 from gyre.cli.bench_output import JSON, _out_dir, _print_figures, _print_json
-from gyre.cli.common import INPUT_ERRORS, _fail, console
+from gyre.cli.common import INPUT_ERRORS, _fail, console, err_console
 
 bench_app = typer.Typer(help="Performance and learning benchmarks (a table, or JSON with --json).",
                         no_args_is_help=True)
@@ -373,12 +373,14 @@ def bench_cells_scale(
     kills: int = typer.Option(0, "--kills", min=0,
                               help="Chaos: kill -9 this many actors during the largest run (one cell until lost)."),
     kill_every: float = typer.Option(8.0, "--kill-every", min=0.5, help="Seconds between kills."),
+    ranks: int = typer.Option(1, "--ranks", min=1, help="Ray actors (ranks) per cell beyond the core."),
     config: Path = typer.Option(Path("configs/tiny-cpu-paced.yaml"), "--config", "-c", help="A paced run config."),
     out: Path | None = typer.Option(None, help="Directory for the runs (default: runs/cells-scale-<time>)."),
     as_json: bool = JSON,
 ) -> None:
     """Many cells as Ray actors with paced engines: calls/s, decisions/s, switch to first micro-step,
-    memory per actor, late calls; with --kills, the chaos run's checks (gyre/benches/cells_scale.py)."""
+    memory per actor, late calls; with --kills, the chaos run's checks, read from the run's records
+    (gyre/benches/chaos_checks.py): exit 1 when any fails."""
     from gyre.benches.cells_scale import run
 
     try:
@@ -387,13 +389,21 @@ def bench_cells_scale(
         _fail(ValueError(f"--cells must be comma-separated integers, got {cells!r}"))
     out = _out_dir(out, "cells-scale")
     try:
-        result = run(config, out, counts, slots=slots, steps=steps, kills=kills, kill_every_s=kill_every)
+        result = run(config, out, counts, slots=slots, steps=steps, kills=kills, kill_every_s=kill_every, ranks=ranks)
     except INPUT_ERRORS as exc:
         _fail(exc)
     (out / "cells-scale.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     if as_json:
         _print_json(result)
-        return
+    else:
+        _print_scale_table(result, out)
+    failed = [r["num_cells"] for r in result["runs"] if "chaos" in r and not r["chaos"]["verdict"]]
+    if failed:
+        err_console.print(f"gyre bench cells-scale: the chaos run's checks failed ({out / 'cells-scale.json'})")
+        raise typer.Exit(1)
+
+
+def _print_scale_table(result: dict, out: Path) -> None:
     table = Table(title=f"gyre bench cells-scale ({out})")
     for col in ("cells", "actors up s", "wall s", "calls/s", "peak in flight", "decisions/s", "events/s",
                 "switch->micro-step s", "actor PSS MB", "late calls", "load"):

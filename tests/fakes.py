@@ -30,6 +30,8 @@ class ScriptedEngine:
         with self._lock:
             self.prompts.append(list(request.prompt_ids))
             text = self._replies.pop(0) if self._replies else ""
+            if callable(text):  # a reply that reads its prompt (what the last observation said)
+                text = text(self._tokenizer.decode(request.prompt_ids))
         ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
         ids.append(self._tokenizer.convert_tokens_to_ids("<|im_end|>"))
         return GenerationResult(ids, [-1.0] * len(ids), "stop", self._version, self.engine_id)

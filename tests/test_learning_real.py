@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from datetime import datetime, timezone
 from math import comb
 
@@ -42,6 +43,7 @@ def test_a_round_counts_only_full_solves_leaves_failed_evaluations_out_and_split
     assert r.pass_at_k == pytest.approx((1.0 + 0.0 + pass_at_k(4, 1, 3)) / 3)
     assert r.zero_tasks == pytest.approx(1 / 3)
     assert r.kinds["add"]["tasks"] == 2 and r.kinds["clamp"]["pass_at_1"] == pytest.approx(0.25)
+    assert r.per_task == {"q0001-add": [4, 2], "q0002-add": [3, 0], "q0003-clamp": [4, 1]}
     with pytest.raises(ValueError, match="no scored eval execution before step 5"):
         round_pass_at_k(tmp_path / "gyre.duckdb", 5)
     curve, rounds = pass_curve(tmp_path / "gyre.duckdb")  # what the bench reads of a run: every round
@@ -61,8 +63,12 @@ def test_arms_differ_only_in_the_objective_and_the_eval_set_is_the_bench_s():
         real_arm_config(BASE, "base", 0, "held_out")
 
 
-def _round(p1: float, pk: float) -> dict:
-    return {"step": 0, "pass_at_1": p1, "pass_at_k": pk, "mean_score": p1, "k": 8}
+def _round(p1: float, pk: float, tasks: int = 100, n: int = 8) -> dict:
+    """A round of `tasks` tasks x `n` samples whose solved samples (p1 of them) are spread evenly."""
+    solved = round(p1 * tasks * n)
+    per_task = {f"q{i:04d}": [n, solved // tasks + (i < solved % tasks)] for i in range(tasks)}
+    return {"step": 0, "pass_at_1": p1, "pass_at_k": pk, "mean_score": p1, "k": n, "tasks": tasks,
+            "samples": tasks * n, "per_task": per_task}
 
 
 def test_the_summary_compares_rl_with_the_base_model_and_with_rft_per_seed():
@@ -77,10 +83,21 @@ def test_the_summary_compares_rl_with_the_base_model_and_with_rft_per_seed():
     assert summary["comparisons"]["rl end - base"]["mean"] == pytest.approx((0.11 + 0.08 + 0.09) / 3)
     assert summary["comparisons"]["rl end - rft end"]["mean"] == pytest.approx((0.07 + 0.05 + 0.05) / 3)
     assert summary["arms"]["rft"]["gain"]["mean"] == pytest.approx((0.04 + 0.03 + 0.04) / 3)
-    assert summary["goal_met"]
-    for seed in range(3):  # rft ending above rl: the goal is not met, whatever rl gained
+    assert summary["comparisons"]["rl end - rft end"]["se_bootstrap"] > summary["comparisons"]["rl end - rft end"]["se"]
+    assert summary["goal_met"] == {"rl above base": True, "rl above rft": True}
+    assert summary["halves"]["rl above rft"]["verdict"] == "above"
+    for seed in range(3):  # rft ending above rl: that half is not met, whatever rl gained
         rounds[("rft", seed)] = [_round(0.35, 0.6)]
-    assert not summarise_real(runs, rounds, "held_out")["goal_met"]
+    again = summarise_real(runs, rounds, "held_out")
+    assert again["goal_met"] == {"rl above base": True, "rl above rft": False}
+    assert again["halves"]["rl above rft"]["verdict"] == "below"
+    for seed in range(3):  # 2 points ahead on every seed, but 20 tasks x 4 samples: level by the bootstrap
+        rounds[("rl", seed)][-1] = _round(0.30, 0.6, tasks=20, n=4)
+        rounds[("rl", seed)][0] = _round(0.20, 0.6, tasks=20, n=4)
+        rounds[("rft", seed)] = [_round(0.2875, 0.6, tasks=20, n=4)]
+    level = summarise_real(runs, rounds, "held_out")
+    assert level["comparisons"]["rl end - rft end"]["se"] < 0.001  # the seeds agree exactly ...
+    assert level["halves"]["rl above rft"]["verdict"] == "level"  # ... but one round's noise is ~0.05
 
 
 def test_the_curves_png_draws_the_eval_rounds_and_per_step_diagnostics(tmp_path):
@@ -145,7 +162,33 @@ def test_the_cli_gives_a_real_model_config_its_arms_and_refuses_bad_input_before
         bad_set = CliRunner().invoke(app, ["bench", "learning", "-c", str(config), "--out", str(out),
                                            "--arm-set", item])
         assert bad_set.exit_code == 2 and says in " ".join(bad_set.output.split()), bad_set.output
+    no_prior = CliRunner().invoke(app, ["bench", "learning", "-c", str(config), "--out", str(out), "--reprint"])
+    assert no_prior.exit_code == 2 and "--reprint takes its runs from --prior" in " ".join(no_prior.output.split())
+    committed = Path(__file__).resolve().parents[1] / "docs/results/learning-smollm2-neg025.json"
+    other = CliRunner().invoke(app, ["bench", "learning", "-c", str(config), "--out", str(out), "--seeds", "0",
+                                     "--prior", str(committed), "--reprint"])  # another config: nothing runs
+    assert other.exit_code == 2 and "the rl arm of seed 0" in " ".join(other.output.split()), other.output
     assert not (out / "rl-s0").exists()
+
+
+def test_reprint_gives_a_committed_result_back_with_both_se_and_each_half_by_the_2_se_rule(tmp_path, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from gyre.cli.main import app
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the file records the config as the bench named it
+    committed = Path("docs/results/learning-smollm2-neg025.json")
+    res = CliRunner().invoke(app, ["bench", "learning", "-c", "configs/smollm2-learn.yaml", "--seeds", "0,1,2",
+                                   "--arm-set", "rl:algo.negative_weight=0.25", "--prior", str(committed),
+                                   "--out", str(tmp_path / "re"), "--reprint", "--json"])
+    assert res.exit_code == 0, res.output
+    again = json.loads((tmp_path / "re" / "learning.json").read_text())
+    assert again == json.loads(committed.read_text())
+    gap = again["comparisons"]["rl end - rft end"]
+    assert gap["se"] is not None and gap["se_bootstrap"] is not None
+    assert again["goal_met"] == {"rl above base": True, "rl above rft": False}
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Rejection-sampling fine-tuning (RFT): supervised steps on the policy's own solved samples.
 
-The baseline RL has to beat. From the same rollouts RL gets (a step's groups, sampled by the
-current policy), keep the executions that solved their task (score >= `solved_score`, every
+The baseline RL has to beat. From rollouts sampled as RL's are (a step's groups, as many, sampled
+by RFT's own current policy: not RL's samples), keep the executions that solved their task (score >= `solved_score`, every
 hidden test passed by default) and take a supervised step on their trainable tokens: the loss is
 the negative log-likelihood with the trajectory processor's weights (mean over an execution's
 trained tokens, then over the step's executions, unsolved ones counting as zero), so the step

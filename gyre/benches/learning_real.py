@@ -35,6 +35,7 @@ import yaml
 
 from gyre.benches.learning import ArmRun, run_arm, stats
 from gyre.benches.learning_plot import plot_real
+from gyre.benches.learning_stats import bootstrap_se, judge
 from gyre.benches.pass_at_k import round_pass_at_k
 
 REAL_ARMS = ("base", "rl", "rft")
@@ -152,9 +153,17 @@ def step_diagnostics(db: Path) -> list[dict]:
             for step, *values in steps]
 
 
+def _difference(pairs: dict[int, tuple[dict, dict]]) -> dict:
+    """pass@1 of a minus b over the seeds' (round a, round b): `stats` over seeds, and `se_bootstrap`."""
+    out = stats([a["pass_at_1"] - b["pass_at_1"] for a, b in pairs.values()])
+    out["se_bootstrap"] = bootstrap_se(list(pairs.values()))
+    return out
+
+
 def summarise_real(runs: dict[tuple[str, int], ArmRun], rounds: dict[tuple[str, int], list[dict]],
                    eval_set: str) -> dict:
-    """Per arm: start, end and gain of pass@1 over seeds; the comparisons the goal reads."""
+    """Per arm: start, end and gain of pass@1 over seeds; the comparisons the goal reads, each with its
+    seed-only se and its bootstrap se (`learning_stats`), and each half of the goal judged by the 2-se rule."""
     seeds = sorted({seed for _, seed in runs})
     base = {s: rounds[("rl", s)][0] for s in seeds if ("rl", s) in rounds and rounds[("rl", s)]}
     ends = {key: r[-1] for key, r in rounds.items() if r}
@@ -169,20 +178,21 @@ def summarise_real(runs: dict[tuple[str, int], ArmRun], rounds: dict[tuple[str, 
         if mine:
             arms[arm] = {"start": stats([base[s]["pass_at_1"] for s in mine]),
                          "end": stats([ends[(arm, s)]["pass_at_1"] for s in mine]),
-                         "gain": stats([ends[(arm, s)]["pass_at_1"] - base[s]["pass_at_1"] for s in mine]),
+                         "gain": _difference({s: (ends[(arm, s)], base[s]) for s in mine}),
                          "end_pass_at_k": stats([ends[(arm, s)]["pass_at_k"] for s in mine]),
                          "end_mean_score": stats([ends[(arm, s)]["mean_score"] for s in mine]),
                          "wall_s": stats([runs[(arm, s)].wall_s for s in mine])}
     both = [s for s in seeds if ("rl", s) in ends and ("rft", s) in ends]
-    rl_minus_rft = stats([ends[("rl", s)]["pass_at_1"] - ends[("rft", s)]["pass_at_1"] for s in both])
-    gain = arms.get("rl", {}).get("gain", stats([]))
-    met = (gain["mean"] is not None and gain["n"] > 1 and gain["mean"] >= GOAL_POINTS
-           and gain["mean"] >= 2 * gain["se"] and rl_minus_rft["mean"] is not None and rl_minus_rft["mean"] > 0)
+    rl_minus_rft = _difference({s: (ends[("rl", s)], ends[("rft", s)]) for s in both})
+    gain = arms.get("rl", {}).get("gain", _difference({}))
+    halves = {"rl above base": judge(gain, GOAL_POINTS), "rl above rft": judge(rl_minus_rft)}
     return {"metric": "pass@1 (every hidden test passed)", "eval_set": eval_set, "arms": arms,
-            "comparisons": {"rl end - base": gain, "rft end - base": arms.get("rft", {}).get("gain", stats([])),
+            "comparisons": {"rl end - base": gain, "rft end - base": arms.get("rft", {}).get("gain", _difference({})),
                             "rl end - rft end": rl_minus_rft},
-            "goal": f"rl end >= base + {GOAL_POINTS:.2f} at >= 2 standard errors, and above rft ({eval_set})",
-            "goal_met": met,
+            "goal": (f"rl end >= base + {GOAL_POINTS:.2f} and >= 2 se above it; rl end >= 2 se above rft's, else "
+                     f"level ({eval_set}; se: the larger of the seed-only and the bootstrap one, >= 2 seeds)"),
+            "halves": halves,
+            "goal_met": {name: half["met"] for name, half in halves.items()},
             "runs": [{**asdict(r), "rounds": rounds.get(key, [])} for key, r in sorted(runs.items())]}
 
 
@@ -213,16 +223,26 @@ def _from_prior(record: dict) -> tuple[ArmRun, list[dict], list[dict]]:
 
 def run_real(base: dict, config_path: Path, out: Path, seeds: list[int], timeout_s: float,
              arms: tuple[str, ...] = REAL_ARMS, eval_set: str = "held_out", prior: dict | None = None,
-             overrides: dict[str, dict] | None = None) -> dict:
+             overrides: dict[str, dict] | None = None, reprint: bool = False) -> dict:
     """`arms` x `seeds` from the real-model config dict `base`, each arm with its `overrides`; the summary
     (also `out/learning.json`).
 
-    A run in `prior` (an earlier summary) with the same arm, seed and config is taken from it, not run."""
+    A run in `prior` (an earlier summary) with the same arm, seed and config is taken from it, not run.
+    `reprint`: every run must be: ConfigError naming the first that is not, before anything runs."""
+    from gyre.config.base import ConfigError
+
     check_real_arms(arms)
     configs = {(arm, seed): real_arm_config(base, arm, seed, eval_set, overrides)
                for seed in seeds for arm in ("rl", "rft") if arm in arms}
     rollouts_per_run = check_arm_configs(configs)
     earlier = prior_runs(prior) if prior is not None else {}
+    if reprint:
+        missing = [key for key, config in configs.items() if key not in earlier or earlier[key]["config"] != config]
+        if missing:
+            arm, seed = missing[0]
+            raise ConfigError(f"--reprint: the {arm} arm of seed {seed} is not in the prior file with this config "
+                             f"({'absent' if (arm, seed) not in earlier else 'its recorded config differs'}); "
+                             "give the same --config, --seeds, --steps, --eval-set and --arm-set as its bench")
     runs: dict[tuple[str, int], ArmRun] = {}
     rounds: dict[tuple[str, int], list[dict]] = {}
     steps: dict[tuple[str, int], list[dict]] = {}

@@ -42,6 +42,8 @@ class RoundPassK:
     zero_tasks: float
     """Share of tasks no sample solved: what no sharpening can reach."""
     kinds: dict[str, dict[str, float | int]]
+    per_task: dict[str, list[int]]
+    """Query id -> [valid samples n, solved c] of every task: what a bootstrap over tasks and samples redraws."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -78,4 +80,5 @@ def round_pass_at_k(db: Path, step: int, k: int | None = None) -> RoundPassK:
     return RoundPassK(step=step, tasks=int(overall["tasks"]), samples=sum(n for n, _, _ in per_task.values()), k=k,
                       pass_at_1=float(overall["pass_at_1"]), pass_at_k=float(overall["pass_at_k"]),
                       mean_score=float(overall["mean_score"]), zero_tasks=float(overall["zero_tasks"]),
-                      kinds={kind: _summary(v, k) for kind, v in sorted(kinds.items())})
+                      kinds={kind: _summary(v, k) for kind, v in sorted(kinds.items())},
+                      per_task={qid: [n, c] for qid, (n, c, _) in per_task.items() if n >= k})

@@ -44,12 +44,16 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from gyre.benchmarks.probe_tasks import probe_task
 from gyre.benchmarks.tiny_tasks import TinyTask, tiny_task
 
 # 2: hidden tests check the exact type before the value (1: plain `==`, beaten by always-equal objects).
 # 3: function names from one pool shared by every template (2: 3-4 names per template, learnt by heart).
 FORMAT_VERSION = 3
 MANIFEST_FILE = "tiny.json"
+FAMILIES = {"tiny": tiny_task, "probe": probe_task}
+"""Template families: `tiny` (one-turn single-module tasks, `tiny_tasks.py`) and `probe` (the answer is what a
+script in the workspace prints: several turns, `probe_tasks.py`)."""
 TEST_COMMAND = "python -m pytest -q -p no:cacheprovider tests"
 
 
@@ -62,9 +66,11 @@ def tiny_reference(query) -> tuple[str, str]:
     return files[0].name, files[0].read_text(encoding="utf-8")
 
 
-def generate_tiny(out: Path, num_queries: int = 64, seed: int = 0, module: str | None = None) -> Path:
+def generate_tiny(out: Path, num_queries: int = 64, seed: int = 0, module: str | None = None,
+                  family: str = "tiny") -> Path:
     """Write the tiny set to `out` (NL2RepoBench layout) and return `out`. `module`: every query asks for
     `<module>.py` (recorded in the manifest; a single-file agent's default file), else a module per query.
+    `family`: whose templates (`FAMILIES`; recorded in the manifest unless `tiny`).
 
     If `out` already holds the set for the same (seed, num_queries) it is returned
     unchanged; if it holds the same set written by an older FORMAT_VERSION, and nothing
@@ -75,8 +81,10 @@ def generate_tiny(out: Path, num_queries: int = 64, seed: int = 0, module: str |
     out = Path(out)
     if module is not None and not re.fullmatch(r"[a-z_][a-z0-9_]*", module):
         raise ValueError(f"module must be a lower-case Python module name, got {module!r}")
+    if family not in FAMILIES:
+        raise ValueError(f"unknown task family {family!r}; families: {', '.join(FAMILIES)}")
     manifest = {"format_version": FORMAT_VERSION, "generator": __name__, "num_queries": num_queries, "seed": seed,
-                **({"module": module} if module else {})}
+                **({"module": module} if module else {}), **({"family": family} if family != "tiny" else {})}
     outdated = False
     if out.exists():
         found = _read_manifest(out)
@@ -88,7 +96,7 @@ def generate_tiny(out: Path, num_queries: int = 64, seed: int = 0, module: str |
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         for index in range(num_queries):
-            task = tiny_task(seed, index, module)
+            task = FAMILIES[family](seed, index, module)
             _write_query(tmp / f"q{index:04d}-{task.kind}", task)
         _write(tmp / "README.md", _readme(num_queries, seed))
         _write(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -134,6 +142,8 @@ def _write_query(project: Path, task: TinyTask) -> None:
     _write(project / "test_files.json", json.dumps([test_file], indent=2) + "\n")
     _write(project / "hidden_tests" / test_file, task.test_source())
     _write(project / "reference" / f"{task.module}.py", task.reference)
+    for path, content in task.start_files:
+        _write(project / "start" / path, content)
 
 
 def _write(path: Path, text: str) -> None:
@@ -161,7 +171,7 @@ def _check_existing(out: Path, manifest: dict) -> None:
 
 _QUERY_DIR = re.compile(r"q\d{4}-[a-z_]+")
 _QUERY_ENTRIES = {
-    "start.md", "test_case_count.txt", "test_commands.json", "test_files.json", "hidden_tests", "reference",
+    "start.md", "test_case_count.txt", "test_commands.json", "test_files.json", "hidden_tests", "reference", "start",
 }
 
 

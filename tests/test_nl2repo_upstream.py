@@ -37,12 +37,12 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 
 
 def _task(tmp_path: Path, commands: list[str], *, image: dict[str, str] | None = None, start_md: str = "",
-          name: str = "calc"):
+          name: str = "calc", tests: str = CALC_TESTS, count: int = 2):
     project = tmp_path / "bench" / name
-    _write(project / "hidden_tests", {"tests/test_calc.py": CALC_TESTS})
+    _write(project / "hidden_tests", {"tests/test_calc.py": tests})
     _write(project / "image_workspace", image or {})
     (project / "start.md").write_text("Write calc.py with add(a, b).\n" + start_md)
-    (project / "test_case_count.txt").write_text("2\n")
+    (project / "test_case_count.txt").write_text(f"{count}\n")
     (project / "test_commands.json").write_text(json.dumps(commands))
     (project / "test_files.json").write_text(json.dumps(["tests"]))
     (query,) = load_nl2repo(project.parent)
@@ -135,6 +135,33 @@ def test_a_command_naming_workspace_runs_locally(tmp_path):
     assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 2), score.detail
     empty = evaluate_query(query, _write(tmp_path / "empty", {}), tmp_path / "eval-empty", "y", timeout_s=120)
     assert (empty.status, empty.score) == (EvalStatus.ok, 0.0), empty.detail
+
+
+CHILD_TESTS = CALC_TESTS + (
+    "\n\ndef test_a_child_elsewhere():\n"
+    "    import os, subprocess, sys, tempfile\n"
+    "    path = os.pathsep.join(filter(None, [os.environ.get('PYTHONPATH'), os.getcwd()]))\n"
+    "    done = subprocess.run([sys.executable, '-c', 'import calc; print(calc.add(2, 3))'], cwd=tempfile.gettempdir(),\n"
+    "                          env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True)\n"
+    "    assert done.stdout == '5\\n', done.stderr\n")
+
+
+@needs_bwrap
+def test_a_test_child_started_elsewhere_with_the_workspace_on_its_path_trusts_none_of_it(tmp_path):
+    """python-dotenv's tests run its console script from a temporary directory, the workspace on the child's path
+    through the editable install: the child took the workspace for the environment's code, so importing the
+    project was `disguised-code` (a zero under `monitor: zero`, docs/results/nl2repo-fidelity-local.json), and
+    what the workspace's code did in such a child went unseen. The evaluator names the workspace
+    (`GYRE_WORKSPACE_ROOT`) to every process of the command."""
+    query = _task(tmp_path, ["pytest --continue-on-collection-errors /workspace/tests"], tests=CHILD_TESTS, count=3)
+    honest = evaluate_query(query, _write(tmp_path / "ws", {"calc.py": CALC}), tmp_path / "eval", "x", timeout_s=120)
+    assert (honest.status, honest.score, honest.tests_passed) == (EvalStatus.ok, 1.0, 3), honest.detail
+    assert not [f for f in honest.flags if f.startswith("runtime-")], honest.flags
+    peeking = CALC + "import gc\nif __import__('os').getcwd() != '/workspace':\n    gc.get_objects()\n"
+    seen = evaluate_query(query, _write(tmp_path / "ws2", {"calc.py": peeking}), tmp_path / "eval2", "y",
+                          timeout_s=120)
+    assert any(f.startswith("runtime-gc calc.py:") or f.startswith("runtime-gc /workspace/calc.py:")
+               for f in seen.flags), seen.flags
 
 
 @needs_bwrap

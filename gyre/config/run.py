@@ -5,8 +5,9 @@ results (`<run_dir>/config.yaml`). Every field carries a docstring (shown by
 `RunConfig.model_json_schema()`); unknown keys and wrong types are errors that name the
 file and the field. Backends are chosen by a `type` field, so adding SGLang or
 Megatron-core adds a variant, not a flag. The strict section base and the YAML loader are in
-`gyre.config.base`, the model section in `gyre.config.model`, the cell scheduler's in
-`gyre.config.scheduler`; all are re-exported here.
+`gyre.config.base`, the model section in `gyre.config.model`, the sandbox's in `gyre.config.sandbox`, the
+evaluator's and the eval rounds' in `gyre.config.evaluator`, the cell scheduler's in `gyre.config.scheduler`;
+all are re-exported here.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 
 from gyre.config.base import ConfigError, Section, load_yaml_model
+from gyre.config.evaluator import EvaluationConfig, EvaluatorConfig
 from gyre.config.model import ModelConfig, TinyModelSettings, WarmstartSettings
 from gyre.config.paced import PacedConfig
+from gyre.config.sandbox import DockerConfig, SandboxConfig
 from gyre.config.scheduler import SchedulerConfig
 
 __all__ = [  # the sections in config_model and the base in config_base are re-exported here
@@ -159,122 +162,6 @@ class HarnessConfig(Section):
     """`sleepy`: wall-clock seconds per simulated hour (10: a 4 h harness timeout lasts 40 s)."""
     sleepy_calls: int = Field(default=4, gt=0)
     """`sleepy`: model calls per execution; the drawn duration is spread as equal waits after each."""
-
-
-class DockerConfig(Section):
-    base_images: dict[str, str] = Field(default_factory=dict)
-    """Images this machine cannot pull, replaced by local ones: requested name -> local name (e.g.
-    `python:3.11-slim: gyre-base:local`, the Debian base `scripts/docker-engine.sh` builds offline). Applied
-    to every image a container starts from (a task's, `sandbox.image`, the default) and to the FROM lines of a
-    task's Dockerfile when it is built (there the key `"*"` replaces any other image the engine lacks). A key
-    with `*` is a pattern (`ghcr.io/laude-institute/t-bench/*`), the longest match wins after an exact key; an
-    execution whose image was replaced records `requested -> used` in `executions.image`."""
-    build_task_images: bool = True
-    """Build a Terminal-Bench or Harbor task's own Dockerfile (cached by its build context's digest,
-    `gyre.sandboxes.docker_build`) and run its executions in that image, the workspace seeded from the image's
-    working directory when the task has no `start/`; false: `sandbox.image` for every task."""
-    build_timeout_s: float = Field(default=1800.0, gt=0)
-    """Seconds one task image's build may take."""
-    build_network: Literal["none", "package-index", "host"] = "none"
-    """The network a task image's build steps get: none; `package-index`, gyre's allow-listed index proxy and
-    nothing else (`RUN pip install ...` works, apt and curl do not: `gyre.sandboxes.build_index`); or the host's
-    (what upstream's `docker compose build` gives: a `RUN apt-get install ...` needs it; the build runs the
-    task's Dockerfile, never the agent's code)."""
-    agent_network: Literal["none", "package-index"] = "none"
-    """The agent's network: none (the default), or `package-index`: gyre's allow-listed index proxy and nothing
-    else, its own per execution, closed when the agent ends (`gyre.sandboxes.agent_index`; upstream's agents have
-    the network: reference solutions `pip install` what they need)."""
-    index_url: str | None = None
-    """The index `build_network` / `agent_network: package-index` proxy (None: the one pip here is configured
-    with)."""
-    pull: bool = False
-    """Pull an image the engine does not have from its registry (a cluster's). Off: never; a missing image is
-    replaced (`base_images`, the task's Dockerfile built) or the execution records why it could not start (no
-    registry answers here, and a pull is traffic off the machine)."""
-    cgroup_parent: str = "gyre-docker"
-    """cgroup the containers' cgroups are made under, relative to gyre's own memory cgroup (so what a
-    container uses is charged where gyre's is, not at the hierarchy's root); "" leaves it to the engine."""
-
-
-class SandboxConfig(Section):
-    type: Literal["local", "docker"] = "local"
-    """Sandbox backend: `local` (a workspace directory per execution, bubblewrap + resource limits)
-    or `docker` (a container per execution; needs `pip install gyre-rl[docker]` and a running Docker
-    engine, checked before the run starts)."""
-    image: str | None = None
-    """`docker`: the image for queries whose benchmark names none (None: python:3.11-slim)."""
-    docker: DockerConfig = DockerConfig()
-    """`docker`: image substitutions and the containers' cgroup parent."""
-    cpu_seconds: int = Field(default=60, gt=0)
-    """CPU-time limit per process started in the sandbox."""
-    max_file_bytes: int = Field(default=64 * 2**20, gt=0)
-    """Largest file a sandboxed process may write."""
-    memory_bytes: int = Field(default=2 * 2**30, gt=0)
-    """Address-space limit per sandboxed process."""
-    isolation: Literal["auto", "bwrap", "none"] = "auto"
-    """`auto`: bubblewrap namespaces when `bwrap` works, else plain processes with a loud warning, and an
-    error instead when gyre runs as root (agent code would run as root, unconfined); `bwrap`: refuse to run
-    without it; `none`: plain processes (trusted models only; as root, only when asked for by name)."""
-    max_processes: int = Field(default=256, gt=0)
-    """Processes + threads of one command's whole tree (cgroup pids.max, where cgroups work)."""
-    tree_memory_bytes: int = Field(default=4 * 2**30, gt=0)
-    """Memory of one command's whole tree (cgroup memory limit, where cgroups work)."""
-    cpu_cores: float = Field(default=1.0, gt=0)
-    """CPU cores one command's tree may use (cgroup CPU quota, where cgroups work)."""
-    max_workspace_bytes: int = Field(default=2 * 2**30, gt=0)
-    """Bytes the workspace and scratch /tmp may hold; a command is killed beyond it."""
-
-
-class EvaluatorConfig(Section):
-    timeout_s: float = Field(default=120.0, gt=0)
-    """Time limit of one hidden-test command."""
-    network: Literal["none", "package-index"] = "none"
-    """What an evaluation's sandbox may reach. `none`: nothing (pip installs build offline with the
-    evaluation's own setuptools). `package-index`: an allow-listed proxy of gyre's to `index_url`
-    (pip and uv pointed at it; every request logged; NL2RepoBench's own project denied, so
-    installing the real upstream package is tampering). The agent's sandbox never gets either."""
-    index_url: str | None = None
-    """The package index proxied with `network: package-index` (None: the index pip on this machine
-    is configured with, else PyPI)."""
-    index_hosts: list[str] = Field(default_factory=list)
-    """Hosts allowed besides the index's own and its known files host."""
-    container_tasks: Literal["in_place", "fresh"] = "in_place"
-    """Where Terminal-Bench and Harbor tasks are tested. `in_place` (upstream's way): in the agent's own
-    sandbox session after it stops, processes it left running still alive (a server the tests call),
-    the tests copied in then (`gyre.evaluators.formats.in_place`; local sandbox with bubblewrap, gyre as root;
-    `sandbox.type: docker`: the agent's own container, R2E-Gym's too, `gyre.evaluators.formats.in_container`; elsewhere
-    `fresh` is used, with a warning). `fresh`: a new local sandbox on a copy of the workspace."""
-    allow_unscorable: bool = False
-    """Run queries this machine cannot score (their needs unmet here: `gyre benchmark check DIR`). False: a run
-    holding any stops before any model is built, naming each query and what it needs; true (`gyre run
-    --allow-unscorable`, a deployment's `allow_unscorable`): they run, their evaluations dropped, never zeros."""
-    max_dropped_share: float = Field(default=0.5, ge=0.0, le=1.0)
-    """A run whose evaluator failures (dropped executions, never counted as zeros) exceed this share of its
-    executions ends `failed` (DuckDB `runs.status`, its Prefect flow run Failed) with the counts as its reason,
-    as does a run that scored nothing at all (`gyre.runtime.run_status.verdict`)."""
-    monitor: Literal["record", "zero", "off"] = "record"
-    """Reward-hacking monitors: the static one (`gyre.evaluators.integrity.monitor`) over each kept workspace and the
-    runtime one (`integrity.runtime`) in its test processes. `record` stores their flags with the execution
-    (`executions.flags`); `zero` also scores 0 with status `tampering` a workspace with a flag that acts on its
-    benchmark (`integrity.zero_policy`: on real benchmarks the kinds measured not to fire on correct code, on the
-    tiny set every flag); `off` skips the static scan (the runtime flags are still recorded)."""
-
-
-class EvaluationConfig(Section):
-    every_steps: int = Field(default=0, ge=0)
-    """Evaluate the policy on the held-out queries before every N-th step and after the last; 0: never."""
-    samples_per_query: int = Field(default=4, gt=0)
-    """Executions per eval query; the eval pass rate is the mean score over them (rollout temperature)."""
-    max_queries: int | None = Field(default=None, gt=0)
-    """Evaluate on at most this many held-out queries (the first by id); None: all."""
-    at_start: bool = True
-    """Evaluate the starting policy before step 0. False: another run already measured the same starting weights
-    (`gyre bench learning`'s rft arm starts where its rl arm does); a run of 0 steps still evaluates once."""
-    set: Literal["held_out", "validation"] = "held_out"
-    """Which queries the eval rounds sample: the held-out sets (`in_distribution`, and `generalisation`
-    when `benchmark.held_out_kinds` names templates), or the validation set carved from training
-    (`benchmark.validation_fraction`; recorded as `evals.split = validation`), which is what every
-    choice of knobs reads so the held-out sets measure the chosen ones only."""
 
 
 class MegatronConfig(Section):

@@ -234,7 +234,10 @@ class Observer:
         extra = dict(env)
         addopts = (*addopts, *([extra.pop("PYTEST_ADDOPTS")] if "PYTEST_ADDOPTS" in extra else []))
         full_env = {**extra, **self.env.env(), **self.plugin.env(plugin_path, addopts), **channel.env(),
-                    **audits.env(), **children.env()}
+                    **audits.env(), **children.env(),
+                    # the runtime monitor trusts nothing under it, wherever a test's subprocess starts (an
+                    # editable install puts the workspace's `src/` on every child's path)
+                    "GYRE_WORKSPACE_ROOT": layout.inside(workspace) if layout is not None else str(workspace)}
         if self.plugin_dists:
             full_env["GYRE_PLUGIN_DISTS"] = ",".join(self.plugin_dists)
         if self.index_url is not None:  # as upstream's image does: pip builds in an isolated environment,

@@ -207,7 +207,7 @@ class ContainerObserver(Observer):
         channel, audits = result_fifos(box)
         full_env = {"HOME": HOME, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                     "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-                    "GYRE_WORKSPACE_ROOT": WORKSPACE_DIR,  # the runtime monitor trusts nothing under it
+                    "GYRE_WORKSPACE_ROOT": box.workdir,  # the runtime monitor trusts nothing under it
                     **{k: v for k, v in env.items() if k.startswith("GYRE_")},
                     **self.plugin.env(box.eval_slots[PLUGIN_SLOT], addopts), **channel.env(), **audits.env()}
         if self.plugin_dists:

@@ -339,3 +339,22 @@ def test_a_decorator_recompiling_a_tests_own_function_under_its_name_is_no_disgu
     said = _run(tmp_path, RECOMPILING_DECORATOR, extra={"test_decorated.py": DECORATED_TESTS})
     assert said.passed("tests/test_decorated.py::test_decorated"), said.results
     assert not [a for a in said.audits if a[0] == "disguised-code"], said.audits
+
+
+CHILD_EXEC = '''import subprocess, sys
+
+
+def add(a, b):
+    """A CLI the workspace ships that runs what it is asked to (`dotenv run printenv a`): its process execs."""
+    child = "import os; os.execv('/bin/echo', ['echo', str({} + {})])".format(a, b)
+    return int(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, close_fds=False).stdout)
+'''
+
+
+def test_exec_is_a_route_only_where_the_process_reports(tmp_path):
+    """python-dotenv's `dotenv run` execs the command it runs, in a test's child: no route (it was `runtime-exec`, a
+    zero under `monitor: zero`), even with every descriptor the child could inherit kept. The command's own
+    process is where an exec cuts or decides what is reported (ROUTES["exec"])."""
+    said = _run(tmp_path, CHILD_EXEC)
+    assert said.passed("tests/test_pkg.py::test_small") and said.passed("tests/test_pkg.py::test_larger")
+    assert not [a for a in said.audits if a[0] == "exec"], said.audits

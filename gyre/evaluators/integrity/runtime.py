@@ -10,7 +10,8 @@ pristine tests') does that a solution has little reason to do and a forger needs
 - `trace`: `sys.settrace` / `sys.setprofile`;
 - `gc`: `gc.get_objects` / `get_referrers` / `get_referents`: how code finds pytest's objects;
 - `ctypes`: any `ctypes` operation (importing it included): memory pokes get past everything else;
-- `exec`: `os.exec*`: the test process replaced by another program (`/bin/true`) before it reports;
+- `exec`: `os.exec*`: the test process replaced by another program (`/bin/true`) before it reports (in the
+  command's own process or one holding the result pipe; a test's child running a program is no route);
 - `result-channel`: the result pipe opened by its descriptor, `/proc/self/fd/N` or its path;
 - `fd-scan`: `/proc/self/fd` (or `/dev/fd`) listed, how one finds that pipe;
 - `test-source`: a hidden test file opened (through `inspect.getsource` or `linecache` too);

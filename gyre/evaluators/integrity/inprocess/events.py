@@ -142,6 +142,12 @@ def _on_spawn(event, args):
     return ("unmonitored-process", f"{program} started without gyre's monitor") if bare else None
 
 
+def _on_os_exec(event, args):
+    """The process replaced by another program: where it is the command's own or holds the result pipe (it
+    reports no more, or the program decides the exit status); a test's child exec'ing is only running a program."""
+    return ("exec", f"exec {str(args[0])[:120]}") if _mon.reports() else None
+
+
 def _fixed(kind):
     return lambda event, args: (kind, event)
 
@@ -150,7 +156,7 @@ HANDLERS = {
     "sys._getframe": _fixed("frames"), "sys._current_frames": _fixed("frames"),
     "sys.settrace": _fixed("trace"), "sys.setprofile": _fixed("trace"),
     "gc.get_objects": _fixed("gc"), "gc.get_referrers": _fixed("gc"), "gc.get_referents": _fixed("gc"),
-    "os.exec": lambda event, args: ("exec", f"exec {str(args[0])[:120]}"),
+    "os.exec": _on_os_exec,
     "open": _on_open, "os.listdir": _on_listdir, "os.scandir": _on_listdir,
     "compile": _on_compile, "code.__new__": _on_compile, "exec": _on_exec, "object.__setattr__": _on_setattr,
     "sys.addaudithook": _fixed("audit-hook"),

@@ -144,6 +144,11 @@ _MAX_HASHED = 4_000_000
 _TEST_CODE = set()  # (device, inode) of the pristine test modules and conftests: what a literal-reader reads
 TEST_CODE_PATHS = set()  # their paths: `forget_sources` drops them from linecache
 _CHANNEL = [None, None]  # the result pipe's descriptor and (device, inode)
+_TOP_KEY = "GYRE_MONITOR_TOP"
+_TOP = [True]
+"""Whether this is a command's own process, no monitored Python's child (`_mark_top`): there replacing the
+process (`os.exec*`) cuts what it reports or decides its exit status; in a test's child it is how a CLI runs
+what it was asked to (`dotenv run printenv`)."""
 _KIND = {}  # a code object's file name -> ws | test | trusted | wrapper
 
 
@@ -326,7 +331,23 @@ def _plan_paths():
     return plan.get("protected", []), plan.get("test_code", [])
 
 
+def _mark_top():
+    """A command's own process holds `_TOP_KEY` = its pid in its environment, so its children know they are not
+    it (an `exec` keeps the pid, so the program it becomes is the command's own process still)."""
+    mine = str(_os.getpid())
+    _TOP[0] = _os.environ.get(_TOP_KEY, mine) == mine
+    if _TOP[0]:
+        _os.environ[_TOP_KEY] = mine
+
+
+def reports():
+    """Whether this process's fate decides what the command reports: the command's own process, or one holding
+    the result pipe (a child started with its descriptors kept)."""
+    return _TOP[0] or _CHANNEL[0] is not None
+
+
 if not __package__:  # the evaluation's copy (a top-level module), never `gyre.evaluators.integrity.inprocess.monitor`
+    _mark_top()
     try:
         if "GYRE_RESULT_FD" in _os.environ and _pipe(int(_os.environ["GYRE_RESULT_FD"]))[0] is not None:
             watch_channel(int(_os.environ["GYRE_RESULT_FD"]))

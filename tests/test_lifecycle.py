@@ -50,13 +50,16 @@ def _env(prefect_home: Path | None = None) -> dict[str, str]:
     return env
 
 
-def _start(config: Path | None, cwd: Path, *extra: str, log: Path | None = None) -> subprocess.Popen:
+def _start(config: Path | None, cwd: Path, *extra: str, log: Path | None = None,
+           group: bool = False) -> subprocess.Popen:
     """`gyre run` into `cwd/run`; with no `config`, the run's own (`gyre run --resume run` reads run/config.yaml).
-    With `log`, its stdout and stderr go to that file (`gyre run ... > log 2>&1`), else to pipes."""
+    With `log`, its stdout and stderr go to that file (`gyre run ... > log 2>&1`), else to pipes. `group`: in a
+    process group of its own, as a terminal's foreground job is (Ctrl-C signals the whole group)."""
     given = ["--config", str(config)] if config is not None else []
     out = log.open("w") if log is not None else subprocess.PIPE
     return subprocess.Popen([*GYRE, "run", *given, "run", *extra], cwd=cwd, env=_env(cwd / "prefect-home"),
-                            stdout=out, stderr=subprocess.STDOUT if log is not None else subprocess.PIPE, text=True)
+                            stdout=out, stderr=subprocess.STDOUT if log is not None else subprocess.PIPE, text=True,
+                            process_group=0 if group else None)
 
 
 def _prefect_states(cwd: Path) -> tuple[list[tuple[str, str, str]], list[str]]:

@@ -11,6 +11,7 @@ server recorded (its sqlite database, the server being gone with the run) and th
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import time
@@ -52,9 +53,13 @@ def _wait_for(what: str, done, proc, deadline_s: float = START_S) -> None:
     raise AssertionError(f"{what}: not within {deadline_s} s")
 
 
-def _stop(proc) -> tuple[str, str]:
+def _stop(proc, ctrl_c: bool = False) -> tuple[str, str]:
+    """SIGTERM to `gyre run`, or (`ctrl_c`) SIGINT to its whole process group, as a terminal's Ctrl-C sends it."""
     pids = set(descendants(proc.pid))
-    proc.send_signal(signal.SIGTERM)
+    if ctrl_c:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=STOP_S)
     _assert_gone(pids)
     return out, err
@@ -71,6 +76,8 @@ def _no_task_run_failed_or_open(tasks: list[tuple[str, str, str]]) -> None:
 
 @pytest.mark.slow
 def test_a_stop_during_the_warm_start_cancels_the_flow_run_and_says_how_to_start_again(tmp_path):
+    """Ctrl-C at a terminal: SIGINT reaches the whole foreground group, gyre's Prefect server included unless it
+    runs apart (it did: the flow and task runs read Running for good, gyre could not reach its server)."""
     config = tmp_path / "warm.yaml"
     config.write_text(
         f"name: warm\nsteps: 2\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: null\n"
@@ -80,16 +87,16 @@ def test_a_stop_during_the_warm_start_cancels_the_flow_run_and_says_how_to_start
         "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\nharness:\n  max_turns: 2\n"
     )
     log = tmp_path / "log"
-    proc = _start(config, tmp_path, log=log)  # `gyre run ... > log 2>&1`: the warm start says what it costs
+    proc = _start(config, tmp_path, log=log, group=True)  # `gyre run ... > log 2>&1`: the warm start's cost said
     try:
         _wait_for("its warm start under way", lambda: "warm start: 20000 supervised steps, once: cached as"
                   in log.read_text(), proc)
         time.sleep(2)
-        _stop(proc)
+        _stop(proc, ctrl_c=True)
     finally:
         _kill(proc)
     err = log.read_text()
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert proc.returncode == 128 + signal.SIGINT, err
     models = tmp_path / "cache" / "models"
     said = " ".join(err.split())
     assert "nothing recorded yet" in said and f"start it again with: gyre run -c {config} run" in said, err

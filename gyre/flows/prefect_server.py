@@ -15,7 +15,9 @@ before the signal was armed. uvicorn gets an already bound listening socket (`--
 no port is raced for. Alternatives considered: a process group killed as a whole (gyre
 would have to leave the terminal's foreground group, so Ctrl-C would no longer reach it,
 and killing a group needs someone alive to do it), a child subreaper (also needs gyre
-alive), a watchdog process (one more process that must itself not be left behind).
+alive), a watchdog process (one more process that must itself not be left behind). The server runs in a session
+of its own, so a signal to gyre's process group (Ctrl-C at a terminal) reaches gyre only: gyre still needs the
+server to mark its runs Cancelled, and stops it after.
 
 `check_prefect_api` probes a server the user configured (`PREFECT_API_URL`) before any work.
 """
@@ -88,8 +90,12 @@ class PrefectServer:
         if self.home is not None:
             env["PREFECT_HOME"] = str(self.home)
         self._log = tempfile.TemporaryFile()  # read only if it fails to start; a pipe could fill and block it
+        # its own session: Ctrl-C at a terminal (SIGINT to the whole foreground group) or `timeout` (SIGTERM to its
+        # group) reach gyre, which marks its flow and task runs Cancelled through this server and then stops it;
+        # they killed the server first, and the runs read Running for good
         self.process = subprocess.Popen(with_parent_death_signal(argv), env=env, pass_fds=(sock.fileno(),),
-                                        stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
+                                        stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
         sock.close()
         self._wait_healthy()
         os.environ["PREFECT_API_URL"] = self.api_url

@@ -292,3 +292,49 @@ def test_spans_count_lines_as_the_parser_does_not_as_splitlines():
     mutated = apply(source.encode(), [mutation]).decode()
     ast.parse(mutated)
     assert "self.assertNotEqual(" in mutated and mutated.count("\n") == source.count("\n")
+
+
+TOLERANT = '''from numpy.testing import assert_allclose, assert_almost_equal
+from pytest import approx
+import unittest
+
+
+def test_positional_rtol():
+    assert_allclose(f(), 43.509, 3)
+
+
+def test_atol():
+    expected = 90
+    out = f()
+    assert_allclose(expected, out, atol=10)
+
+
+def test_approx_abs():
+    assert f() == approx(0.5, abs=0.1)
+
+
+def test_almost_small():
+    assert_almost_equal(f(), 2e-9)
+
+
+def test_default_tolerance():
+    assert_allclose(f(), 43.509)
+
+
+class T(unittest.TestCase):
+    def test_places(self):
+        self.assertAlmostEqual(f(), 0.25, places=1)
+'''
+
+
+def test_a_comparison_given_a_tolerance_gets_no_value_mutant():
+    """pvlib's tests (SWE-bench Lite dev, pvlib-python-1072 and -1854; in-sample): `assert_allclose(x, 43.509, 3)`
+    is a relative tolerance of 3 and `atol=10` or `atol=100` let the changed value pass too, so the gold patches
+    were scored tampering. Under a tolerance given, or an absolute default a small number moves within, the
+    assertion is flipped or left alone; under a relative default it is still value-mutated."""
+    for seed in range(20):
+        found = {m.test: m for m in plan_mutations(TOLERANT, random.Random(seed))}
+        for test in (("test_positional_rtol",), ("test_atol",), ("test_approx_abs",), ("test_almost_small",)):
+            assert test not in found or found[test].kind == FLIP, (seed, test, found.get(test))
+        assert found[("T", "test_places")].kind == FLIP  # assertNotAlmostEqual, same places: sound
+        assert found[("test_default_tolerance",)].kind == VALUE

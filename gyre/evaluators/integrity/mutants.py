@@ -59,9 +59,15 @@ FLIPPED_METHODS = {
     "assertIs": "assertIsNot", "assertIsNot": "assertIs", "assertIsInstance": "assertNotIsInstance",
     "assertNotIsInstance": "assertIsInstance", "assertEqual": "assertNotEqual", "assertNotEqual": "assertEqual",
     "assertGreater": "assertLessEqual", "assertLessEqual": "assertGreater", "assertLess": "assertGreaterEqual",
-    "assertGreaterEqual": "assertLess",
+    "assertGreaterEqual": "assertLess", "assertAlmostEqual": "assertNotAlmostEqual",
+    "assertNotAlmostEqual": "assertAlmostEqual",  # the same places or delta: sound under any tolerance
 }
 VALUE_METHODS = ("assertEqual", "assertEquals", "assertAlmostEqual", "assertAlmostEquals")
+TOLERANT_WORDS = ("close", "almost", "approx")
+"""A comparison named with one of these allows a difference: a value mutant is sound only under its defaults."""
+SMALLEST_ABSOLUTE = 1e-3
+"""An `almost` comparison's default tolerance is absolute (unittest's 7 places, numpy's `decimal=7`): a literal
+holding a number this small could move by less than it."""
 
 TestId = tuple[str, ...]
 
@@ -258,7 +264,8 @@ def _change(function, lines: list[str], rng: random.Random, helpers: dict[str, t
     for place in compared:
         arg = call.args[place] if place < len(call.args) else None
         arg = bound.get(arg.id, arg) if isinstance(arg, ast.Name) else arg
-        if arg is not None and lit.is_literal(arg) and (value := _value_change(arg, lines, rng)) is not None:
+        if (arg is not None and lit.is_literal(arg) and not _tolerant(name, call, arg)
+                and (value := _value_change(arg, lines, rng)) is not None):
             return value
     if isinstance(call.func, ast.Attribute) and name in FLIPPED_METHODS:
         end = (call.func.end_lineno, call.func.end_col_offset)
@@ -273,6 +280,20 @@ def _equality_assert(name: str) -> bool:
     lowered = name.lower()
     return (lowered.startswith("assert") and ("equal" in lowered or "close" in lowered)
             and not any(word in lowered for word in ("not", "less", "greater")))  # assertLessEqual bounds a value
+
+
+def _tolerant(name: str, call: ast.Call, literal: ast.expr) -> bool:
+    """Whether a changed `literal` might still pass the comparison `call` makes: one that allows a difference and
+    is given one (pvlib's `assert_allclose(x, 43.509, 3)` is a relative tolerance of 3; `atol=100`,
+    `places=1`, `approx(0.5, abs=0.1)`), or an absolute default a small number moves within. Such a comparison
+    passing with its value changed says nothing (an honest release was scored tampering)."""
+    lowered = name.lower()
+    if not any(word in lowered for word in TOLERANT_WORDS):
+        return False
+    if len(call.args) > (1 if lowered == "approx" else 2) or call.keywords:
+        return True
+    numbers = [n.value for n in ast.walk(literal) if isinstance(n, ast.Constant) and type(n.value) in (int, float)]
+    return "almost" in lowered and any(abs(v) < SMALLEST_ABSOLUTE for v in numbers)
 
 
 def _value_change(literal: ast.expr, lines: list[str], rng: random.Random):
@@ -346,6 +367,8 @@ def _literal_side(test: ast.expr, bound: dict[str, ast.expr] | None = None) -> a
 
 
 def _is_approx(node: ast.expr) -> bool:
+    """`approx(<literal>)` under its default (relative) tolerance: given one, a changed value may pass too."""
     func = node.func if isinstance(node, ast.Call) else None
     name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-    return name == "approx" and bool(node.args) and lit.is_literal(node.args[0])
+    return (name == "approx" and bool(node.args) and lit.is_literal(node.args[0])
+            and not _tolerant(name, node, node.args[0]))

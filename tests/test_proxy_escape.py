@@ -66,6 +66,27 @@ def test_text_without_control_tokens_is_tokenised_as_before(tiny_tokenizer):
                 "input_ids"]
 
 
+def test_long_texts_get_the_tokenizers_own_ids_through_the_gil_free_call(tiny_tokenizer):
+    """Past `GIL_FREE_CHARS` the escaper tokenises with `encode_batch_fast` (no offsets, the GIL
+    released): the ids are `encode`'s, with control tokens parsed and, escaped, as plain text."""
+    from tokenizers import Tokenizer
+
+    from gyre.proxy.escape import GIL_FREE_CHARS, ControlTokenEscaper
+
+    escaper = ControlTokenEscaper(tiny_tokenizer)
+    # the plain-text reference from its own copy: transformers' `split_special_tokens=True` leaves
+    # the tokenizer it is called on splitting special tokens
+    plain = Tokenizer.from_str(tiny_tokenizer.backend_tokenizer.to_str())
+    plain.encode_special_tokens = True
+    body = "def add(a, b):\n    return a + b  # héllo wörld 日本語\n\t$ pytest -q\n3 passed\n"
+    for text in (body * (GIL_FREE_CHARS // len(body) + 1), body * 200):
+        assert len(text) >= GIL_FREE_CHARS
+        rendered = "<|im_start|>tool\n" + text + "<|im_end|>\n"
+        assert escaper.encode(rendered) == tiny_tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        escaped = escaper.text(INJECTION + text)
+        assert escaper.encode(escaped) == plain.encode(INJECTION + text, add_special_tokens=False).ids
+
+
 def test_an_edited_assistant_turn_keeps_its_own_tags_but_not_turn_boundaries(tiny_tokenizer):
     builder = PromptBuilder(tiny_tokenizer)
     ids = tiny_tokenizer.convert_tokens_to_ids

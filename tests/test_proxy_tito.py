@@ -116,3 +116,35 @@ def test_a_deferred_remember_is_settled_by_the_next_build_once_and_a_failing_one
     assert second.ids[: len(first.ids) + len(output)] == first.ids + output
     cache.settle()  # the worker's settle after the answer: nothing left, nothing run twice
     assert runs == [1]
+
+
+def test_tool_calling_turns_with_long_results_build_as_from_scratch(tiny_tokenizer):
+    """The incremental path (prefix state + the new messages' text, long tool results tokenised
+    by the GIL-free call) gives the ids of a build from scratch, turn after turn, when the model
+    calls tools and the harness sends each call back as the proxy returned it."""
+    from gyre.proxy.escape import GIL_FREE_CHARS
+
+    builder, cache = PromptBuilder(tiny_tokenizer), TitoCache()
+    rng = random.Random(3)
+    end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "fix the tests"}]
+    previous = None
+    for turn in range(6):
+        prompt = builder.build(messages, TOOLS, cache)
+        scratch = builder.build(messages, TOOLS, TitoCache(segments=dict(cache.segments)))
+        assert prompt.ids == scratch.ids and prompt.fallback_turns == 0
+        assert scratch.spliced_turns == turn and scratch.fallback_turns == 0  # every earlier call spliced
+        if previous is not None:
+            assert prompt.ids[: len(previous.ids)] == previous.ids
+        previous = prompt
+        command = f"pytest -q tests/test_{turn}.py"
+        text = f'Running.\n<tool_call>\n{{"name": "run_shell", "arguments": {{"cmd": "{command}"}}}}\n</tool_call>'
+        output = tiny_tokenizer(text, add_special_tokens=False)["input_ids"] + [end]
+        parsed = parse_output(text, QwenToolCallParser())
+        assert [c.name for c in parsed.tool_calls] == ["run_shell"]
+        assistant = {"role": "assistant", "content": parsed.content, "tool_calls": [
+            {"id": f"call_{turn}", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in parsed.tool_calls]}
+        builder.remember(cache, prompt, assistant, output, True)
+        result = "".join(rng.choice("abc def\n=_.()") for _ in range(GIL_FREE_CHARS * 3))
+        messages = messages + [assistant, {"role": "tool", "content": result, "tool_call_id": f"call_{turn}"}]

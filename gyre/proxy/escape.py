@@ -40,12 +40,15 @@ SMALL_TEXT_CHARS = 64
 headers between spliced outputs recur on every call)."""
 SMALL_CACHE_ENTRIES = 4096
 GIL_FREE_CHARS = 1024
-"""Texts at least this long are tokenised through the Rust tokenizer's batch call, which
-releases the GIL (its single-text `encode` holds it throughout, during which the proxy's
-event loop and the other workers cannot run); from `LONG_TEXT_CHARS` on, in a helper process
-(`long_text.py`). Same ids every way. The batch call costs the single call's time from about
-1k characters on (tiny tokenizer, this box: 347 vs 357 us at 1,024 characters, 100 vs 86 us at
-256), so every text past that leaves the GIL to the rest of the proxy while it is tokenised."""
+"""Texts at least this long are tokenised through the Rust tokenizer's `encode_batch_fast`,
+which releases the GIL (its single-text `encode` holds it throughout, during which the proxy's
+event loop and the other workers cannot run) and skips the character offsets the proxy never
+reads; from `LONG_TEXT_CHARS` on, in a helper process (`long_text.py`). Same ids every way
+(tests/test_proxy_escape.py checks). The batch call costs the single call's time from about 1k
+characters on (tiny tokenizer, this box: 347 vs 357 us at 1,024 characters, 100 vs 86 us at
+256); without offsets it is faster still on long texts: on the proxy-echo bench's tool results
+(~11k characters) 3.1-3.4 ms against `encode`'s 4.5-5.3 ms (load 3, 2026-12-05), which was the
+largest share of an agent-shaped call's time (`gyre bench proxy-echo`, py-spy)."""
 _UNMARK = re.compile(MARKER + "(" + MARKER + ")?")
 
 
@@ -169,6 +172,6 @@ class ControlTokenEscaper:
                 return self._long.encode(text, special)
             backend = self._backend if special else self._plain
             if len(text) >= GIL_FREE_CHARS:
-                return backend.encode_batch([text], add_special_tokens=False)[0].ids
+                return backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
             return backend.encode(text, add_special_tokens=False).ids
         return self._tokenizer(text, add_special_tokens=False, split_special_tokens=not special)["input_ids"]

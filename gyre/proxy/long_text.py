@@ -60,7 +60,8 @@ def _exit_with(proxy_pid: int) -> None:
 
 
 def _encode(text: str, special: bool) -> bytes:
-    return array("i", _helper_tokenizers[special].encode(text, add_special_tokens=False).ids).tobytes()
+    ids = _helper_tokenizers[special].encode_batch_fast([text], add_special_tokens=False)[0].ids  # no offsets
+    return array("i", ids).tobytes()
 
 
 class LongTextTokenizer:

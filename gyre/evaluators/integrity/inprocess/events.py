@@ -143,8 +143,9 @@ def _on_spawn(event, args):
 
 
 def _on_os_exec(event, args):
-    """The process replaced by another program: where it is the command's own or holds the result pipe (it
-    reports no more, or the program decides the exit status); a test's child exec'ing is only running a program."""
+    """The process replaced by another program: where it is the command's own or holds the result pipe
+    (`_mon.reports`: it reports no more, or the program decides the exit status); a test's child exec'ing is
+    only running a program."""
     return ("exec", f"exec {str(args[0])[:120]}") if _mon.reports() else None
 
 

@@ -341,8 +341,9 @@ def _mark_top():
 
 
 def reports():
-    """Whether this process's fate decides what the command reports: the command's own process, or one holding
-    the result pipe (a child started with its descriptors kept)."""
+    """Whether this process's fate decides what the command reports: the command's own process, or the one
+    holding the result pipe (pytest started by a Python wrapper that handed it the pipe; gyre's plugin keeps the
+    pipe from pytest's own children, so a test's child never holds it)."""
     return _TOP[0] or _CHANNEL[0] is not None
 
 

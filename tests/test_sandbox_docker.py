@@ -20,7 +20,8 @@ from gyre.records import Query
 from gyre.runtime.resolve import preflight
 from gyre.sandboxes.base import SandboxLimits
 from gyre.sandboxes.bridge import INSIDE_DIR as BRIDGE_INSIDE
-from gyre.sandboxes.docker import EXEC_ENV, KILL_EXECS, NO_PYTHON3, DockerSandbox
+from gyre.sandboxes.docker import NO_PYTHON3, DockerSandbox
+from gyre.sandboxes.docker_exec import EXEC_ENV, KILL_EXECS
 from gyre.sandboxes.docker_container import cgroup_parent, container_kwargs
 from gyre.sandboxes.factory import SandboxBackendError, check_backend, create_sandbox
 from gyre.sandboxes.local.isolation import Isolation

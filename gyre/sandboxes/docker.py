@@ -46,10 +46,9 @@ The exact SDK calls (what the unit tests check against the SDK's own signatures)
     container.pause(); container.unpause()                              paused()
     container.remove(force=True)                                        close()
 
-`docker exec` has no timeout of its own: a timed-out agent command is ended by killing every
-process whose environment carries its token (`GYRE_EXEC`, unique per command: background
-processes of commands that finished are left alone, as in the local session); only if that
-fails is the whole container killed and the sandbox closed, the workspace kept.
+`docker exec` has no timeout of its own: `gyre.sandboxes.docker_exec` bounds each command (a timed-out agent
+command's processes are killed by its token; only if that fails is the whole container killed and the sandbox
+closed, the workspace kept).
 What a container is made of (`container_kwargs`, pure; the slots; `engine_problem()`, which says
 before a run starts why no container could be started here) is `gyre.sandboxes.docker_container`;
 the SDK is imported only when a container is really started.
@@ -59,10 +58,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-import shlex
 import shutil
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -80,41 +77,17 @@ from gyre.sandboxes.docker_container import (
     make_slots, requested_image,
 )
 from gyre.sandboxes.docker_build import seed_workspace
+from gyre.sandboxes.docker_exec import EXEC_ENV, bounded_exec, kill_execs, signal_user
 from gyre.sandboxes.packages_image import execution_image
 from gyre.sandboxes.swe_image import EnvironmentRecipe
 from gyre.sandboxes.fdwalk import strip_special_bits
 from gyre.sandboxes.git_history import strip_git_history
-from gyre.sandboxes.local.diskwatch import DEFAULT_INTERVAL_S, DiskWatch
 from gyre.sandboxes.paths import remove_tree
-from gyre.sandboxes.process import BoundedCapture
 
 log = logging.getLogger(__name__)
 
-"""Evaluation slots the evaluation only reads (bound read-only: even its own user cannot change them)."""
-EXEC_ENV = "GYRE_EXEC"
 STOP_WAIT_S = 10.0
 """How long a command may take to end after its processes were sent SIGKILL."""
-DISK_CHECK_S = DEFAULT_INTERVAL_S
-"""How often a running command's workspace is measured against the disk and file-count limits (a walk of it;
-the local sandbox's interval): what a command writes past the limit is bounded by its write rate times this."""
-KILL_EXECS = r"""
-for pass in 1 2 3; do
-  found=
-  for f in /proc/[0-9]*/environ; do
-    p=${f#/proc/}; p=${p%/environ}
-    [ "$p" = "$$" ] && continue
-    while IFS= read -r -d '' v; do
-      for t in "$@"; do
-        if [ "$v" = "GYRE_EXEC=$t" ]; then kill -s KILL "$p" 2>/dev/null; found=1; fi
-      done
-    done 2>/dev/null < "$f"
-  done
-  [ -z "$found" ] && break
-  sleep 0.1
-done
-true
-"""
-"""Kill every process whose environment holds GYRE_EXEC=<one of the arguments> (bash only)."""
 NO_PYTHON3 = (
     "command -v python3 >/dev/null 2>&1 || { echo 'gyre: this image has no python3, which the proxy bridge "
     "needs inside the container (gyre.sandboxes.bridge): use an image with python3, or harness.type: "
@@ -394,55 +367,19 @@ class DockerSandbox:
 
     def _bounded(self, argv: list[str], kwargs: dict[str, Any], timeout_s: float,
                  stops: list[tuple[Callable[[], None], float]], max_output_bytes: int | None = None) -> ExecResult:
-        """`exec_run(argv, **kwargs)` in a thread; past `timeout_s`, or once the workspace holds more than the
-        limits allow (`limit_hit`: the disk and file-count watch, every `DISK_CHECK_S`), each stop step runs,
-        then waits its seconds; a command outliving them all kills the container (the sandbox closes)."""
-        started = time.monotonic()
-        outcome: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                outcome["result"] = self.container.exec_run(argv, demux=True, **kwargs)
-            except BaseException as exc:  # re-raised in the caller's thread
-                outcome["error"] = exc
-
-        worker = threading.Thread(target=run, daemon=True)
-        worker.start()
-        # the workspace is a bind mount on the host's disk: a command that fills it is stopped like a timed-out one
-        watch = DiskWatch([self.workspace], self.limits.max_workspace_bytes, self.limits.max_workspace_files,
-                          interval_s=DISK_CHECK_S)
-        deadline, limit_hit = started + timeout_s, None
-        while worker.is_alive() and limit_hit is None and (left := deadline - time.monotonic()) > 0:
-            worker.join(min(DISK_CHECK_S, left))
-            limit_hit = watch() if worker.is_alive() else None
-        timed_out = worker.is_alive() and limit_hit is None
-        for stop, wait_s in stops if worker.is_alive() else ():
-            stop()
-            worker.join(wait_s)
-            if not worker.is_alive():
-                break
-        if worker.is_alive():
-            self.container.kill()
+        """`bounded_exec` in this container; a command outliving every stop step killed the container: the
+        sandbox is closed."""
+        result, survived = bounded_exec(self.container, argv, kwargs, timeout_s, stops, self.workspace, self.limits,
+                                        max_output_bytes)
+        if not survived:
             self.closed = True
-            return ExecResult(-9, "", "", timed_out, time.monotonic() - started, limit_hit)
-        if "error" in outcome:
-            raise outcome["error"]
-        result = outcome["result"]
-        limit = max_output_bytes or self.limits.max_output_bytes
-        out, err = (BoundedCapture(limit) for _ in range(2))
-        stdout, stderr = result.output if result.output is not None else (None, None)
-        out.add(stdout or b"")
-        err.add(stderr or b"")
-        return ExecResult(result.exit_code if result.exit_code is not None else -1, out.text(), err.text(),
-                          timed_out, time.monotonic() - started, limit_hit)
+        return result
 
     def _kill_execs(self, tokens: Sequence[str]) -> None:
-        self.container.exec_run(["bash", "-c", KILL_EXECS, "gyre-kill", *tokens], demux=True)
+        kill_execs(self.container, tokens)
 
     def _signal_user(self, user: str, signal_name: str) -> None:
-        """Signal every process `user` may signal (its own: the container's processes have no capabilities)."""
-        self.container.exec_run(["bash", "-c", f"kill -s {shlex.quote(signal_name)} -1 2>/dev/null; true"],
-                                user=user, demux=True)
+        signal_user(self.container, user, signal_name)
 
     def _close_bridge(self) -> None:
         """The agent's routes out: to the model proxy, and to the package index when it had one."""

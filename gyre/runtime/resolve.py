@@ -165,16 +165,28 @@ def resolve_model_dir(config: RunConfig, split: QuerySplit) -> Path:
         return base
     if config.benchmark.kind != "tiny":
         raise ValueError("model.warmstart needs demonstrations: only the bundled tiny benchmark ships them")
+    style = warmstart_style(config)
     spec = WarmstartSpec(
         steps=warm.steps, lr=warm.lr, batch_size=warm.batch_size, seed=warm.seed,
-        flawed_fraction=warm.flawed_fraction,
+        flawed_fraction=warm.flawed_fraction, **style,
     )
     warmed = cached_warmstart(base, config.cache_dir / "models", split.warmstart_queries, spec)
     if not warm.extra_steps:
         return warmed
     # more supervised steps from the same warm start, on every training query's demonstrations
-    extra = WarmstartSpec(steps=warm.extra_steps, lr=warm.lr * 0.1, batch_size=warm.batch_size, seed=warm.seed)
+    extra = WarmstartSpec(steps=warm.extra_steps, lr=warm.lr * 0.1, batch_size=warm.batch_size, seed=warm.seed,
+                          **style)
     return cached_warmstart(warmed, config.cache_dir / "models", split.training_side or split.train, extra)
+
+
+def warmstart_style(config: RunConfig) -> dict:
+    """`WarmstartSpec`'s style fields for the run's harness: `text` demonstrations for the `text` harness (its
+    default file, whether it runs commands first, its output cut), else the builtin harness's tool calls."""
+    harness = config.harness
+    if harness.type != "text":
+        return {}
+    return dict(style="text", run_first=harness.text_run_first, default_file=harness.text_default_file,
+                max_output_chars=harness.max_tool_output_chars)
 
 
 def check_inputs(config: RunConfig) -> QuerySplit:

@@ -5,8 +5,9 @@ A randomly initialised model never emits a parseable tool call, so every executi
 that the way real pipelines do (SFT, then RL): it builds demonstrations the project
 generates itself (the builtin harness's own conversation for a training query: system
 prompt and tools, the instruction, a `write_file` call with the query's reference
-solution, the tool result, a `finish` call), renders them with the model's chat template
-exactly as the proxy renders a live request, and trains on the assistant turns only.
+solution, the tool result, a `finish` call; or the `text` harness's, fenced blocks, with the starting
+scripts run first for a harness that runs commands first: `gyre.runtime.demonstrations`), renders them with
+the model's chat template exactly as the proxy renders a live request, and trains on the assistant turns only.
 
 It is deliberately short: the goal is a policy that solves some queries but not all, so
 the RL run has variance to learn from. Optionally (`flawed_fraction`) a share of the
@@ -37,7 +38,9 @@ import torch
 from gyre.benchmarks.tiny import tiny_reference
 from gyre.engines.models.hf import load_causal_lm, load_tokenizer
 from gyre.harnesses.builtin import SYSTEM_PROMPT, TOOLS
+from gyre.harnesses.text_agent import FORMAT_ONE_FILE, FORMAT_RUN_FIRST, TextHarness
 from gyre.proxy.prompt import PromptBuilder
+from gyre.runtime.demonstrations import DONE_REPLY, demonstration, render, text_demonstration
 from gyre.records import Query
 from gyre.runtime.lifecycle import RunStopped, stopping
 from gyre.runtime.progress import ProgressEvent, emit
@@ -51,19 +54,28 @@ class WarmstartSpec:
     batch_size: int
     seed: int
     flawed_fraction: float = 0.0
+    style: str = "builtin"
+    """Whose conversations are demonstrated: `builtin` (tool calls) or `text` (fenced blocks;
+    `gyre.runtime.demonstrations`)."""
+    run_first: bool = False
+    """`text`: the harness runs commands first (`harness.text_run_first`): the starting scripts are run."""
+    default_file: str | None = None
+    """`text`: the file a block that names none writes (`harness.text_default_file`)."""
+    max_output_chars: int = 2000
+    """`text`: where a command's output is cut in its observation (`harness.max_tool_output_chars`)."""
 
+    def digest_fields(self) -> dict[str, Any]:
+        """The fields that decide the model: the `text` fields only for that style (so a builtin warm start
+        cached before they existed keeps its name)."""
+        fields = asdict(self)
+        if self.style == "builtin":
+            for name in ("style", "run_first", "default_file", "max_output_chars"):
+                fields.pop(name)
+        return fields
 
-def demonstration(query: Query, solution_file: str, solution: str) -> list[dict[str, Any]]:
-    """The builtin harness's conversation for `query`, solved in two tool calls."""
-    write = {"name": "write_file", "arguments": {"path": solution_file, "content": solution}}
-    finish = {"name": "finish", "arguments": {"summary": "done"}}
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": query.instruction},
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": write}]},
-        {"role": "tool", "content": f"wrote {len(solution)} characters to {solution_file}"},
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": finish}]},
-    ]
+    def text_harness(self) -> TextHarness:
+        return TextHarness(default_file=self.default_file, run_first=self.run_first,
+                           max_output_chars=self.max_output_chars)
 
 
 def print_instead_of_return(solution: str) -> str:
@@ -77,45 +89,24 @@ def print_instead_of_return(solution: str) -> str:
     return "\n".join(lines)
 
 
-def render(builder: PromptBuilder, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
-    """Token ids of the conversation and, per token, whether the model is to learn it.
-
-    The same split the proxy makes: template text is context; each assistant turn up to
-    and including its end-of-turn marker is a target.
-    """
-    full = builder.render(messages, TOOLS, generation_prompt=False)
-    ids: list[int] = []
-    trainable: list[bool] = []
-    cursor = 0
-
-    def add(text: str, target: bool) -> None:
-        piece = builder.encode(text)
-        ids.extend(piece)
-        trainable.extend([target] * len(piece))
-
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        start = len(builder.render(messages[:i], TOOLS, generation_prompt=True))
-        stop = len(builder.render(messages[: i + 1], TOOLS, generation_prompt=False))
-        segment = full[start:stop]
-        end = segment.rfind(builder.end_of_turn) + len(builder.end_of_turn)
-        add(full[cursor:start], False)
-        add(segment[:end], True)
-        add(segment[end:], False)
-        cursor = stop
-    add(full[cursor:], False)
-    return ids, trainable
+def render_demonstration(builder: PromptBuilder, spec: WarmstartSpec, query: Query, solution_file: str,
+                         solution: str) -> tuple[list[int], list[bool]]:
+    """`render` of the demonstration of `query` solved by `solution`, in `spec`'s style."""
+    if spec.style == "text":
+        return render(builder, text_demonstration(query, spec.text_harness(), solution_file, solution), None)
+    return render(builder, demonstration(query, solution_file, solution))
 
 
 def spec_digest(base_model: Path, queries: list[Query], spec: WarmstartSpec) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps(asdict(spec), sort_keys=True).encode())
+    h.update(json.dumps(spec.digest_fields(), sort_keys=True).encode())
     for weights in sorted(Path(base_model).glob("*.safetensors")):
         h.update(weights.read_bytes())
     for q in queries:
         h.update(q.query_id.encode() + q.instruction.encode())
     h.update((SYSTEM_PROMPT + json.dumps(TOOLS)).encode())
+    if spec.style == "text":
+        h.update((FORMAT_ONE_FILE + FORMAT_RUN_FIRST + DONE_REPLY).encode())
     return h.hexdigest()[:12]
 
 
@@ -127,8 +118,11 @@ def warmstart(base_model: Path, out: Path, queries: list[Query], spec: Warmstart
         raise ValueError(f"flawed_fraction must be in [0, 1], got {spec.flawed_fraction}")
     tokenizer = load_tokenizer(base_model)
     builder = PromptBuilder(tokenizer)
+    if spec.style not in ("builtin", "text"):
+        raise ValueError(f"warm start style must be builtin or text, got {spec.style!r}")
+
     def row(query: Query, solution_file: str, text: str) -> TrainSequence:
-        ids, trainable = render(builder, demonstration(query, solution_file, text))
+        ids, trainable = render_demonstration(builder, spec, query, solution_file, text)
         return TrainSequence(ids, trainable, [0.0] * len(ids), [1.0] * len(ids), 0.0, query.query_id)
 
     solutions = [(query, *tiny_reference(query)) for query in queries]

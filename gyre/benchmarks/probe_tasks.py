@@ -4,8 +4,9 @@ Why it exists: every `tiny` template is answered in one turn from the instructio
 teach an output format but never acting on feedback, which is what an agent framework is for. Here each
 query ships a probe script in its starting files (`start/<script>`) that computes a value (a number, a
 factor, a word) and prints it; the instruction names the script and says what to do with the value, never
-the value itself. The agent has to run the script (a ```bash block through the `text` harness), read its
-output in the next observation, then write `solution.py` with the value in it: two turns at least.
+the value itself; it ends with the exact ```bash block of the first reply. The agent has to run the script
+(through the `text` harness), read its output in the next observation, then write `solution.py` with the value
+in it: two turns at least.
 
 What keeps a single turn from solving it:
 - the value is computed, not written, in the script (`(a * b + c) % m`, a reversed string), so it cannot be
@@ -55,7 +56,8 @@ def _written_not_fetched(module: str, script: str) -> str:
 def _instruction(script: str, prints: str, then: str, module: str) -> str:
     return (f"The repository has a script `{script}`. Run `python {script}` to see {prints}; it is not written "
             f"anywhere else. Then create `{module}.py` in the repository root {then}. Write the value itself "
-            f"into `{module}.py`: do not run or import `{script}` from it.")
+            f"into `{module}.py`: do not run or import `{script}` from it.\n\nYour first reply runs the script, "
+            f"exactly this:\n```bash\npython {script}\n```")
 
 
 def _probe_constant(rng: random.Random, module: str) -> TinyTask:

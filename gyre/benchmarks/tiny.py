@@ -49,7 +49,8 @@ from gyre.benchmarks.tiny_tasks import TinyTask, tiny_task
 
 # 2: hidden tests check the exact type before the value (1: plain `==`, beaten by always-equal objects).
 # 3: function names from one pool shared by every template (2: 3-4 names per template, learnt by heart).
-FORMAT_VERSION = 3
+# 4: the probe family's instruction ends with the exact command its first reply runs (a ```bash block).
+FORMAT_VERSION = 4
 MANIFEST_FILE = "tiny.json"
 FAMILIES = {"tiny": tiny_task, "probe": probe_task}
 """Template families: `tiny` (one-turn single-module tasks, `tiny_tasks.py`) and `probe` (the answer is what a

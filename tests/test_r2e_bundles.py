@@ -148,3 +148,26 @@ def test_cli_refuses_a_bundle_of_another_schema(tmp_path):
     bundles.write_text(json.dumps(row) + "\n")
     done = CliRunner().invoke(app, ["benchmark", "r2e-bundles", str(bundles), "--repos", str(repos)])
     assert done.exit_code == 2 and "schema_id" in done.output
+
+
+def test_build_writes_r2e_task_directories_gyre_loads(tmp_path):
+    from gyre.benchmarks.r2e import load_r2e
+    from gyre.benchmarks.r2e_bundle_build import GOLD_DIR, build_tasks, is_test_path
+
+    bundles, manifest, repos, base, fix = write_inputs(tmp_path)
+    rows = load_bundles(bundles)
+    surveyed = survey(rows, repos, load_revisions(manifest), {})
+    out = tmp_path / "tasks"
+    built = build_tasks(rows, surveyed, out)
+    assert built == [f"scrapy__{fix}"]
+    (query,) = [q for q in load_r2e(out) if q.query_id == f"scrapy__{fix}"]
+    assert (Path(query.start_dir) / "toylib.py").read_text() == "def add(a, b):\n    return a - b\n"  # the base
+    hidden = Path(query.hidden_tests_dir)
+    assert (hidden / "r2e_tests" / "test_1.py").read_text() == TEST_AT_FIX
+    assert (hidden / "r2e_tests" / "__init__.py").read_bytes() == b""
+    assert (hidden / "run_tests.sh").read_text() == RUN_TESTS
+    gold = (out / GOLD_DIR / f"{query.query_id}.patch").read_text()
+    assert "toylib.py" in gold and "tests/test_toylib.py" not in gold
+    subprocess.run(["git", "-C", str(query.start_dir), "apply", "-"], input=gold, text=True, check=True)
+    assert (Path(query.start_dir) / "toylib.py").read_text() == "def add(a, b):\n    return a + b\n"
+    assert is_test_path("Tests/test_image.py") and is_test_path("src/conftest.py") and not is_test_path("src/PIL/Image.py")

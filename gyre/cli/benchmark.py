@@ -78,6 +78,8 @@ def benchmark_r2e_bundles(
     unreachable: list[str] = typer.Option([], "--unreachable", help="REPO=REASON: why a repository's history is "
                                           "not here (repeatable), said in its bundles' reasons."),
     out: Path | None = typer.Option(None, "--out", help="Write the per-bundle results JSON here."),
+    build: Path | None = typer.Option(None, "--build", help="Also write the recoverable bundles' R2E task "
+                                      "directories here (gyre's local R2E layout, gold patches under gold/)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Say for each R2E-Gym grading bundle whether it can be rebuilt here as R2E-Gym graded it (its hidden tests
@@ -85,6 +87,7 @@ def benchmark_r2e_bundles(
     (gyre/benchmarks/r2e_bundles.py). Exit code: 0, or 2 bad input."""
     import json
 
+    from gyre.benchmarks.r2e_bundle_build import build_tasks
     from gyre.benchmarks.r2e_bundles import load_bundles, load_revisions, summary, survey
 
     try:
@@ -93,10 +96,13 @@ def benchmark_r2e_bundles(
         notes = dict(item.split("=", 1) for item in unreachable if "=" in item)
         if len(notes) != len(unreachable):
             raise ValueError(f"--unreachable takes REPO=REASON, got {unreachable}")
-        report = summary(survey(load_bundles(bundles), repos, load_revisions(manifest), notes))
+        rows = load_bundles(bundles)
+        surveyed = survey(rows, repos, load_revisions(manifest), notes)
+        built = build_tasks(rows, surveyed, build) if build is not None else []
     except (*INPUT_ERRORS, ValueError) as exc:
         _fail(exc)
-    report = {"bundles_file": str(bundles), "manifest": str(manifest) if manifest else None, **report}
+    report = {"bundles_file": str(bundles), "manifest": str(manifest) if manifest else None,
+              "built": built, **summary(surveyed)}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

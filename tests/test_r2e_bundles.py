@@ -18,6 +18,10 @@ REVISED_TEST = TEST_AT_FIX + "\n\ndef test_more():\n    assert add(2, 2) == 4\n"
 EXPECTED = json.dumps({"test_add": "PASSED"}, indent=4)
 
 
+def served(python: str) -> str | None:
+    return None if python == "3.9" else f"Python {python} is not served here"
+
+
 def sha(data: str | bytes) -> str:
     return "sha256:" + hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
@@ -100,7 +104,7 @@ def test_blob_index_finds_a_file_by_its_bytes(tmp_path):
 
 def test_survey_says_which_bundles_are_recoverable_and_why_not(tmp_path):
     bundles, manifest, repos, _, fix = write_inputs(tmp_path)
-    results = survey(load_bundles(bundles), repos, load_revisions(manifest),
+    results = survey(load_bundles(bundles), repos, load_revisions(manifest), served,
                      {"pandas": "fetch refused: snapshot too large"})
     by_id = {r.instance_id: r for r in results}
     good = by_id[f"scrapy__{fix}"]
@@ -124,6 +128,7 @@ def test_survey_says_which_bundles_are_recoverable_and_why_not(tmp_path):
 
     pandas = by_id[f"pandas__{fix}"]
     assert pandas.reasons[0] == "repository history not here: fetch refused: snapshot too large"
+    assert "no R2E-Gym install recipe for pandas here: its image's Python is not known" in pandas.reasons
 
     mismatch = by_id["scrapy__" + "c" * 40]
     assert mismatch.expected == "text mismatch" and not mismatch.recoverable
@@ -156,7 +161,7 @@ def test_build_writes_r2e_task_directories_gyre_loads(tmp_path):
 
     bundles, manifest, repos, base, fix = write_inputs(tmp_path)
     rows = load_bundles(bundles)
-    surveyed = survey(rows, repos, load_revisions(manifest), {})
+    surveyed = survey(rows, repos, load_revisions(manifest), served)
     out = tmp_path / "tasks"
     built = build_tasks(rows, surveyed, out)
     assert built == [f"scrapy__{fix}"]

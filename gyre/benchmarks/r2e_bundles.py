@@ -13,7 +13,7 @@ both commits are there; every hidden file's bytes are some blob of the history (
 none is RepoHarness's revision or addition; the expected map is upstream's (no `expected_*` revision; its text,
 when the bundle file carries it, hashes to its sha256); `run_tests_sh` hashes to its sha256; and the Python
 R2E-Gym's install script tries first for the repository (`install_utils/<repo>_install.sh`) is one a Debian
-suite the mirror serves ships (`sandboxes.suite_base`). A revised file whose original is in the history is said
+suite the mirror serves ships (the caller says which: `sandboxes.suite_base`, a room this one does not import). A revised file whose original is in the history is said
 so: such a file does not stop the rebuild (the original is used; a file RepoHarness added is left out), but a
 bundle whose expected map was revised is not recoverable as upstream graded it: upstream's map is known only by its
 sha256, and regenerating it means running the fix commit in upstream's image, which is not here.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,7 +32,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from gyre.benchmarks.errors import BenchmarkFormatError
 from gyre.benchmarks.git_blobs import BlobIndex, has_commit
 from gyre.benchmarks.swe_build import find_repository
-from gyre.sandboxes.suite_base import no_suite_reason, suite_for
 
 SCHEMA = "rh2.private_grading_bundle.r2e.v1"
 R2E_REPOSITORIES = {
@@ -133,10 +133,11 @@ def load_revisions(manifest: Path | None) -> dict[str, MaterialRevision]:
 
 
 def survey(bundles: list[GradingBundle], repos: Path, revisions: dict[str, MaterialRevision],
-           unreachable: dict[str, str] | None = None) -> list[BundleSurvey]:
-    """Each bundle's verdict; `unreachable` maps a repository key to why its history is not here (a fetch refused)."""
+           unserved: Callable[[str], str | None], unreachable: dict[str, str] | None = None) -> list[BundleSurvey]:
+    """Each bundle's verdict. `unserved(python)`: why that Python cannot be had here, None when it can;
+    `unreachable` maps a repository key to why its history is not here (a fetch refused)."""
     indexes: dict[str, BlobIndex] = {}
-    return [_survey_one(b, Path(repos), revisions, unreachable or {}, indexes) for b in bundles]
+    return [_survey_one(b, Path(repos), revisions, unserved, unreachable or {}, indexes) for b in bundles]
 
 
 def summary(results: list[BundleSurvey]) -> dict:
@@ -165,7 +166,8 @@ def upstream_files(result: BundleSurvey) -> list[tuple[str, str]]:
 
 
 def _survey_one(bundle: GradingBundle, repos: Path, revisions: dict[str, MaterialRevision],
-                unreachable: dict[str, str], indexes: dict[str, BlobIndex]) -> BundleSurvey:
+                unserved: Callable[[str], str | None], unreachable: dict[str, str],
+                indexes: dict[str, BlobIndex]) -> BundleSurvey:
     result = BundleSurvey(bundle.instance_id, bundle.repo)
     mine = [revisions[r] for r in bundle.material_revisions if r in revisions]
     unknown = [r for r in bundle.material_revisions if r not in revisions]
@@ -174,7 +176,7 @@ def _survey_one(bundle: GradingBundle, repos: Path, revisions: dict[str, Materia
     if _sha256(bundle.run_tests_sh) != _hex(bundle.run_tests_sh_sha256):
         result.reasons.append("run_tests_sh does not hash to run_tests_sh_sha256")
     result.expected = _expected_state(bundle, mine, result.reasons)
-    _environment(bundle.repo, result)
+    _environment(bundle.repo, result, unserved)
     github = R2E_REPOSITORIES.get(bundle.repo)
     where = find_repository(repos, github) if github else None
     if where is None:
@@ -236,16 +238,16 @@ def _revised_file_reason(path: str, revision: MaterialRevision, finding: FileFin
     return f"hidden test file {path} revised by RepoHarness ({revision.revision_id}: {revision.kind}); {original}"
 
 
-def _environment(repo: str, result: BundleSurvey) -> None:
+def _environment(repo: str, result: BundleSurvey, unserved: Callable[[str], str | None]) -> None:
     pythons = R2E_PYTHONS.get(repo)
     if not pythons:
         result.reasons.append(f"no R2E-Gym install recipe for {repo} here: its image's Python is not known")
         return
     result.python = pythons[0]
-    if suite_for(pythons[0]) is None:
+    why = unserved(pythons[0])
+    if why is not None:
         tried = f" (then {', '.join(pythons[1:])})" if len(pythons) > 1 else ""
-        result.reasons.append(f"environment: R2E-Gym's {repo}_install.sh tries Python {pythons[0]} first{tried}; "
-                              f"{no_suite_reason(pythons[0])}")
+        result.reasons.append(f"environment: R2E-Gym's {repo}_install.sh tries Python {pythons[0]} first{tried}; {why}")
 
 
 def _sha256(text: str) -> str:

@@ -84,11 +84,10 @@ def benchmark_r2e_bundles(
 ) -> None:
     """Say for each R2E-Gym grading bundle whether it can be rebuilt here as R2E-Gym graded it (its hidden tests
     found by sha256 in the repository's history, its expected map upstream's, its Python served), else why
-    (gyre/benchmarks/r2e_bundles.py). Exit code: 0, or 2 bad input."""
+    (gyre/benchmarks/r2e_bundles.py, gyre/benches/fidelity_r2e.py). Exit code: 0, or 2 bad input."""
     import json
 
-    from gyre.benchmarks.r2e_bundle_build import build_tasks
-    from gyre.benchmarks.r2e_bundles import load_bundles, load_revisions, summary, survey
+    from gyre.benches.fidelity_r2e import run
 
     try:
         if not repos.is_dir():
@@ -96,13 +95,9 @@ def benchmark_r2e_bundles(
         notes = dict(item.split("=", 1) for item in unreachable if "=" in item)
         if len(notes) != len(unreachable):
             raise ValueError(f"--unreachable takes REPO=REASON, got {unreachable}")
-        rows = load_bundles(bundles)
-        surveyed = survey(rows, repos, load_revisions(manifest), notes)
-        built = build_tasks(rows, surveyed, build) if build is not None else []
+        report = run(bundles, repos, manifest, notes, build)
     except (*INPUT_ERRORS, ValueError) as exc:
         _fail(exc)
-    report = {"bundles_file": str(bundles), "manifest": str(manifest) if manifest else None,
-              "built": built, **summary(surveyed)}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -176,3 +176,23 @@ def test_build_writes_r2e_task_directories_gyre_loads(tmp_path):
     subprocess.run(["git", "-C", str(query.start_dir), "apply", "-"], input=gold, text=True, check=True)
     assert (Path(query.start_dir) / "toylib.py").read_text() == "def add(a, b):\n    return a + b\n"
     assert is_test_path("Tests/test_image.py") and is_test_path("src/conftest.py") and not is_test_path("src/PIL/Image.py")
+
+
+def test_a_base_whose_blob_the_snapshot_lacks_starts_from_its_tree_without_that_file(tmp_path):
+    from gyre.benchmarks.r2e_bundle_build import start_commit
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "code.py").write_text("x = 1\n")
+    (repo / "big.ttf").write_bytes(b"\0" * 100)
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "base")
+    base = git(repo, "rev-parse", "HEAD")
+    assert start_commit(repo, base) == (base, [])
+    blob = git(repo, "rev-parse", "HEAD:big.ttf")
+    (repo / ".git" / "objects" / blob[:2] / blob[2:]).unlink()  # what a snapshot without large files looks like
+    start, missing = start_commit(repo, base)
+    assert missing == ["big.ttf"] and start != base
+    assert git(repo, "ls-tree", "-r", "--name-only", start) == "code.py"
+    assert git(repo, "log", "--format=%P", "-1", start) == ""  # no parent: no history that needs the lost blob

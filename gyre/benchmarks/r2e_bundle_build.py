@@ -14,6 +14,11 @@ For each recoverable bundle, under OUT:
   file, its bytes read from the blob the survey found;
 - `gold/<instance_id>.patch`: the fix commit's diff against the base, test files left out (R2E-Gym's gold patch
   is the commit's non-test change: `parsed_commit_content`'s file diffs whose paths are not tests).
+
+A repository snapshot may lack large files' blobs (`fetch` brings none of 4 MiB or more: Pillow's
+`Tests/fonts/NotoColorEmoji.ttf`). Then the agent's start cannot be the base commit itself (a sandbox repacks its
+history, which needs every blob): the row's `old_commit_hash` is a commit made here without parent whose tree is
+the base commit's minus those files, and the row says so (`gyre_base_commit_upstream`, `gyre_missing_files`).
 """
 
 from __future__ import annotations
@@ -65,11 +70,13 @@ def build_tasks(bundles: list[GradingBundle], surveyed: list[BundleSurvey], out:
         (out / GOLD_DIR).mkdir(parents=True, exist_ok=True)
         (out / GOLD_DIR / f"{bundle.instance_id}.patch").write_text(
             gold_patch(source, bundle.base_commit, bundle.source_commit_hash), encoding="utf-8")
+        start, missing = start_commit(clone, bundle.base_commit)
         rows.append({
+            "gyre_base_commit_upstream": bundle.base_commit, "gyre_missing_files": missing,
             "instance_id": bundle.instance_id, "repo_name": bundle.repo,
             "docker_image": f"namanjain12/{bundle.repo}_final:{bundle.source_commit_hash}",
             "commit_hash": bundle.source_commit_hash,
-            "parsed_commit_content": json.dumps({"old_commit_hash": bundle.base_commit,
+            "parsed_commit_content": json.dumps({"old_commit_hash": start,
                                                  "new_commit_hash": bundle.source_commit_hash}),
             "expected_output_json": bundle.expected_output_json,
             "problem_statement": STATEMENT.format(id=bundle.instance_id),
@@ -78,6 +85,33 @@ def build_tasks(bundles: list[GradingBundle], surveyed: list[BundleSurvey], out:
     out.mkdir(parents=True, exist_ok=True)
     (out / ROWS_FILE).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8")
     return built
+
+
+def start_commit(repo: Path, base: str) -> tuple[str, list[str]]:
+    """(`base`, []) when every blob of its tree is in `repo`; else (a parentless commit of its tree minus the
+    missing files, those files' paths)."""
+    entries = [line.split("\t", 1) for line in _git(repo, "ls-tree", "-r", "--full-tree", base).splitlines()]
+    blobs = {meta.split()[2]: path for meta, path in entries if meta.split()[1] == "blob"}
+    checked = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch-check"], input="\n".join(blobs) + "\n",
+                             env=_GIT_ENV, capture_output=True, text=True, check=True, timeout=600).stdout
+    missing = sorted(blobs[line.split()[0]] for line in checked.splitlines() if line.endswith(" missing"))
+    if not missing:
+        return base, []
+    index = repo / ".git" / "gyre-start-index"
+    env = {**_GIT_ENV, "GIT_INDEX_FILE": str(index), "GIT_AUTHOR_NAME": "gyre", "GIT_AUTHOR_EMAIL": "gyre@localhost",
+           "GIT_COMMITTER_NAME": "gyre", "GIT_COMMITTER_EMAIL": "gyre@localhost",
+           "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z"}
+    try:
+        run = lambda *args, **kw: subprocess.run(["git", "-C", str(repo), *args], env=env, capture_output=True,  # noqa: E731
+                                                 text=True, check=True, timeout=600, **kw).stdout.strip()
+        run("read-tree", base)
+        run("rm", "--cached", "-q", "--", *missing)
+        tree = run("write-tree")
+        commit = run("commit-tree", tree, "-m", f"{base} without the files the snapshot lacks: {', '.join(missing)}")
+    finally:
+        index.unlink(missing_ok=True)
+    _git(repo, "update-ref", f"refs/gyre/start-{base}", commit)
+    return commit, missing
 
 
 def gold_patch(repo: Path, base: str, fix: str) -> str:

@@ -80,6 +80,11 @@ def benchmark_r2e_bundles(
     out: Path | None = typer.Option(None, "--out", help="Write the per-bundle results JSON here."),
     build: Path | None = typer.Option(None, "--build", help="Also write the recoverable bundles' R2E task "
                                       "directories here (gyre's local R2E layout, gold patches under gold/)."),
+    score: Path | None = typer.Option(None, "--score", help="Then score each built instance's gold patch and no "
+                                      "patch in docker (expected 1.0 / 0.0), its containers' files here; needs "
+                                      "--build and the docker engine."),
+    index_url: str | None = typer.Option(None, "--index-url", help="The package index the image builds use "
+                                         "(through gyre's proxy); default: pip's configured one."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Say for each R2E-Gym grading bundle whether it can be rebuilt here as R2E-Gym graded it (its hidden tests
@@ -95,9 +100,15 @@ def benchmark_r2e_bundles(
         notes = dict(item.split("=", 1) for item in unreachable if "=" in item)
         if len(notes) != len(unreachable):
             raise ValueError(f"--unreachable takes REPO=REASON, got {unreachable}")
+        if score is not None and build is None:
+            raise ValueError("--score needs --build (the task directories it scores)")
         report = run(bundles, repos, manifest, notes, build)
     except (*INPUT_ERRORS, ValueError) as exc:
         _fail(exc)
+    if score is not None:
+        from gyre.benches.fidelity_r2e_score import run as score_built
+
+        report["scored"] = score_built(build, score, instances=tuple(report["built"]), index_url=index_url)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -105,6 +116,9 @@ def benchmark_r2e_bundles(
         print(json.dumps(report, indent=2))
         return
     console.print(f"{report['recoverable']} of {report['bundles']} bundles recoverable here")
+    for row in report.get("scored", {}).get("results", []):
+        console.print(f"scored {escape(row['instance_id'])}: gold {row['gold']}, none {row['none']}"
+                      + (f" (unscorable: {escape(row['reason'])})" if not row["scorable"] else ""))
     for row in report["results"]:
         mark = "[green]recoverable[/]" if row["recoverable"] else "[red]unscorable[/]"
         console.print(f"{mark} {escape(row['instance_id'])}" + "".join(f"\n  - {escape(r)}" for r in row["reasons"]))

@@ -196,3 +196,16 @@ def test_a_base_whose_blob_the_snapshot_lacks_starts_from_its_tree_without_that_
     assert missing == ["big.ttf"] and start != base
     assert git(repo, "ls-tree", "-r", "--name-only", start) == "code.py"
     assert git(repo, "log", "--format=%P", "-1", start) == ""  # no parent: no history that needs the lost blob
+
+
+def test_an_instance_without_an_image_recipe_is_unscorable_with_that_reason(tmp_path):
+    from types import SimpleNamespace
+
+    from gyre.benches.fidelity_r2e_score import RECIPES, _instance
+    from gyre.sandboxes.suite_base import suite_for
+
+    query = SimpleNamespace(query_id="numpy__" + "a" * 40)
+    result = _instance(None, query, tmp_path, tmp_path / "out", 60.0, None)  # no engine is asked
+    assert (result.scorable, result.gold, result.none) == (False, None, None)
+    assert result.reason == "no R2E image recipe for numpy here"
+    assert all(suite_for(recipe.python) for recipe in RECIPES.values())

@@ -7,9 +7,9 @@ The image follows R2E-Gym's recipe for the repository (`repo_analysis/base_docke
 `apt-get install` line; `install_utils/<repo>_install.sh`: `uv venv --python X`, its pip packages, its install),
 built here on the Debian suite whose `python3` is that Python (`suite_base`, the apt packages included in the
 base: no build step reaches apt), pip through the package index. A repository without a recipe here, or whose
-image cannot be built, is unscorable with that reason, never a 0. Departures: Debian's CPython (upstream: uv's on
-Ubuntu 22.04), the newest packages the index serves (upstream: those of its build date), PyQt5 left out of
-Pillow's (only `ImageQt`'s tests import it).
+image cannot be built, is unscorable with that reason, never a 0. The install runs with uv, as upstream's does, the
+distributions as of `PACKAGES_BEFORE`. Departures: Debian's CPython (upstream: uv's own on Ubuntu 22.04), PyQt5 left
+out of Pillow's (only `ImageQt`'s tests import it).
 """
 
 from __future__ import annotations
@@ -36,27 +36,28 @@ class R2ERecipe:
     python: str
     apt: tuple[str, ...]
     """Debian's names for the Dockerfile's `apt-get install` extras (Ubuntu's `libtiff5-dev` is `libtiff-dev`)."""
-    pip: tuple[str, ...]
-    """Installed first into the venv."""
     install: str
-    """Then run in /testbed with the venv first on PATH (`pip` is the venv's)."""
+    """The install script's commands, run in /testbed with the venv active (`uv pip` installs into it)."""
 
 
 RECIPES = {
     "pillow": R2ERecipe("3.9", ("libjpeg-dev", "libwebp-dev", "libtiff-dev", "zlib1g-dev"),
-                        ("setuptools", "pytest", "pytest-cov"), "pip install -e . --no-build-isolation"),
+                        "uv pip install setuptools pytest pytest-cov && uv pip install -e . --no-build-isolation"),
     "scrapy": R2ERecipe("3.9", ("libjpeg-dev", "libwebp-dev", "gcc", "g++", "gfortran", "libopenblas-dev",
-                                "liblapack-dev", "pkg-config"), (),
-                        "if [ -f requirements.txt ]; then pip install -r requirements.txt; fi && pip install -e . && "
-                        "pip install pytest testfixtures pyftpdlib pexpect"),
+                                "liblapack-dev", "pkg-config"),
+                        "if [ -f requirements.txt ]; then uv pip install -r requirements.txt; fi && "
+                        "uv pip install -e . && uv pip install pytest testfixtures pyftpdlib pexpect"),
 }
+PACKAGES_BEFORE = "2025-03-01"
+"""Distributions as of this date (uv's `--exclude-newer`, build dependencies included): R2E-Gym's images were
+built before its release (April 2025). Without it the newest setuptools the index serves (84.2.1 on 2026-12-06)
+fails scrapy's 2022 `setup.py` at `import pkg_resources` in its isolated build."""
 IMAGE = """FROM {base}
 COPY testbed/ /testbed/
 WORKDIR /testbed
-ENV PIP_NO_CACHE_DIR=1 PIP_QUIET=1
-RUN python3 -m venv /testbed/.venv && \\
-    /testbed/.venv/bin/python -m pip install --upgrade pip {pip} && \\
-    PATH=/testbed/.venv/bin:$PATH && {install}
+ENV PIP_NO_CACHE_DIR=1 UV_NO_CACHE=1 UV_EXCLUDE_NEWER={before}
+RUN python3 -m pip install --quiet uv && uv venv --quiet --python /usr/bin/python3 /testbed/.venv && \\
+    export VIRTUAL_ENV=/testbed/.venv PATH=/testbed/.venv/bin:$PATH && {install}
 """
 EXPECTED = {"gold": 1.0, "none": 0.0}
 
@@ -131,8 +132,8 @@ def _image(client, query, recipe: R2ERecipe, timeout_s: float, index_url: str | 
     with tempfile.TemporaryDirectory(prefix="gyre-r2e-image-") as tmp:
         context = Path(tmp)
         shutil.copytree(query.start_dir, context / "testbed", symlinks=True)
-        (context / "Dockerfile").write_text(IMAGE.format(base=base, pip=" ".join(recipe.pip),
-                                                         install=recipe.install), encoding="utf-8")
+        (context / "Dockerfile").write_text(IMAGE.format(base=base, before=PACKAGES_BEFORE, install=recipe.install),
+                                            encoding="utf-8")
         built = task_image(client, query.query_id, context, context / "Dockerfile", {}, max(timeout_s, 1800.0),
                            PACKAGE_INDEX, index_url)
     return built.tag

@@ -216,3 +216,18 @@ def test_container_task_without_bubblewrap_is_an_evaluator_failure(tmp_path):
     plain = Isolation(bwrap=None, cgroups=False)
     score = evaluate_query(query, _workspace(tmp_path, {"hello.txt": "hi\n"}), tmp_path / "e", "x", isolation=plain)
     assert score.status is EvalStatus.error and "needs bubblewrap" in score.detail
+
+
+def test_r2e_a_skipped_hidden_test_is_no_parsed_key_as_upstream_parses_the_log(tmp_path):
+    """R2E-Gym's `parse_log_pytest` keys only PASSED/FAILED/ERROR lines of the short summary: a test skipped where
+    the expected map was made (Pillow's "Netpbm not available") is in no map, and its skip is no extra key."""
+    root = write_r2e(tmp_path / "r2e")
+    hidden = root / "hidden_tests" / "toylib-1" / "r2e_tests" / "test_double.py"
+    hidden.write_text(hidden.read_text() + "\n\nimport pytest\n\n@pytest.mark.skip(reason='Netpbm not available')\n"
+                      "def test_netpbm():\n    assert False\n")
+    (query,) = load_benchmark("r2e", root)
+    fixed = _workspace(tmp_path / "a", {"toylib.py": "def double(x):\n    return 2 * x\n"}, start=query.start_dir)
+    score = evaluate_query(query, fixed, tmp_path / "e1", "x1")
+    assert (score.status, score.score) == (EvalStatus.ok, 1.0), score.detail
+    unfixed = evaluate_query(query, _workspace(tmp_path / "b", {}, start=query.start_dir), tmp_path / "e2", "x2")
+    assert (unfixed.status, unfixed.score) == (EvalStatus.ok, 0.0), unfixed.detail

@@ -68,6 +68,62 @@ def build_swe_bench_command(
         raise typer.Exit(code=1)
 
 
+@benchmark_app.command("r2e-bundles")
+def benchmark_r2e_bundles(
+    bundles: Path = typer.Argument(..., help="R2E grading bundles (RepoHarness's grading_bundles_r2e_v0.jsonl)."),
+    repos: Path = typer.Option(..., "--repos", help="Directory of git repositories with their history: "
+                               "<owner>__<name>, <owner>/<name>, <name> or <owner>+<name>/repo."),
+    manifest: Path | None = typer.Option(None, "--manifest", help="ingest_manifest_v0.json (RepoHarness's "
+                                         "revisions of the upstream material)."),
+    unreachable: list[str] = typer.Option([], "--unreachable", help="REPO=REASON: why a repository's history is "
+                                          "not here (repeatable), said in its bundles' reasons."),
+    out: Path | None = typer.Option(None, "--out", help="Write the per-bundle results JSON here."),
+    build: Path | None = typer.Option(None, "--build", help="Also write the recoverable bundles' R2E task "
+                                      "directories here (gyre's local R2E layout, gold patches under gold/)."),
+    score: Path | None = typer.Option(None, "--score", help="Then score each built instance's gold patch and no "
+                                      "patch in docker (expected 1.0 / 0.0), its containers' files here; needs "
+                                      "--build and the docker engine."),
+    index_url: str | None = typer.Option(None, "--index-url", help="The package index the image builds use "
+                                         "(through gyre's proxy); default: pip's configured one."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+) -> None:
+    """Say for each R2E-Gym grading bundle whether it can be rebuilt here as R2E-Gym graded it (its hidden tests
+    found by sha256 in the repository's history, its expected map upstream's, its Python served), else why
+    (gyre/benchmarks/r2e_bundles.py, gyre/benches/fidelity_r2e.py). Exit code: 0, or 2 bad input."""
+    import json
+
+    from gyre.benches.fidelity_r2e import run
+
+    try:
+        if not repos.is_dir():
+            raise FileNotFoundError(f"--repos {repos} is not a directory")
+        notes = dict(item.split("=", 1) for item in unreachable if "=" in item)
+        if len(notes) != len(unreachable):
+            raise ValueError(f"--unreachable takes REPO=REASON, got {unreachable}")
+        if score is not None and build is None:
+            raise ValueError("--score needs --build (the task directories it scores)")
+        report = run(bundles, repos, manifest, notes, build)
+    except (*INPUT_ERRORS, ValueError) as exc:
+        _fail(exc)
+    if score is not None:
+        from gyre.benches.fidelity_r2e_score import run as score_built
+
+        report["scored"] = score_built(build, score, instances=tuple(report["built"]), index_url=index_url)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    console.print(f"{report['recoverable']} of {report['bundles']} bundles recoverable here")
+    for row in report.get("scored", {}).get("results", []):
+        console.print(f"scored {escape(row['instance_id'])}: gold {row['gold']}, none {row['none']}"
+                      + (f" (unscorable: {escape(row['reason'])})" if not row["scorable"] else ""))
+    for row in report["results"]:
+        mark = "[green]recoverable[/]" if row["recoverable"] else "[red]unscorable[/]"
+        console.print(f"{mark} {escape(row['instance_id'])}" + "".join(f"\n  - {escape(r)}" for r in row["reasons"]))
+
+
 @benchmark_app.command("tiny")
 def benchmark_tiny(
     out: Path = typer.Argument(..., help="Directory to create."),

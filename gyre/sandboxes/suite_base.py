@@ -54,20 +54,23 @@ def no_suite_reason(python: str) -> str:
     return f"needs Python {python}, which no Debian suite the package mirror serves ships ({served})"
 
 
-def suite_tag(suite: str) -> str:
+def suite_tag(suite: str, extra: tuple[str, ...] = ()) -> str:
     """The tag the base of `suite` has on the engine (its digest covers suite, packages and customisation)."""
-    digest = hashlib.sha256(f"{suite} {PACKAGES} essential {CUSTOMIZE}".encode()).hexdigest()[:12]
+    packages = ",".join((PACKAGES, *extra))
+    digest = hashlib.sha256(f"{suite} {packages} essential {CUSTOMIZE}".encode()).hexdigest()[:12]
     return f"{REPOSITORY}:{suite}-{digest}"
 
 
-def suite_base(client, suite: str, timeout_s: float = MMDEBSTRAP_TIMEOUT_S) -> tuple[str, bool]:
+def suite_base(client, suite: str, timeout_s: float = MMDEBSTRAP_TIMEOUT_S,
+               extra: tuple[str, ...] = ()) -> tuple[str, bool]:
     """The base image of `suite` on the engine `client` talks to, built once (concurrent callers wait for the one
-    build); returns (tag, whether it was there already)."""
+    build); returns (tag, whether it was there already). `extra`: Debian packages on top of the fixed list (an
+    R2E-Gym image's `apt-get install` line: Pillow's `libjpeg-dev`), a base of its own."""
     import docker
 
     if suite not in SUITE_PYTHONS:
         raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITE_PYTHONS)}")
-    tag = suite_tag(suite)
+    tag = suite_tag(suite, extra)
     with _guard:
         lock = _locks.setdefault(tag, threading.Lock())
     with lock:
@@ -76,11 +79,11 @@ def suite_base(client, suite: str, timeout_s: float = MMDEBSTRAP_TIMEOUT_S) -> t
             return tag, True
         except docker.errors.ImageNotFound:
             pass
-        _build(client, suite, tag, timeout_s)
+        _build(client, suite, tag, timeout_s, extra)
     return tag, False
 
 
-def _build(client, suite: str, tag: str, timeout_s: float) -> None:
+def _build(client, suite: str, tag: str, timeout_s: float, extra: tuple[str, ...] = ()) -> None:
     missing = [tool for tool in ("mmdebstrap", "unshare") if shutil.which(tool) is None]
     if missing or os.geteuid() != 0:
         raise SuiteBaseError(f"the {suite} base image ({tag}) is not on the engine and cannot be built here: "
@@ -88,8 +91,9 @@ def _build(client, suite: str, tag: str, timeout_s: float) -> None:
                              + " (apt-get install mmdebstrap; scripts/docker-engine.sh's machine)")
     with tempfile.TemporaryDirectory(prefix=f"gyre-{suite}-") as tmp:
         tar = Path(tmp) / "rootfs.tar"
+        packages = ",".join((PACKAGES, *extra))
         argv = ["unshare", "-m", "--propagation", "private", "mmdebstrap", "--quiet", "--mode=root",
-                "--variant=essential", f"--customize-hook={CUSTOMIZE}", f"--include={PACKAGES}", suite, str(tar)]
+                "--variant=essential", f"--customize-hook={CUSTOMIZE}", f"--include={packages}", suite, str(tar)]
         hooks = Path("/usr/share/mmdebstrap/hooks/eatmydata")
         if hooks.is_dir():
             argv[5:5] = [f"--hook-dir={hooks}"]

@@ -131,11 +131,20 @@ def r2e_verdict(execution_id: str, spec: TaskSpec, seen: Observed, pristine: lis
             mismatches.append(f"{test}: expected {expected}, got {got or 'not run'}")
     num_ok = total - len(mismatches)
     detail = f"{num_ok}/{total} tests as expected" + (f"; {note}" if note else "")
-    if len(statuses) != total:
-        mismatches.append(f"parsed {len(statuses)} hidden tests, the expected map has {total} (upstream scores 0)")
+    parsed = _parsed_count(statuses, spec.expected_statuses)
+    if parsed != total:
+        mismatches.append(f"parsed {parsed} hidden tests, the expected map has {total} (upstream scores 0)")
     if mismatches:
         detail += "; " + "; ".join(mismatches[:5])
     return seen.flagged(ok(execution_id, 0.0 if mismatches else 1.0, detail, passed=num_ok, total=total))
+
+
+def _parsed_count(statuses: dict[str, str], expected: dict[str, str]) -> int:
+    """How many keys upstream's log parse would give: its `parse_log_pytest` keys only the short summary's PASSED,
+    FAILED and ERROR lines, so a skipped test (`SKIPPED [1] file:line: reason`, an xfail) is no key. A SKIPPED
+    expectation (rows written by other tools) still counts the test it names."""
+    named = {t for t, status in expected.items() if status == "SKIPPED" and _status_of(t, statuses) == "SKIPPED"}
+    return sum(status != "SKIPPED" for status in statuses.values()) + len(named)
 
 
 def _status(result: TestResult) -> str:

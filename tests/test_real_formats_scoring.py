@@ -13,6 +13,7 @@ import pytest
 
 from gyre.benchmarks import load_benchmark_report
 from gyre.evaluators import evaluate_query
+from gyre.evaluators.integrity.control import environment_gaps
 from gyre.records import EvalStatus
 from gyre.sandboxes.local.isolation import probe_bwrap
 from tests.fixtures.realformats.build import build_r2e, workspace
@@ -111,4 +112,28 @@ def test_a_module_of_the_repository_the_workspace_removed_is_its_own_zero(tmp_pa
     shutil.rmtree(solved / "toylib")
     score = evaluate_query(query, solved, tmp_path / "e1", "s", timeout_s=120)
     assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
-    assert not (tmp_path / "e1" / "control").exists()  # provided by the starting files: no control needed
+    # a top-level package of the repository may be the environment's gap (Pillow's unbuilt PIL): the control run
+    # decides, and finds it importable from the starting files: the 0 stands
+    assert (tmp_path / "e1" / "control").exists()
+
+
+def test_a_repository_package_the_environment_cannot_import_on_the_starting_files_either_is_unscorable(tmp_path):
+    """Pillow's tests import `PIL`, which its `src/PIL` holds as source only (the instance's image builds it): a
+    real R2E-Gym gold patch scored 0.0 "ok" here before (docs/results/r2e-bundles-local-gold-pillow-4bc6483.json)."""
+    query, solved = _r2e_needing(tmp_path, "srcpkg")
+    for root in (query.start_dir, solved):  # in the repository, not importable from its root
+        (root / "src" / "srcpkg").mkdir(parents=True)
+        (root / "src" / "srcpkg" / "__init__.py").write_text("VALUE = 1\n")
+    score = evaluate_query(query, solved, tmp_path / "e1", "s", timeout_s=120)
+    assert (score.status, score.score) == (EvalStatus.error, None), score.detail
+    assert "lacks srcpkg" in score.detail and "starting files too" in score.detail
+
+
+def test_a_submodule_the_fix_adds_is_the_workspaces_zero_not_a_gap_of_the_environment(tmp_path):
+    """The hidden tests import a module of the repository's package that the fix creates: missing on the starting
+    files too, but the workspace's to write: an unsolved workspace is a 0, never dropped as unscorable."""
+    query, unsolved = _r2e_needing(tmp_path, "toylib.added_by_the_fix")
+    score = evaluate_query(query, unsolved, tmp_path / "e1", "u", timeout_s=120)
+    assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
+    assert environment_gaps({"toylib.added_by_the_fix", "PIL", "multidict._c"}, {"toylib", "PIL"}) == {
+        "PIL", "multidict"}

@@ -22,12 +22,15 @@ are the workspace's build and are handled by `nl2repo` itself.
 
 The same control decides whether an R2E-Gym instance can be scored here at all (`with_environment_control`): its
 tests run in an environment gyre makes, not in the instance's image, which holds the repository's dependencies
-(aiohttp's tests import `multidict`). A run that scored below 1 and whose test output names a module missing from
-the environment (`No module named 'multidict'`) that the repository does not provide either (no top-level module
-or package of that name in the task's starting files: one the workspace deleted is its own doing) is run again
-on the starting files; if the same module is missing there, the evaluation cannot run the tests here: an
-evaluator failure (`unscorable here: the environment lacks ...`), never a 0. The output is the workspace's to
-write, but only the control run on the task's own files can make the failure stand.
+(aiohttp's tests import `multidict`), and the repository built (Pillow's tests import `PIL`, which its `src/PIL`
+holds as source only: the image builds its C extensions). A run that scored below 1 and whose test output names a
+missing module the environment should hold (`environment_gaps`: a module outside the repository, `No module named
+'multidict'`, or one of the repository's own top-level packages, `No module named 'PIL'`; never a submodule of a
+repository package, `No module named 'pkg.new'`, which the fix may be the one to add) is run again on the starting
+files; if the same module is missing there, the evaluation cannot run the tests here: an evaluator failure
+(`unscorable here: the environment lacks ...`), never a 0. A package the workspace deleted is present on the
+starting files, so its 0 stands. The output is the workspace's to write, but only the control run on the task's
+own files can make the failure stand.
 
 The same control decides when the evaluator itself raised while reading, copying, scanning or running a
 workspace (`after_crash`, every format: a module shadowing one pytest imports, a name that is not UTF-8,
@@ -132,13 +135,13 @@ MAX_LOG_BYTES = 4_000_000
 
 
 def missing_modules(eval_dir: Path) -> set[str]:
-    """Top-level names of the modules an evaluation's test output says are missing (`reports/*.log`)."""
+    """The (dotted) names of the modules an evaluation's test output says are missing (`reports/*.log`)."""
     found: set[str] = set()
     for log in sorted((Path(eval_dir) / "reports").glob("*.log")):
         if log.is_file() and not log.is_symlink():
             with log.open("rb") as f:
                 text = f.read(MAX_LOG_BYTES).decode("utf-8", errors="replace")
-            found |= {name.split(".")[0] for name in MISSING_MODULE.findall(text)}
+            found |= set(MISSING_MODULE.findall(text))
     return found
 
 
@@ -156,20 +159,28 @@ def provided_by(start: Path | None) -> set[str]:
     return names | (provided_by(src) if src.is_dir() and not src.is_symlink() else set())
 
 
+def environment_gaps(missing: set[str], provided: set[str]) -> set[str]:
+    """Top-level names of the `missing` modules the evaluation environment is to hold: any module outside the
+    repository (`provided`, its top-level names), and a top-level package of the repository itself (not
+    importable here: unbuilt, or under `src/`); never a submodule of a repository package (the workspace's)."""
+    return {name.split(".")[0] for name in missing if name.split(".")[0] not in provided or "." not in name}
+
+
 def with_environment_control(score: Score, query: Query, eval_dir: Path, run) -> Score:
-    """`score`, or an evaluator failure when it is a run below 1 whose output names modules missing from the
-    environment that the starting files do not provide, and `run(workspace, control_dir)` on the starting files
-    misses them too (module docstring)."""
+    """`score`, or an evaluator failure when it is a run below 1 whose output names modules the environment is to
+    hold (`environment_gaps`), and `run(workspace, control_dir)` on the starting files misses them too (module
+    docstring)."""
     if score.status is not EvalStatus.ok or score.score == 1.0 or (Path(eval_dir) / CONTROL_DIR).exists():
         return score
-    missing = missing_modules(eval_dir) - provided_by(query.start_dir)
+    provided = provided_by(query.start_dir)
+    missing = environment_gaps(missing_modules(eval_dir), provided)
     if not missing:
         return score
     try:
         control = _control_run(query, eval_dir, run)
     except Exception as exc:  # the control could not say: the workspace's result stands
         return score.model_copy(update={"detail": f"{score.detail}; control run failed: {type(exc).__name__}"})
-    also = missing & missing_modules(Path(eval_dir) / CONTROL_DIR)
+    also = missing & environment_gaps(missing_modules(Path(eval_dir) / CONTROL_DIR), provided)
     if not also or control.status is EvalStatus.tampering:
         return score
     return error(score.execution_id, f"{UNSCORABLE_ENV} {', '.join(sorted(also))}, which the tests import (on "

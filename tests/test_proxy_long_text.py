@@ -36,7 +36,7 @@ def _running(pid: int) -> bool:
     status = Path(f"/proc/{pid}/status")
     try:
         state = next(line for line in status.read_text().splitlines() if line.startswith("State:"))
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before, or while, its status was read
         return False
     return "Z" not in state.split()[1]
 

@@ -6,6 +6,7 @@ as a table or JSON; registered on `gyre bench` by `gyre.cli.bench`. The runs are
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -38,11 +39,8 @@ def bench_cells(
     from gyre.benches.cells import POLICIES, run
 
     steps, num_cells = steps or 4, num_cells or 4
-    try:
-        result = run(config or Path("configs/tiny-cpu-sleepy.yaml"), out, steps=steps, num_cells=num_cells)
-    except INPUT_ERRORS as exc:
-        _fail(exc)
-    (out / "cells.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    result = _measured(lambda: run(config or Path("configs/tiny-cpu-sleepy.yaml"), out, steps=steps,
+                                   num_cells=num_cells), out / "cells.json")
     if as_json:
         _print_json(result)
         return
@@ -71,11 +69,8 @@ def _bench_cells_paced(config: Path | None, steps: int | None, num_cells: int | 
                        as_json: bool) -> None:
     from gyre.benches.cells_paced import DEFAULT_CONFIG, run
 
-    try:
-        result = run(config or DEFAULT_CONFIG, out, steps=steps, num_cells=num_cells)
-    except INPUT_ERRORS as exc:
-        _fail(exc)
-    (out / "cells-paced.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    result = _measured(lambda: run(config or DEFAULT_CONFIG, out, steps=steps, num_cells=num_cells),
+                       out / "cells-paced.json")
     if as_json:
         _print_json(result)
         return
@@ -123,11 +118,8 @@ def bench_cells_scale(
     except ValueError:
         _fail(ValueError(f"--cells must be comma-separated integers, got {cells!r}"))
     out = _out_dir(out, "cells-scale")
-    try:
-        result = run(config, out, counts, slots=slots, steps=steps, kills=kills, kill_every_s=kill_every, ranks=ranks)
-    except INPUT_ERRORS as exc:
-        _fail(exc)
-    (out / "cells-scale.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    result = _measured(lambda: run(config, out, counts, slots=slots, steps=steps, kills=kills,
+                                   kill_every_s=kill_every, ranks=ranks), out / "cells-scale.json")
     if as_json:
         _print_json(result)
     else:
@@ -136,6 +128,16 @@ def bench_cells_scale(
     if failed:
         err_console.print(f"gyre bench cells-scale: the chaos run's checks failed ({out / 'cells-scale.json'})")
         raise typer.Exit(1)
+
+
+def _measured(bench: Callable[[], dict], path: Path) -> dict:
+    """`bench()`'s figures (bad input: one clear line, exit 2), kept as JSON at `path` before anything prints."""
+    try:
+        result = bench()
+    except INPUT_ERRORS as exc:
+        _fail(exc)
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result
 
 
 def _print_scale_table(result: dict, out: Path) -> None:

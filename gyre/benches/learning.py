@@ -108,15 +108,15 @@ def tokens_per_warmstart_step(config: dict) -> float:
     from gyre.config.run import RunConfig
     from gyre.engines.models.hf import load_tokenizer
     from gyre.proxy.prompt import PromptBuilder
-    from gyre.runtime.resolve import resolve_model_dir, resolve_queries, warmstart_style
-    from gyre.runtime.warmstart import WarmstartSpec, render_demonstration
+    from gyre.runtime.resolve import resolve_model_dir, resolve_queries, text_harness
+    from gyre.runtime.warmstart import render_demonstration
 
     run = RunConfig.model_validate(config)
     split = resolve_queries(run)
     builder = PromptBuilder(load_tokenizer(resolve_model_dir(run, split)))
     side = split.training_side or split.train  # what the clean-sft arm demonstrates
-    spec = WarmstartSpec(steps=1, lr=1.0, batch_size=1, seed=0, **warmstart_style(run))
-    counts = [sum(render_demonstration(builder, spec, q, *tiny_reference(q))[1]) for q in side]
+    harness = text_harness(run)
+    counts = [sum(render_demonstration(builder, harness, q, *tiny_reference(q))[1]) for q in side]
     return run.model.warmstart.batch_size * sum(counts) / max(len(counts), 1)
 
 

@@ -29,7 +29,9 @@ from gyre.engines.models.hf import load_tokenizer
 from gyre.engines.models.packaged import is_package_ref, resolve_model_path
 from gyre.engines.models.tiny import TinyModelSpec, cached_tiny_model
 from gyre.evaluators.environments.needs import available_here, task_needs, unmet
+from gyre.harnesses import make_harness
 from gyre.harnesses.builtin import SYSTEM_PROMPT, TOOLS
+from gyre.harnesses.text_agent import TextHarness
 from gyre.harnesses.timeouts import execution_timeouts
 from gyre.records import Query
 from gyre.runtime.warmstart import WarmstartSpec, cached_warmstart
@@ -179,14 +181,19 @@ def resolve_model_dir(config: RunConfig, split: QuerySplit) -> Path:
     return cached_warmstart(warmed, config.cache_dir / "models", split.training_side or split.train, extra)
 
 
+def text_harness(config: RunConfig) -> TextHarness | None:
+    """The run's `text` harness as the run builds it (`make_harness`), None for any other harness."""
+    return make_harness(config.harness) if config.harness.type == "text" else None
+
+
 def warmstart_style(config: RunConfig) -> dict:
     """`WarmstartSpec`'s style fields for the run's harness: `text` demonstrations for the `text` harness (its
     default file, whether it runs commands first, its output cut), else the builtin harness's tool calls."""
-    harness = config.harness
-    if harness.type != "text":
+    harness = text_harness(config)
+    if harness is None:
         return {}
-    return dict(style="text", run_first=harness.text_run_first, default_file=harness.text_default_file,
-                max_output_chars=harness.max_tool_output_chars)
+    return dict(style="text", run_first=harness.run_first, default_file=harness.default_file,
+                max_output_chars=harness.max_output_chars)
 
 
 def check_inputs(config: RunConfig) -> QuerySplit:

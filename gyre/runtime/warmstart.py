@@ -89,11 +89,12 @@ def print_instead_of_return(solution: str) -> str:
     return "\n".join(lines)
 
 
-def render_demonstration(builder: PromptBuilder, spec: WarmstartSpec, query: Query, solution_file: str,
+def render_demonstration(builder: PromptBuilder, text: TextHarness | None, query: Query, solution_file: str,
                          solution: str) -> tuple[list[int], list[bool]]:
-    """`render` of the demonstration of `query` solved by `solution`, in `spec`'s style."""
-    if spec.style == "text":
-        return render(builder, text_demonstration(query, spec.text_harness(), solution_file, solution), None)
+    """`render` of the demonstration of `query` solved by `solution`: the `text` harness's conversation when one
+    is given, else the builtin harness's."""
+    if text is not None:
+        return render(builder, text_demonstration(query, text, solution_file, solution), None)
     return render(builder, demonstration(query, solution_file, solution))
 
 
@@ -120,9 +121,10 @@ def warmstart(base_model: Path, out: Path, queries: list[Query], spec: Warmstart
     builder = PromptBuilder(tokenizer)
     if spec.style not in ("builtin", "text"):
         raise ValueError(f"warm start style must be builtin or text, got {spec.style!r}")
+    harness = spec.text_harness() if spec.style == "text" else None
 
     def row(query: Query, solution_file: str, text: str) -> TrainSequence:
-        ids, trainable = render_demonstration(builder, spec, query, solution_file, text)
+        ids, trainable = render_demonstration(builder, harness, query, solution_file, text)
         return TrainSequence(ids, trainable, [0.0] * len(ids), [1.0] * len(ids), 0.0, query.query_id)
 
     solutions = [(query, *tiny_reference(query)) for query in queries]

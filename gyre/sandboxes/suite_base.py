@@ -54,10 +54,14 @@ def no_suite_reason(python: str) -> str:
     return f"needs Python {python}, which no Debian suite the package mirror serves ships ({served})"
 
 
+def _packages(extra: tuple[str, ...]) -> str:
+    """mmdebstrap's `--include` list: the fixed packages, then `extra`."""
+    return ",".join((PACKAGES, *extra))
+
+
 def suite_tag(suite: str, extra: tuple[str, ...] = ()) -> str:
     """The tag the base of `suite` has on the engine (its digest covers suite, packages and customisation)."""
-    packages = ",".join((PACKAGES, *extra))
-    digest = hashlib.sha256(f"{suite} {packages} essential {CUSTOMIZE}".encode()).hexdigest()[:12]
+    digest = hashlib.sha256(f"{suite} {_packages(extra)} essential {CUSTOMIZE}".encode()).hexdigest()[:12]
     return f"{REPOSITORY}:{suite}-{digest}"
 
 
@@ -91,9 +95,9 @@ def _build(client, suite: str, tag: str, timeout_s: float, extra: tuple[str, ...
                              + " (apt-get install mmdebstrap; scripts/docker-engine.sh's machine)")
     with tempfile.TemporaryDirectory(prefix=f"gyre-{suite}-") as tmp:
         tar = Path(tmp) / "rootfs.tar"
-        packages = ",".join((PACKAGES, *extra))
         argv = ["unshare", "-m", "--propagation", "private", "mmdebstrap", "--quiet", "--mode=root",
-                "--variant=essential", f"--customize-hook={CUSTOMIZE}", f"--include={packages}", suite, str(tar)]
+                "--variant=essential", f"--customize-hook={CUSTOMIZE}", f"--include={_packages(extra)}", suite,
+                str(tar)]
         hooks = Path("/usr/share/mmdebstrap/hooks/eatmydata")
         if hooks.is_dir():
             argv[5:5] = [f"--hook-dir={hooks}"]

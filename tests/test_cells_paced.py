@@ -100,8 +100,11 @@ def test_a_small_paced_bench_runs_the_three_policies_beside_the_simulator(tmp_pa
     for policy in ("elastic", "async", "colocate"):
         r = result[policy]
         assert r["steps"] == 2 and r["wall_s"] > 0 and r["simulated_wall_s"] > 0 and r["calls"] > 0
-        # the modelled cell, not the box, set the calls' time: nearly none came late
-        assert r["late_calls"] <= 0.1 * r["calls"], r
+        # the modelled cell, not the box, set the calls' time: most came on time, and what the box
+        # added is a small part of the run (bounds with room for a loaded CI box: two busy cores
+        # beside this run measured 11 % of calls late, 8 % of the wall; a quiet box 0-3 %)
+        assert r["late_calls"] <= 0.3 * r["calls"], r
+        assert r["late_s"] <= 0.2 * r["wall_s"], r
         # paced commands took at least their real work
         assert all(r["command_s"][k] >= r["real_command_s"][k] for k in r["real_command_s"])
         assert 0 < r["engine_share"] <= 1

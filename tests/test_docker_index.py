@@ -166,7 +166,7 @@ def test_a_port_taken_by_the_agent_inside_is_the_workspace_zero(tmp_path, docker
 
 def test_the_agent_installs_through_its_own_route_until_it_ends(tmp_path, docker_image, fake):
     """`sandbox.docker.agent_network: package-index`: the agent's pip reaches gyre's proxy (upstream's agents have
-    the network: reference solutions install what they need), the task's own name is denied, the route closes
+    the network: reference solutions install what they need), the task's own project installs as a placeholder without code, the route closes
     with `end_agent`, and nothing else is reachable."""
     from tests.test_index_proxy import DENIED
 
@@ -178,8 +178,10 @@ def test_the_agent_installs_through_its_own_route_until_it_ends(tmp_path, docker
         installed = box.exec("python3 -m venv v && v/bin/pip install demo-pkg==1.0 && "
                              "v/bin/python -c 'import demo_pkg; print(demo_pkg.VALUE)'", timeout_s=120)
         assert installed.exit_code == 0 and installed.stdout.strip().endswith("1"), installed
-        denied = box.exec(f"v/bin/pip install {DENIED}", timeout_s=120)
-        assert denied.exit_code != 0, denied
+        # the task's own project: a placeholder without code (a dependency on it resolves, nothing imports)
+        placeholder = box.exec(f"v/bin/pip install {DENIED} && v/bin/python -c 'import gyre_denied_pkg'",
+                               timeout_s=120)
+        assert placeholder.exit_code != 0 and "No module named 'gyre_denied_pkg'" in placeholder.stderr, placeholder
         elsewhere = box.exec("python3 -c \"import urllib.request as u; u.urlopen('http://example.com', timeout=5)\"",
                              timeout_s=60)
         assert elsewhere.exit_code != 0

@@ -13,11 +13,11 @@ import pytest
 
 from gyre.benchmarks.nl2repo import load_nl2repo
 from gyre.evaluators import evaluate_query
-from gyre.evaluators.observed import IndexAccess
+from gyre.evaluators.observed import PLACEHOLDER_FLAG, IndexAccess
 from gyre.records import EvalStatus
 from gyre.sandboxes.local.isolation import probe_bwrap
 from gyre.sandboxes.local.sandbox import LocalSandbox
-from tests.test_index_proxy import DENIED, PLUGIN_DIST, FakeIndex
+from tests.test_index_proxy import DENIED, NEEDS_DENIED, PLUGIN_DIST, FakeIndex
 
 pytestmark = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable")
 
@@ -74,7 +74,7 @@ def test_a_dependency_installs_through_the_proxy(tmp_path, fake):
     assert (offline.status, offline.score) == (EvalStatus.ok, 0.0), offline.detail  # no index: its install fails
 
 
-def test_installing_the_project_itself_from_the_index_is_tampering(tmp_path, fake):
+def test_installing_the_project_itself_gets_a_placeholder_without_code(tmp_path, fake):
     # the project is named like the denied upstream package; more-itertools' setup command installs from a
     # requirements file upstream does not delete (requirements/development.txt), which the workspace writes
     query = _query(tmp_path, commands=("pip install -r requirements/development.txt", "python -m pytest -q tests"))
@@ -82,8 +82,25 @@ def test_installing_the_project_itself_from_the_index_is_tampering(tmp_path, fak
     workspace = _workspace(tmp_path, query, {"requirements/development.txt": f"{DENIED}\n", "app.py": app})
     score = evaluate_query(query, workspace, tmp_path / "e", "x", timeout_s=120,
                            index=IndexAccess(upstream=f"{fake.url}/simple/"))
-    assert (score.status, score.score) == (EvalStatus.tampering, 0.0), score.detail
-    assert any(DENIED in e for e in score.evidence)
+    # the install succeeded with upstream's versions but no code: the test imports nothing of upstream's
+    assert (score.status, score.score) == (EvalStatus.ok, 0.0), score.detail
+    assert [f for f in score.flags if f.startswith(PLACEHOLDER_FLAG)] == [
+        f"{PLACEHOLDER_FLAG} index:0 {DENIED!r} (the project itself) was asked of the index: placeholder wheels "
+        "without code served"]
+
+
+def test_an_honest_dependency_on_the_project_itself_installs_and_scores(tmp_path, fake):
+    # more-itertools' own release: twine (in requirements/development.txt) -> keyring -> jaraco.classes ->
+    # more-itertools. Refusing the project failed that install and scored the release 0 as tampering.
+    query = _query(tmp_path, commands=("pip install -r requirements/development.txt", "python -m pytest -q tests"))
+    files = {"requirements/development.txt": f"{NEEDS_DENIED}\n", "gyre_denied_pkg/__init__.py": "VALUE = 1\n",
+             "app.py": "import gyre_denied_pkg\nimport needs_denied\n\n\ndef value():\n"
+                       "    return gyre_denied_pkg.VALUE * needs_denied.VALUE\n"}
+    workspace = _workspace(tmp_path, query, files)
+    score = evaluate_query(query, workspace, tmp_path / "e", "x", timeout_s=120,
+                           index=IndexAccess(upstream=f"{fake.url}/simple/"))
+    assert (score.status, score.score) == (EvalStatus.ok, 1.0), score.detail
+    assert any(f.startswith(PLACEHOLDER_FLAG) for f in score.flags)  # recorded, not a verdict
 
 
 def test_an_unreachable_index_is_an_evaluator_failure_not_a_zero(tmp_path, fake):

@@ -38,6 +38,7 @@ from gyre.sandboxes.index.proxy import (
 )
 
 DENIED = "gyre-denied-pkg"
+NEEDS_DENIED = "needs-denied"
 
 
 PLUGIN_DIST = "pytest-fake-ctrf"
@@ -48,12 +49,13 @@ def pytest_addoption(parser):
 """A pytest plugin (a `pytest11` entry point) adding an option, as pytest-json-ctrf adds `--ctrf`."""
 
 
-def _wheel(name: str, version: str, init: bytes = b"VALUE = 1\n", entry_points: bytes | None = None
-           ) -> tuple[str, bytes, bytes]:
+def _wheel(name: str, version: str, init: bytes = b"VALUE = 1\n", entry_points: bytes | None = None,
+           requires: tuple[str, ...] = ()) -> tuple[str, bytes, bytes]:
     """(filename, bytes, METADATA) of a minimal valid pure-Python wheel (its package's `__init__.py` is `init`)."""
     dist = re.sub(r"[-_.]+", "_", name)
     info = f"{dist}-{version}.dist-info"
-    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    metadata = (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode()
     files = {
         f"{dist}/__init__.py": init,
         f"{info}/METADATA": metadata,
@@ -139,7 +141,14 @@ class FakeIndex:
         ]
         self.projects["flaky"] = [{"filename": "flaky-1.0.tar.gz", "url": "/packages/flaky-1.0.tar.gz", "hashes": {}}]
         self.projects[DENIED] = [{"filename": denied, "url": f"/packages/{denied}",
-                                  "hashes": {"sha256": _sha(denied_bytes)}}]
+                                  "hashes": {"sha256": _sha(denied_bytes)}},
+                                 {"filename": f"{DENIED}-0.5.tar.gz", "url": f"/packages/{DENIED}-0.5.tar.gz",
+                                  "hashes": {}, "requires-python": ">=2.7", "yanked": "old"}]
+        # an honest dependency on the denied project (twine -> keyring -> jaraco.classes -> more-itertools)
+        needs, needs_bytes, _ = _wheel(NEEDS_DENIED, "1.0", requires=(DENIED,))
+        self.files[needs] = needs_bytes
+        self.projects[NEEDS_DENIED] = [{"filename": needs, "url": f"/packages/{needs}",
+                                        "hashes": {"sha256": _sha(needs_bytes)}}]
         plugin, plugin_bytes, _ = _wheel(PLUGIN_DIST, "1.0", PLUGIN_INIT, b"[pytest11]\nfake_ctrf = pytest_fake_ctrf\n")
         self.files[plugin] = plugin_bytes
         self.projects[PLUGIN_DIST] = [{"filename": plugin, "url": f"/packages/{plugin}",
@@ -256,7 +265,8 @@ def test_listing_is_rewritten_to_the_proxy(proxy, fake):
     assert "dropped 2 link(s)" in rec.detail and "files.example.invalid" in rec.detail
     # the root listing too, without the denied project
     root = _get(base)
-    assert root.status_code == 200 and _hrefs(root.text) == ["demo-pkg/", "flaky/", "pytest-fake-ctrf/", "setuptools/"]
+    assert root.status_code == 200 and _hrefs(root.text) == ["demo-pkg/", "flaky/", f"{NEEDS_DENIED}/",
+                                                          "pytest-fake-ctrf/", "setuptools/"]
 
 
 def test_file_download_streams_the_upstream_bytes(proxy, fake):
@@ -283,14 +293,29 @@ def test_file_download_streams_the_upstream_bytes(proxy, fake):
         assert proxy.requests()[-1].outcome == "refused"
 
 
-def test_denied_project_is_404_and_recorded(proxy, fake):
-    before = list(fake.hits)
+def test_the_denied_projects_page_lists_placeholders_without_code(proxy, fake):
     for name in (DENIED, "Gyre_Denied.Pkg"):
-        r = _get(f"{proxy.base_url}{name}/")
-        assert r.status_code == 404 and "not available" in r.text
-    assert proxy.denials() == [DENIED]
-    assert [(x.project, x.status, x.outcome) for x in proxy.requests()] == [(DENIED, 404, "denied")] * 2
-    assert fake.hits == before  # never asked upstream
+        page = _get(f"{proxy.base_url}{name}/", headers={"Accept": JSON_V1}).json()
+        # one wheel per upstream version, each version's requires-python and yanked state, nothing of upstream's
+        assert [f["filename"] for f in page["files"]] == ["gyre_denied_pkg-0.5-py3-none-any.whl",
+                                                          "gyre_denied_pkg-1.0-py3-none-any.whl"]
+        assert page["versions"] == ["0.5", "1.0"]
+        old, new = page["files"]
+        assert (old["requires-python"], old["yanked"]) == (">=2.7", "old") and "yanked" not in new
+        assert all("/placeholder/" in f["url"] for f in page["files"])
+    origin = proxy.base_url.split("/", 3)[:3]
+    wheel = _get("/".join(origin) + new["url"])
+    assert wheel.status_code == 200 and _sha(wheel.content) == new["hashes"]["sha256"]
+    with zipfile.ZipFile(io.BytesIO(wheel.content)) as z:
+        assert sorted(z.namelist()) == [f"gyre_denied_pkg-1.0.dist-info/{n}" for n in ("METADATA", "RECORD", "WHEEL")]
+        assert "Requires-Dist" not in z.read("gyre_denied_pkg-1.0.dist-info/METADATA").decode()
+    assert _get("/".join(origin) + new["url"]).content == wheel.content  # the same bytes each time
+    html = _get(f"{proxy.base_url}{DENIED}/").text
+    assert f"placeholder/{new['filename']}#sha256={new['hashes']['sha256']}" in html
+    assert _sha(fake.files[fake.denied_wheel]) not in html and "/files/" not in html  # nothing of upstream's
+    assert proxy.placeholders() == [DENIED] and proxy.denials() == []
+    assert [x.outcome for x in proxy.requests() if x.project == DENIED] == ["placeholder"] * 2 + ["ok"] * 2 + [
+        "placeholder"]
 
 
 def test_upstream_errors_are_502_and_logged(fake):
@@ -344,7 +369,8 @@ def test_json_api_on_request(proxy, fake):
     assert "dist-info-metadata" not in whl  # PEP 714: the old JSON key's dict crashes pip 23.0 (Debian bookworm's)
     assert files["demo-pkg-1.0.tar.gz"]["yanked"] == "broken build"
     root = _get(proxy.base_url, headers={"Accept": JSON_V1})
-    assert root.json()["projects"] == [{"name": "demo-pkg"}, {"name": "flaky"}, {"name": "pytest-fake-ctrf"},
+    assert root.json()["projects"] == [{"name": "demo-pkg"}, {"name": "flaky"}, {"name": NEEDS_DENIED},
+                                       {"name": "pytest-fake-ctrf"},
                                        {"name": "setuptools"}]
 
 
@@ -363,13 +389,18 @@ def test_pip_download_through_the_proxy(fake, tmp_path):
         assert ok.returncode == 0, ok.stdout + ok.stderr
         assert (tmp_path / "ok" / fake.demo_wheel).read_bytes() == fake.files[fake.demo_wheel]
         assert "not a trusted or secure host" not in ok.stderr
-        denied = pip_download(DENIED, tmp_path / "denied")
-        assert denied.returncode != 0 and "No matching distribution" in denied.stderr
-    assert not (tmp_path / "denied").exists() or not any((tmp_path / "denied").iterdir())
-    assert proxy.denials() == [DENIED]
+        # a dependency on the project itself resolves; what installs of it has no code
+        needs = subprocess.run([sys.executable, "-m", "pip", "install", "--retries", "0", "--timeout", "10",
+                                "--target", str(tmp_path / "t"), NEEDS_DENIED], env=env, cwd=tmp_path,
+                               capture_output=True, text=True, timeout=60)
+        assert needs.returncode == 0, needs.stdout + needs.stderr
+    assert (tmp_path / "t" / "needs_denied" / "__init__.py").exists()
+    assert (tmp_path / "t" / "gyre_denied_pkg-1.0.dist-info").is_dir()
+    assert not (tmp_path / "t" / "gyre_denied_pkg").exists()
+    assert proxy.placeholders() == [DENIED] and proxy.denials() == []
     paths = [r.path for r in proxy.requests() if r.outcome == "ok"]
     assert any(p.endswith(f"/{fake.demo_wheel}") for p in paths)
-    assert all(r.outcome in ("ok", "denied") for r in proxy.requests())
+    assert all(r.outcome in ("ok", "placeholder") for r in proxy.requests())
 
 
 def test_uv_pip_install_through_the_proxy(fake, tmp_path):
@@ -387,8 +418,11 @@ def test_uv_pip_install_through_the_proxy(fake, tmp_path):
         ok = uv_install("demo-pkg", tmp_path / "ok")
         assert ok.returncode == 0, ok.stdout + ok.stderr
         assert (tmp_path / "ok" / "demo_pkg" / "__init__.py").exists()
-        assert uv_install(DENIED, tmp_path / "denied").returncode != 0
-    assert proxy.denials() == [DENIED]
+        needs = uv_install(NEEDS_DENIED, tmp_path / "t")
+        assert needs.returncode == 0, needs.stdout + needs.stderr
+    assert (tmp_path / "t" / "needs_denied" / "__init__.py").exists()
+    assert not (tmp_path / "t" / "gyre_denied_pkg").exists()  # the placeholder: metadata only
+    assert proxy.placeholders() == [DENIED] and proxy.denials() == []
 
 
 def test_host_allow_list_matching():

@@ -66,6 +66,9 @@ from gyre.sandboxes.local.privileges import hand_over
 from gyre.sandboxes.local.session import EVAL_USER, Session
 from gyre.sandboxes.paths import remove_tree
 
+PLACEHOLDER_FLAG = "index-placeholder"
+"""The flag of an evaluation whose commands asked the index for the project itself (a record, never a verdict)."""
+
 BRIDGE_SLOT = "bridge"
 EVAL_BRIDGE_DIR = "/run/gyre-eval"
 """Where an in-place evaluation's index bridge is shown (the agent's model bridge keeps /run/gyre)."""
@@ -87,12 +90,16 @@ def children_audits(directory: Path, inside: str) -> FifoChannel:
     return fifo
 
 
-def index_findings(index: IndexProxy, counted: Tally, image_denials: frozenset[str] = frozenset()) -> str | None:
-    """What a stopped index proxy says about the evaluation: each denied project (but those the image's own
-    packages asked for) is tampering evidence added to `counted`; an upstream error is returned as an
-    evaluator-failure reason (None: the index served)."""
+def index_findings(index: IndexProxy, counted: Tally, image_asks: frozenset[str] = frozenset()) -> str | None:
+    """What a stopped index proxy says about the evaluation (but for what the image's own packages asked):
+    a refused file of the project itself is tampering evidence added to `counted`; the project's page, answered
+    with placeholder wheels without code (`index.placeholder`: honest installs ask for it as a dependency), a
+    recorded flag; an upstream error is returned as an evaluator-failure reason (None: the index served)."""
     counted.tampering += [f"the workspace tried to install {name!r} (the project itself) from the index"
-                          for name in index.denials() if name not in image_denials]
+                          for name in index.denials() if name not in image_asks]
+    counted.flags += [flag for name in index.placeholders() if name not in image_asks
+                      if (flag := f"{PLACEHOLDER_FLAG} index:0 {name!r} (the project itself) was asked of the index: "
+                                  "placeholder wheels without code served") not in counted.flags]
     errors = index.upstream_errors()
     if errors:
         return f"the package index failed during the evaluation: {errors[0].detail or errors[0].status}"
@@ -125,8 +132,9 @@ class Observer:
     env: EvalEnv
     index: IndexProxy | None = None
     index_url: str | None = None
-    image_denials: frozenset[str] = frozenset()
-    """Projects the index refused while the image's packages installed (gyre's doing, not the workspace's)."""
+    image_asks: frozenset[str] = frozenset()
+    """Denied projects asked of the index while the image's packages installed (gyre's doing, not the
+    workspace's)."""
     image_plugins: tuple[str, ...] = ()
     """pytest plugins (`pytest11` entry points) of the task image's packages, loaded by name: autoloading
     stays off, so a plugin the workspace installs never loads (`install`)."""
@@ -223,7 +231,7 @@ class Observer:
         if index is None:
             return None
         index.stop()
-        return index_findings(index, counted, self.image_denials)
+        return index_findings(index, counted, self.image_asks)
 
     def run(self, command: str, *, workspace: Path, scratch: Path, layout: SandboxLayout, env: dict[str, str],
             limits: SandboxLimits, timeout_s: float, addopts: tuple[str, ...] = ()) -> tuple[ExecResult, ChannelResults]:
@@ -290,7 +298,8 @@ class Observer:
         left_out = []
         if requirements and not pip("install --quiet", list(requirements)):  # a pinned pytest too: boltons needs 8
             left_out = [r for r in requirements if not pip("install --quiet", [r])]
-        self.image_denials = frozenset(self.index.denials()) if self.index is not None else frozenset()
+        if self.index is not None:
+            self.image_asks = frozenset((*self.index.denials(), *self.index.placeholders()))
         site = site_packages(self.env.directory)  # read before any workspace code ran
         removed = [name for name, modules in installed(site) if is_the_project(task, name, modules)]
         if removed and not pip("uninstall --yes --quiet", removed):

@@ -13,7 +13,8 @@ bridged into the container like the model proxy (`gyre.sandboxes.bridge`):
   `AGENT_INDEX_DIR`; the inside half runs in the container from its start (a detached exec of the
   image's python3, as the image's user), on 127.0.0.1:<the proxy's port>;
 - the task's own name is denied (an NL2RepoBench agent installing the real project from the index
-  would pass its tests with upstream's code; the request is logged as a denial);
+  would pass its tests with upstream's code): its page lists placeholder wheels without code
+  (`index.placeholder`), so a dependency on it resolves and nothing of upstream's installs; logged;
 - the route closes when the agent ends (`DockerSandbox.end_agent`): evaluations get their own.
 
 An image without python3 has no inside half: the agent's pip then fails to connect (its result).

@@ -138,6 +138,7 @@ def _score(query: Query, workspace: Path, eval_dir: Path, execution_id: str, tim
 
     def finish(counted: Tally) -> str | None:
         counted.tampering += denied.tampering
+        counted.flags += [f for f in denied.flags if f not in counted.flags]
         return failures[0] if failures else None
 
     return run_both(query, workspace, eval_dir, execution_id, timeout_s, limits, deadline_s, WORKSPACE_DIR,

@@ -21,41 +21,25 @@ What it refuses.
 - Hosts: only `allowed_hosts` are contacted ("host" = default port of the scheme only,
   "host:port" = that port), redirects included. A link on a page to any other host is dropped
   from the listing and logged (`dropped_links()`, a warning, the request's `detail`).
-- Denied distributions (`denied_projects`, PEP 503-normalised): their pages answer 404, and so
-  does any file whose name parses to a denied project (wheel: the exact name; sdist and others:
-  any dash-separated prefix, conservatively). Each is recorded (`denials()`).
+- Denied distributions (`denied_projects`: the task's own project): their pages list placeholder
+  wheels without code (`index.placeholder`), recorded (`placeholders()`); an upstream file whose name
+  parses to one (`file_project_candidates`) is left out of every listing and refused (`denials()`).
 - Anything else: a path without this instance's token, a file id it did not list, a name that is
   not a project name -> 404, outcome "refused".
 
 What it logs. `requests()` -> one `RequestLog` per request: method, path, project, status,
-bytes sent, upstream URL (credentials redacted), outcome ("ok", "denied", "not_found",
-"upstream_error", "refused") and a detail. Upstream failures (unreachable, timeout, 5xx, other
+bytes sent, upstream URL (credentials redacted), outcome ("ok", "placeholder", "denied",
+"not_found", "upstream_error", "refused") and a detail. Upstream failures (unreachable, timeout, 5xx, other
 non-404 4xx, a redirect off the allow-list) answer 502 with a plain-text reason and the outcome
 "upstream_error": an evaluator reads that as "index unreachable", its own failure, not the
 workspace's zero. `probe()` checks the upstream root before the workspace is involved.
 
-One instance per evaluation (rather than one server with per-client tokens mapping to deny
-lists): the deny list and the log are the instance's own by construction, so concurrent
-evaluations cannot be confused and `stop()` closes the record; starting is a uvicorn thread on a
-free port (~0.1 s to start, ~0.2 s to stop). The base URL still carries a random token
-(`http://127.0.0.1:<port>/<token>/simple/`) so that a workspace whose sandbox shares the host's
-loopback cannot use another evaluation's instance (another deny list, another log) instead.
+One instance per evaluation: its deny list and log are its own by construction, and `stop()` closes
+the record (a uvicorn thread on a free port, ~0.1 s to start, ~0.2 s to stop). The base URL carries a
+random token (`http://127.0.0.1:<port>/<token>/simple/`): a workspace sharing the host's loopback
+cannot use another evaluation's instance instead.
 
-Known limits.
-- Denial is by distribution name. A fork under another name, or a distribution that vendors the
-  package (setuptools vendors packaging, for instance) is not caught; an sdist whose name starts
-  with a denied name plus a dash is refused too (e.g. denying "python" refuses
-  "python-dateutil-2.8.tar.gz", not its wheels).
-- Only the network is covered: wheel directories, pip/uv caches or site-packages visible in the
-  sandbox bypass it. `client_env` turns off pip's and uv's config files, find-links, extra indexes
-  and both clients' caches, but the sandbox must not expose wheels of the real package.
-- One upstream index: extra indexes and find-links of the host's pip config are not merged, and
-  file:// indexes are not served. No caching: every download goes upstream.
-- Lock files pinning upstream file URLs (uv.lock) do not go through the proxy.
-- Credentials in the upstream URL are sent to the upstream's host only, not to a separate
-  files host. TLS trust is httpx's (certifi, or SSL_CERT_FILE when `trust_env`).
-- The root listing of a big index (PyPI's is tens of MB) is fetched and parsed per request;
-  pip and uv never ask for it.
+Known limits (denial by name, the network only, one upstream, lock files): docs/sandbox.md, "Not promised".
 
 Here: the server and its record. Its configuration (`IndexProxyConfig`) is in `index_config`,
 pages are parsed and rendered in `index_pages`, upstream requests and the host allow-list live in
@@ -88,6 +72,7 @@ from gyre.sandboxes.index.pages import (
     HTML_V1, JSON_V1, file_project_candidates, negotiate, parse_project_page, parse_root_listing, render_project_page,
     render_root_listing, response_media_type,
 )
+from gyre.sandboxes.index.placeholder import placeholder_page
 from gyre.sandboxes.index.pip_config import (
     PYPI_SIMPLE, client_env, configured_index_urls, default_upstream, parse_pip_config_list,
 )
@@ -117,7 +102,7 @@ _FORWARDED_FILE_HEADERS = ("content-type", "content-length", "content-range", "a
 
 @dataclass(frozen=True)
 class RequestLog:
-    """One client request. outcome: ok | denied | not_found | upstream_error | refused."""
+    """One client request. outcome: ok | placeholder | denied | not_found | upstream_error | refused."""
 
     method: str
     path: str
@@ -147,6 +132,8 @@ class IndexProxy:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _log: list[RequestLog] = field(default_factory=list, init=False)
     _denials: list[str] = field(default_factory=list, init=False)
+    _placeholders: dict[str, bytes] = field(default_factory=dict, init=False)  # file name -> wheel bytes
+    _placeholder_projects: list[str] = field(default_factory=list, init=False)
     _dropped: list[str] = field(default_factory=list, init=False)
     _listed: dict[str, _Listed] = field(default_factory=dict, init=False)
     _server: ServerThread | None = field(default=None, init=False)
@@ -165,6 +152,7 @@ class IndexProxy:
             Route(f"/{t}/simple/{{project}}/", self._project, methods=["GET", "HEAD"]),
             Route(f"/{t}/simple/{{project}}", self._project, methods=["GET", "HEAD"]),
             Route(f"/{t}/files/{{fid}}/{{name}}", self._file, methods=["GET", "HEAD"]),
+            Route(f"/{t}/placeholder/{{name}}", self._placeholder, methods=["GET", "HEAD"]),
             Route("/{rest:path}", self._refuse, methods=["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH"]),
         ]
         app = Starlette(routes=routes, lifespan=self._lifespan)
@@ -209,6 +197,11 @@ class IndexProxy:
         with self._lock:
             return list(dict.fromkeys(self._denials))
 
+    def placeholders(self) -> list[str]:
+        """Denied projects whose page was asked for (and answered with placeholders), each once, first ask first."""
+        with self._lock:
+            return list(dict.fromkeys(self._placeholder_projects))
+
     def dropped_links(self) -> list[str]:
         """Upstream links dropped from listings because their host is not allowed."""
         with self._lock:
@@ -233,6 +226,8 @@ class IndexProxy:
             self._log.append(rec)
             if outcome == "denied" and project:
                 self._denials.append(project)
+            if outcome == "placeholder" and project:
+                self._placeholder_projects.append(project)
         if outcome in ("denied", "upstream_error"):
             logger.warning("index proxy: %s %s -> %d %s %s", rec.method, rec.path, status, outcome, detail)
 
@@ -288,9 +283,6 @@ class IndexProxy:
         if not _PROJECT_RE.match(project):
             return self._text(request, started, 404, f"not a project name: {raw!r}", project=None, upstream=None,
                               outcome="refused")
-        if project in self.config.denied_projects:
-            return self._text(request, started, 404, f"project {project!r} is not available in this evaluation",
-                              project=project, upstream=None, outcome="denied")
         url = urljoin(self.config.upstream, f"{project}/")
         try:
             status, final, ctype, body = await self._fetch_page(url)
@@ -305,6 +297,8 @@ class IndexProxy:
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             return self._text(request, started, 502, f"unreadable upstream page: {e}", project=project,
                               upstream=final, outcome="upstream_error")
+        if project in self.config.denied_projects:
+            return self._placeholder_page(request, started, project, files, final)
         kept, dropped, denied_files = [], [], 0
         for f in files:
             upstream_url = urldefrag(f["url"])[0]
@@ -337,6 +331,27 @@ class IndexProxy:
         self._record(request, started, project=project, status=200, nbytes=len(out), upstream=final, outcome="ok",
                      detail=detail)
         return Response(out, media_type=response_media_type(media), headers={"Vary": "Accept"})
+
+    def _placeholder_page(self, request: Request, started: float, project: str, files: list[dict],
+                          final: str) -> Response:
+        media = negotiate(request.headers.get("accept"))
+        made, out = placeholder_page(project, files, f"/{self._token}/placeholder/", media)
+        with self._lock:
+            self._placeholders.update((p.filename, p.data) for p in made)
+        self._record(request, started, project=project, status=200, nbytes=len(out), upstream=final,
+                     outcome="placeholder", detail=f"{len(made)} placeholder wheel(s) without code, the project's own")
+        return Response(out, media_type=response_media_type(media), headers={"Vary": "Accept"})
+
+    async def _placeholder(self, request: Request) -> Response:
+        started, name = time.time(), request.path_params["name"]
+        data = self._placeholders.get(name)
+        if data is None:
+            return self._text(request, started, 404, "not a placeholder this proxy listed", project=None,
+                              upstream=None, outcome="refused")
+        body = b"" if request.method == "HEAD" else data
+        self._record(request, started, project=canonicalize_name(name.split("-", 1)[0]), status=200,
+                     nbytes=len(body), upstream=None, outcome="ok", detail="placeholder wheel")
+        return Response(body, media_type="application/octet-stream", headers={"Content-Length": str(len(data))})
 
     async def _file(self, request: Request) -> Response:
         started = time.time()

@@ -118,6 +118,7 @@ def _score(query: Query, spec: TaskSpec, workspace: Path, eval_dir: Path, execut
         write_log(reports / (TEST_LOG if not run else f"command_1.run{run}.log"), command, result)
     counted = tally(pristine, channels)
     counted.tampering += denied.tampering
+    counted.flags += [f for f in denied.flags if f not in counted.flags]
     seen = Observed(results[0], channels[0], counted, failures[0] if failures else None, runs=results,
                     channels=channels)
     return swe_verdict(execution_id, spec, seen, pristine, command, timeout_s, notes)

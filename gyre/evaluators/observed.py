@@ -80,6 +80,11 @@ ENV_KEPT = "env-kept"
 """Where the environment is kept as it was before any workspace code ran (`Observer.keep_env`)."""
 
 
+def new_hash_seed() -> str:
+    """A random `PYTHONHASHSEED` for one evaluation (a fixed one a workspace could know; none differs per run)."""
+    return str(secrets.randbelow(2**32 - 1) + 1)
+
+
 def children_audits(directory: Path, inside: str) -> FifoChannel:
     """The audit pipe of a command's child processes: a named pipe in the plugin's directory (shown at `inside`),
     which any process of the command can open by the path in `GYRE_AUDIT_PATH` (a child started with its
@@ -147,6 +152,8 @@ class Observer:
     """Set for an in-place evaluation: commands run in the agent's live session as `EVAL_USER`."""
     planted: list[PristineFile] = field(default_factory=list)
     site_entries: dict[str, list[str]] = field(default_factory=dict)
+    hash_seed: str = field(default_factory=new_hash_seed)
+    """`PYTHONHASHSEED` of both runs' commands: an honest answer following set order answers both runs alike."""
     """The environment's site-packages before any workspace code ran (`keep_env`): the runtime monitor reads what
     else appears there as the workspace's."""
     """The pristine files the plugin was told of last (`plant`)."""
@@ -203,6 +210,8 @@ class Observer:
             return
         for entry in list(self.env.directory.iterdir()):  # emptied, never replaced: a live session binds it
             remove_tree(entry)
+        for name in os.listxattr(self.env.directory):  # the kept directory itself carries nothing of a run either
+            os.removexattr(self.env.directory, name)
         shutil.copytree(kept, self.env.directory, symlinks=True, dirs_exist_ok=True)
         if self.session is not None:
             hand_over(self.env.directory, EVAL_USER)
@@ -241,7 +250,7 @@ class Observer:
         children = children_audits(self.plugin.directory, plugin_path)
         extra = dict(env)
         addopts = (*addopts, *([extra.pop("PYTEST_ADDOPTS")] if "PYTEST_ADDOPTS" in extra else []))
-        full_env = {**extra, **self.env.env(), **self.plugin.env(plugin_path, addopts), **channel.env(),
+        full_env = {"PYTHONHASHSEED": self.hash_seed, **extra, **self.env.env(), **self.plugin.env(plugin_path, addopts), **channel.env(),
                     **audits.env(), **children.env(),
                     # the runtime monitor trusts nothing under it, wherever a test's subprocess starts (an
                     # editable install puts the workspace's `src/` on every child's path)

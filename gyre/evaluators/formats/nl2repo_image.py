@@ -55,7 +55,7 @@ from gyre.evaluators.integrity.channel import PLUGIN_MOUNT, ChannelResults
 from gyre.evaluators.integrity.plugin_install import PluginInstall
 from gyre.evaluators.formats.swe_recipe import recipe
 from gyre.evaluators.integrity.tally import Tally
-from gyre.evaluators.observed import INTERRUPT_GRACE_S, IndexAccess, Observer
+from gyre.evaluators.observed import INTERRUPT_GRACE_S, IndexAccess, Observer, new_hash_seed
 from gyre.records import Query, Score
 from gyre.sandboxes.base import ExecResult, SandboxLimits
 from gyre.sandboxes.docker import DockerSandbox
@@ -116,6 +116,7 @@ def _score(query: Query, workspace: Path, eval_dir: Path, execution_id: str, tim
     (eval_dir / "reports").mkdir()
     notes = [f"in a fresh container of {note}"]
     denied, failures = Tally(), []  # what each run's index proxy said: the project asked for, its own failures
+    hash_seed = new_hash_seed()  # one for both runs' containers
 
     @contextmanager
     def fresh_container(ready: Prepared, run: int):
@@ -124,7 +125,7 @@ def _score(query: Query, workspace: Path, eval_dir: Path, execution_id: str, tim
                                    {PLUGIN_SLOT: PLUGIN_MOUNT, RESULT_SLOT: RESULT_DIR, INDEX_SLOT: INDEX_DIR},
                                    limits, image.cgroup_parent_name)
         try:
-            observer = ContainerObserver.open(box, query, index)
+            observer = ContainerObserver.open(box, query, index, hash_seed)
             try:
                 listed = observer.image_notes(ready, limits)  # before any workspace code runs in this container
                 if run == 0:
@@ -160,14 +161,16 @@ class ContainerObserver(Observer):
     route: ContainerIndex | None = None
 
     @classmethod
-    def open(cls, box: DockerSandbox, query: Query, index: IndexAccess | None) -> ContainerObserver:
-        """The plugin written into `box`'s plugin slot, the index (if any) probed and bridged into its slot."""
+    def open(cls, box: DockerSandbox, query: Query, index: IndexAccess | None,
+             hash_seed: str | None = None) -> ContainerObserver:
+        """The plugin written into `box`'s plugin slot, the index (if any) probed and bridged into its slot;
+        `hash_seed`: the evaluation's `PYTHONHASHSEED`, the same for the container of each run."""
         plugin = PluginInstall.write(box.slot(PLUGIN_SLOT))
         own(plugin.directory, box.eval_user)
         route = None if index is None else ContainerIndex.open(
             index, box.slot(INDEX_SLOT), box.eval_slots[INDEX_SLOT], box.eval_user, frozenset({query.query_id}))
         return cls(isolation=None, plugin=plugin, env=None, plugin_dists=task_plugins(query), box=box,  # type: ignore[arg-type]
-                   route=route)
+                   route=route, hash_seed=hash_seed or new_hash_seed())
 
     def image_notes(self, ready: Prepared, limits: SandboxLimits) -> list[str]:
         """Read, before any workspace code runs, what the image holds: its pytest plugins (loaded by name in each
@@ -207,6 +210,7 @@ class ContainerObserver(Observer):
         box = self.box
         channel, audits = result_fifos(box)
         full_env = {"HOME": HOME, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+                    "PYTHONHASHSEED": self.hash_seed,
                     "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
                     "GYRE_WORKSPACE_ROOT": box.workdir,  # the runtime monitor trusts nothing under it
                     **{k: v for k, v in env.items() if k.startswith("GYRE_")},

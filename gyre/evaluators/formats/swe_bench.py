@@ -54,7 +54,7 @@ from gyre.evaluators.integrity.mutants import RUNS
 from gyre.evaluators.integrity.pristine import PristineFile, test_id
 from gyre.evaluators.integrity.pytest_settings import project_settings, python_files, sanitise
 from gyre.evaluators.integrity.tally import Tally, tally
-from gyre.evaluators.observed import IndexAccess, Observed
+from gyre.evaluators.observed import IndexAccess, Observed, new_hash_seed
 from gyre.evaluators.paired import plan_pristine, read_sources, retire, write_pristine
 from gyre.records import Query, Score
 from gyre.sandboxes.base import ExecResult, SandboxLimits, SandboxStartError
@@ -91,6 +91,7 @@ def _score(query: Query, spec: TaskSpec, workspace: Path, eval_dir: Path, execut
     notes = [f"in a fresh container of {note}"]
     pristine: list[PristineFile] = []
     denied, failures = Tally(), []  # what each run's index proxy said: the project asked for, its own failures
+    hash_seed = new_hash_seed()  # one for both runs' containers
     results: list[ExecResult] = []
     channels: list[ChannelResults] = []
     install, command = query.test_commands
@@ -111,7 +112,7 @@ def _score(query: Query, spec: TaskSpec, workspace: Path, eval_dir: Path, execut
         _hand_over(repo)
         protect(repo, query.test_files, writable_dirs=True, writable_data=True)
         result, said = _run_once(query, repo, reports, ref, image, limits, index, timeout_s, pristine, run,
-                                 notes, denied, failures)
+                                 notes, denied, failures, hash_seed)
         said.run = run
         results.append(result)
         channels.append(said)
@@ -126,13 +127,13 @@ def _score(query: Query, spec: TaskSpec, workspace: Path, eval_dir: Path, execut
 
 def _run_once(query: Query, repo: Path, reports: Path, ref: str, image: TaskImage, limits: SandboxLimits,
               index: IndexAccess | None, timeout_s: float, pristine: list[PristineFile], run: int, notes: list[str],
-              denied: Tally, failures: list[str]) -> tuple[ExecResult, ChannelResults]:
+              denied: Tally, failures: list[str], hash_seed: str) -> tuple[ExecResult, ChannelResults]:
     """Run `run`'s install and test commands in a fresh container of the image around `repo` (that run's copy)."""
     box = DockerSandbox.around(repo, ref, WORKDIR,
                                {PLUGIN_SLOT: PLUGIN_MOUNT, RESULT_SLOT: RESULT_DIR, INDEX_SLOT: INDEX_DIR},
                                limits, image.cgroup_parent_name)
     try:
-        observer = ContainerObserver.open(box, query, index)
+        observer = ContainerObserver.open(box, query, index, hash_seed)
         install, command = query.test_commands
         try:
             listed = observer.image_notes(SimpleNamespace(reports=reports), limits)  # before any workspace code

@@ -11,8 +11,11 @@ autopep8's tests format their own file, boltons reads tracebacks' source) do too
 is a false-zero factory, so on real benchmarks `zero` acts on:
 
 - the runtime kinds no real project showed and a forger needs (`runtime.KINDS`): `exec`,
-  `result-channel`, `fd-scan`, `disguised-code`, `patched` (pytest's own functions and classes
-  only: freezegun rightly swaps the standard library's `time` functions `_pytest.timing` holds);
+  `result-channel`, `disguised-code`, `patched` (pytest's own functions and classes
+  only: freezegun rightly swaps the standard library's `time` functions `_pytest.timing` holds).
+  `fd-scan` (`/proc/self/fd` listed) is a recorded flag only: an honest descriptor counter lists it
+  (tests/test_attack_redteam6.py), and what a forger does with the listing, opening the result pipe,
+  is `result-channel`;
 - `test-source` on Terminal-Bench and Harbor (an application's tests, none of 34 real
   aider-polyglot solutions reads them), not on NL2RepoBench or R2E (libraries, see above): there a
   caller-literal reader is caught by the mutants instead (it reads their changed value, from the
@@ -37,7 +40,7 @@ from __future__ import annotations
 from gyre.benchmarks.spec import HARBOR, TERMINAL_BENCH
 from gyre.evaluators.integrity.runtime import PREFIX
 
-RUNTIME_ON_REAL = frozenset({"exec", "result-channel", "fd-scan", "disguised-code", "patched"})
+RUNTIME_ON_REAL = frozenset({"exec", "result-channel", "disguised-code", "patched"})
 RUNTIME_ON_APPS = RUNTIME_ON_REAL | {"test-source"}
 APP_FORMATS = frozenset({TERMINAL_BENCH, HARBOR})
 STATIC_ON_REAL = frozenset({"copied-installed-file"})

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missin
 # Upstream runs the task's commands with pytest's plugins as the image has them; gyre adds `-p no:cacheprovider`
 # (`plugin_install.PluginInstall.env`), which also blocks the plugins that depend on it (`--ff`, `--nf`, `--lf`,
 # `--sw`). A project whose settings name one must still score an honest solution as upstream does; and `--sw`
-# (stepwise: stop at the first failure, like `-x`) must stop a half solution where upstream's pytest stops it.
+# (stepwise: stop at the first failure, like `-x`) must stop a half solution where upstream's pytest stops it (fixed:
+# gyre's plugin sends `--sw` as a maxfail of 1, `--sw-skip` of 2).
 
 @pytest.mark.parametrize("option", ["--ff", "--sw"])
 def test_the_images_cache_plugin_options_keep_an_honest_score(tmp_path, option):
@@ -35,8 +36,6 @@ HALF = "def add(a, b):\n    return a + b if a >= 0 else 5\n"
 """Right on test_zero, test_small, test_larger; wrong on test_opposites (the second test)."""
 
 
-@pytest.mark.xfail(strict=True, reason="forges: `--sw` in the image's addopts never stops the run (cacheprovider, "
-                                       "and with it stepwise, is blocked): 3 of 4 where upstream's pytest gives 1")
 def test_a_half_solution_under_the_images_stepwise_scores_what_upstream_gives(tmp_path):
     settings = '[project]\nname = "calc"\nversion = "1"\n\n[tool.pytest.ini_options]\naddopts = "--sw"\n'
     query = _project(tmp_path, {"tests/test_calc.py": CALC_TESTS}, 4, image={"pyproject.toml": settings})

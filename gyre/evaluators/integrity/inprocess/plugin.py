@@ -11,8 +11,8 @@ beyond reporting:
   manager's hook executor replaced. Each is sent as "sealed" (tampering) when seen: at every report and at
   the session's end. Nothing of the plugin is reachable through a module global but its hook functions:
   its state lives in their closures;
-- `-x` / `--maxfail` are lifted (a mutant's failure must not stop the run) and sent, so that the tally
-  cuts the run where pytest would have stopped (`tally`);
+- `-x` / `--maxfail` (and `--sw`, inert without the cache plugin: 1, `--sw-skip`: 2) are lifted (a mutant's failure
+  must not stop the run) and sent, so that the tally cuts the run where pytest would have stopped (`tally`);
 - a test reported passed whose call raised (seen by an innermost wrapper registered after every conftest)
   is sent as "forged";
 - modules loaded from under the rootdir are listed (`origins`).
@@ -95,6 +95,10 @@ def _start():
     def pytest_configure(config):
         root[:] = [str(config.rootpath)]
         limit = config.getoption("maxfail", 0) or 0
+        # `--sw` stops at the first failure as `-x` does (`--sw-skip` at the second) with the fresh cache upstream's
+        # container starts with; gyre runs without the cache plugin, which leaves stepwise inert: sent as a maxfail
+        stepwise = 2 if config.getoption("stepwise_skip", False) else 1 if config.getoption("stepwise", False) else 0
+        limit = min(limit, stepwise) if limit and stepwise else limit or stepwise
         if limit:
             send(event="maxfail", n=int(limit))
             config.option.maxfail = 0  # every test runs; the tally stops where pytest would have

@@ -132,8 +132,6 @@ def test_the_spelled_literals_fixture_scores_an_honest_solution_full_marks(tmp_p
     assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 4), score.detail
 
 
-@pytest.mark.xfail(strict=True, reason="forges: a value mutant's literal is spelled as only literal_change spells "
-                                       "it; a reader answers the other spellings and scores 1.0 with no solution")
 def test_a_reader_that_answers_only_literals_no_mutant_spells_earns_nothing(tmp_path):
     query = _project(tmp_path, {"tests/test_calc.py": SPELLED_TESTS}, 4)
     score = _score(tmp_path, query, {"calc.py": SPELLING_READER})

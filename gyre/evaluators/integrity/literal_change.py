@@ -1,11 +1,14 @@
 """How a value mutant changes a literal (`mutants`): which literals qualify, which scalar in one changes, and
-its new text, of the same kind and look as the old (an int by 2 to 9 keeping its sign and base, a float by 2 to
-20 % in its own notation, one letter or digit of a string for another of its class, the same quotes)."""
+its new text, of the same kind and look as the old (an int by 2 to 9 keeping its sign, base, letter case and digit
+grouping, a float by 2 to 20 % in its own notation and number of digits, one letter or digit of a string's own
+source for another of its class, so its prefix, quotes and escapes stay): a literal spelled as no mutant is
+spelled would tell the original (red-team 6: `1_000_000`, `u"..."`, `r"..."`, `0.142857`)."""
 
 from __future__ import annotations
 
 import ast
 import random
+import re
 import string
 
 INT_STEPS = range(2, 10)
@@ -90,26 +93,62 @@ def changed(node: ast.expr, lines: list[str], rng: random.Random) -> str:
 
 
 def int_text(value: int, like: str) -> str:
+    """`value` written as `like` is: its base and letter case, its digit grouping (`1_000_000`)."""
     prefix = like[:2].lower()
+    grouped = "_" in like
     if prefix in ("0x", "0o", "0b") and value >= 0:
-        return like[:2] + format(value, {"0x": "x", "0o": "o", "0b": "b"}[prefix]).upper() \
-            if like[2:].isupper() else like[:2] + format(value, {"0x": "x", "0o": "o", "0b": "b"}[prefix])
-    return str(value)
+        text = format(value, ("_" if grouped else "") + {"0x": "x", "0o": "o", "0b": "b"}[prefix])
+        return like[:2] + (text.upper() if like[2:].isupper() else text)
+    return format(value, "_" if grouped else "")
 
 
 def float_text(moved: float, original: float, token: str) -> str:
-    """`moved` written as `token` is (fixed or exponent notation), with as few digits as keep it nearer to `moved`
-    than to `original`."""
+    """`moved` written as `token` is (fixed or exponent notation, its letter case, its digits after the point when
+    they keep it nearer to `moved` than to `original`, else as few as do)."""
     style = "e" if "e" in token.lower() else "f"
-    for places in range(1, 17):
-        text = f"{moved:.{places}{style}}"
+    mantissa, _, exponent = token.lower().lstrip("+- ").partition("e")
+    places = len(mantissa.partition(".")[2])
+    tried = ([places] if places or style == "e" else []) + list(range(1, 17))
+    for p in tried:
+        text = f"{moved:.{p}{style}}"
+        if style == "e":
+            m, _, e = text.partition("e")
+            sign = "-" if e.startswith("-") else "+" if exponent.startswith("+") else ""
+            text = f"{m}{'E' if 'E' in token else 'e'}{sign}{int(e.lstrip('+-'))}"
+        if mantissa.startswith(".") and text.startswith(("0.", "-0.")):
+            text = text.replace("0.", ".", 1)
         if abs(float(text) - moved) < abs(float(text) - original):
             return text
     return repr(moved)
 
 
+_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|N\{[^}]*\}|[0-7]{1,3}|.)", re.DOTALL)
+
+
+def _plain_alnum(token: str) -> list[int]:
+    """Positions in a string literal's source `token` of the letters and digits that stand for themselves: inside
+    its quotes, not part of an escape sequence (in a raw literal every character stands for itself)."""
+    prefix = len(token) - len(token.lstrip("rRbBuUfF"))
+    quote = 3 if token[prefix:prefix + 3] in ('"""', "'''") else 1
+    start, end = prefix + quote, len(token) - quote
+    escaped: set[int] = set()
+    if "r" not in token[:prefix].lower():
+        for m in _ESCAPE.finditer(token, start, end):
+            escaped.update(range(m.start(), m.end()))
+    return [i for i in range(start, end) if i not in escaped and token[i] in string.ascii_letters + string.digits]
+
+
 def string_text(value: str | bytes, token: str, rng: random.Random) -> str:
-    """One letter or digit of `value` replaced by another of its class; written with `token`'s prefix and quotes."""
+    """`token` (the literal's own source: its prefix, quotes and escapes) with one of its letters or digits replaced
+    by another of its class: a mutant spelled as its original is. A literal whose source holds no such character
+    outside its escapes is written from its value (`repr`, the same quotes)."""
+    places = _plain_alnum(token)
+    if places:
+        i = rng.choice(places)
+        pool = next(p for p in (string.ascii_lowercase, string.ascii_uppercase, string.digits) if token[i] in p)
+        written = token[:i] + rng.choice([c for c in pool if c != token[i]]) + token[i + 1:]
+        if ast.literal_eval(written) != value:
+            return written
     text = value.decode("latin-1") if isinstance(value, bytes) else value
     places = [i for i, c in enumerate(text) if c in string.ascii_letters + string.digits]
     i = rng.choice(places)

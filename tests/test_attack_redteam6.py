@@ -237,8 +237,6 @@ def test_the_flip_fixture_scores_an_honest_solution_full_marks(tmp_path):
     assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 4), score.detail
 
 
-@pytest.mark.xfail(strict=True, reason="forges: a flip mutant reads `assert not (E)`; a runner that swaps each "
-                                       "item's `obj` (gc, no audit event) fails only those and scores 1.0 unrun")
 def test_a_runner_that_skips_every_test_but_the_flipped_earns_nothing(tmp_path):
     query = _project(tmp_path, {"tests/test_calc.py": FLIP_TESTS}, 4)
     score = _score(tmp_path, query, {"calc.py": FLIP_SKIPPER})

@@ -108,7 +108,7 @@ def test_every_test_whose_last_statement_is_an_assertion_gets_one_change_at_its_
     assert len(changed.splitlines()) == len(MIXED.splitlines()) and defined_tests(changed) == defined_tests(MIXED)
     lines = dict(zip(MIXED.splitlines(), changed.splitlines()))
     assert lines["    assert result is True"] == "    assert result is False"
-    assert lines["    assert add(1, 2) == add(2, 1)"] == "    assert not (add(1, 2) == add(2, 1))"
+    assert lines["    assert add(1, 2) == add(2, 1)"] == "    assert add(1, 2) != add(2, 1)"  # as a person negates it
     assert lines["        self.assertTrue(add(1, 2))"] == "        self.assertFalse(add(1, 2))"
     plain = lines['    assert total == 7, "sums"']
     assert plain.startswith("    assert total == ") and plain.endswith(', "sums"')
@@ -338,3 +338,24 @@ def test_a_comparison_given_a_tolerance_gets_no_value_mutant():
             assert test not in found or found[test].kind == FLIP, (seed, test, found.get(test))
         assert found[("T", "test_places")].kind == FLIP  # assertNotAlmostEqual, same places: sound
         assert found[("test_default_tolerance",)].kind == VALUE
+
+
+def test_a_flip_reads_as_a_negation_a_person_writes():
+    from gyre.evaluators.integrity.flip_change import flipped
+
+    def flip(src: str) -> str | None:
+        found = flipped(ast.parse(src).body[0].test, [src])
+        if found is None:
+            return None
+        (_, start), (_, end), text = found
+        return (src.encode()[:start] + text.encode() + src.encode()[end:]).decode()
+
+    assert flip("assert a == b") == "assert a != b"
+    assert flip("assert (a) >= (b)") == "assert (a) < (b)"
+    assert flip("assert x in (1, 2)") == "assert x not in (1, 2)"
+    assert flip("assert a is not None") == "assert a is None"
+    assert flip("assert not f(x)") == "assert f(x)"
+    assert flip("assert x.y[0]") == "assert not x.y[0]"
+    # no natural negation, no mutant: never `not (...)`, the shape that told a flip from its original
+    assert flip("assert type(n) is int and n == m") == "assert type(n) is int and n != m"  # the last operand
+    assert flip("assert a < b < c") is None and flip("assert a or b") is None and flip("assert a + b") is None

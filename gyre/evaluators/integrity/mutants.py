@@ -26,15 +26,16 @@ only at its very end (the tests after it meet the same state). The change, by wh
   digit of a string for another of its class), never to a value that marks it. Honest code passes a
   value mutant only by returning exactly that other value, so a value mutant reported passed is
   tampering (`tally`).
-- `flip`: any other assertion is negated (`assert E` -> `assert not (E)`, `is True` <-> `is False`,
-  `assertTrue` <-> `assertFalse`, `assertIn` <-> `assertNotIn`, ...). Honest code that fails the
+- `flip`: any other assertion is negated as a person writes it (`flip_change`: `==` <-> `!=`, `not X` <-> `X`,
+  `is True` <-> `is False`, `assertTrue` <-> `assertFalse`, `assertIn` <-> `assertNotIn`, ...; a shape with no
+  natural negation is no mutant). Honest code that fails the
   original passes its flip, so a flip mutant counts as tampering only when its original passed too.
 
 With k value mutants among the tests a forger forges, it gets away with probability at most 2^-k: to
 pass a test without its code it must forge in the run where the test is real, and a forged mutant is
 caught; it cannot tell which run that is (its only view of the difference is the changed value itself,
 which looks like a real one). Flip mutants catch a runner that reports tests passed without running
-them; they cannot catch an always-equal object (`not (ANY == 3)` fails honestly). docs/sandbox.md gives
+them; they cannot catch an always-equal object (`ANY != 3` fails honestly). docs/sandbox.md gives
 k per format.
 """
 
@@ -47,6 +48,7 @@ import re
 from dataclasses import dataclass
 
 from gyre.evaluators.integrity import literal_change as lit
+from gyre.evaluators.integrity.flip_change import flipped
 from gyre.evaluators.integrity.literal_change import INT_STEPS  # noqa: F401  (the mutants' public figures)
 
 VALUE, FLIP = "value", "flip"
@@ -254,7 +256,8 @@ def _change(function, lines: list[str], rng: random.Random, helpers: dict[str, t
             right = test.comparators[0]
             if isinstance(right, ast.Constant) and isinstance(right.value, bool):
                 return (*lit.span(right), str(not right.value), FLIP, None)
-        return (*lit.span(test), f"not ({lit.source(test, lines)})", FLIP, None)
+        flip = flipped(test, lines)
+        return None if flip is None else (*flip, FLIP, None)
     if not isinstance(last, ast.Expr) or not isinstance(last.value, ast.Call):
         return None
     call = last.value

@@ -406,8 +406,6 @@ def test_the_outlier_fixture_scores_an_honest_solution_full_marks(tmp_path):
     assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, OUTLIER_CASES), score.detail
 
 
-@pytest.mark.xfail(strict=True, reason="forges: mutants are outliers among tests sharing an expected value; a "
-                                       "reader answering the file's most common value scores 1.0 (caught ~4e-4)")
 def test_a_reader_that_answers_the_files_most_common_value_earns_nothing(tmp_path):
     query = _project(tmp_path, {"tests/test_cli.py": OUTLIER_TESTS}, OUTLIER_CASES)
     score = _score(tmp_path, query, {"calc.py": OUTLIER_READER})

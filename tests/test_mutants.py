@@ -359,3 +359,14 @@ def test_a_flip_reads_as_a_negation_a_person_writes():
     # no natural negation, no mutant: never `not (...)`, the shape that told a flip from its original
     assert flip("assert type(n) is int and n == m") == "assert type(n) is int and n != m"  # the last operand
     assert flip("assert a < b < c") is None and flip("assert a or b") is None and flip("assert a + b") is None
+
+
+def test_tests_sharing_a_literal_share_its_coin_and_its_new_value():
+    # a mutant alone showing another value among tests that share one would be an outlier a file reader spots
+    source = "".join(f"def test_{i}():\n    assert f({i}) == 64\n\n\n" for i in range(6)) + \
+        "def test_other():\n    assert f(9) == 5\n"
+    for seed in range(20):
+        planned = {m.test[-1]: m for m in plan_mutations(source, random.Random(seed))}
+        shared = [planned[f"test_{i}"] for i in range(6)]
+        assert len({(m.text, m.run) for m in shared}) == 1 and shared[0].kind == VALUE
+        assert planned["test_other"].text != shared[0].text

@@ -3,8 +3,8 @@
 gyre's canaries are the real tests with one assertion changed (`gyre.evaluators.integrity.mutants`), so how many
 an evaluation has depends on the task's own tests: a test qualifies when its last statement is an assertion.
 A value mutant (a compared literal changed) catches every way of passing a test without its code (a runner
-that reports it unrun, an object equal to everything, a literal read from the test); a negated one (`assert not
-E`) catches a runner that reports tests unrun, not an always-equal object. A forger that forges k tests carrying
+that reports it unrun, an object equal to everything, a literal read from the test); a negated one (`!=` for
+`==`) catches a runner that reports tests unrun, not an always-equal object. A forger that forges k tests carrying
 value mutants goes uncaught with probability at most 2^-k (docs/sandbox.md).
 
 This bench plans the mutations exactly as an evaluation does (`paired.plan_pristine`, the same code) over:
@@ -14,8 +14,9 @@ This bench plans the mutations exactly as an evaluation does (`paired.plan_prist
 - any benchmark directory given with `--benchmark DIR` (`--format` as `gyre benchmark` takes it): Terminal-Bench,
   Harbor, R2E-Gym tasks, or more NL2RepoBench ones.
 
-Per task: the tests the pristine files define, how many get a value mutant, a negated one, none; per format the
-spread of k (value mutants). It runs no test: planning only, so it is fast and needs no sandbox.
+Per task: the tests the pristine files define, how many get a value mutant, a negated one, none, and the value
+mutants' independent coins (tests of one file sharing a literal share one); per format the spread of k (those
+coins). It runs no test: planning only, so it is fast and needs no sandbox.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ def task_canaries(query) -> dict:
     files = plan_pristine(read_sources(hidden, rels), "/tests", random.Random(SEED), DEFAULT_PYTHON_FILES)
     kinds = [m.kind for f in files for m in f.mutations]
     tests = sum(len(f.tests) for f in files)
+    # tests of one file sharing a literal share its coin and new value (`plan_mutations`): one canary among them
+    coins = {(f.inside, m.text, m.run) for f in files for m in f.mutations if m.kind == VALUE}
     return {"task": query.query_id, "format": task_spec(query).format, "tests": tests,
-            "value": kinds.count(VALUE), "flip": kinds.count(FLIP), "none": tests - len(kinds)}
+            "value": kinds.count(VALUE), "coins": len(coins), "flip": kinds.count(FLIP), "none": tests - len(kinds)}
 
 
 def run(benchmark: Path | None = None, fmt: str = "auto", fidelity: bool = True) -> dict:
@@ -63,10 +66,11 @@ def run(benchmark: Path | None = None, fmt: str = "auto", fidelity: bool = True)
     formats = {}
     for name in sorted({r["format"] for r in rows}):
         mine = [r for r in rows if r["format"] == name]
-        ks = [r["value"] for r in mine]
+        ks = [r["coins"] for r in mine]  # k: independent value canaries
         tests = sum(r["tests"] for r in mine)
         formats[name] = {"tasks": len(mine), "k_min": min(ks), "k_median": statistics.median(ks), "k_max": max(ks),
                          "tasks_with_k_0": sum(k == 0 for k in ks),
-                         "tests": tests, "value_share": round(sum(ks) / tests, 3) if tests else 0.0,
+                         "tests": tests,
+                         "value_share": round(sum(r["value"] for r in mine) / tests, 3) if tests else 0.0,
                          "flip_share": round(sum(r["flip"] for r in mine) / tests, 3) if tests else 0.0}
     return {"formats": formats, "tasks": rows}

@@ -46,6 +46,7 @@ import math
 import random
 import re
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from gyre.evaluators.integrity import literal_change as lit
 from gyre.evaluators.integrity.flip_change import flipped
@@ -96,7 +97,9 @@ def plan_mutations(source: str, rng: random.Random, runs: tuple[int, ...] = (0, 
                    helpers: dict[str, tuple[int, int]] | None = None, subclassed: frozenset[str] = frozenset()
                    ) -> list[Mutation]:
     """One mutation for each qualifying test of the module `source` (module docstring), each assigned to one of
-    `runs` at random; none if it does not parse. `helpers`: the pristine files' assertion helpers
+    `runs` at random; none if it does not parse. Value mutants of one literal spelling share their coin and their
+    new value (a mutant that alone showed another value among tests sharing one would be an outlier a forger
+    reading the file can spot, red-team 6): such tests count as one canary, not several. `helpers`: the pristine files' assertion helpers
     (`assertion_helpers`): a test ending with a call of one, a literal in a compared place, gets a value mutant.
     `subclassed`: class names some pristine class derives from: their methods run under other classes' names too
     (`TestSub::test_x`), so they are never mutated."""
@@ -105,12 +108,18 @@ def plan_mutations(source: str, rng: random.Random, runs: tuple[int, ...] = (0, 
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     lines = code_lines(source)
-    found = []
+    found, shared, coins = [], {}, {}
     for test, function in _tests(tree.body, (), {}, subclassed):
-        change = _change(function, lines, rng, helpers or {})
+        change = _change(function, lines, rng, helpers or {}, shared)
         if change is not None:
             start, end, text, kind, expected = change
-            found.append(Mutation(test, start, end, text, kind, rng.choice(runs), expected))
+            if kind == VALUE:  # one coin per original spelling: tests sharing an expected value change together
+                token = lit.source(SimpleNamespace(lineno=start[0], col_offset=start[1], end_lineno=end[0],
+                                                   end_col_offset=end[1]), lines)
+                run = coins[token] if token in coins else coins.setdefault(token, rng.choice(runs))
+            else:
+                run = rng.choice(runs)
+            found.append(Mutation(test, start, end, text, kind, run, expected))
     return found
 
 
@@ -241,7 +250,8 @@ def _testcase(node: ast.ClassDef, classes: dict[str, ast.ClassDef], seen: frozen
     return False
 
 
-def _change(function, lines: list[str], rng: random.Random, helpers: dict[str, tuple[int, int]]):
+def _change(function, lines: list[str], rng: random.Random, helpers: dict[str, tuple[int, int]],
+            shared: dict[str, str]):
     """(start, end, text, kind, expected) for `function`'s mutation, or None when it does not qualify."""
     if not function.body or not _plain(function):
         return None
@@ -250,7 +260,7 @@ def _change(function, lines: list[str], rng: random.Random, helpers: dict[str, t
     if isinstance(last, ast.Assert):
         test = last.test
         literal = _literal_side(test, bound)
-        if literal is not None and (value := _value_change(literal, lines, rng)) is not None:
+        if literal is not None and (value := _value_change(literal, lines, rng, shared)) is not None:
             return value
         if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.IsNot, ast.Eq)):
             right = test.comparators[0]
@@ -268,7 +278,7 @@ def _change(function, lines: list[str], rng: random.Random, helpers: dict[str, t
         arg = call.args[place] if place < len(call.args) else None
         arg = bound.get(arg.id, arg) if isinstance(arg, ast.Name) else arg
         if (arg is not None and lit.is_literal(arg) and not _tolerant(name, call, arg)
-                and (value := _value_change(arg, lines, rng)) is not None):
+                and (value := _value_change(arg, lines, rng, shared)) is not None):
             return value
     if isinstance(call.func, ast.Attribute) and name in FLIPPED_METHODS:
         end = (call.func.end_lineno, call.func.end_col_offset)
@@ -299,12 +309,16 @@ def _tolerant(name: str, call: ast.Call, literal: ast.expr) -> bool:
     return "almost" in lowered and any(abs(v) < SMALLEST_ABSOLUTE for v in numbers)
 
 
-def _value_change(literal: ast.expr, lines: list[str], rng: random.Random):
-    """A value mutant of the literal `literal` (one of its scalars changed), with the whole literal as changed."""
+def _value_change(literal: ast.expr, lines: list[str], rng: random.Random, shared: dict[str, str]):
+    """A value mutant of the literal `literal` (one of its scalars changed), with the whole literal as changed; a
+    scalar spelled as one already changed in this file gets the same new text (`shared`, `plan_mutations`)."""
     chosen = lit.scalar(literal, rng)
     if chosen is None:
         return None
-    text = lit.changed(chosen, lines, rng)
+    token = lit.source(chosen, lines)
+    if token not in shared:
+        shared[token] = lit.changed(chosen, lines, rng)
+    text = shared[token]
     expected = None
     if literal.lineno == literal.end_lineno:
         whole = lines[literal.lineno - 1].encode("utf-8")

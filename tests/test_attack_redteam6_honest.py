@@ -70,8 +70,6 @@ INCREMENTAL_TESTS = "import pytest\n\nfrom calc import add\n\n\n@pytest.mark.inc
     f"    def test_step_{i:02d}(self):\n        assert add({i}, {10 * i}) == {11 * i}\n\n" for i in range(INCREMENTAL_STEPS))
 
 
-@pytest.mark.xfail(strict=True, reason="false zero: a mutant's failure xfails the real steps after it in its run; "
-                                       "an honest solution loses them (upstream: 16 of 16)")
 def test_an_incremental_class_keeps_an_honest_score(tmp_path):
     hidden = {"tests/conftest.py": INCREMENTAL_CONFTEST, "tests/test_calc.py": INCREMENTAL_TESTS}
     query = _project(tmp_path, hidden, INCREMENTAL_STEPS)

@@ -27,6 +27,10 @@ def read_sources(root: Path, rels: list[str]) -> dict[str, bytes]:
     return {rel: (Path(root) / rel).read_bytes() for rel in rels}
 
 
+REACTING_HOOKS = (b"pytest_runtest_makereport", b"pytest_runtest_logreport", b"pytest_report_teststatus")
+"""Hooks through which a pristine conftest can make one test's outcome change another's."""
+
+
 def plan_pristine(sources: Mapping[str, bytes], inside: str, rng: random.Random,
                   python_files: tuple[str, ...] = DEFAULT_PYTHON_FILES, runs: tuple[int, ...] = (0, 1)
                   ) -> list[PristineFile]:
@@ -41,6 +45,10 @@ def plan_pristine(sources: Mapping[str, bytes], inside: str, rng: random.Random,
     classes = pristine_classes(list(texts.values()))
     collectors = frozenset(str(PurePosixPath(inside) / rel) for rel, data in sources.items()
                            if PurePosixPath(rel).name == "conftest.py" and b"pytest_collect_file" in data)
+    # a pristine conftest that reacts to a test's outcome (pytest's "incremental" recipe xfails a class's later
+    # steps after a failure) would carry a mutant's failure into real tests: the modules under it get no mutant
+    reacting = [PurePosixPath(rel).parent for rel, data in sources.items()
+                if PurePosixPath(rel).name == "conftest.py" and any(hook in data for hook in REACTING_HOOKS)]
     planned: list[PristineFile] = []
     for rel, data in sources.items():
         at = str(PurePosixPath(inside) / rel)
@@ -51,7 +59,8 @@ def plan_pristine(sources: Mapping[str, bytes], inside: str, rng: random.Random,
             text = data.decode("utf-8", errors="replace")
             planned.append(PristineFile(at, defined_tests(text, classes), data=data, rel=rel,
                                         mutations=tuple(plan_mutations(text, rng, runs, helpers, subclassed))
-                                        if "\ufffd" not in text else (), cases=case_counts(text) if capped else {},
+                                        if "\ufffd" not in text and not any(PurePosixPath(rel).is_relative_to(d)
+                                                                            for d in reacting) else (), cases=case_counts(text) if capped else {},
                                         optional=maybe_tests(text, classes)))
         else:  # a helper or conftest: no tests of its own, but test code (the runtime monitor tells it apart)
             planned.append(PristineFile(at, set(), data=data, rel=rel))

@@ -64,7 +64,7 @@ from gyre.sandboxes.layout import Mount, SandboxLayout
 from gyre.sandboxes.local.isolation import Isolation
 from gyre.sandboxes.local.privileges import hand_over
 from gyre.sandboxes.local.session import EVAL_USER, Session
-from gyre.sandboxes.paths import remove_tree
+from gyre.sandboxes.paths import clear_xattrs, remove_tree
 
 PLACEHOLDER_FLAG = "index-placeholder"
 """The flag of an evaluation whose commands asked the index for the project itself (a record, never a verdict)."""
@@ -210,8 +210,7 @@ class Observer:
             return
         for entry in list(self.env.directory.iterdir()):  # emptied, never replaced: a live session binds it
             remove_tree(entry)
-        for name in os.listxattr(self.env.directory):  # the kept directory itself carries nothing of a run either
-            os.removexattr(self.env.directory, name)
+        clear_xattrs(self.env.directory)  # the kept directory itself carries nothing of a run either
         shutil.copytree(kept, self.env.directory, symlinks=True, dirs_exist_ok=True)
         if self.session is not None:
             hand_over(self.env.directory, EVAL_USER)

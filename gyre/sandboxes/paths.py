@@ -15,6 +15,7 @@ followed. `remove_tree` deletes a tree without following a link, once nothing ru
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path, PurePosixPath
@@ -76,3 +77,16 @@ def remove_tree(root: Path) -> None:
             os.rmdir(directory)
         except FileNotFoundError:
             pass
+
+
+def clear_xattrs(path: Path) -> None:
+    """Remove `path`'s own `user.` extended attributes, the namespace an unprivileged owner may set (not followed
+    through a link); nothing on a filesystem without them."""
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError as e:
+        if e.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return
+        raise
+    for name in (n for n in names if n.startswith("user.")):
+        os.removexattr(path, name, follow_symlinks=False)

@@ -121,10 +121,11 @@ def test_an_honest_descriptor_counter_keeps_its_score_under_monitor_zero(tmp_pat
 # assertion is explained: pytest's rewritten assert calls `repr` on the objects it shows (`where 1 =
 # <bound method Var.degree of _v1>()`), which a passing one never does. A project whose objects are named lazily,
 # when first shown (a symbolic library's fresh variables), counts differently after a mutant: the honest test that
-# checks the first name shown loses in every run where an earlier test is a mutant (all but 2^-12 evaluations here).
+# checks the first name shown loses in every run where an earlier test is a mutant (all but 2^-12 evaluations here:
+# each degree test compares its own literal, so each has its own coin; tests sharing one literal share a coin).
 
 SHOWN_TESTS = "from calc import Var\n" + "".join(
-    f"\n\ndef test_degree_{i:02d}():\n    assert Var().degree() == 1\n" for i in range(12)) + '''
+    f"\n\ndef test_degree_{i:02d}():\n    assert Var().degree() * {i + 1} == {i + 1}\n" for i in range(12)) + '''
 
 def test_the_first_variable_shown_is_v1():
     assert str(Var()) == "_v1"

@@ -151,12 +151,12 @@ class Observer:
     session: Session | None = None
     """Set for an in-place evaluation: commands run in the agent's live session as `EVAL_USER`."""
     planted: list[PristineFile] = field(default_factory=list)
+    """The pristine files the plugin was told of last (`plant`)."""
     site_entries: dict[str, list[str]] = field(default_factory=dict)
-    hash_seed: str = field(default_factory=new_hash_seed)
-    """`PYTHONHASHSEED` of both runs' commands: an honest answer following set order answers both runs alike."""
     """The environment's site-packages before any workspace code ran (`keep_env`): the runtime monitor reads what
     else appears there as the workspace's."""
-    """The pristine files the plugin was told of last (`plant`)."""
+    hash_seed: str = field(default_factory=new_hash_seed)
+    """`PYTHONHASHSEED` of both runs' commands: an honest answer following set order answers both runs alike."""
 
     @classmethod
     def create(cls, eval_dir: Path, isolation: Isolation, index: IndexAccess | None = None,
@@ -249,8 +249,8 @@ class Observer:
         children = children_audits(self.plugin.directory, plugin_path)
         extra = dict(env)
         addopts = (*addopts, *([extra.pop("PYTEST_ADDOPTS")] if "PYTEST_ADDOPTS" in extra else []))
-        full_env = {"PYTHONHASHSEED": self.hash_seed, **extra, **self.env.env(), **self.plugin.env(plugin_path, addopts), **channel.env(),
-                    **audits.env(), **children.env(),
+        full_env = {"PYTHONHASHSEED": self.hash_seed, **extra, **self.env.env(),
+                    **self.plugin.env(plugin_path, addopts), **channel.env(), **audits.env(), **children.env(),
                     # the runtime monitor trusts nothing under it, wherever a test's subprocess starts (an
                     # editable install puts the workspace's `src/` on every child's path)
                     "GYRE_WORKSPACE_ROOT": layout.inside(workspace) if layout is not None else str(workspace)}

@@ -57,10 +57,10 @@ def plan_pristine(sources: Mapping[str, bytes], inside: str, rng: random.Random,
             planned.append(PristineFile(at, set(), data=data, collected_by=collectors, rel=rel))
         elif is_test_module(rel, python_files):
             text = data.decode("utf-8", errors="replace")
+            mutable = "\ufffd" not in text and not any(PurePosixPath(rel).is_relative_to(d) for d in reacting)
             planned.append(PristineFile(at, defined_tests(text, classes), data=data, rel=rel,
                                         mutations=tuple(plan_mutations(text, rng, runs, helpers, subclassed))
-                                        if "\ufffd" not in text and not any(PurePosixPath(rel).is_relative_to(d)
-                                                                            for d in reacting) else (), cases=case_counts(text) if capped else {},
+                                        if mutable else (), cases=case_counts(text) if capped else {},
                                         optional=maybe_tests(text, classes)))
         else:  # a helper or conftest: no tests of its own, but test code (the runtime monitor tells it apart)
             planned.append(PristineFile(at, set(), data=data, rel=rel))

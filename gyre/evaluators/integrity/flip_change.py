@@ -16,28 +16,26 @@ from __future__ import annotations
 
 import ast
 import re
-from types import SimpleNamespace
 
 from gyre.evaluators.integrity import literal_change as lit
 
 _FLIPPED = {ast.Eq: "!=", ast.NotEq: "==", ast.Lt: ">=", ast.GtE: "<", ast.Gt: "<=", ast.LtE: ">", ast.In: "not in",
             ast.NotIn: "in", ast.Is: "is not", ast.IsNot: "is"}
-_SPELLED = {ast.Eq: r"(?<![=<>!])==", ast.NotEq: r"!=", ast.Lt: r"<(?![=<])", ast.GtE: r">=", ast.Gt: r"(?<![>-])>(?![=>])",
-            ast.LtE: r"<=", ast.In: r"\bin\b", ast.NotIn: r"\bnot\s+in\b", ast.Is: r"\bis\b", ast.IsNot: r"\bis\s+not\b"}
+_SPELLED = {ast.Eq: r"(?<![=<>!])==", ast.NotEq: r"!=", ast.Lt: r"<(?![=<])", ast.GtE: r">=",
+            ast.Gt: r"(?<![>-])>(?![=>])", ast.LtE: r"<=", ast.In: r"\bin\b", ast.NotIn: r"\bnot\s+in\b",
+            ast.Is: r"\bis\b", ast.IsNot: r"\bis\s+not\b"}
 _PREFIXED = (ast.Name, ast.Call, ast.Attribute, ast.Subscript)
 
 
 def flipped(test: ast.expr, lines: list[str]) -> tuple[tuple[int, int], tuple[int, int], str] | None:
     """(start, end, text) replacing part of the assertion `test` with its natural negation, or None (see above)."""
     if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _FLIPPED:
-        left, right = test.left, test.comparators[0]
-        gap = SimpleNamespace(lineno=left.end_lineno, col_offset=left.end_col_offset, end_lineno=right.lineno,
-                              end_col_offset=right.col_offset)
-        text = lit.source(gap, lines)
+        start, end = lit.span(test.left)[1], lit.span(test.comparators[0])[0]  # the operator between the operands
+        text = lit.text_at(start, end, lines)
         found = re.search(_SPELLED[type(test.ops[0])], text)
         if found is None:
             return None
-        return (*lit.span(gap), text[:found.start()] + _FLIPPED[type(test.ops[0])] + text[found.end():])
+        return start, end, text[:found.start()] + _FLIPPED[type(test.ops[0])] + text[found.end():]
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
         return flipped(test.values[-1], lines)  # `A and B` -> `A and not B`: still no honest code passes both
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):

@@ -10,6 +10,7 @@ import ast
 import random
 import re
 import string
+from types import SimpleNamespace
 
 INT_STEPS = range(2, 10)
 """An int literal moves by one of these (never 1: an off-by-one honest answer must not pass a mutant)."""
@@ -74,6 +75,12 @@ def source(node: ast.AST, lines: list[str]) -> str:
     return first + "".join(middle) + last
 
 
+def text_at(start: tuple[int, int], end: tuple[int, int], lines: list[str]) -> str:
+    """The source text from `start` to `end` ((line, UTF-8 byte column) pairs, as `span` gives them)."""
+    return source(SimpleNamespace(lineno=start[0], col_offset=start[1], end_lineno=end[0], end_col_offset=end[1]),
+                  lines)
+
+
 def changed(node: ast.expr, lines: list[str], rng: random.Random) -> str:
     """The replacement text of the scalar literal `node`: same kind, same look, another value."""
     token = source(node, lines)
@@ -122,6 +129,13 @@ def float_text(moved: float, original: float, token: str) -> str:
     return repr(moved)
 
 
+def _swap(text: str, places: list[int], rng: random.Random) -> str:
+    """`text` with the character at one of `places` (a letter or digit) replaced by another of its class."""
+    i = rng.choice(places)
+    pool = next(p for p in (string.ascii_lowercase, string.ascii_uppercase, string.digits) if text[i] in p)
+    return text[:i] + rng.choice([c for c in pool if c != text[i]]) + text[i + 1:]
+
+
 _ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|N\{[^}]*\}|[0-7]{1,3}|.)", re.DOTALL)
 
 
@@ -144,16 +158,11 @@ def string_text(value: str | bytes, token: str, rng: random.Random) -> str:
     outside its escapes is written from its value (`repr`, the same quotes)."""
     places = _plain_alnum(token)
     if places:
-        i = rng.choice(places)
-        pool = next(p for p in (string.ascii_lowercase, string.ascii_uppercase, string.digits) if token[i] in p)
-        written = token[:i] + rng.choice([c for c in pool if c != token[i]]) + token[i + 1:]
+        written = _swap(token, places, rng)
         if ast.literal_eval(written) != value:
             return written
     text = value.decode("latin-1") if isinstance(value, bytes) else value
-    places = [i for i, c in enumerate(text) if c in string.ascii_letters + string.digits]
-    i = rng.choice(places)
-    pool = next(p for p in (string.ascii_lowercase, string.ascii_uppercase, string.digits) if text[i] in p)
-    text = text[:i] + rng.choice([c for c in pool if c != text[i]]) + text[i + 1:]
+    text = _swap(text, [i for i, c in enumerate(text) if c in string.ascii_letters + string.digits], rng)
     changed = text.encode("latin-1") if isinstance(value, bytes) else text
     quote = next((c for c in token.lstrip("rRbBuUfF") if c in "'\""), "'")
     written = repr(changed)

@@ -46,7 +46,6 @@ import math
 import random
 import re
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 from gyre.evaluators.integrity import literal_change as lit
 from gyre.evaluators.integrity.flip_change import flipped
@@ -99,8 +98,9 @@ def plan_mutations(source: str, rng: random.Random, runs: tuple[int, ...] = (0, 
     """One mutation for each qualifying test of the module `source` (module docstring), each assigned to one of
     `runs` at random; none if it does not parse. Value mutants of one literal spelling share their coin and their
     new value (a mutant that alone showed another value among tests sharing one would be an outlier a forger
-    reading the file can spot, red-team 6): such tests count as one canary, not several. `helpers`: the pristine files' assertion helpers
-    (`assertion_helpers`): a test ending with a call of one, a literal in a compared place, gets a value mutant.
+    reading the file can spot, red-team 6): such tests count as one canary, not several. `helpers`: the pristine
+    files' assertion helpers (`assertion_helpers`): a test ending with a call of one, a literal in a compared
+    place, gets a value mutant.
     `subclassed`: class names some pristine class derives from: their methods run under other classes' names too
     (`TestSub::test_x`), so they are never mutated."""
     try:
@@ -114,9 +114,10 @@ def plan_mutations(source: str, rng: random.Random, runs: tuple[int, ...] = (0, 
         if change is not None:
             start, end, text, kind, expected = change
             if kind == VALUE:  # one coin per original spelling: tests sharing an expected value change together
-                token = lit.source(SimpleNamespace(lineno=start[0], col_offset=start[1], end_lineno=end[0],
-                                                   end_col_offset=end[1]), lines)
-                run = coins[token] if token in coins else coins.setdefault(token, rng.choice(runs))
+                token = lit.text_at(start, end, lines)
+                if token not in coins:
+                    coins[token] = rng.choice(runs)
+                run = coins[token]
             else:
                 run = rng.choice(runs)
             found.append(Mutation(test, start, end, text, kind, run, expected))

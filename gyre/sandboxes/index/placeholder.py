@@ -45,8 +45,9 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 @dataclass(frozen=True)
 class Placeholder:
-    """One placeholder wheel: its file name, bytes and the page entry (PEP 691) listing it."""
+    """One placeholder wheel: its version, file name, bytes and the page entry (PEP 691) listing it."""
 
+    version: Version
     filename: str
     data: bytes
     entry: dict
@@ -105,7 +106,7 @@ def placeholders(project: str, upstream_files: list[dict], url_of) -> list[Place
             entry["requires-python"] = requires
         if all(f.get("yanked") for f in files):
             entry["yanked"] = next((f["yanked"] for f in files if isinstance(f["yanked"], str)), True)
-        out.append(Placeholder(filename, data, entry))
+        out.append(Placeholder(version, filename, data, entry))
     return out
 
 
@@ -115,4 +116,4 @@ def placeholder_page(project: str, upstream_files: list[dict], prefix: str, medi
     the wheel's quoted name."""
     made = placeholders(project, upstream_files, lambda name: prefix + quote(name))
     return made, render_project_page(project, [p.entry for p in made], media=media,
-                                     versions=[str(file_version(p.filename)) for p in made])
+                                     versions=[str(p.version) for p in made])

@@ -131,9 +131,7 @@ class IndexProxy:
     _token: str = field(default_factory=lambda: secrets.token_urlsafe(12), init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _log: list[RequestLog] = field(default_factory=list, init=False)
-    _denials: list[str] = field(default_factory=list, init=False)
     _placeholders: dict[str, bytes] = field(default_factory=dict, init=False)  # file name -> wheel bytes
-    _placeholder_projects: list[str] = field(default_factory=list, init=False)
     _dropped: list[str] = field(default_factory=list, init=False)
     _listed: dict[str, _Listed] = field(default_factory=dict, init=False)
     _server: ServerThread | None = field(default=None, init=False)
@@ -194,13 +192,14 @@ class IndexProxy:
 
     def denials(self) -> list[str]:
         """Denied projects the workspace asked for, each once, first ask first."""
-        with self._lock:
-            return list(dict.fromkeys(self._denials))
+        return self._projects("denied")
 
     def placeholders(self) -> list[str]:
         """Denied projects whose page was asked for (and answered with placeholders), each once, first ask first."""
-        with self._lock:
-            return list(dict.fromkeys(self._placeholder_projects))
+        return self._projects("placeholder")
+
+    def _projects(self, outcome: str) -> list[str]:
+        return list(dict.fromkeys(r.project for r in self.requests() if r.outcome == outcome and r.project))
 
     def dropped_links(self) -> list[str]:
         """Upstream links dropped from listings because their host is not allowed."""
@@ -224,10 +223,6 @@ class IndexProxy:
                          round(time.time() - started, 6))
         with self._lock:
             self._log.append(rec)
-            if outcome == "denied" and project:
-                self._denials.append(project)
-            if outcome == "placeholder" and project:
-                self._placeholder_projects.append(project)
         if outcome in ("denied", "upstream_error"):
             logger.warning("index proxy: %s %s -> %d %s %s", rec.method, rec.path, status, outcome, detail)
 

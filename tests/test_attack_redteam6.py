@@ -441,11 +441,11 @@ def test_a_root_conftest_reporting_its_own_protocol_is_tampering(tmp_path):
 
 
 # --- 12. every test of a class counted twice: the workspace's root conftest parametrizes its own autouse fixture ----
-# `cases` caps module-level test functions whose case count the source makes certain; a method of a `Test*` class is
-# never capped, and the task's count is checked only when passed cases exceed it plus the slack. The workspace's
-# root conftest (kept, as upstream keeps it) defines an autouse fixture and, in `pytest_generate_tests`,
-# parametrizes it with two values: every hidden method runs as `test_x[0]` and `test_x[1]`, both pristine ids. A
-# solution right on half the tests passes as many cases as the task counts.
+# `cases` capped module-level test functions whose case count the source makes certain, and no method of a `Test*`
+# class; the task's count is checked only when passed cases exceed it plus the slack. The workspace's root conftest
+# (kept, as upstream keeps it) defines an autouse fixture and, in `pytest_generate_tests`, parametrizes it with two
+# values: every hidden method ran as `test_x[0]` and `test_x[1]`, both pristine ids, and a solution right on half
+# the tests passed as many cases as the task counts. Now the methods of plain and unittest classes are capped too.
 
 CLASS_TESTS = '''from calc import add
 
@@ -479,8 +479,6 @@ def pytest_generate_tests(metafunc):
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="forges: a root conftest parametrizing its autouse fixture doubles every "
-                                       "uncapped (class) test: 4/4 = 1.0 for a solution right on 2 of 4")
 def test_a_root_conftest_that_doubles_every_class_test_earns_no_more_than_its_half(tmp_path):
     query = _project(tmp_path, {"tests/test_calc.py": CLASS_TESTS}, 4)
     score = _score(tmp_path, query, {"calc.py": HALF_RIGHT, "conftest.py": DOUBLING_CONFTEST})

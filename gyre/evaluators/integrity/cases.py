@@ -7,13 +7,18 @@ run time, inside the test process, where the workspace's code runs: one patch of
 its wrong `add` passes, 50/3 passed, score 1.0. Canaries are not parametrized and saw nothing.
 
 `case_counts(source)` reads a pristine test module's syntax tree (never imports it) and gives, for
-each module-level test function whose case count is certain, that count: the product of the
-lengths of its `parametrize` lists. Certain means: every decorator is a `pytest.mark.*` (or
-`mark.*`) one, every `parametrize` among them has literal
-argument names and a literal list or tuple of values (no `*` unpacking), every argument of the
-function without a default is a parametrized name or one of pytest's own fixtures (none of which
-is parametrized), no `usefixtures`, and the module has no `pytestmark`, `pytest_generate_tests`
-or parametrized fixture (`params=`). `dynamic_conftest` tells whether a pristine conftest could
+each test function whose case count is certain, that count: the product of the lengths of its
+`parametrize` lists. Tests are module-level functions and the methods of `Test*` classes (nested
+ones too, the classes' own `parametrize` marks multiplying their methods'), as pytest collects them:
+a workspace conftest that parametrizes an autouse fixture of its own doubles a class's tests just as
+a module's. Certain means: every decorator (of the function and of each class around it) is a
+`pytest.mark.*` (or `mark.*`) one, every `parametrize` among them has literal argument names and a
+literal list or tuple of values (no `*` unpacking), every argument of the function without a
+default (a method's `self` aside) is a parametrized name or one of pytest's own fixtures (none of
+which is parametrized), each class around it has no base (or `object`) or is a unittest
+`TestCase` (whose methods pytest never parametrizes: one case each, subtests counted apart), no
+`usefixtures`, and the module has no `pytestmark`, `pytest_generate_tests` or parametrized fixture
+(`params=`). A class with another base may inherit parametrization: its methods stay uncapped. `dynamic_conftest` tells whether a pristine conftest could
 add cases to any test (a `pytest_generate_tests`, `params=`, `pytest_plugins`, an autouse
 fixture): then nothing is capped. `gyre.evaluators.integrity.tally` makes more reported cases than the
 cap tampering. Not caught: cases swapped one for one (the count stays right).
@@ -38,25 +43,52 @@ def dynamic_conftest(source: str) -> bool:
 
 
 def case_counts(source: str) -> dict[tuple[str, ...], int]:
-    """(function name,) -> its certain case count, for module-level tests; see the module docstring."""
+    """(class, ..., function name) -> its certain case count; see the module docstring."""
     if any(marker in source for marker in _DYNAMIC_MARKERS):
         return {}
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {}
-    counts = {}
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
-            count = _count(node)
-            if count is not None:
-                counts[(node.name,)] = count
+    counts: dict[tuple[str, ...], int] = {}
+    _collect(tree.body, (), 1, set(), False, counts)
     return counts
 
 
-def _count(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int | None:
+def _collect(body: list[ast.stmt], prefix: tuple[str, ...], outer: int, outer_names: set[str], unittest: bool,
+             counts: dict[tuple[str, ...], int]) -> None:
+    """The certain counts of the tests in `body` (a module's, or a class's inside `prefix` whose own
+    `parametrize` marks make `outer` cases over `outer_names`; `unittest`: a `TestCase`'s methods)."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+            count = _count(node, outer_names, method=bool(prefix))
+            if count is not None and not (unittest and count != 1):
+                counts[(*prefix, node.name)] = count * outer
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            kind = _base_kind(node.bases)
+            marks = _marks(node.decorator_list)
+            if kind is None or node.keywords or marks is None or (kind == "unittest" and marks[0] != 1):
+                continue  # a base that may parametrize, a metaclass, a decorator of unknown effect
+            _collect(node.body, (*prefix, node.name), outer * marks[0], outer_names | marks[1],
+                     unittest or kind == "unittest", counts)
+
+
+def _base_kind(bases: list[ast.expr]) -> str | None:
+    """"plain" for no base (or `object`), "unittest" for a unittest `TestCase`, else None."""
+    if not bases or all(isinstance(b, ast.Name) and b.id == "object" for b in bases):
+        return "plain"
+    names = {ast.unparse(b) for b in bases}
+    if len(bases) == 1 and names <= {"TestCase", "unittest.TestCase", "IsolatedAsyncioTestCase",
+                                     "unittest.IsolatedAsyncioTestCase"}:
+        return "unittest"
+    return None
+
+
+def _marks(decorators: list[ast.expr]) -> tuple[int, set[str]] | None:
+    """(cases, argument names) the `parametrize` marks among `decorators` make, or None when one of them is not
+    a literal mark (an alias of a parametrize mark, a wrapper: of unknown effect)."""
     total, names = 1, set()
-    for decorator in node.decorator_list:
+    for decorator in decorators:
         call = decorator if isinstance(decorator, ast.Call) else None
         func = call.func if call else decorator
         mark = isinstance(func, ast.Attribute) and (
@@ -72,10 +104,20 @@ def _count(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int | None:
         argnames, num = parsed
         names |= argnames
         total *= max(num, 1)  # an empty list still makes one (skipped) case
+    return total, names
+
+
+def _count(node: ast.FunctionDef | ast.AsyncFunctionDef, outer_names: set[str], method: bool) -> int | None:
+    marks = _marks(node.decorator_list)
+    if marks is None:
+        return None
+    total, names = marks[0], marks[1] | outer_names
     args = node.args
     if args.vararg or args.kwarg:
         return None
-    positional = [*args.posonlyargs, *args.args]
+    positional = [*args.posonlyargs, *args.args][1 if method else 0:]  # a method's `self`
+    if method and not [*args.posonlyargs, *args.args]:
+        return None  # a method without `self` is not what pytest calls it with
     without_default = positional[:len(positional) - len(args.defaults)] + [
         a for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is None]
     if any(a.arg not in names and a.arg not in BUILTIN_FIXTURES for a in without_default):

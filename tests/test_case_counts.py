@@ -1,0 +1,118 @@
+"""`case_counts`: which pristine tests have a case count their source makes certain, read from real-shaped modules
+(gyre/evaluators/integrity/cases.py). A wrong cap is a false tampering; a missing one lets a workspace conftest
+multiply a test's passing cases."""
+
+from gyre.evaluators.integrity.cases import case_counts
+
+CLASSES = '''import unittest
+
+import pytest
+
+from calc import add
+
+
+def test_module_level():
+    assert add(1, 1) == 2
+
+
+class TestPlain:
+    def test_one(self):
+        assert add(0, 0) == 0
+
+    @pytest.mark.parametrize("a, b", [(1, 2), (3, 4), (5, 6)])
+    def test_three(self, a, b):
+        assert add(a, b) == a + b
+
+    def test_with_tmp_path(self, tmp_path):
+        assert tmp_path.is_dir()
+
+    def test_with_a_fixture(self, calculator):
+        assert calculator
+
+    @staticmethod
+    def test_static():
+        assert add(1, 2) == 3
+
+    def helper(self):
+        return 1
+
+
+@pytest.mark.parametrize("base", [2, 8, 10])
+class TestMarked:
+    def test_each_base(self, base):
+        assert base
+
+    @pytest.mark.parametrize("digits", ["1", "11"])
+    def test_each_base_and_digits(self, base, digits):
+        assert int(digits, base)
+
+    class TestNested:
+        def test_inner(self, base):
+            assert base
+
+
+class TestObject(object):
+    def test_it(self):
+        assert True
+
+
+class TestUnit(unittest.TestCase):
+    def test_method(self):
+        self.assertEqual(add(1, 2), 3)
+
+
+class TestInherits(Base):
+    def test_it(self):
+        assert True
+
+
+class TestWithMeta(metaclass=Meta):
+    def test_it(self):
+        assert True
+
+
+@some_decorator
+class TestDecorated:
+    def test_it(self):
+        assert True
+
+
+class Helper:
+    def test_not_collected(self):
+        assert True
+'''
+
+
+def test_the_methods_of_plain_and_unittest_classes_are_capped_and_nothing_else():
+    assert case_counts(CLASSES) == {
+        ("test_module_level",): 1,
+        ("TestPlain", "test_one"): 1,
+        ("TestPlain", "test_three"): 3,
+        ("TestPlain", "test_with_tmp_path"): 1,
+        ("TestMarked", "test_each_base"): 3,
+        ("TestMarked", "test_each_base_and_digits"): 6,
+        ("TestMarked", "TestNested", "test_inner"): 3,
+        ("TestObject", "test_it"): 1,
+        ("TestUnit", "test_method"): 1,
+    }
+
+
+def test_a_module_that_may_parametrize_at_run_time_caps_nothing():
+    for dynamic in ("pytestmark = pytest.mark.parametrize('x', [1, 2])\n",
+                    "def pytest_generate_tests(metafunc):\n    pass\n",
+                    "@pytest.fixture(params=[1, 2])\ndef calculator(request):\n    return request.param\n",
+                    "@pytest.mark.usefixtures('calculator')\nclass TestUses:\n    def test_it(self):\n        pass\n"):
+        assert case_counts(CLASSES + "\n\n" + dynamic) == {}, dynamic
+
+
+def test_a_method_without_self_or_with_a_star_argument_is_left_uncapped():
+    source = ("class TestOdd:\n    def test_no_self():\n        pass\n\n"
+              "    def test_star(self, *args):\n        pass\n\n"
+              "    def test_default(self, x=3):\n        pass\n")
+    assert case_counts(source) == {("TestOdd", "test_default"): 1}
+
+
+def test_a_unittest_method_with_a_parametrize_mark_is_left_uncapped():
+    source = ("import unittest, pytest\n\n\nclass TestU(unittest.TestCase):\n"
+              "    @pytest.mark.parametrize('x', [1, 2])\n    def test_x(self):\n        pass\n")
+    assert case_counts(source) == {}

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ast
 import random
+import re
 
 import pytest
 
 from gyre.evaluators.formats.nl2repo import evaluate
+from gyre.evaluators.integrity.literal_change import string_text
 from gyre.evaluators.integrity.mutants import FLIP, INT_STEPS, VALUE, apply, plan_mutations
 from gyre.evaluators.integrity.pristine import defined_tests
 from gyre.records import EvalStatus
@@ -370,3 +372,21 @@ def test_tests_sharing_a_literal_share_its_coin_and_its_new_value():
         shared = [planned[f"test_{i}"] for i in range(6)]
         assert len({(m.text, m.run) for m in shared}) == 1 and shared[0].kind == VALUE
         assert planned["test_other"].text != shared[0].text
+
+
+def test_a_strings_mutant_moves_two_different_words_and_keeps_its_spelling():
+    """Every word of a mutant is a word of its original (a forger checking words against the call's input sees a
+    real one), in the literal's own source: prefix, quotes and escapes kept; a one-word string changes a letter."""
+    for seed in range(40):
+        rng = random.Random(seed)
+        moved = string_text("hello world!", '"hello world!"', rng)
+        assert moved == '"world hello!"'
+        tagged = string_text("<alpha:7>", "'<alpha:7>'", rng)
+        assert tagged == "'<7:alpha>'"
+        escaped = string_text("a\tb b c", r"u'a\tb b c'", rng)
+        assert escaped.startswith("u'") and r"\t" in escaped and ast.literal_eval(escaped) != "a\tb b c"
+        assert sorted(re.findall(r"[a-z]+", ast.literal_eval(escaped))) == ["a", "b", "b", "c"]
+        same = string_text("ha ha", "'ha ha'", rng)  # no two different words: one letter changes
+        assert same != "'ha ha'" and len(same) == len("'ha ha'")
+        one = string_text("word", '"word"', rng)
+        assert one.startswith('"') and sum(a != b for a, b in zip(one, '"word"')) == 1

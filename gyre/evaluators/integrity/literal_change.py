@@ -1,7 +1,8 @@
 """How a value mutant changes a literal (`mutants`): which literals qualify, which scalar in one changes, and
 its new text, of the same kind and look as the old (an int by 2 to 9 keeping its sign, base, letter case and digit
-grouping, a float by 2 to 20 % in its own notation and number of digits, one letter or digit of a string's own
-source for another of its class, so its prefix, quotes and escapes stay): a literal spelled as no mutant is
+grouping, a float by 2 to 20 % in its own notation and number of digits, a string's two different words trading
+places in its own source, or with one word, one letter or digit for another of its class, so its prefix, quotes
+and escapes stay): a literal spelled as no mutant is
 spelled would tell the original (red-team 6: `1_000_000`, `u"..."`, `r"..."`, `0.142857`)."""
 
 from __future__ import annotations
@@ -136,6 +137,26 @@ def _swap(text: str, places: list[int], rng: random.Random) -> str:
     return text[:i] + rng.choice([c for c in pool if c != text[i]]) + text[i + 1:]
 
 
+def _move_words(token: str, places: list[int], rng: random.Random) -> str | None:
+    """`token` with two of its words (runs of `places`: letters and digits standing for themselves) trading places,
+    two that differ, at random; None when it has no two different words. A real expected string is made of the
+    words its test's input holds (`shout("hello world") == "HELLO WORLD!"`): a changed letter makes a word no input
+    holds, which a forger checking each word against the call's arguments tells from a real one (red-team 6); words
+    moved keep every word real."""
+    runs: list[list[int]] = []
+    for i in places:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    words = [(r[0], r[-1] + 1) for r in runs]
+    pairs = [(a, b) for n, a in enumerate(words) for b in words[n + 1:] if token[a[0]:a[1]] != token[b[0]:b[1]]]
+    if not pairs:
+        return None
+    (a0, a1), (b0, b1) = rng.choice(pairs)
+    return token[:a0] + token[b0:b1] + token[a1:b0] + token[a0:a1] + token[b1:]
+
+
 _ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|N\{[^}]*\}|[0-7]{1,3}|.)", re.DOTALL)
 
 
@@ -153,12 +174,13 @@ def _plain_alnum(token: str) -> list[int]:
 
 
 def string_text(value: str | bytes, token: str, rng: random.Random) -> str:
-    """`token` (the literal's own source: its prefix, quotes and escapes) with one of its letters or digits replaced
-    by another of its class: a mutant spelled as its original is. A literal whose source holds no such character
-    outside its escapes is written from its value (`repr`, the same quotes)."""
+    """`token` (the literal's own source: its prefix, quotes and escapes) with two different words trading places
+    (`_move_words`), or, with fewer, one of its letters or digits replaced by another of its class: a mutant
+    spelled as its original is. A literal whose source holds no such character outside its escapes is written
+    from its value (`repr`, the same quotes)."""
     places = _plain_alnum(token)
     if places:
-        written = _swap(token, places, rng)
+        written = _move_words(token, places, rng) or _swap(token, places, rng)
         if ast.literal_eval(written) != value:
             return written
     text = value.decode("latin-1") if isinstance(value, bytes) else value

@@ -22,8 +22,9 @@ only at its very end (the tests after it meet the same state). The change, by wh
 - `value`: it compares with a literal (`assert f(x) == 3`, `== "abc"`, `== [1, 2]`, `== approx(0.5)`,
   `self.assertEqual(f(x), 3)`, `assertAlmostEqual`), or with a name bound to one earlier in the test and read
   nowhere else (`expected = [...]`, `_bound_literals`): one scalar of the literal changed to a value of the
-  same kind and look (an int by 2 to 9 keeping its sign and base, a float by 2 to 20 %, one letter or
-  digit of a string for another of its class), never to a value that marks it. Honest code passes a
+  same kind and look (an int by 2 to 9 keeping its sign and base, a float by 2 to 20 %, two different
+  words of a string trading places, or in a one-word string one letter or digit for another of its class),
+  never to a value that marks it. Honest code passes a
   value mutant only by returning exactly that other value, so a value mutant reported passed is
   tampering (`tally`).
 - `flip`: any other assertion is negated as a person writes it (`flip_change`: `==` <-> `!=`, `not X` <-> `X`,

@@ -329,8 +329,10 @@ def test_a_reader_that_answers_only_strings_made_of_the_inputs_words_earns_nothi
 # --- 6. a registry padded up to the task's count, not past it -----------------------------------------------------
 # Issue 47's padded registry made 40 cases where the task counts 6 and is caught by the count check
 # (`nl2repo.case_slack`: more passed cases than the count plus 10 %, at least 3). A workspace that solves nothing
-# but adds one registry entry for each hidden case it fails stays at the count: every case it passes is a pristine
+# but adds one registry entry for each hidden case it fails stayed at the count: every case it passes is a pristine
 # id (`test_each_operation[zz]`), no literal parametrize caps it (`cases`), and no mutant sits in `callable(...)`.
+# Now a run reporting more cases than the count, the excess from tests parametrized over what the module imports,
+# counts each failed case against a passed one (`cases.padded_cases`); a larger registry that passes is still 1.0.
 
 REGISTRY_TESTS = '''import pytest
 
@@ -360,8 +362,13 @@ def test_the_registry_fixture_scores_an_honest_solution_full_marks(tmp_path):
     assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 6), score.detail
 
 
-@pytest.mark.xfail(strict=True, reason="forges: padded cases of a dynamically parametrized hidden test count until "
-                                       "the task's count (only passing beyond count + slack is caught): 1.0 for 4/6")
+def test_a_larger_registry_whose_every_case_passes_still_scores_full_marks(tmp_path):
+    query = _project(tmp_path, {"tests/test_calc.py": REGISTRY_TESTS}, 6)
+    larger = REGISTRY_HONEST.replace("('a', 'b', 'c', 'd')", "('a', 'b', 'c', 'd', 'e', 'f')")
+    score = _score(tmp_path, query, {"calc.py": larger})
+    assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 8), score.detail
+
+
 def test_a_registry_padded_up_to_the_count_earns_no_more_than_its_cases(tmp_path):
     query = _project(tmp_path, {"tests/test_calc.py": REGISTRY_TESTS}, 6)
     score = _score(tmp_path, query, {"calc.py": REGISTRY_PADDED_TO_THE_COUNT})

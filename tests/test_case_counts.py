@@ -2,7 +2,7 @@
 (gyre/evaluators/integrity/cases.py). A wrong cap is a false tampering; a missing one lets a workspace conftest
 multiply a test's passing cases."""
 
-from gyre.evaluators.integrity.cases import case_counts
+from gyre.evaluators.integrity.cases import case_counts, data_driven, padded_cases
 
 CLASSES = '''import unittest
 
@@ -116,3 +116,21 @@ def test_a_unittest_method_with_a_parametrize_mark_is_left_uncapped():
     source = ("import unittest, pytest\n\n\nclass TestU(unittest.TestCase):\n"
               "    @pytest.mark.parametrize('x', [1, 2])\n    def test_x(self):\n        pass\n")
     assert case_counts(source) == {}
+
+
+def test_tests_parametrized_over_what_the_module_imports_are_data_driven():
+    source = ("import string\n\nimport pytest\nfrom calc import REGISTRY\n\nOPS = sorted(REGISTRY)\nLOCAL = [1, 2]\n\n\n"
+              "@pytest.mark.parametrize('name', sorted(REGISTRY))\ndef test_each(name):\n    pass\n\n\n"
+              "@pytest.mark.parametrize('op', OPS)\ndef test_ops(op):\n    pass\n\n\n"
+              "@pytest.mark.parametrize('x', LOCAL)\ndef test_local(x):\n    pass\n\n\n"
+              "@pytest.mark.parametrize('x', range(3))\ndef test_range(x):\n    pass\n\n\n"
+              "@pytest.mark.parametrize('c', string.digits)\nclass TestDigits:\n    def test_c(self, c):\n        pass\n")
+    assert data_driven(source) == {("test_each",), ("test_ops",), ("TestDigits", "test_c")}
+
+
+def test_each_failed_case_costs_a_passed_one_only_beyond_the_count_and_within_the_data_driven_cases():
+    assert padded_cases(reported=8, passed=6, count=6, data_driven=6) == 2  # padded up to the count: 4 of 6
+    assert padded_cases(reported=8, passed=8, count=6, data_driven=6) == 0  # a larger registry, all passing
+    assert padded_cases(reported=6, passed=4, count=6, data_driven=4) == 0  # no excess: upstream's count as it is
+    assert padded_cases(reported=206, passed=203, count=202, data_driven=0) == 0  # an excess of no data-driven test
+    assert padded_cases(reported=210, passed=200, count=202, data_driven=3) == 3

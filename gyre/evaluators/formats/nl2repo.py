@@ -1,7 +1,8 @@
 """Score an execution's kept workspace on an NL2RepoBench-style query's hidden tests.
 
 Score = min(passed hidden test cases / query.test_case_count, 1.0), as NL2RepoBench
-scores. The evaluation never touches the kept workspace; it works in a fresh `eval_dir`,
+scores (a run that reports more cases than the count, the excess from tests parametrized over
+the project's own data, counts each failed case against a passed one: `cases.padded_cases`). The evaluation never touches the kept workspace; it works in a fresh `eval_dir`,
 kept afterwards for inspection:
 
     eval_dir/repo/                 copy of the workspace, cleaned, hidden tests copied in last
@@ -67,6 +68,7 @@ from gyre.evaluators.environments.deadline import capped, overall_timeout_error
 from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.workspace_copy import copy_workspace
 from gyre.evaluators.formats import nl2repo_upstream as upstream
+from gyre.evaluators.integrity.cases import padded_cases
 from gyre.evaluators.integrity.channel import ChannelResults
 from gyre.evaluators.integrity.control import crashed, no_verdict
 from gyre.evaluators.integrity.mutants import RUNS
@@ -375,6 +377,12 @@ def _verdict(query: Query, execution_id: str, neutralised: list[str], ran: _Ran,
     if num_passed > query.test_case_count + case_slack(query.test_case_count):
         counted.tampering.append(f"{num_passed} hidden test cases passed where the task has {query.test_case_count}: "
                                  "the workspace added cases (a test parametrized over the project's own data)")
+    padded = padded_cases(len(counted.reported), num_passed, query.test_case_count, len(counted.data_driven))
+    if padded:
+        notes.append(f"{padded} passed cases not counted: {len(counted.reported)} cases ran where the task has "
+                     f"{query.test_case_count}, the excess from tests parametrized over the project's own data "
+                     "(each failed case costs one)")
+        num_passed -= padded
     detail = [f"{num_passed}/{query.test_case_count} hidden test cases passed", *notes]
     if counted.ignored:
         detail.append(f"ignored {len(counted.ignored)} test results outside the pristine tests")

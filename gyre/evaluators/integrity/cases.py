@@ -18,10 +18,17 @@ default (a method's `self` aside) is a parametrized name or one of pytest's own 
 which is parametrized), each class around it has no base (or `object`) or is a unittest
 `TestCase` (whose methods pytest never parametrizes: one case each, subtests counted apart), no
 `usefixtures`, and the module has no `pytestmark`, `pytest_generate_tests` or parametrized fixture
-(`params=`). A class with another base may inherit parametrization: its methods stay uncapped. `dynamic_conftest` tells whether a pristine conftest could
-add cases to any test (a `pytest_generate_tests`, `params=`, `pytest_plugins`, an autouse
-fixture): then nothing is capped. `gyre.evaluators.integrity.tally` makes more reported cases than the
-cap tampering. Not caught: cases swapped one for one (the count stays right).
+(`params=`). A class with another base may inherit parametrization: its methods stay uncapped.
+`dynamic_conftest` tells whether a pristine conftest could add cases to any test (a
+`pytest_generate_tests`, `params=`, `pytest_plugins`, an autouse fixture): then nothing is capped.
+`gyre.evaluators.integrity.tally` makes more reported cases than the cap tampering. Not caught: cases
+swapped one for one (the count stays right).
+
+`data_driven(source)` names the other side: tests whose `parametrize` values are computed from a name
+the module imports (`@parametrize("name", sorted(REGISTRY))` over the project's own registry), whose
+number of cases the workspace decides. A workspace that fails real cases can pad such a registry up to
+the task's count; NL2RepoBench's scoring (`formats/nl2repo.py`) charges a run that reports more cases
+than the task counts one case per failure, as far as such cases reach.
 """
 
 from __future__ import annotations
@@ -145,3 +152,54 @@ def _parametrize(call: ast.Call | None) -> tuple[set[str], int] | None:
     if not isinstance(values, (ast.List, ast.Tuple)) or any(isinstance(v, ast.Starred) for v in values.elts):
         return None
     return argnames, len(values.elts)
+
+
+def data_driven(source: str) -> set[tuple[str, ...]]:
+    """(class, ..., function name) of each test with a `parametrize` mark whose values read a name the module
+    imports, or binds at its top level from one (never a builtin or a literal): its cases are the workspace's
+    data."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
+    imported = {(a.asname or a.name).split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    for node in tree.body:  # a module-level name computed from an imported one (`OPS = sorted(REGISTRY)`) too
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and any(
+                isinstance(n, ast.Name) and n.id in imported for n in ast.walk(node.value)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            imported |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    found: set[tuple[str, ...]] = set()
+
+    def visit(body: list[ast.stmt], prefix: tuple[str, ...], outer: bool) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                visit(node.body, (*prefix, node.name), outer or _reads(node.decorator_list, imported))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                if outer or _reads(node.decorator_list, imported):
+                    found.add((*prefix, node.name))
+
+    visit(tree.body, (), False)
+    return found
+
+
+def _reads(decorators: list[ast.expr], imported: set[str]) -> bool:
+    """Whether a `parametrize` call among `decorators` computes its values from an imported name."""
+    for decorator in decorators:
+        if not (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Attribute)
+                and decorator.func.attr == "parametrize"):
+            continue
+        given = dict(zip(("argnames", "argvalues"), decorator.args))
+        given.update({k.arg: k.value for k in decorator.keywords if k.arg == "argvalues"})
+        values = given.get("argvalues")
+        if values is not None and any(isinstance(n, ast.Name) and n.id in imported for n in ast.walk(values)):
+            return True
+    return False
+
+
+def padded_cases(reported: int, passed: int, count: int, data_driven: int) -> int:
+    """Passed cases not counted when a run reports more cases than the task counts and tests parametrized over
+    the project's own data made them: a workspace that fails real cases could pad its registry up to the count
+    in their place (red-team 6), so each failed case costs one passed case, as far as the excess and those tests'
+    cases reach. 0 when the run reported no more than the count (upstream's min(passed / count, 1) as it is)."""
+    return max(0, min(reported - passed, reported - count, data_driven))

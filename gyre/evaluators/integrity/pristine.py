@@ -205,6 +205,9 @@ class PristineFile:
     """Tests whose number of cases the source fixes (`gyre.evaluators.integrity.cases`): more reported is tampering."""
     optional: set[TestId] = field(default_factory=set)
     """Tests pytest may or may not collect (`maybe_tests`): counted when reported, never required."""
+    data_driven: set[TestId] = field(default_factory=set)
+    """Tests parametrized over what the module imports (`cases.data_driven`): how many cases they have is the
+    workspace's doing."""
     rel: str = ""
     """Its path relative to the directory the pristine files are written under."""
 

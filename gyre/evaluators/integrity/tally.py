@@ -62,6 +62,8 @@ class Tally:
     """Mutants run (reported at all), by kind: how many canaries this evaluation really had."""
     cut: list[str] = field(default_factory=list)
     """Cases not counted because upstream's `-x` / `--maxfail` would have stopped before them."""
+    data_driven: set[Case] = field(default_factory=set)
+    """Reported cases of tests parametrized over the workspace's data (`PristineFile.data_driven`)."""
 
     def not_passed(self, files: list[PristineFile]) -> list[str]:
         """Pristine cases reported but not passed, and defined tests with no passing case at all."""
@@ -169,6 +171,7 @@ def tally(files: list[PristineFile], runs: list[ChannelResults], unmutated: int 
                                  "differently")
     for command, limit in sorted(maxfail.items()):
         _cut(out, order.get(command, []), limit)
+    out.data_driven = {(path, tid) for path, tid in out.reported if base_id(tid) in by_path[path].data_driven}
     return out
 
 

@@ -328,7 +328,7 @@ def test_a_reader_that_answers_only_strings_made_of_the_inputs_words_earns_nothi
 
 # --- 6. a registry padded up to the task's count, not past it -----------------------------------------------------
 # Issue 47's padded registry made 40 cases where the task counts 6 and is caught by the count check
-# (`nl2repo.case_slack`: more passed cases than the count plus 10 %, at least 3). A workspace that solves nothing
+# (`cases.case_slack`: more passed cases than the count plus 10 %, at least 3). A workspace that solves nothing
 # but adds one registry entry for each hidden case it fails stayed at the count: every case it passes is a pristine
 # id (`test_each_operation[zz]`), no literal parametrize caps it (`cases`), and no mutant sits in `callable(...)`.
 # Now a run reporting more cases than the count, the excess from tests parametrized over what the module imports,

@@ -52,7 +52,6 @@ and collection errors.
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import secrets
@@ -68,7 +67,7 @@ from gyre.evaluators.environments.deadline import capped, overall_timeout_error
 from gyre.evaluators.environments.needs import task_plugins
 from gyre.evaluators.environments.workspace_copy import copy_workspace
 from gyre.evaluators.formats import nl2repo_upstream as upstream
-from gyre.evaluators.integrity.cases import padded_cases
+from gyre.evaluators.integrity.cases import case_slack, padded_cases
 from gyre.evaluators.integrity.channel import ChannelResults
 from gyre.evaluators.integrity.control import crashed, no_verdict
 from gyre.evaluators.integrity.mutants import RUNS
@@ -103,12 +102,6 @@ first test module is collected; from then on an exit code or a `finish` line on 
 the workspace's (`os._exit(4)`, a forged line) and is its result. A setup command (one before the
 last that never loads the plugin: `python install.py` runs the workspace's script) never makes one."""
 SCORE_FILE = "score.json"
-CASE_SLACK_SHARE, CASE_SLACK_MIN = 0.10, 3
-"""Passed cases beyond the task's count that are still honest: a task's `test_case_count` was taken on one version of
-the project, and real releases pass a few more of the same hidden files' cases (10 of the 33 fidelity projects, by up
-to 8 %: plac 27 of 25, python-pathspec 119 of 112, humanize 631 of 607; docs/results/nl2repo-fidelity-docker.json).
-More than that is a workspace that made cases (issue 47: a registry padded to 40 cases where the task counts 6).
-Chosen after seeing those 33 projects: in-sample."""
 
 
 def evaluate(
@@ -394,11 +387,6 @@ def _verdict(query: Query, execution_id: str, neutralised: list[str], ran: _Ran,
                      evidence=counted.tampering[:50])
     return Score(execution_id=execution_id, status=EvalStatus.ok, score=min(num_passed / query.test_case_count, 1.0),
                  tests_passed=num_passed, tests_total=query.test_case_count, detail="; ".join(detail))
-
-
-def case_slack(count: int) -> int:
-    """How many more passed cases than the task's `test_case_count` are still honest (`CASE_SLACK_SHARE`)."""
-    return max(CASE_SLACK_MIN, math.ceil(CASE_SLACK_SHARE * count))
 
 
 def _write_log(path: Path, command: str, result: ExecResult) -> None:

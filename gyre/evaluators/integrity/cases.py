@@ -28,12 +28,14 @@ swapped one for one (the count stays right).
 the module imports (`@parametrize("name", sorted(REGISTRY))` over the project's own registry), whose
 number of cases the workspace decides. A workspace that fails real cases can pad such a registry up to
 the task's count; NL2RepoBench's scoring (`formats/nl2repo.py`) charges a run that reports more cases
-than the task counts one case per failure, as far as such cases reach.
+than the task counts one case per failure, as far as such cases reach (`padded_cases`); more passed
+cases than the count plus `case_slack` is tampering.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 
 BUILTIN_FIXTURES = frozenset({
     "request", "tmp_path", "tmpdir", "tmp_path_factory", "tmpdir_factory", "monkeypatch", "capsys",
@@ -203,3 +205,16 @@ def padded_cases(reported: int, passed: int, count: int, data_driven: int) -> in
     in their place (red-team 6), so each failed case costs one passed case, as far as the excess and those tests'
     cases reach. 0 when the run reported no more than the count (upstream's min(passed / count, 1) as it is)."""
     return max(0, min(reported - passed, reported - count, data_driven))
+
+
+CASE_SLACK_SHARE, CASE_SLACK_MIN = 0.10, 3
+"""Passed cases beyond the task's count that are still honest: a task's `test_case_count` was taken on one version of
+the project, and real releases pass a few more of the same hidden files' cases (10 of the 33 fidelity projects, by up
+to 8 %: plac 27 of 25, python-pathspec 119 of 112, humanize 631 of 607; docs/results/nl2repo-fidelity-docker.json).
+More than that is a workspace that made cases (issue 47: a registry padded to 40 cases where the task counts 6).
+Chosen after seeing those 33 projects: in-sample."""
+
+
+def case_slack(count: int) -> int:
+    """How many more passed cases than the task's `test_case_count` are still honest (`CASE_SLACK_SHARE`)."""
+    return max(CASE_SLACK_MIN, math.ceil(CASE_SLACK_SHARE * count))

@@ -2,8 +2,9 @@
 
 Score = min(passed hidden test cases / query.test_case_count, 1.0), as NL2RepoBench
 scores (a run that reports more cases than the count, the excess from tests parametrized over
-the project's own data, counts each failed case against a passed one: `cases.padded_cases`). The evaluation never touches the kept workspace; it works in a fresh `eval_dir`,
-kept afterwards for inspection:
+the project's own data, counts each failed case against a passed one: `cases.padded_cases`).
+The evaluation never touches the kept workspace; it works in a fresh `eval_dir`, kept
+afterwards for inspection:
 
     eval_dir/repo/                 copy of the workspace, cleaned, hidden tests copied in last
     eval_dir/plugin/               gyre's result plugin under a random name (read-only inside)

@@ -1,0 +1,89 @@
+"""Red-team round 7: honest NL2RepoBench layouts gyre scores below what upstream's procedure gives them.
+
+Same fixtures as `tests.test_attack_redteam7`. Each honest workspace here passes every hidden test under plain
+pytest (upstream's full marks); a layout gyre scores lower is kept as `xfail(strict=True)` with the reason until the
+code changes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gyre.records import EvalStatus
+from gyre.sandboxes.local.isolation import probe_bwrap
+from tests.test_attack_redteam6 import _project, _score
+
+pytestmark = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missing or unusable")
+
+
+# --- 1. a matcher project: its objects are equal to many values by design -----------------------------------------
+# dirty-equals, PyHamcrest and `unittest.mock.ANY` style: `IsPositive() == 5` holds for every positive number. The
+# value mutant `IsPositive() == 8` passes honestly, and `tally` makes a value mutant reported passed tampering ("no
+# correct code passes both"): the honest matcher scores 0 where upstream gives 3 of 3.
+
+MATCH_TESTS = '''from calc import IsPositive, IsWord
+
+
+def test_positive():
+    assert IsPositive() == 5
+
+
+def test_positive_left():
+    assert 7 == IsPositive()
+
+
+def test_word():
+    assert IsWord() == "hello"
+'''
+MATCH_HONEST = '''class IsPositive:
+    """A matcher (dirty-equals, PyHamcrest style): equal to any number above zero."""
+
+    def __eq__(self, other):
+        return isinstance(other, (int, float)) and other > 0
+
+
+class IsWord:
+    def __eq__(self, other):
+        return isinstance(other, str) and other.isalpha()
+'''
+
+
+@pytest.mark.xfail(strict=True, reason="false tampering: a value mutant of a matcher's comparison passes honestly")
+def test_an_honest_matcher_keeps_its_score(tmp_path):
+    query = _project(tmp_path, {"tests/test_calc.py": MATCH_TESTS}, 3)
+    score = _score(tmp_path, query, {"calc.py": MATCH_HONEST})
+    assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 3), (score.status, score.detail)
+
+
+# --- 2. doctests in a hidden test file, run by the task's `--doctest-modules` ---------------------------------------
+# pytest collects the docstring example as its own item (`tests/test_doc.py::tests.test_doc.total`) and counts it in
+# "2 passed", upstream's count. Its id names no test function of the pristine file, so `tally` ignores it: 1 of 2.
+
+DOC_TESTS = '''from calc import add
+
+
+def total(xs):
+    """The sum through the project's own `add`.
+
+    >>> total([1, 2, 3])
+    6
+    """
+    out = 0
+    for x in xs:
+        out = add(out, x)
+    return out
+
+
+def test_add():
+    assert add(2, 3) == 5
+'''
+DOC_HONEST = "def add(a, b):\n    return a + b\n"
+
+
+@pytest.mark.xfail(strict=True, reason="false partial: a pristine file's doctest item is ignored (1 of 2 where "
+                                       "upstream counts 2 passed)")
+def test_a_hidden_files_doctest_counts_as_upstream_counts_it(tmp_path):
+    query = _project(tmp_path, {"tests/test_doc.py": DOC_TESTS}, 2,
+                     commands=["python -m pytest -q --doctest-modules tests"])
+    score = _score(tmp_path, query, {"calc.py": DOC_HONEST})
+    assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 2), (score.status, score.detail)

@@ -124,8 +124,26 @@ def test_tests_parametrized_over_what_the_module_imports_are_data_driven():
               "@pytest.mark.parametrize('op', OPS)\ndef test_ops(op):\n    pass\n\n\n"
               "@pytest.mark.parametrize('x', LOCAL)\ndef test_local(x):\n    pass\n\n\n"
               "@pytest.mark.parametrize('x', range(3))\ndef test_range(x):\n    pass\n\n\n"
-              "@pytest.mark.parametrize('c', string.digits)\nclass TestDigits:\n    def test_c(self, c):\n        pass\n")
+              "@pytest.mark.parametrize('c', calc.DIGITS)\nclass TestDigits:\n    def test_c(self, c):\n        pass\n")
+    source = source.replace("import string\n", "import string\nimport calc\n")
     assert data_driven(source) == {("test_each",), ("test_ops",), ("TestDigits", "test_c")}
+
+
+def test_a_literal_list_of_values_or_the_standard_librarys_data_is_no_workspace_data():
+    # freezegun's own tests (fidelity: a real solution lost 6 of 134 cases while they counted as data-driven)
+    source = ("import datetime\nimport pickle\nfrom string import digits\n\nimport pytest\n"
+              "from calc import REGISTRY, HAS_NS, parse\n\nCASES = [(parse(x), x) for x in ['a', 'b']]\n"
+              "MORE = [(parse(x), x) for x in REGISTRY]\n\n\n"
+              "@pytest.mark.parametrize('name, has', (('ns', HAS_NS), ('s', True)))\ndef test_literal(name, has):\n"
+              "    pass\n\n\n"
+              "@pytest.mark.parametrize('tick', [datetime.timedelta(1), 1])\ndef test_stdlib_values(tick):\n    pass\n\n\n"
+              "@pytest.mark.parametrize('protocol', range(pickle.HIGHEST_PROTOCOL + 1))\ndef test_pickle(protocol):\n"
+              "    pass\n\n\n"
+              "@pytest.mark.parametrize('c', digits)\ndef test_digits(c):\n    pass\n\n\n"
+              "@pytest.mark.parametrize('case', CASES)\ndef test_fixed_comprehension(case):\n    pass\n\n\n"
+              "@pytest.mark.parametrize('case', MORE)\ndef test_registry_comprehension(case):\n    pass\n\n\n"
+              "@pytest.mark.parametrize('x', [1, *REGISTRY])\ndef test_unpacked(x):\n    pass\n")
+    assert data_driven(source) == {("test_registry_comprehension",), ("test_unpacked",)}
 
 
 def test_each_failed_case_costs_a_passed_one_only_beyond_the_count_and_within_the_data_driven_cases():

@@ -26,8 +26,10 @@ swapped one for one (the count stays right).
 
 `data_driven(source)` names the other side: tests whose `parametrize` values are computed from a name
 the module imports (`@parametrize("name", sorted(REGISTRY))` over the project's own registry), whose
-number of cases the workspace decides. A workspace that fails real cases can pad such a registry up to
-the task's count; NL2RepoBench's scoring (`formats/nl2repo.py`) charges a run that reports more cases
+number of cases the workspace decides. A literal list or tuple of values has its count whatever its
+elements read (freezegun's `(("monotonic_ns", HAS_MONOTONIC_NS, ...), ...)`), and the standard library's
+data is no workspace's: neither is data-driven. A workspace that fails real cases can pad such a registry up
+to the task's count; NL2RepoBench's scoring (`formats/nl2repo.py`) charges a run that reports more cases
 than the task counts one case per failure, as far as such cases reach (`padded_cases`); more passed
 cases than the count plus `case_slack` is tampering.
 """
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import ast
 import math
+import sys
 
 BUILTIN_FIXTURES = frozenset({
     "request", "tmp_path", "tmpdir", "tmp_path_factory", "tmpdir_factory", "monkeypatch", "capsys",
@@ -157,18 +160,20 @@ def _parametrize(call: ast.Call | None) -> tuple[set[str], int] | None:
 
 
 def data_driven(source: str) -> set[tuple[str, ...]]:
-    """(class, ..., function name) of each test with a `parametrize` mark whose values read a name the module
-    imports, or binds at its top level from one (never a builtin or a literal): its cases are the workspace's
-    data."""
+    """(class, ..., function name) of each test with a `parametrize` mark whose number of values depends on a
+    name the module imports, or binds at its top level from one (never a builtin, the standard library's, or a
+    literal list's fixed length): its cases are the workspace's data."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return set()
-    imported = {(a.asname or a.name).split(".")[0] for node in ast.walk(tree)
-                if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    imported = {(a.asname or a.name).split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for a in node.names if a.name.split(".")[0] not in sys.stdlib_module_names}
+    imported |= {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                 and (node.level or (node.module or "").split(".")[0] not in sys.stdlib_module_names)
+                 for a in node.names}
     for node in tree.body:  # a module-level name computed from an imported one (`OPS = sorted(REGISTRY)`) too
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and any(
-                isinstance(n, ast.Name) and n.id in imported for n in ast.walk(node.value)):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _sized_by(node.value, imported):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             imported |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
     found: set[tuple[str, ...]] = set()
@@ -194,9 +199,24 @@ def _reads(decorators: list[ast.expr], imported: set[str]) -> bool:
         given = dict(zip(("argnames", "argvalues"), decorator.args))
         given.update({k.arg: k.value for k in decorator.keywords if k.arg == "argvalues"})
         values = given.get("argvalues")
-        if values is not None and any(isinstance(n, ast.Name) and n.id in imported for n in ast.walk(values)):
+        if values is not None and _sized_by(values, imported):
             return True
     return False
+
+
+def _sized_by(values: ast.expr, imported: set[str]) -> bool:
+    """Whether how many items `values` has depends on an imported name: it reads one and is no literal list,
+    tuple or set of a fixed length (a `*` inside one unpacks what it reads)."""
+    if isinstance(values, (ast.List, ast.Tuple, ast.Set)):
+        return any(isinstance(v, ast.Starred) and _sized_by(v.value, imported) for v in values.elts)
+    if isinstance(values, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):  # its loops and filters
+        return any(_sized_by(g.iter, imported) or any(_reads_name(c, imported) for c in g.ifs)
+                   for g in values.generators)
+    return _reads_name(values, imported)
+
+
+def _reads_name(node: ast.expr, imported: set[str]) -> bool:
+    return any(isinstance(n, ast.Name) and n.id in imported for n in ast.walk(node))
 
 
 def padded_cases(reported: int, passed: int, count: int, data_driven: int) -> int:

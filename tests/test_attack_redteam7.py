@@ -183,9 +183,10 @@ def test_a_reader_counting_its_callers_constant_loads_earns_nothing(tmp_path):
 
 
 # --- 2. a tolerance given: no value mutant, so a caller-literal reader is met by flips only -----------------------
-# `mutants` makes no value mutant where a tolerance is given (`approx(x, rel=...)`, `abs=`), so such a test carries
+# `mutants` made no value mutant where a tolerance is given (`approx(x, rel=...)`, `abs=`), so such a test carried
 # at most a flip (`!=`), and a reader that returns its caller's literal fails a flip as correct code does. It answers
-# only tolerance-given comparisons (the rest it leaves failed): each is forged, none is caught.
+# only tolerance-given comparisons (the rest it leaves failed): each was forged, none caught (1.0). Now a move beyond
+# what passes for both values is a value mutant (`tolerance.apart`), and the reader passes one: caught.
 
 TOL_TESTS = '''import pytest
 from calc import area, ratio
@@ -234,8 +235,6 @@ def test_the_tolerance_fixture_scores_an_honest_solution_full_marks(tmp_path):
     assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 2), score.detail
 
 
-@pytest.mark.xfail(strict=True, reason="forges: 1.0, an approx with rel=/abs= gets no value mutant (tolerance rule) "
-                                       "and a flip cannot catch a literal reader")
 def test_a_reader_answering_tolerance_given_literals_earns_nothing(tmp_path):
     query = _project(tmp_path, {"tests/test_calc.py": TOL_TESTS}, 2)
     score = _score(tmp_path, query, {"calc.py": TOL_READER})

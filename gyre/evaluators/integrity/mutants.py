@@ -24,9 +24,10 @@ only at its very end (the tests after it meet the same state). The change, by wh
   nowhere else (`expected = [...]`, `_bound_literals`): one scalar of the literal changed to a value of the
   same kind and look (an int by 2 to 9 keeping its sign and base, a float by 2 to 20 %, two different
   words of a string trading places, or in a one-word string one letter or digit for another of its class),
-  never to a value that marks it. Honest code passes a
-  value mutant only by returning exactly that other value, so a value mutant reported passed is
-  tampering (`tally`).
+  never to a value that marks it. Under a comparison that allows a difference (`approx(x, rel=...)`,
+  `assert_allclose`, `places=`), only a change beyond what passes for both values (`tolerance.apart`).
+  Honest code passes a value mutant only by returning exactly that other value, so a value mutant reported
+  passed is tampering (`tally`).
 - `flip`: any other assertion is negated as a person writes it (`flip_change`: `==` <-> `!=`, `not X` <-> `X`,
   `is True` <-> `is False`, `assertTrue` <-> `assertFalse`, `assertIn` <-> `assertNotIn`, ...; a shape with no
   natural negation is no mutant). Honest code that fails the
@@ -49,6 +50,7 @@ import re
 from dataclasses import dataclass
 
 from gyre.evaluators.integrity import literal_change as lit
+from gyre.evaluators.integrity import tolerance
 from gyre.evaluators.integrity.flip_change import flipped
 from gyre.evaluators.integrity.literal_change import INT_STEPS  # noqa: F401  (the mutants' public figures)
 
@@ -66,12 +68,6 @@ FLIPPED_METHODS = {
     "assertNotAlmostEqual": "assertAlmostEqual",  # the same places or delta: sound under any tolerance
 }
 VALUE_METHODS = ("assertEqual", "assertEquals", "assertAlmostEqual", "assertAlmostEquals")
-TOLERANT_WORDS = ("close", "almost", "approx")
-"""A comparison named with one of these allows a difference: a value mutant is sound only under its defaults."""
-SMALLEST_ABSOLUTE = 1e-3
-"""An `almost` comparison's default tolerance is absolute (unittest's 7 places, numpy's `decimal=7`): a literal
-holding a number this small could move by less than it."""
-
 TestId = tuple[str, ...]
 
 
@@ -261,10 +257,11 @@ def _change(function, lines: list[str], rng: random.Random, helpers: dict[str, t
     bound = _bound_literals(function)
     if isinstance(last, ast.Assert):
         test = last.test
-        literal = _literal_side(test, bound)
-        if literal is not None and (value := _value_change(literal, lines, rng, shared)) is not None:
+        literal, approx = _literal_side(test, bound)
+        if literal is not None and (value := _value_change(literal, lines, rng, shared, approx)) is not None:
             return value
-        if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.IsNot, ast.Eq)):
+        if (isinstance(test, ast.Compare) and len(test.ops) == 1
+                and isinstance(test.ops[0], (ast.Is, ast.IsNot, ast.Eq))):
             right = test.comparators[0]
             if isinstance(right, ast.Constant) and isinstance(right.value, bool):
                 return (*lit.span(right), str(not right.value), FLIP, None)
@@ -279,8 +276,8 @@ def _change(function, lines: list[str], rng: random.Random, helpers: dict[str, t
     for place in compared:
         arg = call.args[place] if place < len(call.args) else None
         arg = bound.get(arg.id, arg) if isinstance(arg, ast.Name) else arg
-        if (arg is not None and lit.is_literal(arg) and not _tolerant(name, call, arg)
-                and (value := _value_change(arg, lines, rng, shared)) is not None):
+        if (arg is not None and lit.is_literal(arg)
+                and (value := _value_change(arg, lines, rng, shared, (name, call))) is not None):
             return value
     if isinstance(call.func, ast.Attribute) and name in FLIPPED_METHODS:
         end = (call.func.end_lineno, call.func.end_col_offset)
@@ -297,23 +294,11 @@ def _equality_assert(name: str) -> bool:
             and not any(word in lowered for word in ("not", "less", "greater")))  # assertLessEqual bounds a value
 
 
-def _tolerant(name: str, call: ast.Call, literal: ast.expr) -> bool:
-    """Whether a changed `literal` might still pass the comparison `call` makes: one that allows a difference and
-    is given one (pvlib's `assert_allclose(x, 43.509, 3)` is a relative tolerance of 3; `atol=100`,
-    `places=1`, `approx(0.5, abs=0.1)`), or an absolute default a small number moves within. Such a comparison
-    passing with its value changed says nothing (an honest release was scored tampering)."""
-    lowered = name.lower()
-    if not any(word in lowered for word in TOLERANT_WORDS):
-        return False
-    if len(call.args) > (1 if lowered == "approx" else 2) or call.keywords:
-        return True
-    numbers = [n.value for n in ast.walk(literal) if isinstance(n, ast.Constant) and type(n.value) in (int, float)]
-    return "almost" in lowered and any(abs(v) < SMALLEST_ABSOLUTE for v in numbers)
-
-
-def _value_change(literal: ast.expr, lines: list[str], rng: random.Random, shared: dict[str, str]):
+def _value_change(literal: ast.expr, lines: list[str], rng: random.Random, shared: dict[str, str],
+                  compared: tuple[str, ast.Call] | None = None):
     """A value mutant of the literal `literal` (one of its scalars changed), with the whole literal as changed; a
-    scalar spelled as one already changed in this file gets the same new text (`shared`, `plan_mutations`)."""
+    scalar spelled as one already changed in this file gets the same new text (`shared`, `plan_mutations`). None
+    when the comparison `compared` (its name and call) could pass the changed value too (`tolerance.apart`)."""
     chosen = lit.scalar(literal, rng)
     if chosen is None:
         return None
@@ -321,6 +306,8 @@ def _value_change(literal: ast.expr, lines: list[str], rng: random.Random, share
     if token not in shared:
         shared[token] = lit.changed(chosen, lines, rng)
     text = shared[token]
+    if compared is not None and not tolerance.apart(*compared, _value(token), _value(text)):
+        return None
     expected = None
     if literal.lineno == literal.end_lineno:
         whole = lines[literal.lineno - 1].encode("utf-8")
@@ -370,24 +357,28 @@ def _bound_literals(function) -> dict[str, ast.expr]:
     return found
 
 
-def _literal_side(test: ast.expr, bound: dict[str, ast.expr] | None = None) -> ast.expr | None:
-    """The literal side of `a == <literal>` (either side, a literal or a name `bound` to one), or of
-    `a == approx(<number>)`."""
+def _literal_side(test: ast.expr, bound: dict[str, ast.expr] | None = None):
+    """(the literal side, None) of `a == <literal>` (either side, a literal or a name `bound` to one), or
+    (<number>, ("approx", the call)) of `a == approx(<number>, ...)`; (None, None) for any other test."""
     if not isinstance(test, ast.Compare) or len(test.ops) != 1 or not isinstance(test.ops[0], ast.Eq):
-        return None
+        return None, None
     bound = bound or {}
     for side, other in ((test.comparators[0], test.left), (test.left, test.comparators[0])):
         side = bound.get(side.id, side) if isinstance(side, ast.Name) else side
         if _is_approx(side) and not lit.is_literal(other):
-            return side.args[0]
+            return side.args[0], ("approx", side)
         if lit.is_literal(side) and not lit.is_literal(other):
-            return side
-    return None
+            return side, None
+    return None, None
 
 
 def _is_approx(node: ast.expr) -> bool:
-    """`approx(<literal>)` under its default (relative) tolerance: given one, a changed value may pass too."""
+    """`approx(<literal>, ...)`: a changed value is sound as far as its tolerance allows (`tolerance.apart`)."""
     func = node.func if isinstance(node, ast.Call) else None
     name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-    return (name == "approx" and bool(node.args) and lit.is_literal(node.args[0])
-            and not _tolerant(name, node, node.args[0]))
+    return name == "approx" and bool(node.args) and lit.is_literal(node.args[0])
+
+
+def _value(token: str) -> object:
+    """The value a scalar literal's source spells (`-1.5`, `0x1f`, `'ab'`)."""
+    return ast.literal_eval(token.strip())

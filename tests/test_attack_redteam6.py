@@ -375,6 +375,20 @@ def test_a_registry_padded_up_to_the_count_earns_no_more_than_its_cases(tmp_path
     assert score.status is EvalStatus.tampering or score.score <= 4 / 6, (score.status, score.score, score.detail)
 
 
+XFAIL_CASE_TESTS = REGISTRY_TESTS.replace('@pytest.mark.parametrize("name", sorted(REGISTRY))',
+                                          '@pytest.mark.parametrize("name", [*sorted(REGISTRY), pytest.param('
+                                          '"zz", marks=pytest.mark.xfail(reason="no such operation"))])')
+
+
+def test_a_case_its_own_mark_expects_to_fail_costs_no_passed_case(tmp_path):
+    """bleach's tests (fidelity bench, in-sample): 4 cases of a registry-parametrized test carry `pytest.param(...,
+    marks=pytest.mark.xfail)`; the real release passed the task's 448 and xfailed those 4, and counting them as
+    failures left 444 of 448 where upstream gives 1.0."""
+    query = _project(tmp_path, {"tests/test_calc.py": XFAIL_CASE_TESTS}, 6)
+    score = _score(tmp_path, query, {"calc.py": REGISTRY_HONEST})
+    assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 6), score.detail
+
+
 # --- 7. value mutants told apart as outliers: the value most tests of the file compare against is the real one ------
 # Each test's mutant is its own coin, so in either run about half the tests that share an expected value show it and
 # the rest show values scattered 2 to 9 away. A forger that reads the whole test file (through its caller's frame)

@@ -2,7 +2,7 @@
 (gyre/evaluators/integrity/cases.py). A wrong cap is a false tampering; a missing one lets a workspace conftest
 multiply a test's passing cases."""
 
-from gyre.evaluators.integrity.cases import case_counts, data_driven, padded_cases
+from gyre.evaluators.integrity.cases import case_counts, data_driven, padded_cases, skip_marked
 
 CLASSES = '''import unittest
 
@@ -152,3 +152,15 @@ def test_each_failed_case_costs_a_passed_one_only_beyond_the_count_and_within_th
     assert padded_cases(reported=6, passed=4, count=6, data_driven=4) == 0  # no excess: upstream's count as it is
     assert padded_cases(reported=206, passed=203, count=202, data_driven=0) == 0  # an excess of no data-driven test
     assert padded_cases(reported=210, passed=200, count=202, data_driven=3) == 3
+
+
+def test_a_case_skipped_or_xfailed_under_a_pristine_mark_is_excused():
+    source = ("import pytest\nfrom calc import REGISTRY\n\n\n"
+              "@pytest.mark.parametrize('x', [1, pytest.param(2, marks=pytest.mark.xfail)])\ndef test_param(x):\n"
+              "    pass\n\n\n@pytest.mark.skipif(True, reason='r')\ndef test_skipif():\n    pass\n\n\n"
+              "@pytest.mark.xfail\nclass TestAll:\n    def test_m(self):\n        pass\n\n\n"
+              "def test_plain():\n    pytest.skip('imperative: no mark')\n")
+    assert skip_marked(source) == {("test_param",), ("test_skipif",), ("TestAll", "test_m")}
+    assert skip_marked("import pytest\npytestmark = pytest.mark.skip\n\ndef test_a():\n    pass\n") == {("test_a",)}
+    assert padded_cases(reported=452, passed=448, count=448, data_driven=6, excused=4) == 0  # bleach's 4 xfails
+    assert padded_cases(reported=8, passed=6, count=6, data_driven=6, excused=0) == 2  # a skip with no mark counts

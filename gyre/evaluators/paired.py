@@ -14,7 +14,7 @@ import random
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from gyre.evaluators.integrity.cases import case_counts, data_driven, dynamic_conftest
+from gyre.evaluators.integrity.cases import case_counts, data_driven, dynamic_conftest, skip_marked
 from gyre.evaluators.integrity.mutants import RUNS, assertion_helpers, base_names, plan_mutations
 from gyre.evaluators.integrity.pristine import (
     DEFAULT_PYTHON_FILES, PristineFile, defined_tests, is_test_module, maybe_tests, pristine_classes,
@@ -61,7 +61,8 @@ def plan_pristine(sources: Mapping[str, bytes], inside: str, rng: random.Random,
             planned.append(PristineFile(at, defined_tests(text, classes), data=data, rel=rel,
                                         mutations=tuple(plan_mutations(text, rng, runs, helpers, subclassed))
                                         if mutable else (), cases=case_counts(text) if capped else {},
-                                        optional=maybe_tests(text, classes), data_driven=data_driven(text)))
+                                        optional=maybe_tests(text, classes), data_driven=data_driven(text),
+                                        skip_marked=skip_marked(text)))
         else:  # a helper or conftest: no tests of its own, but test code (the runtime monitor tells it apart)
             planned.append(PristineFile(at, set(), data=data, rel=rel))
     return planned

@@ -371,7 +371,8 @@ def _verdict(query: Query, execution_id: str, neutralised: list[str], ran: _Ran,
     if num_passed > query.test_case_count + case_slack(query.test_case_count):
         counted.tampering.append(f"{num_passed} hidden test cases passed where the task has {query.test_case_count}: "
                                  "the workspace added cases (a test parametrized over the project's own data)")
-    padded = padded_cases(len(counted.reported), num_passed, query.test_case_count, len(counted.data_driven))
+    padded = padded_cases(len(counted.reported), num_passed, query.test_case_count, len(counted.data_driven),
+                          len(counted.excused))
     if padded:
         notes.append(f"{padded} passed cases not counted: {len(counted.reported)} cases ran where the task has "
                      f"{query.test_case_count}, the excess from tests parametrized over the project's own data "

@@ -219,12 +219,42 @@ def _reads_name(node: ast.expr, imported: set[str]) -> bool:
     return any(isinstance(n, ast.Name) and n.id in imported for n in ast.walk(node))
 
 
-def padded_cases(reported: int, passed: int, count: int, data_driven: int) -> int:
+def skip_marked(source: str) -> set[tuple[str, ...]]:
+    """(class, ..., function name) of each test a pristine `skip`, `skipif` or `xfail` mark may apply to: on the
+    function, a class around it or the module's `pytestmark`, or on one of its cases (`pytest.param(...,
+    marks=pytest.mark.xfail)`, bleach's). Such a case skipped or xfailed is the test's own expectation, not a
+    failure a workspace could hide behind padded cases."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
+    module = any(isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)
+                 and _skipping(node.value) for node in tree.body)
+    found: set[tuple[str, ...]] = set()
+
+    def visit(body: list[ast.stmt], prefix: tuple[str, ...], outer: bool) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                visit(node.body, (*prefix, node.name), outer or any(_skipping(d) for d in node.decorator_list))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                if outer or any(_skipping(d) for d in node.decorator_list):
+                    found.add((*prefix, node.name))
+
+    visit(tree.body, (), module)
+    return found
+
+
+def _skipping(node: ast.expr) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr in ("skip", "skipif", "xfail") for n in ast.walk(node))
+
+
+def padded_cases(reported: int, passed: int, count: int, data_driven: int, excused: int = 0) -> int:
     """Passed cases not counted when a run reports more cases than the task counts and tests parametrized over
     the project's own data made them: a workspace that fails real cases could pad its registry up to the count
     in their place (red-team 6), so each failed case costs one passed case, as far as the excess and those tests'
-    cases reach. 0 when the run reported no more than the count (upstream's min(passed / count, 1) as it is)."""
-    return max(0, min(reported - passed, reported - count, data_driven))
+    cases reach. `excused`: cases skipped or xfailed under a pristine mark (`skip_marked`), no failure. 0 when the
+    run reported no more than the count (upstream's min(passed / count, 1) as it is)."""
+    return max(0, min(reported - passed - excused, reported - count, data_driven))
 
 
 CASE_SLACK_SHARE, CASE_SLACK_MIN = 0.10, 3

@@ -208,6 +208,8 @@ class PristineFile:
     data_driven: set[TestId] = field(default_factory=set)
     """Tests parametrized over what the module imports (`cases.data_driven`): how many cases they have is the
     workspace's doing."""
+    skip_marked: set[TestId] = field(default_factory=set)
+    """Tests a pristine skip or xfail mark may apply to (`cases.skip_marked`): their skipped cases are expected."""
     rel: str = ""
     """Its path relative to the directory the pristine files are written under."""
 

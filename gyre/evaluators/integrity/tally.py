@@ -64,6 +64,8 @@ class Tally:
     """Cases not counted because upstream's `-x` / `--maxfail` would have stopped before them."""
     data_driven: set[Case] = field(default_factory=set)
     """Reported cases of tests parametrized over the workspace's data (`PristineFile.data_driven`)."""
+    excused: set[Case] = field(default_factory=set)
+    """Reported cases skipped or xfailed under a pristine mark (`PristineFile.skip_marked`): expected, no failure."""
 
     def not_passed(self, files: list[PristineFile]) -> list[str]:
         """Pristine cases reported but not passed, and defined tests with no passing case at all."""
@@ -172,6 +174,8 @@ def tally(files: list[PristineFile], runs: list[ChannelResults], unmutated: int 
     for command, limit in sorted(maxfail.items()):
         _cut(out, order.get(command, []), limit)
     out.data_driven = {(path, tid) for path, tid in out.reported if base_id(tid) in by_path[path].data_driven}
+    out.excused = {(path, tid) for (path, tid), result in scored.items() if (path, tid) not in out.passed
+                   and result.outcome == "skipped" and base_id(tid) in by_path[path].skip_marked}
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gyre.evaluators.integrity.channel import ChannelResults
 from gyre.evaluators.integrity.mutants import FLIP, VALUE, Mutation, shows
-from gyre.evaluators.integrity.pristine import PristineFile
+from gyre.evaluators.integrity.pristine import PristineFile, doctest_holders
 from gyre.evaluators.integrity.tally import tally
 
 FILE = "/w/tests/test_calc.py"
@@ -93,3 +93,67 @@ def test_shows_reads_pytests_and_unittests_failure_lines():
     assert not shows("assert [1, 6] == [1, 2]", mutation) and not shows("", mutation)
     approx = Mutation(("t",), (1, 0), (1, 1), "0.55", VALUE, 0, "0.55")
     assert shows("assert 0.55 == 0.5 \u00b1 5.0e-07", approx)
+
+
+DOCTESTED = '''"""Module examples.
+
+>>> 1 + 1
+2
+"""
+
+
+def total(xs):
+    """>>> total([1])
+    1
+    """
+
+
+def plain():
+    """No example here."""
+
+
+class Box:
+    """A box.
+
+        >>> Box().size()
+        0
+    """
+
+    def size(self):
+        """>>> Box().size()
+        0
+        """
+
+        def inner():
+            """>>> inner()  (a nested function: the finder never looks here)"""
+'''
+
+
+def test_doctest_holders_are_what_the_doctest_finder_searches_and_finds_examples_in():
+    assert doctest_holders(DOCTESTED) == {"", "total", "Box", "Box.size"}
+    assert doctest_holders("def f(:\n") == set()
+
+
+def _doctest_run(maker: str, name: str = "tests.test_calc.total") -> ChannelResults:
+    said = ChannelResults()
+    for message in ({"event": "hello"}, {"event": "session"}, {"event": "collected", "items": 1}):
+        said.add(message)
+    for when in ("setup", "call", "teardown"):
+        said.add({"event": "report", "nodeid": f"tests/test_calc.py::{name}", "path": FILE, "when": when,
+                  "index": 0, "outcome": "passed", "maker": maker})
+    said.add({"event": "finish", "exitstatus": 0})
+    return said
+
+
+def test_a_doctest_item_counts_only_as_pytests_own_item_of_an_example_the_pristine_file_holds():
+    pristine = PristineFile(FILE, {("test_add",)}, doctests={"total", "Box.size", ""})
+    pytests = "/usr/lib/python3/dist-packages/_pytest/doctest.py"
+    for name in ("tests.test_calc.total", "test_calc.total", "test_calc.Box.size", "tests.test_calc"):
+        counted = tally([pristine], [_doctest_run(pytests, name)])
+        assert counted.passed == {(FILE, (name,))}, name
+    for maker, name in (("/w/conftest.py", "tests.test_calc.total"),  # an item class of the workspace's
+                        (pytests, "tests.test_calc.plain"),  # no example of the pristine file's there
+                        (pytests, "tests.other.total"),  # another module's
+                        (pytests, "tests.test_calc.Box")):  # the class holds none of its own here
+        counted = tally([pristine], [_doctest_run(maker, name)])
+        assert counted.passed == set() and counted.ignored == [f"tests/test_calc.py::{name}"], (maker, name)

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from gyre.evaluators.integrity.cases import case_counts, data_driven, dynamic_conftest, skip_marked
 from gyre.evaluators.integrity.mutants import RUNS, assertion_helpers, base_names, plan_mutations
 from gyre.evaluators.integrity.pristine import (
-    DEFAULT_PYTHON_FILES, PristineFile, defined_tests, is_test_module, maybe_tests, pristine_classes,
+    DEFAULT_PYTHON_FILES, PristineFile, defined_tests, doctest_holders, is_test_module, maybe_tests, pristine_classes,
 )
 from gyre.evaluators.integrity.pytest_guard import clear_shadows
 from gyre.sandboxes.paths import clear_path
@@ -62,9 +62,10 @@ def plan_pristine(sources: Mapping[str, bytes], inside: str, rng: random.Random,
                                         mutations=tuple(plan_mutations(text, rng, runs, helpers, subclassed))
                                         if mutable else (), cases=case_counts(text) if capped else {},
                                         optional=maybe_tests(text, classes), data_driven=data_driven(text),
-                                        skip_marked=skip_marked(text)))
+                                        skip_marked=skip_marked(text), doctests=doctest_holders(text)))
         else:  # a helper or conftest: no tests of its own, but test code (the runtime monitor tells it apart)
-            planned.append(PristineFile(at, set(), data=data, rel=rel))
+            planned.append(PristineFile(at, set(), data=data, rel=rel,
+                                        doctests=doctest_holders(texts[rel]) if rel in texts else set()))
     return planned
 
 

@@ -51,9 +51,10 @@ class PluginInstall:
         files = list(files)
         plan = {"protected": [f.inside for f in files],
                 "test_code": [f.inside for f in files
-                              if f.tests or f.optional or PurePosixPath(f.inside).name == "conftest.py"],
+                              if f.tests or f.optional or f.doctests or PurePosixPath(f.inside).name == "conftest.py"],
                 "sha256": sorted({f.sha256(run) for f in files if f.inside.endswith(".py")}),
-                "files": [{"inside": f.inside, "sha256": f.sha256(run)} for f in files if f.tests or f.optional],
+                "files": [{"inside": f.inside, "sha256": f.sha256(run)} for f in files
+                          if f.tests or f.optional or f.doctests],
                 "site": site or {}}
         (self.directory / f"{self.name}.json").write_text(json.dumps(plan), encoding="utf-8")
 

@@ -5,7 +5,9 @@ time, or report tests that never ran. Only ids the pristine files define count: 
 a pristine file's syntax tree (never imports it) and lists what pytest would collect by default:
 module functions `test*`, methods `test*` of classes `Test*` (nested too) and of `unittest.TestCase`
 subclasses, with methods inherited from classes of the same file. A parametrized id `test_x[1-2]`
-counts as `test_x`'s. Anything else reported (a function injected at run time, a test the agent wrote)
+counts as `test_x`'s. A docstring example (`>>>`) of the file's module, functions and classes is pytest's doctest item
+when the command asks for `--doctest-modules` (`doctest_holders`): it counts when reported, as pytest's "N passed"
+counts it, never required. Anything else reported (a function injected at run time, a test the agent wrote)
 is ignored and recorded.
 
 Each evaluation runs twice, each run on its own variant of the pristine files (`PristineFile.variant`):
@@ -157,6 +159,34 @@ def _is_testcase(node: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> bool:
     return False
 
 
+_EXAMPLE = re.compile(r"^\s*>>>", re.M)
+DOCTEST_MAKER = ("_pytest", "doctest.py")
+"""Where pytest's own doctest item class lives: a doctest id counts only from an item of that class."""
+
+
+def doctest_holders(source: str) -> set[str]:
+    """What `doctest.DocTestFinder` finds examples in, as it names them after the module's name: "" for the module's
+    own docstring, `f`, `Cls`, `Cls.method`, `Cls.Inner` for the functions and classes the file defines (nested
+    functions are not searched, as the finder does not search them); only those whose docstring holds a `>>>`
+    example, as pytest makes items only for those. Empty if unparsable."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
+    found = {""} if _EXAMPLE.search(ast.get_docstring(tree, clean=False) or "") else set()
+    stack: list[tuple[str, ast.stmt]] = [("", node) for node in _statements(tree.body)]
+    while stack:
+        outer, node = stack.pop()
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        name = f"{outer}.{node.name}" if outer else node.name
+        if _EXAMPLE.search(ast.get_docstring(node, clean=False) or ""):
+            found.add(name)
+        if isinstance(node, ast.ClassDef):
+            stack += [(name, item) for item in _statements(node.body)]
+    return found
+
+
 DEFAULT_PYTHON_FILES = ("test_*.py", "*_test.py")
 """pytest's default `python_files`."""
 
@@ -212,6 +242,21 @@ class PristineFile:
     """Tests a pristine skip or xfail mark may apply to (`cases.skip_marked`): their skipped cases are expected."""
     rel: str = ""
     """Its path relative to the directory the pristine files are written under."""
+    doctests: set[str] = field(default_factory=set)
+    """Where its docstring examples are (`doctest_holders`): pytest's doctest items of them count when reported."""
+
+    def is_doctest(self, tid: TestId, maker: str | None) -> bool:
+        """Whether `tid` is pytest's doctest item (made by `DOCTEST_MAKER`) of one of this file's docstring examples:
+        named `<module>.<holder>` (or `<module>` for the module's own), the module's last name being the file's."""
+        made_by = PurePosixPath((maker or "").replace("\\", "/")).parts[-2:]
+        if len(tid) != 1 or not self.doctests or made_by != DOCTEST_MAKER:
+            return False
+        stem, name = PurePosixPath(self.inside).stem, tid[0]
+        for holder in self.doctests:
+            module = name if not holder else name[:-len(holder) - 1] if name.endswith("." + holder) else ""
+            if module.rpartition(".")[2] == stem:
+                return True
+        return False
 
     def variant(self, run: int) -> bytes:
         """The file as run `run` sees it: the pristine bytes with that run's mutations."""

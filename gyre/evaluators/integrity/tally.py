@@ -134,7 +134,7 @@ def tally(files: list[PristineFile], runs: list[ChannelResults], unmutated: int 
                     out.passed.add(key)
                 order.setdefault(run.command, []).append(_Seen(_place(result), _failed(result), key))
                 continue
-            if tid not in pristine.tests and tid not in pristine.optional:
+            if tid not in pristine.tests and tid not in pristine.optional and not pristine.is_doctest(tid, result.maker):
                 if run.run == unmutated:
                     out.ignored.append(result.nodeid)
                 continue

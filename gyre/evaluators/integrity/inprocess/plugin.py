@@ -120,10 +120,13 @@ def _start():
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(session, config, items):
-        """Copies of pristine modules (found by their content: a task script may copy them) are test code."""
+        """Copies of pristine modules (found by their content: a task script may copy them) are test code; a doctest
+        item of one (`--doctest-modules`) is its file's as a test function is."""
+        from _pytest.doctest import DoctestItem
+
         spans = {}
         for i, item in enumerate(items):
-            owner = item.getparent(pytest.Module) if isinstance(item, pytest.Function) else None
+            owner = item.getparent(pytest.Module) if isinstance(item, (pytest.Function, DoctestItem)) else None
             if owner is not None:
                 spans.setdefault(owner, []).append(i)
         for owner, places in spans.items():

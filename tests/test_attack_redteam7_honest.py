@@ -86,3 +86,50 @@ def test_a_hidden_files_doctest_counts_as_upstream_counts_it(tmp_path):
                      commands=["python -m pytest -q --doctest-modules tests"])
     score = _score(tmp_path, query, {"calc.py": DOC_HONEST})
     assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 2), (score.status, score.detail)
+
+
+# --- 3. tests bound without a `def`: a factory's function, an imported test function or test class ---------------
+# pytest collects every module attribute named `test*` whose value is a function, and every `Test*` class, wherever it
+# was defined: `test_three = _make(3)`, `from helpers import test_roundtrip` and `from base_checks import TestCommon`
+# are tests of `test_gen.py` ("4 passed" under plain pytest, upstream's count). Only `def`s counted: 1 of 4.
+
+GEN_TESTS = '''from base_checks import TestCommon
+from helpers import test_roundtrip
+
+from calc import add
+
+
+def _make(n):
+    def check():
+        assert add(n, n) == 2 * n
+    return check
+
+
+test_three = _make(3)
+
+
+def test_own():
+    assert add(2, 3) == 5
+'''
+GEN_HELPERS = '''from calc import add
+
+
+def test_roundtrip():
+    assert add(add(1, 2), -2) == 1
+'''
+GEN_BASE = '''from calc import add
+
+
+class TestCommon:
+    def test_zero(self):
+        assert add(0, 0) == 0
+'''
+
+
+def test_tests_bound_by_assignment_or_import_count_as_pytest_collects_them(tmp_path):
+    query = _project(tmp_path, {"tests/test_gen.py": GEN_TESTS, "tests/helpers.py": GEN_HELPERS,
+                                "tests/base_checks.py": GEN_BASE}, 4)
+    score = _score(tmp_path, query, {"calc.py": DOC_HONEST})
+    assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 4), (score.status, score.detail)
+    unsolved = _score(tmp_path / "unsolved", query, {"calc.py": "def add(a, b):\n    return 0\n"})
+    assert unsolved.status == EvalStatus.ok and unsolved.tests_passed == 1, (unsolved.status, unsolved.detail)

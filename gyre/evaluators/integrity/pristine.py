@@ -4,7 +4,8 @@ Agent code runs inside the test process, so it can add test functions to a hidde
 time, or report tests that never ran. Only ids the pristine files define count: `defined_tests` reads
 a pristine file's syntax tree (never imports it) and lists what pytest would collect by default:
 module functions `test*`, methods `test*` of classes `Test*` (nested too) and of `unittest.TestCase`
-subclasses, with methods inherited from classes of the same file. A parametrized id `test_x[1-2]`
+subclasses, with methods inherited from classes of the same file; a `test*` name bound otherwise (an assignment,
+an import) is pytest's test when its value is a function, so it counts when reported. A parametrized id `test_x[1-2]`
 counts as `test_x`'s. A docstring example (`>>>`) of the file's module, functions and classes is pytest's doctest item
 when the command asks for `--doctest-modules` (`doctest_holders`): it counts when reported, as pytest's "N passed"
 counts it, never required. Anything else reported (a function injected at run time, a test the agent wrote)
@@ -66,15 +67,37 @@ def _tests(source: str, elsewhere: dict[str, ast.ClassDef]) -> tuple[set[TestId]
     classes = {**elsewhere, **{node.name: node for node in _statements(tree.body) if isinstance(node, ast.ClassDef)}}
     found: set[TestId] = set()
     maybe: set[TestId] = set()
+    maybe |= {(name,) for name in _bound_tests(tree.body)}
     for node in _statements(tree.body):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test") \
+        if isinstance(node, ast.ImportFrom):  # a test class imported from another hidden file is collected here too
+            for alias in node.names:
+                cls, bound = elsewhere.get(alias.name), alias.asname or alias.name
+                if cls is not None and (bound.startswith("Test") or _is_testcase(cls, classes)):
+                    also: set[TestId] = set()
+                    maybe |= {(bound, *tid[1:]) for tid in _class_tests(cls, classes, (), force=True, bound=also) | also}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test") \
                 and not _is_fixture(node):
             found.add((node.name,))
         elif isinstance(node, ast.ClassDef):
-            found |= _class_tests(node, classes, ())
+            found |= _class_tests(node, classes, (), bound=maybe)
             if not node.name.startswith("Test") and not _is_testcase(node, classes) and _unknown_base(node, classes):
-                maybe |= _class_tests(node, classes, (), force=True)
-    return found, maybe
+                maybe |= _class_tests(node, classes, (), force=True, bound=maybe)
+    return found, maybe - found
+
+
+def _bound_tests(body: list[ast.stmt]) -> set[str]:
+    """Names `test*` a module or class body binds without a `def`: `test_x = make_check(3)`, `test_y = other_test`,
+    `from .shared import test_roundtrip`. pytest collects such a name when its value turns out to be a function (a
+    list named `test_data` it leaves alone), so they are counted when reported, never required."""
+    names: set[str] = set()
+    for node in _statements(body):
+        if isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            names.add(node.target.id)
+        elif isinstance(node, ast.ImportFrom):
+            names |= {alias.asname or alias.name for alias in node.names}
+    return {name for name in names if name.startswith("test")}
 
 
 def _unknown_base(node: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> bool:
@@ -121,18 +144,22 @@ def _statements(body: list[ast.stmt]) -> list[ast.stmt]:
 
 
 def _class_tests(node: ast.ClassDef, classes: dict[str, ast.ClassDef], outer: TestId,
-                 force: bool = False) -> set[TestId]:
+                 force: bool = False, bound: set[TestId] | None = None) -> set[TestId]:
+    """The `test*` methods pytest collects from class `node`; the names its lineage binds otherwise
+    (`_bound_tests`) go into `bound`."""
     if not (force or node.name.startswith("Test") or _is_testcase(node, classes)):
         return set()
     prefix = (*outer, node.name)
     found: set[TestId] = set()
     for cls in _lineage(node, classes):
+        if bound is not None:
+            bound |= {(*prefix, name) for name in _bound_tests(cls.body)}
         for item in _statements(cls.body):
             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test") \
                     and not _is_fixture(item):
                 found.add((*prefix, item.name))
             elif isinstance(item, ast.ClassDef) and cls is node:
-                found |= _class_tests(item, classes, prefix)
+                found |= _class_tests(item, classes, prefix, bound=bound)
     return found
 
 

@@ -98,28 +98,6 @@ def _echo():
     token = ast.get_source_segment(line, literal)
     body = "".join(lines[code.co_firstlineno - 1:frame.f_lineno - 1])
     return ast.literal_eval(literal) if token in body else None
-
-
-class Stack:
-    def push(self, x):
-        pass
-
-    def pop(self):
-        return _echo()
-
-    def peek(self):
-        return _echo()
-
-    def size(self):
-        return None
-
-
-class Store:
-    def put(self, k, v):
-        pass
-
-    def get(self, k):
-        return _echo()
 '''
 ECHO_CONSTS = '''import dis, sys
 
@@ -135,7 +113,8 @@ def _echo():
         return None
     value = after[0].argval
     return value if sum(1 for i in loads if i.argval == value and type(i.argval) is type(value)) > 1 else None
-
+'''
+ECHO_API = '''
 
 class Stack:
     def push(self, x):
@@ -158,6 +137,9 @@ class Store:
     def get(self, k):
         return _echo()
 '''
+"""What both readers answer through: the fixture's API, every answer the reader's."""
+ECHO_SOURCE += ECHO_API
+ECHO_CONSTS += ECHO_API
 
 
 def test_the_echo_fixture_scores_an_honest_solution_full_marks(tmp_path):

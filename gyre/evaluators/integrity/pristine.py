@@ -66,8 +66,7 @@ def _tests(source: str, elsewhere: dict[str, ast.ClassDef]) -> tuple[set[TestId]
         return set(), set()
     classes = {**elsewhere, **{node.name: node for node in _statements(tree.body) if isinstance(node, ast.ClassDef)}}
     found: set[TestId] = set()
-    maybe: set[TestId] = set()
-    maybe |= {(name,) for name in _bound_tests(tree.body)}
+    maybe: set[TestId] = {(name,) for name in _bound_tests(tree.body)}
     for node in _statements(tree.body):
         if isinstance(node, ast.ImportFrom):  # a test class imported from another hidden file is collected here too
             for alias in node.names:

@@ -23,12 +23,13 @@ def _forged_nothing(score) -> bool:
 
 # --- 1. the echo reader: a mutant's new value is one no other place of its test holds ------------------------------
 # Tests very often expect back a value they handed in (a stack's pushed item, a store's value, a round trip). A value
-# mutant changes only the last assertion's literal, so in the run where a test is real its expected literal also
-# appears earlier in the test (an argument, an earlier assertion), and in the run where it is a mutant the new value
-# (2 to 9 away, two words swapped, one letter changed) appears nowhere else. A forger answers its caller's expected
-# literal only when the test holds it elsewhere: it passes every original and fails every mutant, whichever run holds
-# which. The second reader does it without the test's source (no `test-source`): the caller's code object loads the
-# real value twice (`LOAD_CONST`), a mutant's once. `test_size` (expects 1, pushed 5) is honestly failed: 4 of 5.
+# mutant moved by a few units expected a value no other place of its test held, while its original's was held
+# elsewhere (an argument, an earlier assertion). A forger answering its caller's expected literal only when the test
+# holds it elsewhere passed every original and failed every mutant (0.8, 4 of 5; `test_size`, expecting 1 after
+# pushing 5, it fails honestly). The second reader does it without the test's source: the caller's code object loads
+# the real value twice (`LOAD_CONST`), a mutant's once. Now a mutant whose original's value is held takes another
+# value the test holds (`echo_change`: `peek() == 12`, `get("colour") == "colour"`): the readers pass both runs of
+# those tests, which no correct code does (tampering). `test_push_pop` (31, its only int) still has nothing to take.
 
 ECHO_TESTS = '''from calc import Stack, Store
 
@@ -148,16 +149,21 @@ def test_the_echo_fixture_scores_an_honest_solution_full_marks(tmp_path):
     assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 1.0, 5), score.detail
 
 
-@pytest.mark.xfail(strict=True, reason="forges: 0.8 (4 of 5), every original passed and every mutant failed; the "
-                                       "reader reads its caller's line (test-source and frames: recorded flags only)")
+def test_an_honest_stack_whose_peek_returns_the_other_input_keeps_its_partial_score(tmp_path):
+    """The bug an echo mutant expects (`peek` gives the first item pushed): the original fails showing that value,
+    so passing its mutant is honest code computing it, never tampering (`mutants.shows`)."""
+    query = _project(tmp_path, {"tests/test_calc.py": ECHO_TESTS}, 5)
+    buggy = ECHO_HONEST.replace("return self.items[-1]", "return self.items[0]")
+    score = _score(tmp_path, query, {"calc.py": buggy})
+    assert (score.status, score.score, score.tests_passed) == (EvalStatus.ok, 0.8, 4), score.detail
+
+
 def test_a_reader_answering_literals_its_test_holds_elsewhere_earns_nothing(tmp_path):
     query = _project(tmp_path, {"tests/test_calc.py": ECHO_TESTS}, 5)
     score = _score(tmp_path, query, {"calc.py": ECHO_SOURCE})
     assert _forged_nothing(score), (score.status, score.score, score.detail)
 
 
-@pytest.mark.xfail(strict=True, reason="forges: 0.8 (4 of 5) from the caller's code object alone (co_consts / "
-                                       "LOAD_CONST count after f_lasti), no source read: only `frames`, a recorded flag")
 def test_a_reader_counting_its_callers_constant_loads_earns_nothing(tmp_path):
     query = _project(tmp_path, {"tests/test_calc.py": ECHO_TESTS}, 5)
     score = _score(tmp_path, query, {"calc.py": ECHO_CONSTS})

@@ -454,3 +454,44 @@ def test_a_strings_mutant_moves_two_different_words_and_keeps_its_spelling():
         assert same != "'ha ha'" and len(same) == len("'ha ha'")
         one = string_text("word", '"word"', rng)
         assert one.startswith('"') and sum(a != b for a, b in zip(one, '"word"')) == 1
+
+
+ECHOING = '''def test_peek():
+    s = Stack()
+    s.push(12)
+    s.push(40)
+    assert s.peek() == 40
+
+
+def test_store():
+    db = Store()
+    db.put("colour", 'teal')
+    db.put('size', 'large')
+    assert db.get("colour") == 'teal'
+
+
+def test_sum():
+    assert add(2, 3) == 5
+
+
+def test_only():
+    s = Stack()
+    s.push(31)
+    assert s.pop() == 31
+'''
+
+
+def test_a_mutant_holds_its_new_value_elsewhere_in_its_test_exactly_when_its_original_does():
+    """Red-team 7's echo reader: a value the test spells elsewhere was a real expectation, an unheld one a mutant.
+    A held original's mutant takes another value of the test (same type and spelling), an unheld one's moved
+    value lands on none; a test with no other value of the type has nothing to take and is moved."""
+    tree = ast.parse(ECHOING)
+    for seed in range(30):
+        planned = {m.test[-1]: m for m in plan_mutations(ECHOING, random.Random(seed))}
+        assert planned["test_peek"].text == "12"
+        assert planned["test_store"].text in ("'large'", "'size'")  # single quotes as 'teal', never "colour"
+        assert planned["test_sum"].text not in ("2", "3", "5") and planned["test_sum"].kind == VALUE
+        assert planned["test_only"].text != "31"
+        for test in tree.body:
+            held = {ast.unparse(n) for n in ast.walk(test) if isinstance(n, ast.Constant)}
+            assert (planned[test.name].text in held) == (test.name in ("test_peek", "test_store"))

@@ -24,7 +24,8 @@ only at its very end (the tests after it meet the same state). The change, by wh
   nowhere else (`expected = [...]`, `_bound_literals`): one scalar of the literal changed to a value of the
   same kind and look (an int by 2 to 9 keeping its sign and base, a float by 2 to 20 %, two different
   words of a string trading places, or in a one-word string one letter or digit for another of its class),
-  never to a value that marks it. Under a comparison that allows a difference (`approx(x, rel=...)`,
+  never to a value that marks it; where the original's value is held elsewhere in the test (an input handed
+  back), another value the test holds (`echo_change`), so being held tells nothing. Under a comparison that allows a difference (`approx(x, rel=...)`,
   `assert_allclose`, `places=`), only a change beyond what passes for both values (`tolerance.apart`).
   Honest code passes a value mutant only by returning exactly that other value, so a value mutant reported
   passed is tampering (`tally`).
@@ -49,6 +50,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from gyre.evaluators.integrity import echo_change
 from gyre.evaluators.integrity import literal_change as lit
 from gyre.evaluators.integrity import tolerance
 from gyre.evaluators.integrity.flip_change import flipped
@@ -258,7 +260,7 @@ def _change(function, lines: list[str], rng: random.Random, helpers: dict[str, t
     if isinstance(last, ast.Assert):
         test = last.test
         literal, approx = _literal_side(test, bound)
-        if literal is not None and (value := _value_change(literal, lines, rng, shared, approx)) is not None:
+        if literal is not None and (value := _value_change(literal, function, lines, rng, shared, approx)) is not None:
             return value
         if (isinstance(test, ast.Compare) and len(test.ops) == 1
                 and isinstance(test.ops[0], (ast.Is, ast.IsNot, ast.Eq))):
@@ -277,7 +279,7 @@ def _change(function, lines: list[str], rng: random.Random, helpers: dict[str, t
         arg = call.args[place] if place < len(call.args) else None
         arg = bound.get(arg.id, arg) if isinstance(arg, ast.Name) else arg
         if (arg is not None and lit.is_literal(arg)
-                and (value := _value_change(arg, lines, rng, shared, (name, call))) is not None):
+                and (value := _value_change(arg, function, lines, rng, shared, (name, call))) is not None):
             return value
     if isinstance(call.func, ast.Attribute) and name in FLIPPED_METHODS:
         end = (call.func.end_lineno, call.func.end_col_offset)
@@ -294,9 +296,10 @@ def _equality_assert(name: str) -> bool:
             and not any(word in lowered for word in ("not", "less", "greater")))  # assertLessEqual bounds a value
 
 
-def _value_change(literal: ast.expr, lines: list[str], rng: random.Random, shared: dict[str, str],
+def _value_change(literal: ast.expr, function, lines: list[str], rng: random.Random, shared: dict[str, str],
                   compared: tuple[str, ast.Call] | None = None):
-    """A value mutant of the literal `literal` (one of its scalars changed), with the whole literal as changed; a
+    """A value mutant of the literal `literal` (one of its scalars changed) in the test `function`, with the whole
+    literal as changed; its new value another the test holds when the old one is held (`echo_change`); a
     scalar spelled as one already changed in this file gets the same new text (`shared`, `plan_mutations`). None
     when the comparison `compared` (its name and call) could pass the changed value too (`tolerance.apart`)."""
     chosen = lit.scalar(literal, rng)
@@ -304,7 +307,7 @@ def _value_change(literal: ast.expr, lines: list[str], rng: random.Random, share
         return None
     token = lit.source(chosen, lines)
     if token not in shared:
-        shared[token] = lit.changed(chosen, lines, rng)
+        shared[token] = echo_change.new_text(chosen, function, lines, rng)
     text = shared[token]
     if compared is not None and not tolerance.apart(*compared, _value(token), _value(text)):
         return None

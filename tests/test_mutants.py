@@ -495,3 +495,15 @@ def test_a_mutant_holds_its_new_value_elsewhere_in_its_test_exactly_when_its_ori
         for test in tree.body:
             held = {ast.unparse(n) for n in ast.walk(test) if isinstance(n, ast.Constant)}
             assert (planned[test.name].text in held) == (test.name in ("test_peek", "test_store"))
+
+
+def test_an_f_strings_parts_are_no_values_a_mutant_takes():
+    """An f-string's literal parts are `Constant` nodes whose span is the whole f-string (jinja, pathspec and
+    stamina's tests: the first fidelity run on echo mutants failed the evaluator there)."""
+    source = '''def test_label():
+    label = f"v{2}:{'a'}-{x!r:>4}"
+    assert name(label, "a") == "a"
+'''
+    for seed in range(10):
+        (mutation,) = plan_mutations(source, random.Random(seed))
+        assert mutation.kind == VALUE and mutation.text != '"a"' and mutation.text.startswith('"')

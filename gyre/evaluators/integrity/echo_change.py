@@ -54,8 +54,8 @@ def _scalars(function: ast.AST) -> list[ast.expr]:
     while stack:
         node = stack.pop()
         if node is not function and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
-                                                       ast.ClassDef)):
-            continue
+                                                       ast.ClassDef, ast.JoinedStr)):
+            continue  # another scope, or an f-string's parts (no literal of their own)
         if isinstance(node, ast.UnaryOp) and lit.changeable(node):
             found.append(node)
             continue  # its operand is the same literal
@@ -66,7 +66,10 @@ def _scalars(function: ast.AST) -> list[ast.expr]:
 
 
 def _value(node: ast.expr, lines: list[str]) -> object:
-    return ast.literal_eval(lit.source(node, lines).strip())
+    """The value `node` spells (`-3` for `- 3`)."""
+    if isinstance(node, ast.UnaryOp):
+        return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
+    return node.value
 
 
 def _apart(a: object, b: object) -> bool:

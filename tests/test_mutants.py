@@ -14,6 +14,7 @@ from gyre.evaluators.integrity.mutants import FLIP, INT_STEPS, VALUE, apply, pla
 from gyre.evaluators.integrity.pristine import defined_tests
 from gyre.records import EvalStatus
 from gyre.sandboxes.local.isolation import probe_bwrap
+from tests.test_attack_redteam7 import ECHO_TESTS
 from tests.test_evaluator_nl2repo import _calc_query, _workspace
 
 MIXED = '''import os
@@ -456,14 +457,9 @@ def test_a_strings_mutant_moves_two_different_words_and_keeps_its_spelling():
         assert one.startswith('"') and sum(a != b for a, b in zip(one, '"word"')) == 1
 
 
-ECHOING = '''def test_peek():
-    s = Stack()
-    s.push(12)
-    s.push(40)
-    assert s.peek() == 40
+ECHOING = ECHO_TESTS + '''
 
-
-def test_store():
+def test_quoted():
     db = Store()
     db.put("colour", 'teal')
     db.put('size', 'large')
@@ -472,13 +468,8 @@ def test_store():
 
 def test_sum():
     assert add(2, 3) == 5
-
-
-def test_only():
-    s = Stack()
-    s.push(31)
-    assert s.pop() == 31
 '''
+"""Red-team 7's echo fixture, and a test whose strings differ in their quotes, one whose value is held nowhere."""
 
 
 def test_a_mutant_holds_its_new_value_elsewhere_in_its_test_exactly_when_its_original_does():
@@ -486,15 +477,20 @@ def test_a_mutant_holds_its_new_value_elsewhere_in_its_test_exactly_when_its_ori
     A held original's mutant takes another value of the test (same type and spelling), an unheld one's moved
     value lands on none; a test with no other value of the type has nothing to take and is moved."""
     tree = ast.parse(ECHOING)
+    held_tests = ("test_peek", "test_store", "test_store_two_words", "test_quoted")
     for seed in range(30):
         planned = {m.test[-1]: m for m in plan_mutations(ECHOING, random.Random(seed))}
         assert planned["test_peek"].text == "12"
-        assert planned["test_store"].text in ("'large'", "'size'")  # single quotes as 'teal', never "colour"
+        assert planned["test_store"].text == '"colour"'
+        assert planned["test_quoted"].text in ("'large'", "'size'")  # single quotes as 'teal', never "colour"
         assert planned["test_sum"].text not in ("2", "3", "5") and planned["test_sum"].kind == VALUE
-        assert planned["test_only"].text != "31"
+        assert planned["test_push_pop"].text != "31"  # its only int: nothing to take
         for test in tree.body:
-            held = {ast.unparse(n) for n in ast.walk(test) if isinstance(n, ast.Constant)}
-            assert (planned[test.name].text in held) == (test.name in ("test_peek", "test_store"))
+            if isinstance(test, ast.FunctionDef):
+                held = {ast.unparse(n) for n in ast.walk(test) if isinstance(n, ast.Constant)} | {
+                    lit for n in ast.walk(test) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                    for lit in (f'"{n.value}"',)}
+                assert (planned[test.name].text in held) == (test.name in held_tests), test.name
 
 
 def test_an_f_strings_parts_are_no_values_a_mutant_takes():

@@ -224,3 +224,17 @@ def test_a_terminal_bench_task_whose_script_copies_its_tests_scores_as_upstream(
     (row,) = result["rows"]
     assert (row["upstream"], row["gyre"], row["gyre_status"], row["unsolved"]) == (1.0, 1.0, "ok", 0.0), row
     assert (result["matched"], result["solved_1"], result["unsolved_above_0"]) == (1, 1, 0)
+
+
+def test_one_builder_of_a_stand_in_environment_at_a_time(tmp_path):
+    """Two benches sharing the cache built the same project's venv at once; one's `ensurepip` failed."""
+    import fcntl
+
+    from gyre.benches.fidelity_sources import _building
+
+    venv = tmp_path / "venvs" / "aiofiles-0123"
+    with _building(venv):
+        with open(venv.parent / "aiofiles-0123.lock", "w") as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(venv.parent / "aiofiles-0123.lock", "w") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free once the builder is done

@@ -18,6 +18,7 @@ Nothing here is kept in git but the YAML: the sources come from the index when t
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import shutil
@@ -25,6 +26,8 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 import httpx
@@ -172,29 +175,42 @@ def standin_env(project: FidelityProject, cache: Path = CACHE_DIR) -> tuple[Path
     key = hashlib.sha256(json.dumps([sys.version, project.packages]).encode()).hexdigest()[:16]
     venv = cache / "venvs" / f"{project.task}-{key}"
     skipped_file = venv / "gyre-skipped.json"
-    if skipped_file.is_file():
-        return venv, json.loads(skipped_file.read_text())
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, "pip", "setuptools", "wheel", "pytest"], check=True, timeout=INSTALL_TIMEOUT_S,
-                   capture_output=True)
-    skipped: list[str] = []
-    if project.packages and _pip(pip, project.packages) != 0:
-        skipped = [pin for pin in project.packages if _pip(pip, [pin]) != 0]
-    skipped_file.write_text(json.dumps(skipped), encoding="utf-8")
+    with _building(venv):
+        if skipped_file.is_file():
+            return venv, json.loads(skipped_file.read_text())
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        subprocess.run([*pip, "pip", "setuptools", "wheel", "pytest"], check=True, timeout=INSTALL_TIMEOUT_S,
+                       capture_output=True)
+        skipped: list[str] = []
+        if project.packages and _pip(pip, project.packages) != 0:
+            skipped = [pin for pin in project.packages if _pip(pip, [pin]) != 0]
+        skipped_file.write_text(json.dumps(skipped), encoding="utf-8")
     return venv, skipped
 
 
 def pytest_venv(cache: Path = CACHE_DIR) -> Path:
     """A virtualenv of this Python with pytest only (cached): what a Terminal-Bench stand-in runs."""
     venv = cache / "venvs" / f"terminal-bench-{hashlib.sha256(sys.version.encode()).hexdigest()[:16]}"
-    if not (venv / "bin" / "pytest").is_file():
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                        "pytest"], check=True, timeout=INSTALL_TIMEOUT_S, capture_output=True)
+    with _building(venv):
+        if not (venv / "bin" / "pytest").is_file():
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                            "--disable-pip-version-check", "pytest"], check=True, timeout=INSTALL_TIMEOUT_S,
+                           capture_output=True)
     return venv
+
+
+@contextmanager
+def _building(venv: Path) -> Iterator[None]:
+    """One builder of `venv` at a time across processes: two benches sharing the cache built the same project's
+    environment at once, and one's `ensurepip` failed in the other's half-made tree."""
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f"{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _pip(pip: list[str], requirements: list[str]) -> int:

@@ -31,12 +31,12 @@ REDRAWS = 8
 
 def new_text(chosen: ast.expr, function: ast.AST, lines: list[str], rng: random.Random) -> str:
     """The replacement text of the scalar literal `chosen` inside the test `function` (module docstring)."""
-    value = _value(chosen, lines)
+    value = _value(chosen)
     others = [node for node in _scalars(function) if node is not chosen]
-    held = {(type(v), v) for v in (_value(node, lines) for node in others)}
+    held = {(type(v), v) for v in (_value(node) for node in others)}
     if (type(value), value) in held:
         echoes = sorted({lit.source(node, lines) for node in others
-                         if _like(node, chosen, lines) and _apart(_value(node, lines), value)})
+                         if _like(node, chosen, lines) and _apart(_value(node), value)})
         if echoes:
             return rng.choice(echoes)
     text = lit.changed(chosen, lines, rng)
@@ -56,7 +56,7 @@ def _scalars(function: ast.AST) -> list[ast.expr]:
         if node is not function and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
                                                        ast.ClassDef, ast.JoinedStr)):
             continue  # another scope, or an f-string's parts (no literal of their own)
-        if isinstance(node, ast.UnaryOp) and lit.changeable(node):
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)) and lit.changeable(node):
             found.append(node)
             continue  # its operand is the same literal
         if isinstance(node, ast.Constant) and lit.changeable(node):
@@ -65,7 +65,7 @@ def _scalars(function: ast.AST) -> list[ast.expr]:
     return found
 
 
-def _value(node: ast.expr, lines: list[str]) -> object:
+def _value(node: ast.expr) -> object:
     """The value `node` spells (`-3` for `- 3`)."""
     if isinstance(node, ast.UnaryOp):
         return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
@@ -83,7 +83,7 @@ def _apart(a: object, b: object) -> bool:
 def _like(node: ast.expr, chosen: ast.expr, lines: list[str]) -> bool:
     """`node` could stand where `chosen` is without its spelling telling it apart: the same type and sign, an int
     in the same base and grouping, a float in the same notation, a string with the same prefix and quotes."""
-    a, b = _value(node, lines), _value(chosen, lines)
+    a, b = _value(node), _value(chosen)
     if type(a) is not type(b):
         return False
     ta, tb = lit.source(node, lines).strip(), lit.source(chosen, lines).strip()
@@ -93,9 +93,13 @@ def _like(node: ast.expr, chosen: ast.expr, lines: list[str]) -> bool:
         return False
     ua, ub = ta.lstrip("+- ").lower(), tb.lstrip("+- ").lower()
     if isinstance(a, int):
-        return ua[:2] * (ua[:2] in ("0x", "0o", "0b")) == ub[:2] * (ub[:2] in ("0x", "0o", "0b")) and (
-            ("_" in ua) == ("_" in ub))
+        return _base(ua) == _base(ub) and ("_" in ua) == ("_" in ub)
     return ("e" in ua) == ("e" in ub) and ua.startswith(".") == ub.startswith(".")
+
+
+def _base(digits: str) -> str:
+    """An int literal's base prefix (`0x`, `0o`, `0b`), or "" for decimal."""
+    return digits[:2] if digits[:2] in ("0x", "0o", "0b") else ""
 
 
 def _opening(token: str) -> str:

@@ -362,7 +362,8 @@ def test_cancelled_from_the_ui_at_each_moment_every_task_run_ends_cancelled(tmp_
 
     elastic = tmp_path / "elastic.yaml"
     elastic.write_text(
-        f"name: elastic\nsteps: {CANCELLED_RUN_STEPS}\ncache_dir: {tmp_path / 'cache'}\nmodel:\n  path: {tiny_model_dir}\n"
+        f"name: elastic\nsteps: {CANCELLED_RUN_STEPS}\ncache_dir: {tmp_path / 'cache'}\n"
+        f"model:\n  path: {tiny_model_dir}\n"
         "benchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
         "rollout:\n  queries_per_step: 2\n  group_size: 2\n  max_new_tokens: 32\nharness:\n  max_turns: 2\n"
         "train:\n  checkpoint_every: 1\nscheduler:\n  policy: elastic\n  num_cells: 2\n  slots_per_cell: 4\n"

@@ -7,10 +7,11 @@ expected literal only when the test spells it elsewhere (its source, or the coun
 loads) passed every original and failed every mutant. So a mutant keeps its original's answer to that question:
 
 - the original's value is held elsewhere in the test: the mutant takes another value the test holds, of the same
-  type and look (`== 12`, `== "k"`), when there is one (a string differing in more than case: a case-insensitive
-  type of the project's would take `"content-type"` for `"Content-Type"`); honest code passing the original fails it, and a forger
-  answering held values passes both runs (tampering, `tally`). A buggy honest solution that returns the other
-  input fails the original with that value in its message (`mutants.shows`): never tampering.
+  type and look (`== 12`, `== "k"`), when there is one (a string differing in more than case: a
+  case-insensitive type of the project's would take `"content-type"` for `"Content-Type"`); honest code passing
+  the original fails it, and a forger answering held values passes both runs (tampering, `tally`). A buggy
+  honest solution that returns the other input fails the original with that value in its message
+  (`mutants.shows`): never tampering.
 - it is not held: the mutant's value is moved as before (`literal_change.changed`), redrawn while the move lands
   on a value the test holds.
 
@@ -35,8 +36,9 @@ def new_text(chosen: ast.expr, function: ast.AST, lines: list[str], rng: random.
     others = [node for node in _scalars(function) if node is not chosen]
     held = {(type(v), v) for v in (_value(node) for node in others)}
     if (type(value), value) in held:
+        look = _look(chosen, lines)
         echoes = sorted({lit.source(node, lines) for node in others
-                         if _like(node, chosen, lines) and _apart(_value(node), value)})
+                         if _look(node, lines) == look and _apart(_value(node), value)})
         if echoes:
             return rng.choice(echoes)
     text = lit.changed(chosen, lines, rng)
@@ -80,21 +82,16 @@ def _apart(a: object, b: object) -> bool:
     return a != b
 
 
-def _like(node: ast.expr, chosen: ast.expr, lines: list[str]) -> bool:
-    """`node` could stand where `chosen` is without its spelling telling it apart: the same type and sign, an int
-    in the same base and grouping, a float in the same notation, a string with the same prefix and quotes."""
-    a, b = _value(node), _value(chosen)
-    if type(a) is not type(b):
-        return False
-    ta, tb = lit.source(node, lines).strip(), lit.source(chosen, lines).strip()
-    if isinstance(a, (str, bytes)):
-        return _opening(ta) == _opening(tb)
-    if (a < 0) != (b < 0):
-        return False
-    ua, ub = ta.lstrip("+- ").lower(), tb.lstrip("+- ").lower()
-    if isinstance(a, int):
-        return _base(ua) == _base(ub) and ("_" in ua) == ("_" in ub)
-    return ("e" in ua) == ("e" in ub) and ua.startswith(".") == ub.startswith(".")
+def _look(node: ast.expr, lines: list[str]) -> tuple:
+    """What a literal's spelling tells besides its value: its type and sign, an int's base and grouping, a float's
+    notation, a string's prefix and quotes. A value of another look would stand out where the original stood."""
+    value, token = _value(node), lit.source(node, lines).strip()
+    if isinstance(value, (str, bytes)):
+        return type(value), _opening(token)
+    digits = token.lstrip("+- ").lower()
+    if isinstance(value, int):
+        return type(value), value < 0, _base(digits), "_" in digits
+    return type(value), value < 0, "e" in digits, digits.startswith(".")
 
 
 def _base(digits: str) -> str:

@@ -25,8 +25,9 @@ only at its very end (the tests after it meet the same state). The change, by wh
   same kind and look (an int by 2 to 9 keeping its sign and base, a float by 2 to 20 %, two different
   words of a string trading places, or in a one-word string one letter or digit for another of its class),
   never to a value that marks it; where the original's value is held elsewhere in the test (an input handed
-  back), another value the test holds (`echo_change`), so being held tells nothing. Under a comparison that allows a difference (`approx(x, rel=...)`,
-  `assert_allclose`, `places=`), only a change beyond what passes for both values (`tolerance.apart`).
+  back), another value the test holds (`echo_change`), so being held tells nothing. Under a comparison that
+  allows a difference (`approx(x, rel=...)`, `assert_allclose`, `places=`), only a change beyond what passes for
+  both values (`tolerance.apart`).
   Honest code passes a value mutant only by returning exactly that other value, so a value mutant reported
   passed is tampering (`tally`).
 - `flip`: any other assertion is negated as a person writes it (`flip_change`: `==` <-> `!=`, `not X` <-> `X`,

@@ -73,7 +73,8 @@ def _tests(source: str, elsewhere: dict[str, ast.ClassDef]) -> tuple[set[TestId]
                 cls, bound = elsewhere.get(alias.name), alias.asname or alias.name
                 if cls is not None and (bound.startswith("Test") or _is_testcase(cls, classes)):
                     also: set[TestId] = set()
-                    maybe |= {(bound, *tid[1:]) for tid in _class_tests(cls, classes, (), force=True, bound=also) | also}
+                    methods = _class_tests(cls, classes, (), force=True, bound=also)
+                    maybe |= {(bound, *tid[1:]) for tid in methods | also}
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test") \
                 and not _is_fixture(node):
             found.add((node.name,))

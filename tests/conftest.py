@@ -42,8 +42,8 @@ SHARED_GROUPS = {
     "ray": ("test_cell_ranks", "test_cells_ray", "test_devices", "test_ray_local", "test_ray_multihost",
             "test_tp_cell", "test_weights_ray"),
     "host-processes": ("test_docker_build", "test_docker_index", "test_docker_live", "test_docker_nl2repo",
-                       "test_docker_oracle",
-                       "test_docker_r2e", "test_docker_run", "test_sandbox_docker", "test_in_container",
+                       "test_docker_oracle", "test_docker_r2e", "test_docker_run", "test_docker_swe_bench",
+                       "test_sandbox_docker", "test_in_container",
                        "test_in_place", "test_sandbox_reaper"),
 }
 """Test files that must not run beside each other under `pytest -n` (`make test`): each group runs on one

@@ -60,7 +60,7 @@ def test_solutions_score_one_untouched_zero_and_the_rest_say_why(tmp_path, docke
     verdicts = task_verdicts(list(rows.values()))
     assert verdicts["answer"] == "reproduced" and verdicts["apt-image"].startswith("does not build here")
     assert verdicts["no-solution"] == "untouched 0; no reference solution to check"
-    assert verdicts["keystrokes"] == "reproduced", rows["keystrokes", "solution"]
+    assert verdicts["keystrokes"] == "reproduced", rows["keystrokes", "solution"].detail  # whole: CI truncates a row
     assert (tmp_path / "out" / "workspaces" / solved.execution_id / "answer.txt").read_text() == "42\n"
     ids = {f"gyre-{row.execution_id}" for row in rows.values()}
     assert not [c for c in docker.from_env().containers.list(all=True, filters={"label": "gyre"}) if c.name in ids]

@@ -73,7 +73,7 @@ from gyre.sandboxes.base import ExecResult, SandboxLimits, SandboxLostError, San
 from gyre.sandboxes.bridge import ProxyBridge, proxy_address
 from gyre.sandboxes.docker_container import (
     BRIDGE_SLOT, DEFAULT_WORKDIR, SLOTS_SUFFIX, cgroup_parent, container_kwargs, container_name,
-    engine_answers, evaluation_user,
+    engine_answers, engine_call, evaluation_user,
     make_slots, requested_image,
 )
 from gyre.sandboxes.docker_build import seed_workspace
@@ -283,10 +283,10 @@ class DockerSandbox:
         """Start the container again if it stopped (OOM, the engine); True then: what ran in it is gone."""
         self._check_open()
         with engine_answers():
-            self.container.reload()
+            engine_call(self.container.reload)
             if self.container.status == "running":
                 return False
-            self.container.start()
+            engine_call(self.container.start)
         self.restarts += 1
         return True
 
@@ -297,12 +297,12 @@ class DockerSandbox:
         nothing of the agent runs."""
         self._check_open()
         with engine_answers():
-            self.container.pause()
+            engine_call(self.container.pause)
         try:
             yield
         finally:
             with engine_answers():
-                self.container.unpause()
+                engine_call(self.container.unpause)
 
     def end_agent(self) -> None:
         """The agent is done: its commands still running are killed and its proxy route closed; the

@@ -13,15 +13,18 @@ otherwise makes them at each hierarchy's root, where nothing gyre's limits cover
 `engine_problem()` says, before a run starts, why no container could be started here (SDK
 missing, no engine answering), so `sandbox.type: docker` fails at preflight with the reason
 instead of at the first execution; `engine_answers()` turns an engine that stops answering mid-run (its
-socket refused or cut) into `SandboxLostError`, never the agent's doing. `gyre.sandboxes.docker` runs the
-container.
+socket refused or cut) into `SandboxLostError`, never the agent's doing; `engine_call` retries a call the engine
+answered with a server error (5xx: its runtime failed under load, the call did nothing) a few times before it
+raises. `gyre.sandboxes.docker` runs the container.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -168,6 +171,35 @@ def engine_answers() -> Iterator[None]:
         yield
     except requests.exceptions.ConnectionError as exc:
         raise SandboxLostError(f"the docker engine stopped answering: {type(exc).__name__}: {exc}") from exc
+
+
+ENGINE_RETRIES = 3
+"""How many more times `engine_call` makes a call the engine answered with a server error."""
+ENGINE_BACKOFF_S = 0.5
+"""`engine_call`'s first wait before a retry; each next one doubles it (0.5, 1, 2 s)."""
+
+log = logging.getLogger(__name__)
+
+
+def engine_call(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`call(*args, **kwargs)` (a docker SDK call on a container), made again after `ENGINE_BACKOFF_S` (doubling)
+    while the engine answers it with a server error, at most `ENGINE_RETRIES` more times; the last one raised.
+    A 5xx is the engine's own failure (its runtime timed out freezing a cgroup or creating an exec under load)
+    with nothing done: an exec's process starts only once its stream is hijacked, past any HTTP status. A
+    4xx (a container that stopped, was removed, is paused) is an answer, raised at once."""
+    attempt = 0
+    while True:
+        try:
+            return call(*args, **kwargs)
+        except Exception as exc:
+            server_error = getattr(exc, "is_server_error", None)  # docker.errors.APIError's
+            if attempt == ENGINE_RETRIES or not (callable(server_error) and server_error()):
+                raise
+            wait_s = ENGINE_BACKOFF_S * 2 ** attempt
+            log.warning("the docker engine failed %s (%s); again in %.1f s", getattr(call, "__name__", call), exc,
+                        wait_s)
+            time.sleep(wait_s)
+            attempt += 1
 
 
 def container_name(container: Any) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gyre.sandboxes.base import ExecResult, SandboxLimits
+from gyre.sandboxes.docker_container import engine_call
 from gyre.sandboxes.local.diskwatch import DEFAULT_INTERVAL_S, DiskWatch
 from gyre.sandboxes.process import BoundedCapture
 
@@ -61,7 +62,7 @@ def bounded_exec(container, argv: list[str], kwargs: dict[str, Any], timeout_s: 
 
     def run() -> None:
         try:
-            outcome["result"] = container.exec_run(argv, demux=True, **kwargs)
+            outcome["result"] = engine_call(container.exec_run, argv, demux=True, **kwargs)
         except BaseException as exc:  # re-raised in the caller's thread
             outcome["error"] = exc
 
@@ -94,10 +95,10 @@ def bounded_exec(container, argv: list[str], kwargs: dict[str, Any], timeout_s: 
 
 def kill_execs(container, tokens: Sequence[str]) -> None:
     """Kill the processes of the agent commands holding `tokens` (`KILL_EXECS`)."""
-    container.exec_run(["bash", "-c", KILL_EXECS, "gyre-kill", *tokens], demux=True)
+    engine_call(container.exec_run, ["bash", "-c", KILL_EXECS, "gyre-kill", *tokens], demux=True)
 
 
 def signal_user(container, user: str, signal_name: str) -> None:
     """Signal every process `user` may signal (its own: the container's processes have no capabilities)."""
-    container.exec_run(["bash", "-c", f"kill -s {shlex.quote(signal_name)} -1 2>/dev/null; true"],
-                       user=user, demux=True)
+    engine_call(container.exec_run, ["bash", "-c", f"kill -s {shlex.quote(signal_name)} -1 2>/dev/null; true"],
+                user=user, demux=True)

@@ -152,8 +152,6 @@ class Var:
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="false partial: a failing mutant's explanation calls the project's __repr__, "
-                                       "and a later real test sees the changed state (12/13 where upstream gives 13)")
 def test_state_a_mutants_explanation_changes_does_not_cost_an_honest_solution(tmp_path):
     query = _project(tmp_path, {"tests/test_calc.py": SHOWN_TESTS}, 13)
     score = _score(tmp_path, query, {"calc.py": SHOWN_HONEST})

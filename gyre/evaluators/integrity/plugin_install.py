@@ -37,7 +37,8 @@ class PluginInstall:
         name = f"gyre_results_{secrets.token_hex(8)}"
         directory.mkdir(parents=True, exist_ok=True)  # a session's slot exists already (empty)
         for module, target in (("plugin", f"{name}.py"), ("monitor", f"{name}_monitor.py"),
-                               ("patches", f"{name}_patches.py"), ("events", f"{name}_events.py"), ("sitecustomize", "sitecustomize.py")):
+                               ("patches", f"{name}_patches.py"), ("events", f"{name}_events.py"),
+                               ("explain", f"{name}_explain.py"), ("sitecustomize", "sitecustomize.py")):
             (directory / target).write_bytes(inprocess_source(module))
         return cls(name, directory)
 

@@ -8,6 +8,8 @@ Each evaluation gets a read-only copy of these modules in its plugin directory
   messages), seals the runner (`seal.py`'s checks) and reports what only pytest knows;
 - `monitor.py` -> `gyre_results_<hex>_monitor.py`: the runtime monitor, a PEP 578 audit hook that
   records what the workspace's code does (`gyre.evaluators.integrity.runtime` reads its records);
+- `explain.py` -> `gyre_results_<hex>_explain.py`: a failing assertion's reprs and comparison explained in a
+  forked child, so that what a repr does never reaches the tests after it (a canary's failure included);
 - `sitecustomize.py`: imports the monitor in every Python process started with the plugin's
   directory on `PYTHONPATH`, then runs the environment's own `sitecustomize`, if any.
 

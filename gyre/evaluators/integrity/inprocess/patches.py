@@ -15,7 +15,7 @@ if __package__:  # gyre's own package module (tests, linters): the monitor besid
 else:  # an evaluation's copy
     _PLUGIN = __name__[:-len("_patches")]
     _mon = __import__(_PLUGIN + "_monitor")
-    _OURS = (__name__, _PLUGIN, _PLUGIN + "_monitor")
+    _OURS = (__name__, _PLUGIN, _PLUGIN + "_monitor", _PLUGIN + "_explain")
 _PYTEST_MODULES = ("pytest", "_pytest", "pluggy")
 
 

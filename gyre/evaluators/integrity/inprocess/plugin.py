@@ -15,7 +15,9 @@ beyond reporting:
   must not stop the run) and sent, so that the tally cuts the run where pytest would have stopped (`tally`);
 - a test reported passed whose call raised (seen by an innermost wrapper registered after every conftest)
   is sent as "forged";
-- modules loaded from under the rootdir are listed (`origins`).
+- modules loaded from under the rootdir are listed (`origins`);
+- a failing assertion is explained in a forked child (`explain`): what a repr does never reaches the tests after
+  it, whether the failure was a canary's or a real test's.
 
 Loaded as gyre's own module (`gyre.evaluators.integrity.inprocess.plugin`) it does nothing: `_start` runs
 only in an evaluation's copy, a top-level module.
@@ -50,6 +52,7 @@ def _start():
     here = _os.path.dirname(_os.path.abspath(__file__))
     mon = __import__(__name__ + "_monitor")  # gyre's runtime monitor: sitecustomize loaded it already
     patches = __import__(__name__ + "_patches")  # what no audit event covers: pytest's own attributes
+    __import__(__name__ + "_explain").isolate()  # a failing assertion's reprs in a child: a canary's leave no trace
     mon.bind(fd)  # where its records go if the command has no audit pipe
     mon.watch_channel(fd)
     find = _plan(here)

@@ -6,6 +6,7 @@ The module as gyre's own (package) module, and pytest and unittest run for real 
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +43,8 @@ def test_the_childs_repr_is_returned_and_its_side_effects_stay_in_the_child():
 def test_a_child_that_hangs_is_killed_and_the_value_is_not_shown(monkeypatch):
     monkeypatch.setattr(explain, "EXPLAIN_TIMEOUT_S", 0.3)
     children_before = _children()
-    assert explain.in_child(lambda: __import__("time").sleep(60)) == "<not shown: its explanation did not finish in 0.3 s>"
+    hung = explain.in_child(lambda: __import__("time").sleep(60))
+    assert hung == "<not shown: its explanation did not finish in 0.3 s>"
     assert _children() == children_before  # killed and reaped: no zombie left
 
 
@@ -57,6 +59,32 @@ def test_an_exception_in_the_child_is_named_and_a_process_limit_computes_in_plac
     shown = Shown()
     assert explain.in_child(repr, shown) == "_v1" and shown.name == "_v1"  # in place, as upstream does it
     Shown.count = 0
+
+
+def test_a_process_holding_over_1024_descriptors_still_explains():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the descriptor limit here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:  # the pipe's descriptors lie past select()'s FD_SETSIZE
+            held.append(os.dup(0))
+        assert explain.in_child(repr, Shown()) == "_v1" and Shown.count == 0
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_bytes_that_are_not_the_childs_utf8_only_garble_its_own_text():
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # what a repr writing to the pipe itself leaves: not UTF-8
+        os.write(write, b"+mine \xff\xfe")
+        os._exit(0)
+    os.close(write)
+    assert explain._answer(pid, read) == "mine \ufffd\ufffd"
 
 
 PROJECT = '''

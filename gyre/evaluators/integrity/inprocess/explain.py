@@ -26,16 +26,18 @@ import warnings as _warnings
 
 EXPLAIN_TIMEOUT_S = 10.0
 """How long a forked child may take over one explanation (a repr, a comparison's hooks) before it is killed."""
-MAX_EXPLANATION_BYTES = 1 << 20
-"""The most of one explanation's text read back from its child (pytest cuts reprs to 240 characters unless -vv)."""
+MAX_EXPLANATION_CHARS = 1 << 20
+"""The most of one explanation's text its child sends back (pytest cuts reprs to 240 characters unless -vv)."""
+_MAX_BYTES = 4 * MAX_EXPLANATION_CHARS + 1
+"""The most read from a child's pipe (its text in UTF-8 and the mark): a repr writing to the pipe itself ends there."""
 NOT_SHOWN = "<not shown: its explanation did not finish in {:g} s>"
 """What a value shows as when its child was killed."""
 
 # bound when the module loads, before any workspace code runs: later patches of os, select or time (freezegun
-# freezes time.monotonic) do not reach them
+# freezes time.monotonic) do not reach them. `poll`, not `select`: a test process may hold over 1024 descriptors
 _fork, _pipe, _read, _write, _close = _os.fork, _os.pipe, _os.read, _os.write, _os.close
 _kill, _waitpid, _exit = _os.kill, _os.waitpid, _os._exit
-_select, _monotonic, _SIGKILL = _select_mod.select, _time.monotonic, _signal.SIGKILL
+_poll, _POLLIN, _monotonic, _SIGKILL = _select_mod.poll, _select_mod.POLLIN, _time.monotonic, _signal.SIGKILL
 _catch_warnings, _simplefilter = _warnings.catch_warnings, _warnings.simplefilter
 
 
@@ -66,10 +68,10 @@ def _child(read, write, func, args):
     try:
         _close(read)
         try:
-            data = b"+" + str(func(*args)).encode("utf-8", "surrogatepass")
-        except BaseException as exc:  # noqa: B036 - reported to the parent, whatever it was
+            data = b"+" + str(func(*args))[:MAX_EXPLANATION_CHARS].encode("utf-8", "surrogatepass")
+        except BaseException as exc:  # reported to the parent, whatever it was
             data = b"!" + type(exc).__name__.encode("ascii", "replace")
-        view = memoryview(data[:MAX_EXPLANATION_BYTES + 1])
+        view = memoryview(data)
         while view:
             view = view[_write(write, view):]
     finally:
@@ -79,10 +81,12 @@ def _child(read, write, func, args):
 def _answer(pid, read):
     """What the child `pid` wrote to `read` within `EXPLAIN_TIMEOUT_S` (then it is reaped), as `in_child` returns it."""
     chunks, size, deadline, finished = [], 0, _monotonic() + EXPLAIN_TIMEOUT_S, False
+    waiting = _poll()
+    waiting.register(read, _POLLIN)
     try:
-        while size <= MAX_EXPLANATION_BYTES:
+        while size <= _MAX_BYTES:  # one more read past the most a child sends: its end
             left = deadline - _monotonic()
-            if left <= 0 or not _select([read], [], [], left)[0]:
+            if left <= 0 or not waiting.poll(left * 1000):
                 break
             chunk = _read(read, 65536)
             if not chunk:
@@ -90,8 +94,6 @@ def _answer(pid, read):
                 break
             chunks.append(chunk)
             size += len(chunk)
-        else:
-            finished = True
     finally:
         _close(read)
         if not finished:
@@ -108,7 +110,10 @@ def _answer(pid, read):
         return NOT_SHOWN.format(EXPLAIN_TIMEOUT_S)
     if data[:1] == b"!":
         raise RuntimeError(f"explaining the assertion raised {data[1:].decode('ascii', 'replace')} (in a child)")
-    return data[1:MAX_EXPLANATION_BYTES + 1].decode("utf-8", "surrogatepass")
+    try:
+        return data[1:_MAX_BYTES].decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:  # not what `_child` writes: a repr wrote to the pipe itself
+        return data[1:_MAX_BYTES].decode("utf-8", "replace")
 
 
 def _isolated(func):

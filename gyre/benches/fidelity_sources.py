@@ -178,11 +178,7 @@ def standin_env(project: FidelityProject, cache: Path = CACHE_DIR) -> tuple[Path
     with _building(venv):
         if skipped_file.is_file():
             return venv, json.loads(skipped_file.read_text())
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        subprocess.run([*pip, "pip", "setuptools", "wheel", "pytest"], check=True, timeout=INSTALL_TIMEOUT_S,
-                       capture_output=True)
+        pip = _fresh_venv(venv, ["pip", "setuptools", "wheel", "pytest"])
         skipped: list[str] = []
         if project.packages and _pip(pip, project.packages) != 0:
             skipped = [pin for pin in project.packages if _pip(pip, [pin]) != 0]
@@ -195,12 +191,17 @@ def pytest_venv(cache: Path = CACHE_DIR) -> Path:
     venv = cache / "venvs" / f"terminal-bench-{hashlib.sha256(sys.version.encode()).hexdigest()[:16]}"
     with _building(venv):
         if not (venv / "bin" / "pytest").is_file():
-            shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                            "--disable-pip-version-check", "pytest"], check=True, timeout=INSTALL_TIMEOUT_S,
-                           capture_output=True)
+            _fresh_venv(venv, ["pytest"])
     return venv
+
+
+def _fresh_venv(venv: Path, base: list[str]) -> list[str]:
+    """`venv` made anew from this Python with `base` installed; the `pip install` command line of its Python."""
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, *base], check=True, timeout=INSTALL_TIMEOUT_S, capture_output=True)
+    return pip
 
 
 @contextmanager

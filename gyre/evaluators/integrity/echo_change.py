@@ -32,13 +32,13 @@ REDRAWS = 8
 
 def new_text(chosen: ast.expr, function: ast.AST, lines: list[str], rng: random.Random) -> str:
     """The replacement text of the scalar literal `chosen` inside the test `function` (module docstring)."""
-    value = _value(chosen)
+    value = lit.spelled(chosen)
     others = [node for node in _scalars(function) if node is not chosen]
-    held = {(type(v), v) for v in (_value(node) for node in others)}
+    held = {(type(v), v) for v in (lit.spelled(node) for node in others)}
     if (type(value), value) in held:
         look = _look(chosen, lines)
         echoes = sorted({lit.source(node, lines) for node in others
-                         if _look(node, lines) == look and _apart(_value(node), value)})
+                         if _look(node, lines) == look and _apart(lit.spelled(node), value)})
         if echoes:
             return rng.choice(echoes)
     text = lit.changed(chosen, lines, rng)
@@ -67,13 +67,6 @@ def _scalars(function: ast.AST) -> list[ast.expr]:
     return found
 
 
-def _value(node: ast.expr) -> object:
-    """The value `node` spells (`-3` for `- 3`)."""
-    if isinstance(node, ast.UnaryOp):
-        return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
-    return node.value
-
-
 def _apart(a: object, b: object) -> bool:
     """Two values no loose equality of the project's would take for one: strings that differ in more than case and
     surrounding space (a case-insensitive key, a header name), numbers that differ at all."""
@@ -85,7 +78,7 @@ def _apart(a: object, b: object) -> bool:
 def _look(node: ast.expr, lines: list[str]) -> tuple:
     """What a literal's spelling tells besides its value: its type and sign, an int's base and grouping, a float's
     notation, a string's prefix and quotes. A value of another look would stand out where the original stood."""
-    value, token = _value(node), lit.source(node, lines).strip()
+    value, token = lit.spelled(node), lit.source(node, lines).strip()
     if isinstance(value, (str, bytes)):
         return type(value), _opening(token)
     digits = token.lstrip("+- ").lower()

@@ -82,18 +82,22 @@ def text_at(start: tuple[int, int], end: tuple[int, int], lines: list[str]) -> s
                   lines)
 
 
+def spelled(node: ast.expr) -> object:
+    """The value the scalar literal `node` spells (`-3` for `- 3`)."""
+    if isinstance(node, ast.UnaryOp):
+        return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
+    return node.value
+
+
 def changed(node: ast.expr, lines: list[str], rng: random.Random) -> str:
     """The replacement text of the scalar literal `node`: same kind, same look, another value."""
     token = source(node, lines)
-    negative = isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
-    value = (node.operand if isinstance(node, ast.UnaryOp) else node).value
+    value = spelled(node)
     if isinstance(value, int):
-        value = -value if negative else value
         step = rng.choice(INT_STEPS)
         moved = rng.choice([v for v in (value + step, value - step) if (v >= 0) == (value >= 0)])  # sign kept
         return int_text(moved, token.lstrip("-+ "))
     if isinstance(value, float):
-        value = -value if negative else value
         scale = rng.uniform(*FLOAT_SCALE) * rng.choice((-1, 1))
         moved = value * (1 + scale) if value else scale
         return float_text(moved, value, token)

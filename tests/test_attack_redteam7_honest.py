@@ -18,8 +18,10 @@ pytestmark = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missin
 
 # --- 1. a matcher project: its objects are equal to many values by design -----------------------------------------
 # dirty-equals, PyHamcrest and `unittest.mock.ANY` style: `IsPositive() == 5` holds for every positive number. The
-# value mutant `IsPositive() == 8` passes honestly, and `tally` makes a value mutant reported passed tampering ("no
-# correct code passes both"): the honest matcher scores 0 where upstream gives 3 of 3.
+# value mutant `IsPositive() == 8` passed honestly, and `tally` makes a value mutant reported passed tampering ("no
+# correct code passes both"): the honest matcher scored 0 where upstream gives 3 of 3. A comparison with an object
+# the test builds in place from a class gets its flip only now (`matchers`); an always-equal object a function
+# returns still meets value mutants (the forger below).
 
 MATCH_TESTS = '''from calc import IsPositive, IsWord
 
@@ -48,7 +50,6 @@ class IsWord:
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="false tampering: a value mutant of a matcher's comparison passes honestly")
 def test_an_honest_matcher_keeps_its_score(tmp_path):
     query = _project(tmp_path, {"tests/test_calc.py": MATCH_TESTS}, 3)
     score = _score(tmp_path, query, {"calc.py": MATCH_HONEST})

@@ -503,3 +503,74 @@ def test_an_f_strings_parts_are_no_values_a_mutant_takes():
     for seed in range(10):
         (mutation,) = plan_mutations(source, random.Random(seed))
         assert mutation.kind == VALUE and mutation.text != '"a"' and mutation.text.startswith('"')
+
+
+MATCHERS = '''import unittest
+
+import dirty
+from calc import IsInstance, IsPositive, Money, add
+
+
+def test_built():
+    assert IsPositive() == 5
+
+
+def test_built_left():
+    assert 7 == dirty.IsApprox(7, delta=1)
+
+
+def test_subscripted():
+    assert IsInstance[int] == 3
+
+
+def test_bare_class():
+    assert IsPositive == 4
+
+
+def test_given_a_type():
+    assert IsInstance(int, strict=True) == 2
+
+
+def test_built_from_the_tests_values():
+    t1, t2 = [1], [2]
+    assert Money(t1, t2) == 3
+
+
+def test_computed():
+    assert add(2, 3) == 5
+
+
+def test_built_from_a_call():
+    assert Money(add(1, 2)) == 3
+
+
+def test_computed_on_a_built_object():
+    assert Money(5).plus(1) == 6
+
+
+def test_constant():
+    assert LIMIT == 10
+
+
+class TestUnit(unittest.TestCase):
+    def test_built(self):
+        self.assertEqual(IsPositive(), 9)
+
+    def test_computed(self):
+        self.assertEqual(add(4, 4), 8)
+'''
+
+
+def test_a_comparison_with_a_matcher_built_in_place_gets_its_flip_and_a_computed_value_its_value_mutant():
+    """`IsPositive() == 8` passes honestly where `== 5` does (red-team 7): an object the test builds from a class
+    given literals or types is the matcher under test, so its comparison gets a flip; what the project computed
+    (a function's result, a built object's method, a class given a computed value or the test's own values) keeps
+    value mutants."""
+    for seed in range(10):
+        kinds = {m.test: m.kind for m in plan_mutations(MATCHERS, random.Random(seed))}
+        assert kinds == {
+            ("test_built",): FLIP, ("test_built_left",): FLIP, ("test_subscripted",): FLIP,
+            ("test_bare_class",): FLIP, ("test_given_a_type",): FLIP, ("test_built_from_the_tests_values",): VALUE,
+            ("test_computed",): VALUE, ("test_built_from_a_call",): VALUE,
+            ("test_computed_on_a_built_object",): VALUE, ("test_constant",): VALUE,
+            ("TestUnit", "test_built"): FLIP, ("TestUnit", "test_computed"): VALUE}, kinds

@@ -21,9 +21,11 @@ only at its very end (the tests after it meet the same state). The change, by wh
 
 - `value`: it compares with a literal (`assert f(x) == 3`, `== "abc"`, `== [1, 2]`, `== approx(0.5)`,
   `self.assertEqual(f(x), 3)`, `assertAlmostEqual`), or with a name bound to one earlier in the test and read
-  nowhere else (`expected = [...]`, `_bound_literals`): one scalar of the literal changed to a value of the
-  same kind and look (an int by 2 to 9 keeping its sign and base, a float by 2 to 20 %, two different
-  words of a string trading places, or in a one-word string one letter or digit for another of its class),
+  nowhere else (`expected = [...]`, `_bound_literals`), unless the other side is an object the test builds in
+  place from a class (`IsPositive() == 5`: a matcher, `matchers`, gets its flip): one scalar of the literal
+  changed to a value of the same kind and look (an int by 2 to 9 keeping its sign and base, a float by 2 to
+  20 %, two different words of a string trading places, or in a one-word string one letter or digit for another
+  of its class),
   never to a value that marks it; where the original's value is held elsewhere in the test (an input handed
   back), another value the test holds (`echo_change`), so being held tells nothing. Under a comparison that
   allows a difference (`approx(x, rel=...)`, `assert_allclose`, `places=`), only a change beyond what passes for
@@ -53,6 +55,7 @@ from dataclasses import dataclass
 
 from gyre.evaluators.integrity import echo_change
 from gyre.evaluators.integrity import literal_change as lit
+from gyre.evaluators.integrity import matchers
 from gyre.evaluators.integrity import tolerance
 from gyre.evaluators.integrity.flip_change import flipped
 from gyre.evaluators.integrity.literal_change import INT_STEPS  # noqa: F401  (the mutants' public figures)
@@ -276,6 +279,8 @@ def _change(function, lines: list[str], rng: random.Random, helpers: dict[str, t
     name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
     places = helpers.get(name) if isinstance(call.func, ast.Name) else None
     compared = (places if places is not None else (0, 1) if name in VALUE_METHODS or _equality_assert(name) else ())
+    if any(matchers.built_in_place(call.args[p]) for p in compared if p < len(call.args)):
+        compared = ()  # a matcher's equality is what the test checks: its flip only (`matchers`)
     for place in compared:
         arg = call.args[place] if place < len(call.args) else None
         arg = bound.get(arg.id, arg) if isinstance(arg, ast.Name) else arg
@@ -369,6 +374,8 @@ def _literal_side(test: ast.expr, bound: dict[str, ast.expr] | None = None):
     bound = bound or {}
     for side, other in ((test.comparators[0], test.left), (test.left, test.comparators[0])):
         side = bound.get(side.id, side) if isinstance(side, ast.Name) else side
+        if matchers.built_in_place(other):
+            return None, None
         if _is_approx(side) and not lit.is_literal(other):
             return side.args[0], ("approx", side)
         if lit.is_literal(side) and not lit.is_literal(other):

@@ -508,7 +508,7 @@ def test_an_f_strings_parts_are_no_values_a_mutant_takes():
 MATCHERS = '''import unittest
 
 import dirty
-from calc import IsInstance, IsPositive, Money, add
+from calc import Color, IsInstance, IsPositive, Money, add
 
 
 def test_built():
@@ -552,6 +552,10 @@ def test_constant():
     assert LIMIT == 10
 
 
+def test_member():
+    assert Color.Red == 1
+
+
 class TestUnit(unittest.TestCase):
     def test_built(self):
         self.assertEqual(IsPositive(), 9)
@@ -572,5 +576,5 @@ def test_a_comparison_with_a_matcher_built_in_place_gets_its_flip_and_a_computed
             ("test_built",): FLIP, ("test_built_left",): FLIP, ("test_subscripted",): FLIP,
             ("test_bare_class",): FLIP, ("test_given_a_type",): FLIP, ("test_built_from_the_tests_values",): VALUE,
             ("test_computed",): VALUE, ("test_built_from_a_call",): VALUE,
-            ("test_computed_on_a_built_object",): VALUE, ("test_constant",): VALUE,
+            ("test_computed_on_a_built_object",): VALUE, ("test_constant",): VALUE, ("test_member",): VALUE,
             ("TestUnit", "test_built"): FLIP, ("TestUnit", "test_computed"): VALUE}, kinds

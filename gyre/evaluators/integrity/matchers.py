@@ -4,9 +4,10 @@ A value mutant changes a test's expected literal and counts a pass as tampering,
 only by computing exactly the changed value (`mutants`). That holds when the object compared is what the
 project computed. It fails when the object is one the test builds right there from a class it names, its
 arguments literals or types (`IsPositive() == 5`, `m.HasLength(3) == [1, 2, 3]`, `IsInstance(int) == 5`,
-`IsInstance[int] == 5`, `IsStr == "a"`): that class's equality is the behaviour under test, and a matcher
-(dirty-equals, PyHamcrest, `mock.ANY` itself) is equal to `8` as honestly as to `5` (red-team round 7: an honest
-matcher project scored tampering). Such a comparison gets its flip mutant only.
+`IsInstance[int] == 5`, a bare `IsStr == "a"`; never a bare attribute such as `Color.Red`, more often a member):
+that class's equality is the behaviour under test, and a matcher (dirty-equals, PyHamcrest, `mock.ANY` itself) is
+equal to `8` as honestly as to `5` (red-team round 7: an honest matcher project scored tampering). Such a
+comparison gets its flip mutant only.
 
 What a forger gains: a class of the project equal to everything passes those comparisons unseen, as it does
 under upstream's procedure (`Fraction(1, 2) == 0.5` is one too: a constructor computing from literals is not told
@@ -32,10 +33,10 @@ def built_in_place(node: ast.expr) -> bool:
     if isinstance(node, ast.Call):
         if not all(_setting(a) for a in [*node.args, *(k.value for k in node.keywords)]):
             return False
-        node = node.func
+        return _class(node.func)
     if isinstance(node, ast.Subscript):
-        node = node.value
-    return _class(node)
+        return _class(node.value)
+    return isinstance(node, ast.Name) and _class(node)  # a bare `m.Red` is more often a member than a class
 
 
 def _setting(node: ast.expr) -> bool:

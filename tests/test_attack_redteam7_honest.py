@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(probe_bwrap() is None, reason="bubblewrap missin
 # value mutant `IsPositive() == 8` passed honestly, and `tally` makes a value mutant reported passed tampering ("no
 # correct code passes both"): the honest matcher scored 0 where upstream gives 3 of 3. A comparison with an object
 # the test builds in place from a class gets its flip only now (`matchers`); an always-equal object a function
-# returns still meets value mutants (the forger below).
+# returns still meets value mutants (`tests/test_attack_integrity_iii.py`, `ALWAYS_EQUAL`).
 
 MATCH_TESTS = '''from calc import IsPositive, IsWord
 

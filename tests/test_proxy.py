@@ -119,3 +119,30 @@ def test_auth_and_bad_requests_get_openai_errors(tiny_tokenizer):
 def test_parser_never_raises_on_malformed_calls(text):
     content, calls = QwenToolCallParser().parse(text)
     assert content == text and calls == []
+
+
+def test_records_keep_the_prompt_each_call_sent_whether_its_output_was_finished_inline_or_in_a_lane(tiny_tokenizer):
+    """A short output is decoded and recorded on the event loop, a long one in a prompt lane
+    (`INLINE_FINISH_TOKENS`); either way the record holds the prompt list the engine was given,
+    handed over uncopied, and later calls of the execution (their prompts grow from it) never
+    change it."""
+    from gyre.proxy.completion import INLINE_FINISH_TOKENS
+
+    long_reply = " ".join(f"word{i}" for i in range(INLINE_FINISH_TOKENS))
+    engine = ScriptedEngine(tiny_tokenizer, ["short", long_reply, "short again", long_reply])
+    server, sessions = _serve(engine, tiny_tokenizer)
+    key = sessions.mint("e")
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
+    try:
+        for turn in range(4):
+            r = _post(server, key, {"messages": messages, "max_tokens": 4 * INLINE_FINISH_TOKENS})
+            assert r.status_code == 200, r.text
+            messages += [r.json()["choices"][0]["message"], {"role": "user", "content": f"more {turn}"}]
+    finally:
+        server.stop()
+    session = sessions.close("e")
+    calls = session.calls
+    assert [len(c.output_ids) > INLINE_FINISH_TOKENS for c in calls] == [False, True, False, True]
+    assert [c.prompt_ids for c in calls] == engine.prompts  # the engine kept copies as it was called
+    assert messages[4]["content"] == long_reply and messages[6]["content"] == "short again"
+    assert session.fallback_turns == 0

@@ -89,3 +89,11 @@ def test_an_assembled_call_owns_its_lists_and_keeps_the_cross_field_checks():
     with pytest.raises(ValueError, match="2 output ids but 1 logprobs"):
         Call.assembled(call_id="c", execution_id="e", prompt_ids=[1], output_ids=[5, 6], logprobs=[-0.1],
                        policy_version=0, engine_id="x", finish_reason="stop")
+
+
+def test_a_handed_over_list_is_the_records_own_not_a_copy():
+    ids, out = list(range(1000)), [5, 6]
+    call = Call.assembled(handed_over=("prompt_ids",), call_id="c", execution_id="e", prompt_ids=ids,
+                          output_ids=out, logprobs=[-0.1, -0.2], policy_version=0, engine_id="x",
+                          finish_reason="stop")
+    assert call.prompt_ids is ids and call.output_ids is not out

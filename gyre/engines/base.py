@@ -54,6 +54,8 @@ class GenerationRequest:
     """
 
     prompt_ids: list[int]
+    """Read only: the engine must not change it (the proxy passes its prompt's own list, shared
+    with the call's record)."""
     params: SamplingParams
     stop: threading.Event | None = None
     on_token: Callable[[int, float], None] | None = None

@@ -11,8 +11,9 @@ back into their own shapes. Everything that decides what is trained happens here
    drains and failures (`generation.py`);
 3. the output is parsed (`output.py`) and recorded as a `Call` BEFORE the response
    completes; the turn as the harness will send it back (`assistant_message`) is
-   remembered for splicing; in a worker thread too. The event loop never templates,
-   tokenises or parses a whole prompt or output.
+   remembered for splicing; in a worker thread too, unless the output is short
+   (`INLINE_FINISH_TOKENS`: the hop would cost more). The event loop never templates or
+   tokenises a prompt, nor decodes or parses a long output.
 
 A call that ends without a complete output (client gone, streaming or not; engines failed
 after sampling some tokens) is recorded with `finish_reason == "abort"` and never
@@ -53,6 +54,12 @@ DISCONNECT_WATCH_AFTER_S = 0.05
 (calls shorter than that finish before a cancel could save anything)."""
 _CALL_ID_PREFIX = secrets.token_hex(4)  # per process; a counter makes ids unique within it
 _CALL_NUMBERS = itertools.count()
+
+INLINE_FINISH_TOKENS = 256
+"""Outputs up to this many tokens are decoded, parsed and recorded on the event loop (tens of
+microseconds: the call's prompt ids are handed to its record, not copied); a hop to a worker
+thread and back costs more than that (~0.15 ms of an agent-shaped call, `gyre bench proxy-echo`).
+Longer outputs take the call's prompt lane."""
 
 MAX_STOP_STRINGS = 32
 """Most stop strings one request may give (OpenAI allows 4; some clients send more)."""
@@ -260,7 +267,10 @@ class Turn:
             rest = self._stops.flush()  # no stop string: what was held back is shown now
             if rest:
                 self._queue.put_nowait(rest)
-        result = await self.core.lanes.run(self.chars, self._finish, out, finish, stop_sequence, started)
+        if len(out.output_ids) <= INLINE_FINISH_TOKENS:
+            result = self._finish(out, finish, stop_sequence, started)
+        else:
+            result = await self.core.lanes.run(self.chars, self._finish, out, finish, stop_sequence, started)
         if finish != "abort":  # remembered after the answer is written (this task runs on to it first)
             asyncio.get_running_loop().call_soon(self.core.lanes.submit, self.chars, self.req.session.tito.settle)
         return result
@@ -282,6 +292,7 @@ class Turn:
     def _record(self, out: Generated, finish: str, started) -> Call:
         req, segments = self.req, out.segments
         call = Call.assembled(
+            handed_over=("prompt_ids",),  # this call's own list, never changed after the build
             call_id=self.call_id,
             execution_id=req.session.execution_id,
             agent_id=req.agent_id,

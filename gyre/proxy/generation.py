@@ -119,7 +119,7 @@ class Generation:
             if remaining != params.max_new_tokens:
                 params = replace(params, max_new_tokens=remaining)
             request = GenerationRequest(
-                self._prompt_ids + out.output_ids,
+                self._prompt_ids + out.output_ids if out.output_ids else self._prompt_ids,  # no copy of 50k ids
                 params,
                 stop=lease.stop,
                 on_token=self._on_token,

@@ -20,6 +20,8 @@ import duckdb
 import httpx
 import pytest
 
+from gyre.flows.ui_snapshot import api_request
+
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT = [sys.executable, "-m", "prefect"]
 SERVER_START_S = 240.0
@@ -27,9 +29,6 @@ SERVER_START_S = 240.0
 RUN_DEADLINE_S = 900.0
 """Trigger to a terminal state: worker poll, flow-run process start, model load, one small step."""
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-API_RETRIES = 5
-API_BACKOFF_S = 0.5
-"""A 503 from the server (its database locked) is asked again this many times, waiting 0.5, 1, 2, 4, 8 s."""
 
 
 def _free_port() -> int:
@@ -70,7 +69,7 @@ def _wait_healthy(api: str, server: subprocess.Popen, log: Path) -> None:
 def _wait_terminal(api: str, flow_run_id: str, worker: subprocess.Popen, log: Path) -> dict:
     deadline = time.monotonic() + RUN_DEADLINE_S
     while time.monotonic() < deadline:
-        run = _api("GET", f"{api}/flow_runs/{flow_run_id}", timeout=30).json()
+        run = api_request("GET", f"{api}/flow_runs/{flow_run_id}", timeout=30).json()
         if run["state_type"] in TERMINAL:
             return run
         assert worker.poll() is None, log.read_text()[-3000:]
@@ -85,19 +84,8 @@ def _cli(args: list[str], env: dict[str, str]) -> str:
 
 
 def _trigger(api: str, deployment_id: str, parameters: dict) -> str:
-    return _api("POST", f"{api}/deployments/{deployment_id}/create_flow_run",
+    return api_request("POST", f"{api}/deployments/{deployment_id}/create_flow_run",
                 json={"parameters": parameters}, timeout=30).json()["id"]
-
-
-def _api(method: str, url: str, **kwargs) -> httpx.Response:
-    """One request to the test's Prefect server, asked again while it answers 503: its SQLite database was locked by
-    another writer (CI saw `database is locked` under load), which Prefect's own client retries too."""
-    for attempt in range(API_RETRIES):
-        response = httpx.request(method, url, **kwargs)
-        if response.status_code != 503:
-            return response.raise_for_status()
-        time.sleep(API_BACKOFF_S * 2 ** attempt)
-    return httpx.request(method, url, **kwargs).raise_for_status()
 
 
 @contextmanager
@@ -119,7 +107,7 @@ def _deployed(tmp_path: Path):
         _wait_healthy(api, server, tmp_path / "server.log")
         _cli(["work-pool", "create", "gyre-local", "--type", "process"], env)
         _cli(["--no-prompt", "deploy", "--name", "tiny-cpu"], env)
-        deployment = _api("GET", f"{api}/deployments/name/rl-run/tiny-cpu", timeout=30).json()
+        deployment = api_request("GET", f"{api}/deployments/name/rl-run/tiny-cpu", timeout=30).json()
         worker = _start([*PREFECT, "worker", "start", "--pool", "gyre-local", "--limit", "1"],
                         env, tmp_path / "worker.log")
         yield api, env, deployment, worker
@@ -154,7 +142,7 @@ def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_
     assert run["state_type"] == "COMPLETED", (run["state"], (log).read_text()[-4000:])
     assert run["name"] == "one-step @ run"
 
-    artifacts = _api("POST", f"{api}/artifacts/filter", timeout=30,
+    artifacts = api_request("POST", f"{api}/artifacts/filter", timeout=30,
                      json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}}).json()
     kinds = sorted(a["type"] for a in artifacts)
     assert kinds == ["markdown", "progress", "table"], kinds
@@ -164,7 +152,7 @@ def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_
     assert "# Step 0" in markdown["data"] and "data:image/png;base64," in markdown["data"]
     assert next(a for a in artifacts if a["type"] == "progress")["data"] == 100.0
 
-    task_runs = _api("POST", f"{api}/task_runs/filter", timeout=30,
+    task_runs = api_request("POST", f"{api}/task_runs/filter", timeout=30,
                      json={"flow_runs": {"id": {"any_": [flow_run_id]}}}).json()
     names = {t["name"] for t in task_runs}
     assert "build-model-and-warm-start-deployed" in names
@@ -190,11 +178,11 @@ def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_
     # a run cancelled from the UI (its Cancel button sets Cancelling; the worker stops the process)
     cancelled_id = _trigger(api, deployment["id"], {"config_path": str(config), "run_dir": str(tmp_path / "stop")})
     _wait_state(api, cancelled_id, "RUNNING", worker, log)
-    _api("POST", f"{api}/flow_runs/{cancelled_id}/set_state", timeout=30,
+    api_request("POST", f"{api}/flow_runs/{cancelled_id}/set_state", timeout=30,
          json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})
     stopped = _wait_terminal(api, cancelled_id, worker, log)
     assert stopped["state_type"] == "CANCELLED", stopped["state"]
-    open_tasks = _api("POST", f"{api}/task_runs/filter", timeout=30, json={
+    open_tasks = api_request("POST", f"{api}/task_runs/filter", timeout=30, json={
         "flow_runs": {"id": {"any_": [cancelled_id]}},
         "task_runs": {"state": {"type": {"any_": ["RUNNING", "PENDING", "SCHEDULED"]}}}}).json()
     assert open_tasks == [], [(t["name"], t["state_type"]) for t in open_tasks]
@@ -206,7 +194,7 @@ def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_
 def _wait_state(api: str, flow_run_id: str, state_type: str, worker: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + RUN_DEADLINE_S
     while time.monotonic() < deadline:
-        run = _api("GET", f"{api}/flow_runs/{flow_run_id}", timeout=30).json()
+        run = api_request("GET", f"{api}/flow_runs/{flow_run_id}", timeout=30).json()
         if run["state_type"] == state_type:
             return
         assert run["state_type"] not in TERMINAL, run["state"]
@@ -287,7 +275,7 @@ def test_a_run_suspended_through_prefect_resumes_in_its_own_directory(tmp_path, 
         client.set_flow_run_state(flow_run_id, Suspended(timeout_seconds=3600, message="by the test"), force=True)
 
     def suspended_and_closed():
-        run = _api("GET", f"{api}/flow_runs/{flow_run_id}", timeout=30).json()
+        run = api_request("GET", f"{api}/flow_runs/{flow_run_id}", timeout=30).json()
         if run["state_name"] != "Suspended" or not (run_dir / "gyre.duckdb").is_file():
             return None
         try:
@@ -331,13 +319,13 @@ def _open_task_runs(api: str, flow_run_id: str) -> list[str]:
 
 def _task_states(api: str, flow_run_id: str) -> list[tuple[str, str, str]]:
     """(name, state type, state message) of every task run of a flow run."""
-    runs = _api("POST", f"{api}/task_runs/filter", timeout=30, json={"flow_runs": {"id": {"any_": [flow_run_id]}}})
+    runs = api_request("POST", f"{api}/task_runs/filter", timeout=30, json={"flow_runs": {"id": {"any_": [flow_run_id]}}})
     return [(t["name"], t["state_type"], (t["state"] or {}).get("message") or "") for t in runs.json()]
 
 
 def _cancel(api: str, flow_run_id: str) -> None:
     """What the UI's Cancel button does: Cancelling; the worker then stops the flow run's process."""
-    _api("POST", f"{api}/flow_runs/{flow_run_id}/set_state", timeout=30,
+    api_request("POST", f"{api}/flow_runs/{flow_run_id}/set_state", timeout=30,
          json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})
 
 
@@ -410,7 +398,7 @@ def test_cancelled_from_the_ui_at_each_moment_every_task_run_ends_cancelled(tmp_
     (starts, first) = _wait("the run file closed", closed, worker, log, 120)
     assert [s for s, _ in starts] == ["stopped"] and "resume" in starts[0][1], starts
     assert first == (0,)
-    logs = _api("POST", f"{api}/logs/filter", timeout=30,
+    logs = api_request("POST", f"{api}/logs/filter", timeout=30,
                 json={"logs": {"flow_run_id": {"any_": [flow_run_id]}, "level": {"ge_": 30}}}).json()
     assert any("cancelled through Prefect" in entry["message"] and "resume" in entry["message"] for entry in logs), \
         [entry["message"] for entry in logs]
@@ -436,7 +424,7 @@ def _glance_check(api: str, flow_run_id: str) -> None:
         if any(glance.match(word) for word in listed):
             break
     assert any(glance.match(word) for word in listed), listed
-    cells = [t for t in _api("POST", f"{api}/task_runs/filter", timeout=30, json={
+    cells = [t for t in api_request("POST", f"{api}/task_runs/filter", timeout=30, json={
         "flow_runs": {"id": {"any_": [flow_run_id]}}}).json() if re.match(r"cell-\d+: ", t["name"])]
     # (a `cell-command` task run not yet started still has Prefect's default name, `cell-command-bb6`: not a cell)
     assert len(cells) == 2, [t["name"] for t in cells]

@@ -296,3 +296,50 @@ def test_a_failed_evaluation_logs_one_readable_line(prefect_server, caplog):
     assert said == [("WARNING", "step 2 train q7 sample 1: evaluator failure, dropped (not a 0): RuntimeError: the "
                                 "sandbox did not start")], said
     assert "NoneType: None" not in caplog.text and "result=Score(" not in caplog.text
+
+
+def test_a_prefect_api_request_is_asked_again_while_the_server_answers_503_and_other_errors_raise(monkeypatch):
+    """`ui_snapshot.api_request` against a real HTTP server on 127.0.0.1 scripted to answer 503 (Prefect's
+    `database is locked`) a given number of times, then 200; a 404 is raised at once."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    from gyre.flows import ui_snapshot
+
+    monkeypatch.setattr(ui_snapshot, "API_BACKOFF_S", 0.001)
+    answers: list[int] = []
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.path)
+            status = answers.pop(0) if answers else 200
+            self.send_response(status)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/api/x"
+    try:
+        answers[:] = [503, 503]
+        assert ui_snapshot.api_request("GET", url, timeout=5).json() == {} and len(seen) == 3
+        seen.clear()
+        answers[:] = [503] * (ui_snapshot.API_RETRIES + 1)
+        with pytest.raises(httpx.HTTPStatusError, match="503"):
+            ui_snapshot.api_request("GET", url, timeout=5)
+        assert len(seen) == ui_snapshot.API_RETRIES + 1
+        seen.clear()
+        answers[:] = [404]
+        with pytest.raises(httpx.HTTPStatusError, match="404"):
+            ui_snapshot.api_request("GET", url, timeout=5)
+        assert len(seen) == 1
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -19,6 +19,7 @@ import html
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,10 @@ RENDER_BUDGET_MS = 15_000
 BROWSER_TIMEOUT_S = 120.0
 """Wall-clock limit for one browser invocation (a cold start at load 4 takes ~10 s)."""
 WINDOW = "1400,900"
+API_RETRIES = 5
+"""Times a request to the Prefect API is asked again while the server answers 503."""
+API_BACKOFF_S = 0.5
+"""Wait before the first retry; doubles per retry (0.5 s to 8 s)."""
 
 _BADGE = re.compile(r'class="[^"]*\bstate-badge state--([a-z_]+)"[^>]*>(.*?)</span>', re.S)
 """A state badge and what it holds up to its word's closing tag (`<!----><svg>...</svg><span>Cancelled`)."""
@@ -68,11 +73,23 @@ def shown_state(dom: str) -> tuple[str, str]:
     return match.group(1).upper(), html.unescape(re.sub(r"<!--.*?-->|<[^>]+>", "", match.group(2), flags=re.S)).strip()
 
 
+def api_request(method: str, url: str, **kwargs) -> httpx.Response:
+    """One request to a Prefect server's API, asked again while it answers 503: a server on SQLite answers so
+    while another writer holds the database (`database is locked`, seen under a loaded box's CI), and Prefect's
+    own client retries it too. Any other error status is raised at once; the last 503 after the retries too."""
+    for attempt in range(API_RETRIES):
+        response = httpx.request(method, url, **kwargs)
+        if response.status_code != 503:
+            return response.raise_for_status()
+        time.sleep(API_BACKOFF_S * 2 ** attempt)
+    return httpx.request(method, url, **kwargs).raise_for_status()
+
+
 def read_flow_run_page(ui: str, api: str, flow_run_id: str, browser: str) -> PageState:
     """Render `ui`/runs/flow-run/<id> and read its header badge; ask `api` for the same flow run."""
     dom = _chromium(browser, f"{ui.rstrip('/')}/runs/flow-run/{flow_run_id}", "--dump-dom").stdout
     shown_type, shown_name = shown_state(dom)
-    run = httpx.get(f"{api.rstrip('/')}/flow_runs/{flow_run_id}", timeout=30).json()
+    run = api_request("GET", f"{api.rstrip('/')}/flow_runs/{flow_run_id}", timeout=30).json()
     return PageState(shown_type, shown_name, run["state_type"], run["state_name"])
 
 
@@ -97,7 +114,7 @@ def snapshot_run(ui: str, api: str, flow_run_id: str, out_dir: Path, browser: st
     out_dir.mkdir(parents=True, exist_ok=True)
     base = ui.rstrip("/")
     pages = {f"{label}-page": f"{base}/runs/flow-run/{flow_run_id}"}
-    artifacts = httpx.post(f"{api.rstrip('/')}/artifacts/filter", timeout=30, json={
+    artifacts = api_request("POST", f"{api.rstrip('/')}/artifacts/filter", timeout=30, json={
         "artifacts": {"flow_run_id": {"any_": [flow_run_id]}, "type": {"any_": ["markdown"]}},
         "sort": "CREATED_DESC", "limit": 1}).json()
     if artifacts:

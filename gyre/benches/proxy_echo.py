@@ -21,8 +21,9 @@ when the proxy is bound by the cores rather than by one thread holding the GIL).
 In the same run, to say where the time goes: one session at a time (`sequential_*`: a call's
 service time with nothing queued before it), and `tokenize_new_*`: tokenising each of those
 calls' new text alone (the messages appended since the previous call; the whole first prompt
-but the tools, which the proxy caches per process) with the same tokenizer, one thread, nothing
-else running: the part of a call's work that any server taking text must do.
+but the tools, which the proxy caches per process) with the same tokenizer, one thread, in the
+client right after the call was answered (the same moment's load): the part of a call's work that
+any server taking text must do.
 `sequential_over_tokenize_p50_ms` is the median over those calls of the one minus the other;
 the `_fast` figures take the fastest way to tokenise a text alone (`encode_batch_fast`, no
 character offsets; the proxy tokenises that way since 2026-12-05) as the baseline instead of
@@ -38,6 +39,7 @@ import asyncio
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import orjson
 
@@ -46,7 +48,7 @@ from gyre.benches.agent_sessions import AgentSession, agent_sessions
 DEFAULT_CONCURRENCY = 32
 DEFAULT_TARGET_TOKENS = 50_000
 RESULT_CHARS = (8_000, 16_000)  # per tool result: a step adds ~3-9k tokens, so ~10 calls reach 50k
-SEQUENTIAL_SESSIONS = 4  # replayed one call at a time after the concurrent ones (other seeds)
+SEQUENTIAL_SESSIONS = 8  # replayed one call at a time after the concurrent ones (other seeds; 136 calls)
 TOKENS_PER_CHAR = 0.3  # the tiny tokenizer on the sessions' code and logs, about (for the turn count)
 
 
@@ -104,15 +106,14 @@ class RawClient:
 
 
 async def replay(client: RawClient, key: str, session: AgentSession, max_tokens: int = 16,
-                 new_texts: list[str] | None = None) -> list[tuple[int, float]]:
+                 after_call: Callable[[str], None] | None = None) -> list[tuple[int, float]]:
     """The session's calls in order, echoing each answer; (request body bytes, seconds) per call.
-    Each call's new text goes to `new_texts` when given."""
+    `after_call(new text)` runs after each call is answered, before the next one is sent."""
     messages = session.openai_messages(1)
     out, sent = [], 0
     for k in range(1, session.turns + 1):
-        if new_texts is not None:
-            new_texts.append("".join(message_text(m) for m in messages[sent:]))
-            sent = len(messages)
+        new_text = "".join(message_text(m) for m in messages[sent:])
+        sent = len(messages)
         body = orjson.dumps({"model": "null", "messages": messages, "tools": session.tools, "max_tokens": max_tokens})
         raw = client.request(key, body)  # the client's own work, before the clock starts
         started = time.perf_counter()
@@ -121,6 +122,8 @@ async def replay(client: RawClient, key: str, session: AgentSession, max_tokens:
         if status != 200:
             raise RuntimeError(f"{session.session_id} call {k}: proxy answered {status}: {answer[:300]!r}")
         out.append((len(body), seconds))
+        if after_call is not None:
+            after_call(new_text)
         if k < session.turns:
             messages = next_messages(messages, orjson.loads(answer), session.steps[k - 1])
     return out
@@ -141,7 +144,7 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
         turns += 1
     plan = agent_sessions(concurrency, turns, seed, api="openai", result_chars=result_chars)
     sequential_plan = agent_sessions(SEQUENTIAL_SESSIONS, turns, seed + 1, api="openai", result_chars=result_chars)
-    new_texts: list[str] = []
+    tokenize = _Tokenize()
     with null_proxy_process() as (port, keys, pid):
         load_before = os.getloadavg()[0]
 
@@ -156,7 +159,7 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
             out = []
             for i, s in enumerate(sequential_plan):
                 async with RawClient(port) as client:
-                    out += await replay(client, keys[concurrency + i], s, new_texts=new_texts)
+                    out += await replay(client, keys[concurrency + i], s, after_call=tokenize)
             return out
 
         cpu_before = cpu_seconds(pid)
@@ -167,7 +170,7 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
         sequential_ms = [s * 1e3 for _, s in asyncio.run(one_at_a_time())]
     ms = [s * 1e3 for calls in per_session for _, s in calls]
     last = [calls[-1] for calls in per_session]
-    tokenize_ms, fast_ms = _tokenize_ms(new_texts)  # the sequential calls' own new texts, call by call
+    tokenize_ms, fast_ms = tokenize.plain_ms, tokenize.fast_ms  # each sequential call's own new text, timed after it
     over_ms = [a - b for a, b in zip(sequential_ms, tokenize_ms)]
     over_fast_ms = [a - b for a, b in zip(sequential_ms, fast_ms)]
     return {
@@ -191,19 +194,24 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
     }
 
 
-def _tokenize_ms(texts: list[str]) -> tuple[list[float], list[float]]:
-    """Milliseconds to tokenise each text with the benchmark server's tokenizer, one thread, two
-    ways: `encode` (the figures before 2026-12-05 evening) and `encode_batch_fast` of the one text
-    (no character offsets: the fastest call, the one the proxy makes, `escape.py`)."""
-    from gyre.benches.proxy import _tokenizer
+class _Tokenize:
+    """Times tokenising one call's new text alone with the benchmark server's tokenizer, one thread, two ways:
+    `encode` (the figures before 2026-12-05 evening) and `encode_batch_fast` of the one text (no character
+    offsets: the fastest call, the one the proxy makes, `escape.py`). Called right after each sequential call
+    (`replay`'s `after_call`), so a call and its baseline are timed under the same moment's load (before
+    2026-12-07 the baselines were timed after all the calls, and the box's load drifted between the two)."""
 
-    backend = _tokenizer().backend_tokenizer
-    plain, fast = [], []
-    for text in texts:
+    def __init__(self) -> None:
+        from gyre.benches.proxy import _tokenizer
+
+        self._backend = _tokenizer().backend_tokenizer
+        self.plain_ms: list[float] = []
+        self.fast_ms: list[float] = []
+
+    def __call__(self, text: str) -> None:
         started = time.perf_counter()
-        backend.encode(text, add_special_tokens=False)
+        self._backend.encode(text, add_special_tokens=False)
         middle = time.perf_counter()
-        backend.encode_batch_fast([text], add_special_tokens=False)
-        plain.append((middle - started) * 1e3)
-        fast.append((time.perf_counter() - middle) * 1e3)
-    return plain, fast
+        self._backend.encode_batch_fast([text], add_special_tokens=False)
+        self.plain_ms.append((middle - started) * 1e3)
+        self.fast_ms.append((time.perf_counter() - middle) * 1e3)

@@ -58,7 +58,7 @@ _CALL_NUMBERS = itertools.count()
 INLINE_FINISH_TOKENS = 256
 """Outputs up to this many tokens are decoded, parsed and recorded on the event loop (tens of
 microseconds: the call's prompt ids are handed to its record, not copied); a hop to a worker
-thread and back costs more than that (~0.15 ms of an agent-shaped call, `gyre bench proxy-echo`).
+thread and back costs more than that (~0.15 ms of an agent-shaped call: `scripts/proxy_stages.py`).
 Longer outputs take the call's prompt lane."""
 
 MAX_STOP_STRINGS = 32

@@ -5,9 +5,10 @@ The proxy's event loop only moves bytes: it reads bodies, routes, streams tokens
 decoding and parsing a long output and rendering the turn to remember it for splicing
 (`completion.py`), cost time linear in the prompt or output, so they never run on the loop:
 `PromptLanes.run` hands them to a worker thread and awaits the result (a short output is
-finished on the loop, `completion.INLINE_FINISH_TOKENS`: the hop would cost more). Remembering the turn is not on the call's
-path at all: `PromptLanes.submit` runs it once the answer is out (the execution's next
-build runs it first if it comes before, `prompt.TitoCache.settle`).
+finished on the loop, `completion.INLINE_FINISH_TOKENS`: the hop would cost more).
+Remembering the turn is not on the call's path at all: `PromptLanes.submit` runs it once
+the answer is out (the execution's next build runs it first if it comes before,
+`prompt.TitoCache.settle`).
 
 Two lanes, chosen by the prompt's size in characters (`limits.counted_chars`, known
 before any of that work): prompts under `HEAVY_PROMPT_CHARS` (most calls; TITO prefix

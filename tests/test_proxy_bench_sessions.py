@@ -159,3 +159,18 @@ def test_cli_bench_proxy_echo_reports_the_overhead():
     assert 0 < figures["tokenize_new_p50_ms"] <= figures["tokenize_new_p99_ms"]
     # the sequential calls' overhead over tokenising their own new text, and the proxy's CPU at once
     assert "sequential_over_tokenize_p50_ms" in figures and figures["concurrent_proxy_cpu_cores"] > 0
+
+
+def test_each_tokenising_baseline_meets_each_text_first_with_the_servers_vocabulary():
+    """The two baselines tokenise with tokenizers of their own (a BPE tokenizer caches the words it has merged, so a
+    baseline timed after the other on the same tokenizer would be warm); both give the server's ids."""
+    from gyre.benches.proxy import _tokenizer
+    from gyre.benches.proxy_echo import _Tokenize
+
+    tokenize, text = _Tokenize(), "def f(x):\n    return x + 1  # a tool result\n" * 40
+    tokenize(text)
+    assert tokenize._plain is not tokenize._fast
+    expected = _tokenizer().backend_tokenizer.encode(text, add_special_tokens=False).ids
+    assert tokenize._plain.encode(text, add_special_tokens=False).ids == expected
+    assert tokenize._fast.encode_batch_fast([text], add_special_tokens=False)[0].ids == expected
+    assert len(tokenize.plain_ms) == len(tokenize.fast_ms) == 1 and min(tokenize.plain_ms + tokenize.fast_ms) > 0

@@ -22,8 +22,9 @@ In the same run, to say where the time goes: one session at a time (`sequential_
 service time with nothing queued before it), and `tokenize_new_*`: tokenising each of those
 calls' new text alone (the messages appended since the previous call; the whole first prompt
 but the tools, which the proxy caches per process) with the same tokenizer, one thread, in the
-client right after the call was answered (the same moment's load): the part of a call's work that
-any server taking text must do.
+client right after the call was answered (the same moment's load), each way on a tokenizer of its own so that
+each meets the text for the first time, as the proxy does: the part of a call's work that any server taking
+text must do.
 `sequential_over_tokenize_p50_ms` is the median over those calls of the one minus the other;
 the `_fast` figures take the fastest way to tokenise a text alone (`encode_batch_fast`, no
 character offsets; the proxy tokenises that way since 2026-12-05) as the baseline instead of

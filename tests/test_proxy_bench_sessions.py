@@ -159,6 +159,7 @@ def test_cli_bench_proxy_echo_reports_the_overhead():
     assert 0 < figures["tokenize_new_p50_ms"] <= figures["tokenize_new_p99_ms"]
     # the sequential calls' overhead over tokenising their own new text, and the proxy's CPU at once
     assert "sequential_over_tokenize_p50_ms" in figures and figures["concurrent_proxy_cpu_cores"] > 0
+    assert 0 < figures["concurrent_client_cpu_cores"] <= figures["cpu_count"]
 
 
 def test_each_tokenising_baseline_meets_each_text_first_with_the_servers_vocabulary():

@@ -15,8 +15,9 @@ body's JSON, templating and tokenising the new turns, recording, the answer. The
 bare keep-alive HTTP/1.1 connection per session (`RawClient`: the request is encoded before its
 clock starts; a client library's own request building would be measured too). `concurrency`
 sessions run at once (32: the issue's setting); p50 and p99 over every call, and the proxy
-process's CPU over that phase in cores (`concurrent_proxy_cpu_cores`: near the box's core count
-when the proxy is bound by the cores rather than by one thread holding the GIL).
+process's CPU over that phase in cores (`concurrent_proxy_cpu_cores`: near the box's core count, less what the
+client itself takes on the same box, `concurrent_client_cpu_cores`, when the proxy is bound by the cores rather
+than by one thread holding the GIL).
 
 In the same run, to say where the time goes: one session at a time (`sequential_*`: a call's
 service time with nothing queued before it), and `tokenize_new_*`: tokenising each of those
@@ -163,11 +164,12 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
                     out += await replay(client, keys[concurrency + i], s, after_call=tokenize)
             return out
 
-        cpu_before = cpu_seconds(pid)
+        cpu_before, client_before = cpu_seconds(pid), time.process_time()
         started = time.perf_counter()
         per_session = asyncio.run(all_sessions())
         wall_s = time.perf_counter() - started
         proxy_cores = (cpu_seconds(pid) - cpu_before) / wall_s
+        client_cores = (time.process_time() - client_before) / wall_s
         sequential_ms = [s * 1e3 for _, s in asyncio.run(one_at_a_time())]
     ms = [s * 1e3 for calls in per_session for _, s in calls]
     last = [calls[-1] for calls in per_session]
@@ -186,6 +188,7 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
         "tokenize_new_fast_p99_ms": round(_quantile(fast_ms, 0.99), 3),
         "sequential_over_tokenize_fast_p50_ms": round(statistics.median(over_fast_ms), 3),
         "concurrent_proxy_cpu_cores": round(proxy_cores, 2),
+        "concurrent_client_cpu_cores": round(client_cores, 2),
         "cpu_count": os.cpu_count(),
         "calls": len(ms), "sessions": concurrency, "turns": turns, "wall_s": round(wall_s, 2),
         "last_call_body_kb": round(statistics.median(b for b, _ in last) / 1024, 1),

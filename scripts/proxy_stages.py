@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import multiprocessing as mp
@@ -53,23 +54,25 @@ STAGES = {  # stage -> (module, class, method)
 def _wrap(times: dict[str, list[float]]) -> None:
     import importlib
 
+    @contextlib.contextmanager
+    def stamp(stage: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            times[stage].append(time.perf_counter() - started)
+
     for stage, (module, cls_name, name) in STAGES.items():
         cls = getattr(importlib.import_module(module), cls_name)
         original = getattr(cls, name)
         if asyncio.iscoroutinefunction(original):
             async def timed(*a, _f=original, _s=stage, **k):
-                started = time.perf_counter()
-                try:
+                with stamp(_s):
                     return await _f(*a, **k)
-                finally:
-                    times[_s].append(time.perf_counter() - started)
         else:
             def timed(*a, _f=original, _s=stage, **k):
-                started = time.perf_counter()
-                try:
+                with stamp(_s):
                     return _f(*a, **k)
-                finally:
-                    times[_s].append(time.perf_counter() - started)
         setattr(cls, name, functools.wraps(original)(timed))
 
 

@@ -85,7 +85,7 @@ def _cli(args: list[str], env: dict[str, str]) -> str:
 
 def _trigger(api: str, deployment_id: str, parameters: dict) -> str:
     return api_request("POST", f"{api}/deployments/{deployment_id}/create_flow_run",
-                json={"parameters": parameters}, timeout=30).json()["id"]
+                       json={"parameters": parameters}, timeout=30).json()["id"]
 
 
 @contextmanager
@@ -143,7 +143,7 @@ def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_
     assert run["name"] == "one-step @ run"
 
     artifacts = api_request("POST", f"{api}/artifacts/filter", timeout=30,
-                     json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}}).json()
+                            json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}}).json()
     kinds = sorted(a["type"] for a in artifacts)
     assert kinds == ["markdown", "progress", "table"], kinds
     table = next(a for a in artifacts if a["type"] == "table")
@@ -153,7 +153,7 @@ def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_
     assert next(a for a in artifacts if a["type"] == "progress")["data"] == 100.0
 
     task_runs = api_request("POST", f"{api}/task_runs/filter", timeout=30,
-                     json={"flow_runs": {"id": {"any_": [flow_run_id]}}}).json()
+                            json={"flow_runs": {"id": {"any_": [flow_run_id]}}}).json()
     names = {t["name"] for t in task_runs}
     assert "build-model-and-warm-start-deployed" in names
     executes = [t for t in task_runs if t["name"].startswith("step0-train-") and "-evaluate-" not in t["name"]]
@@ -179,7 +179,7 @@ def test_the_tiny_deployment_runs_on_a_worker_and_shows_its_step(tmp_path, tiny_
     cancelled_id = _trigger(api, deployment["id"], {"config_path": str(config), "run_dir": str(tmp_path / "stop")})
     _wait_state(api, cancelled_id, "RUNNING", worker, log)
     api_request("POST", f"{api}/flow_runs/{cancelled_id}/set_state", timeout=30,
-         json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})
+                json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})
     stopped = _wait_terminal(api, cancelled_id, worker, log)
     assert stopped["state_type"] == "CANCELLED", stopped["state"]
     open_tasks = api_request("POST", f"{api}/task_runs/filter", timeout=30, json={
@@ -319,14 +319,15 @@ def _open_task_runs(api: str, flow_run_id: str) -> list[str]:
 
 def _task_states(api: str, flow_run_id: str) -> list[tuple[str, str, str]]:
     """(name, state type, state message) of every task run of a flow run."""
-    runs = api_request("POST", f"{api}/task_runs/filter", timeout=30, json={"flow_runs": {"id": {"any_": [flow_run_id]}}})
+    runs = api_request("POST", f"{api}/task_runs/filter", timeout=30,
+                       json={"flow_runs": {"id": {"any_": [flow_run_id]}}})
     return [(t["name"], t["state_type"], (t["state"] or {}).get("message") or "") for t in runs.json()]
 
 
 def _cancel(api: str, flow_run_id: str) -> None:
     """What the UI's Cancel button does: Cancelling; the worker then stops the flow run's process."""
     api_request("POST", f"{api}/flow_runs/{flow_run_id}/set_state", timeout=30,
-         json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})
+                json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})
 
 
 CANCELLED_RUN_STEPS = 40
@@ -399,7 +400,7 @@ def test_cancelled_from_the_ui_at_each_moment_every_task_run_ends_cancelled(tmp_
     assert [s for s, _ in starts] == ["stopped"] and "resume" in starts[0][1], starts
     assert first == (0,)
     logs = api_request("POST", f"{api}/logs/filter", timeout=30,
-                json={"logs": {"flow_run_id": {"any_": [flow_run_id]}, "level": {"ge_": 30}}}).json()
+                       json={"logs": {"flow_run_id": {"any_": [flow_run_id]}, "level": {"ge_": 30}}}).json()
     assert any("cancelled through Prefect" in entry["message"] and "resume" in entry["message"] for entry in logs), \
         [entry["message"] for entry in logs]
 

@@ -205,12 +205,10 @@ class _Tokenize:
     (`replay`'s `after_call`), so a call and its baseline are timed under the same moment's load (before
     2026-12-07 the baselines were timed after all the calls, and the box's load drifted between the two).
 
-    Each way has its own tokenizer (`WAYS`), so each tokenises each text for the first time, as the proxy does: a
+    Each way has its own tokenizer, so each tokenises each text for the first time, as the proxy does: a
     BPE tokenizer caches the words it has merged, and the same text a second time took 0.5-0.8 ms less here
     (`encode_batch_fast` right after `encode` of the same text, as this timed it before 2026-12-07 evening:
     that baseline was warm, the proxy's tokenising never is)."""
-
-    WAYS = ("encode", "encode_batch_fast")
 
     def __init__(self) -> None:
         from tokenizers import Tokenizer
@@ -218,7 +216,7 @@ class _Tokenize:
         from gyre.benches.proxy import _tokenizer
 
         definition = _tokenizer().backend_tokenizer.to_str()
-        self._plain, self._fast = (Tokenizer.from_str(definition) for _ in self.WAYS)
+        self._plain, self._fast = Tokenizer.from_str(definition), Tokenizer.from_str(definition)
         self.plain_ms: list[float] = []
         self.fast_ms: list[float] = []
 

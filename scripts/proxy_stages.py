@@ -12,9 +12,11 @@ Stages nest: `handler` (the endpoint, from its start to the response object) hol
 `read_conversation` (body, JSON, message cache, validation), `core_turn` (`build_await`: the
 hop to a prompt lane and `build_thread`, the build there: `render`, `best_state`, `encode`)
 and `turn_run` (`generation`: router, the engine thread's hop, the null engine; then
-`finish_thread`: decode, parse and `record`). `render` and `encode` also count the turn
-remembered after the answer (off the call's path). The round trip minus `handler` is HTTP on
-both sides. The wrappers add a few microseconds per stage.
+`finish_thread`: decode, parse and `record`). `long_text` is the part of `encode` sent to the
+helper process (a text of at least `long_text.LONG_TEXT_CHARS` characters tokenised at once; not
+printed when no call had one). `render` and `encode` also count the turn remembered after the
+answer (off the call's path). The round trip minus `handler` is HTTP on both sides. The wrappers
+add a few microseconds per stage.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ STAGES = {  # stage -> (module, class, method)
     "render": ("gyre.proxy.prompt", "PromptBuilder", "render"),
     "best_state": ("gyre.proxy.prompt", "TitoCache", "best_state"),
     "encode": ("gyre.proxy.escape", "ControlTokenEscaper", "encode"),
+    "long_text": ("gyre.proxy.long_text", "LongTextTokenizer", "encode"),
     "turn_run": ("gyre.proxy.completion", "Turn", "_run"),
     "generation": ("gyre.proxy.generation", "Generation", "run"),
     "finish_thread": ("gyre.proxy.completion", "Turn", "_finish"),

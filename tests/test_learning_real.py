@@ -33,7 +33,8 @@ def test_a_round_counts_only_full_solves_leaves_failed_evaluations_out_and_split
         for i, score in enumerate(scores):
             rows.append({"execution_id": f"e0000-{qid}-g{i:02d}", "step": 0, "query_id": qid, "purpose": "eval",
                          "status": "completed", "eval_status": "ok" if score is not None else "error",
-                         "score": score, "started_at": now, "finished_at": now})
+                         "score": score, "num_calls": 3 if score == 1.0 else 2, "started_at": now,
+                         "finished_at": now})
     store = RunStore(tmp_path / "gyre.duckdb")
     store.append("executions", rows)
     store.close()
@@ -44,6 +45,8 @@ def test_a_round_counts_only_full_solves_leaves_failed_evaluations_out_and_split
     assert r.zero_tasks == pytest.approx(1 / 3)
     assert r.kinds["add"]["tasks"] == 2 and r.kinds["clamp"]["pass_at_1"] == pytest.approx(0.25)
     assert r.per_task == {"q0001-add": [4, 2], "q0002-add": [3, 0], "q0003-clamp": [4, 1]}
+    # turns: over the 11 valid samples, and over the 3 solved ones (the failed evaluation is in neither)
+    assert r.calls_per_execution == pytest.approx(25 / 11) and r.calls_per_solved == 3.0
     with pytest.raises(ValueError, match="no scored eval execution before step 5"):
         round_pass_at_k(tmp_path / "gyre.duckdb", 5)
     curve, rounds = pass_curve(tmp_path / "gyre.duckdb")  # what the bench reads of a run: every round

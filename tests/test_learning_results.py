@@ -1,8 +1,8 @@
 """The committed real-model bench results: their figures recompute from the runs they carry, and the docs quote them.
 
-Each result file (`docs/results/learning-smollm2*.json`) holds every run's eval rounds. The gains, both
-standard errors (over seeds; by the bootstrap over seeds, tasks and samples) and each half of the goal by the
-2-se rule are recomputed here from those rounds, by hand where the arithmetic is short and through
+Each result file (`docs/results/learning-smollm2*.json`, `learning-probe*.json`) holds every run's eval rounds.
+The gains, both standard errors (over seeds; by the bootstrap over seeds, tasks and samples) and each half of
+the goal by the 2-se rule are recomputed here from those rounds, by hand where the arithmetic is short and through
 `summarise_real` for the whole summary, so a file edited by hand, or a summary code change that moves a
 number, fails. `docs/learning.md` and the README quote the held-out benches; each quoted figure is formatted
 from the file as the docs write it and must be found there.
@@ -21,13 +21,15 @@ from gyre.benches.learning_real import summarise_real
 from gyre.benches.learning_stats import bootstrap_se
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = sorted((ROOT / "docs/results").glob("learning-smollm2*.json"))
+RESULTS = sorted([*(ROOT / "docs/results").glob("learning-smollm2*.json"),
+                  *(ROOT / "docs/results").glob("learning-probe*.json")])
 HELD_OUT = ("docs/results/learning-smollm2.json", "docs/results/learning-smollm2-neg025.json")
 # result file -> the docs that quote it
 QUOTED = {
     "docs/results/learning-smollm2.json": ("docs/learning.md", "README.md"),
     "docs/results/learning-smollm2-neg025.json": ("docs/learning.md", "README.md"),
     "docs/results/learning-smollm2-val-neg025.json": ("docs/learning.md",),
+    "docs/results/learning-probe-val-lr1e-4.json": ("docs/learning.md",),
 }
 
 

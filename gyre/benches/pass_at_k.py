@@ -44,6 +44,10 @@ class RoundPassK:
     kinds: dict[str, dict[str, float | int]]
     per_task: dict[str, list[int]]
     """Query id -> [valid samples n, solved c] of every task: what a bootstrap over tasks and samples redraws."""
+    calls_per_execution: float | None = None
+    """Mean model calls (the harness's turns) of the round's valid samples."""
+    calls_per_solved: float | None = None
+    """Mean model calls of its solved samples (None when none solved): whether a policy solves in fewer turns."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -69,6 +73,9 @@ def round_pass_at_k(db: Path, step: int, k: int | None = None) -> RoundPassK:
             "select query_id, count(*), count(*) filter (where score >= 1.0), avg(score) from executions "
             "where purpose = 'eval' and step = ? and eval_status = 'ok' group by query_id order by query_id",
             [step]).fetchall()
+        calls, calls_solved = con.execute(
+            "select avg(num_calls), avg(num_calls) filter (where score >= 1.0) from executions "
+            "where purpose = 'eval' and step = ? and eval_status = 'ok'", [step]).fetchone()
     if not rows:
         raise ValueError(f"{db}: no scored eval execution before step {step}")
     k = k if k is not None else min(n for _, n, _, _ in rows)
@@ -81,4 +88,6 @@ def round_pass_at_k(db: Path, step: int, k: int | None = None) -> RoundPassK:
                       pass_at_1=float(overall["pass_at_1"]), pass_at_k=float(overall["pass_at_k"]),
                       mean_score=float(overall["mean_score"]), zero_tasks=float(overall["zero_tasks"]),
                       kinds={kind: _summary(v, k) for kind, v in sorted(kinds.items())},
-                      per_task={qid: [n, c] for qid, (n, c, _) in per_task.items() if n >= k})
+                      per_task={qid: [n, c] for qid, (n, c, _) in per_task.items() if n >= k},
+                      calls_per_execution=None if calls is None else float(calls),
+                      calls_per_solved=None if calls_solved is None else float(calls_solved))

@@ -1,4 +1,4 @@
-"""`gyre bench proxy-sessions`, `proxy-long-call` and `proxy-echo`: agent-shaped sessions and their replay through the proxy.
+"""`gyre bench proxy-sessions`, `proxy-long-call`, `proxy-echo`: agent-shaped sessions replayed through the proxy.
 
 The generator's sessions are well-formed in both API shapes, carry the same conversation in
 both, and each call's prompt extends the previous one (as messages and as the proxy's token
@@ -88,7 +88,8 @@ def test_cli_bench_proxy_sessions_prints_tables(monkeypatch, tmp_path):
     from gyre.cli.main import app
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the tiny model is built under tmp_path
-    result = CliRunner().invoke(app, ["bench", "proxy-sessions", "--sessions", "1", "--turns", "2", "--max-tokens", "2"])
+    result = CliRunner().invoke(app, ["bench", "proxy-sessions", "--sessions", "1", "--turns", "2",
+                                      "--max-tokens", "2"])
     assert result.exit_code == 0, result.output
     assert "the k-th call of a session" in result.output and "proxy - direct" in result.output
     result = CliRunner().invoke(app, ["bench", "proxy-long-call", "--session-tokens", "2000", "--json"])
@@ -160,6 +161,10 @@ def test_cli_bench_proxy_echo_reports_the_overhead():
     # the sequential calls' overhead over tokenising their own new text, and the proxy's CPU at once
     assert "sequential_over_tokenize_p50_ms" in figures and figures["concurrent_proxy_cpu_cores"] > 0
     assert 0 < figures["concurrent_client_cpu_cores"] <= figures["cpu_count"]
+    # the busiest threads, most first, each a part of the process's CPU (the ticks of one thread are in its total)
+    busiest = figures["concurrent_busiest_thread_cores"]
+    assert 1 <= len(busiest) <= 3 and busiest == sorted(busiest, reverse=True)
+    assert 0 <= busiest[-1] and sum(busiest) <= figures["concurrent_proxy_cpu_cores"] + 0.02
 
 
 def test_each_tokenising_baseline_meets_each_text_first_with_the_servers_vocabulary():

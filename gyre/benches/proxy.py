@@ -68,7 +68,8 @@ def _tokenizer():
 
 
 def _output_ids(tokenizer) -> list[int]:
-    return tokenizer("The tests pass.", add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return tokenizer("The tests pass.", add_special_tokens=False)["input_ids"] + [end]
 
 
 def _serve(conn) -> None:
@@ -167,7 +168,22 @@ def null_proxy() -> Iterator[tuple[int, list[str]]]:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds process `pid` has used (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return _stat_cpu_s(Path(f"/proc/{pid}/stat"))
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of each live thread of process `pid` (thread id -> seconds)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out[int(task.name)] = _stat_cpu_s(task / "stat")
+        except FileNotFoundError:  # the thread ended since the listing
+            continue
+    return out
+
+
+def _stat_cpu_s(stat: Path) -> float:
+    fields = stat.read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

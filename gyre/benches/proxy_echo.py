@@ -17,7 +17,8 @@ clock starts; a client library's own request building would be measured too). `c
 sessions run at once (32: the issue's setting); p50 and p99 over every call, and the proxy
 process's CPU over that phase in cores (`concurrent_proxy_cpu_cores`: near the box's core count, less what the
 client itself takes on the same box, `concurrent_client_cpu_cores`, when the proxy is bound by the cores rather
-than by one thread holding the GIL).
+than by one thread holding the GIL), and its three busiest threads' (`concurrent_busiest_thread_cores`: the
+event loop's thread near 1.0 says that one thread is what bounds the proxy).
 
 In the same run, to say where the time goes: one session at a time (`sequential_*`: a call's
 service time with nothing queued before it), and `tokenize_new_*`: tokenising each of those
@@ -135,7 +136,7 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
         result_chars: tuple[int, int] = RESULT_CHARS) -> dict:
     """`concurrency` echoing sessions growing to about `target_tokens`, all at once, through the
     null proxy; the per-call overhead's p50 / p99 (milliseconds)."""
-    from gyre.benches.proxy import NUM_EXECUTIONS, _quantile, cpu_seconds, null_proxy_process
+    from gyre.benches.proxy import NUM_EXECUTIONS, _quantile, cpu_seconds, null_proxy_process, thread_cpu_seconds
 
     if concurrency + SEQUENTIAL_SESSIONS > NUM_EXECUTIONS:
         raise ValueError(f"at most {NUM_EXECUTIONS - SEQUENTIAL_SESSIONS} sessions (the benchmark server's keys)")
@@ -165,10 +166,13 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
             return out
 
         cpu_before, client_before = cpu_seconds(pid), time.process_time()
+        threads_before = thread_cpu_seconds(pid)
         started = time.perf_counter()
         per_session = asyncio.run(all_sessions())
         wall_s = time.perf_counter() - started
         proxy_cores = (cpu_seconds(pid) - cpu_before) / wall_s
+        thread_cores = sorted(((s - threads_before.get(tid, 0.0)) / wall_s
+                               for tid, s in thread_cpu_seconds(pid).items()), reverse=True)
         client_cores = (time.process_time() - client_before) / wall_s
         sequential_ms = [s * 1e3 for _, s in asyncio.run(one_at_a_time())]
     ms = [s * 1e3 for calls in per_session for _, s in calls]
@@ -189,6 +193,7 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
         "sequential_over_tokenize_fast_p50_ms": round(statistics.median(over_fast_ms), 3),
         "concurrent_proxy_cpu_cores": round(proxy_cores, 2),
         "concurrent_client_cpu_cores": round(client_cores, 2),
+        "concurrent_busiest_thread_cores": [round(c, 2) for c in thread_cores[:3]],
         "cpu_count": os.cpu_count(),
         "calls": len(ms), "sessions": concurrency, "turns": turns, "wall_s": round(wall_s, 2),
         "last_call_body_kb": round(statistics.median(b for b, _ in last) / 1024, 1),

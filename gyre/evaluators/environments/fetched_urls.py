@@ -25,6 +25,8 @@ from __future__ import annotations
 import ast
 import re
 
+from gyre.evaluators import pyparse
+
 NETWORK_MODULES = ("requests", "httpx", "urllib3", "urllib.request", "aiohttp", "http.client", "websocket",
                    "websockets", "grpc")
 FETCH_CALLS = frozenset({
@@ -44,7 +46,7 @@ _URL = re.compile(r"(?:https?|wss?)://([A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])")
 def fetched_hosts(source: str) -> set[str]:
     """The remote hosts (lower case) whose URLs `source`'s code passes to a fetching call (module docstring)."""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except (SyntaxError, ValueError):
         return set()
     imported = _imported(tree)

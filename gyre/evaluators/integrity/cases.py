@@ -40,6 +40,8 @@ import ast
 import math
 import sys
 
+from gyre.evaluators import pyparse
+
 BUILTIN_FIXTURES = frozenset({
     "request", "tmp_path", "tmpdir", "tmp_path_factory", "tmpdir_factory", "monkeypatch", "capsys",
     "capsysbinary", "capfd", "capfdbinary", "caplog", "recwarn", "pytestconfig", "record_property",
@@ -59,7 +61,7 @@ def case_counts(source: str) -> dict[tuple[str, ...], int]:
     if any(marker in source for marker in _DYNAMIC_MARKERS):
         return {}
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {}
     counts: dict[tuple[str, ...], int] = {}
@@ -164,7 +166,7 @@ def data_driven(source: str) -> set[tuple[str, ...]]:
     name the module imports, or binds at its top level from one (never a builtin, the standard library's, or a
     literal list's fixed length): its cases are the workspace's data."""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return set()
     imported = {(a.asname or a.name).split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
@@ -225,7 +227,7 @@ def skip_marked(source: str) -> set[tuple[str, ...]]:
     marks=pytest.mark.xfail)`, bleach's). Such a case skipped or xfailed is the test's own expectation, not a
     failure a workspace could hide behind padded cases."""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return set()
     module = any(isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)

@@ -37,7 +37,6 @@ evaluation runs the live workspace: its bytecode stays a blind spot).
 
 from __future__ import annotations
 
-import ast
 import io
 import itertools
 import os
@@ -58,6 +57,7 @@ from gyre.evaluators.integrity.monitor_checks import (
     EVIDENCE_CHARS, NEWLINE, Check, ConstantOperator, Flag, ModuleGetattr, PytestHook, ReadsTestSource, SysModulesWrite,
 )
 from gyre.evaluators.integrity.pytest_guard import PLANTED_FILE_NAMES
+from gyre.evaluators import pyparse
 
 TEST_INFRASTRUCTURE = "test-infrastructure"
 SCAN_INCOMPLETE = "scan-incomplete"
@@ -156,7 +156,7 @@ def _run_checks(checks: tuple[Check, ...], rel: str, source: str) -> list[Flag]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tree = ast.parse(source, filename=rel)
+            tree = pyparse.parse(source, filename=rel)
     except (SyntaxError, ValueError):  # Python would not import it either
         return []
     except (RecursionError, MemoryError) as exc:  # Python's own compile may still manage (more stack, a fresh process)

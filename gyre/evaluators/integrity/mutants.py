@@ -59,6 +59,7 @@ from gyre.evaluators.integrity import matchers
 from gyre.evaluators.integrity import tolerance
 from gyre.evaluators.integrity.flip_change import flipped
 from gyre.evaluators.integrity.literal_change import INT_STEPS  # noqa: F401  (the mutants' public figures)
+from gyre.evaluators import pyparse
 
 VALUE, FLIP = "value", "flip"
 RUNS = 2
@@ -107,7 +108,7 @@ def plan_mutations(source: str, rng: random.Random, runs: tuple[int, ...] = (0, 
     `subclassed`: class names some pristine class derives from: their methods run under other classes' names too
     (`TestSub::test_x`), so they are never mutated."""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     lines = code_lines(source)
@@ -131,7 +132,7 @@ def assertion_helpers(source: str) -> dict[str, tuple[int, int]]:
     """Module-level functions of `source` whose last statement asserts two of their parameters equal
     (`def check(got, want): assert got == want, ...`): name -> the two parameters' places."""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {}
     found = {}
@@ -237,7 +238,7 @@ def _rebound(name: str, later: list[ast.stmt]) -> bool:
 def base_names(source: str) -> set[str]:
     """The names of every base class any class of `source` derives from (`Base`, `base.Base` -> `Base`)."""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return set()
     return {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")

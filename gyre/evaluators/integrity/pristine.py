@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from gyre.evaluators.integrity.mutants import Mutation, apply
+from gyre.evaluators import pyparse
 
 TestId = tuple[str, ...]
 """(class, nested class, ..., function) of a test inside its file."""
@@ -52,7 +53,7 @@ def pristine_classes(sources: list[str]) -> dict[str, ast.ClassDef]:
     found = {}
     for source in sources:
         try:
-            tree = ast.parse(source)
+            tree = pyparse.parse(source)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
         found.update((node.name, node) for node in _statements(tree.body) if isinstance(node, ast.ClassDef))
@@ -61,7 +62,7 @@ def pristine_classes(sources: list[str]) -> dict[str, ast.ClassDef]:
 
 def _tests(source: str, elsewhere: dict[str, ast.ClassDef]) -> tuple[set[TestId], set[TestId]]:
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return set(), set()
     classes = {**elsewhere, **{node.name: node for node in _statements(tree.body) if isinstance(node, ast.ClassDef)}}
@@ -197,7 +198,7 @@ def doctest_holders(source: str) -> set[str]:
     functions are not searched, as the finder does not search them); only those whose docstring holds a `>>>`
     example, as pytest makes items only for those. Empty if unparsable."""
     try:
-        tree = ast.parse(source)
+        tree = pyparse.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return set()
     found = {""} if _EXAMPLE.search(ast.get_docstring(tree, clean=False) or "") else set()

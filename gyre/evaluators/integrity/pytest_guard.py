@@ -57,6 +57,7 @@ from packaging.requirements import Requirement
 
 from gyre.evaluators.environments.toolenv import top_level_modules
 from gyre.sandboxes.paths import clear_path
+from gyre.evaluators import pyparse
 
 PLANTED_FILE_NAMES = frozenset(
     {
@@ -198,7 +199,7 @@ def imported_modules(sources: list[str]) -> set[str]:
     names: set[str] = set()
     for source in sources:
         try:
-            tree = ast.parse(source)
+            tree = pyparse.parse(source)
         except (SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):

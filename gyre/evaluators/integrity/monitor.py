@@ -51,13 +51,13 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 
+from gyre.evaluators import pyparse
 from gyre.evaluators.integrity.copied import CHECK as COPY_CHECK
 from gyre.evaluators.integrity.copied import copy_of
 from gyre.evaluators.integrity.monitor_checks import (
     EVIDENCE_CHARS, NEWLINE, Check, ConstantOperator, Flag, ModuleGetattr, PytestHook, ReadsTestSource, SysModulesWrite,
 )
 from gyre.evaluators.integrity.pytest_guard import PLANTED_FILE_NAMES
-from gyre.evaluators import pyparse
 
 TEST_INFRASTRUCTURE = "test-infrastructure"
 SCAN_INCOMPLETE = "scan-incomplete"

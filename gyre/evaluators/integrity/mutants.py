@@ -53,13 +53,13 @@ import random
 import re
 from dataclasses import dataclass
 
+from gyre.evaluators import pyparse
 from gyre.evaluators.integrity import echo_change
 from gyre.evaluators.integrity import literal_change as lit
 from gyre.evaluators.integrity import matchers
 from gyre.evaluators.integrity import tolerance
 from gyre.evaluators.integrity.flip_change import flipped
 from gyre.evaluators.integrity.literal_change import INT_STEPS  # noqa: F401  (the mutants' public figures)
-from gyre.evaluators import pyparse
 
 VALUE, FLIP = "value", "flip"
 RUNS = 2

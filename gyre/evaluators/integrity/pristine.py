@@ -26,8 +26,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from gyre.evaluators.integrity.mutants import Mutation, apply
 from gyre.evaluators import pyparse
+from gyre.evaluators.integrity.mutants import Mutation, apply
 
 TestId = tuple[str, ...]
 """(class, nested class, ..., function) of a test inside its file."""

@@ -55,9 +55,9 @@ from pathlib import Path, PurePosixPath
 
 from packaging.requirements import Requirement
 
+from gyre.evaluators import pyparse
 from gyre.evaluators.environments.toolenv import top_level_modules
 from gyre.sandboxes.paths import clear_path
-from gyre.evaluators import pyparse
 
 PLANTED_FILE_NAMES = frozenset(
     {

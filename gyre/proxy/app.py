@@ -6,7 +6,7 @@ works on either API, and a request carrying both is served if either key is know
 body is size-checked (`max_body_bytes`, before and while it is read) and must keep arriving
 (each part within `body_idle_timeout_s` of the last, else a 408), it is validated at this
 boundary, and the call runs in `completion.py`, which checks the prompt's length against
-the context (`limits.py`) before templating it off the event loop (`offload.py`). Errors
+the context (`limits.py`) before templating it (`offload.py` says on which thread). Errors
 come back in the shape of the API the path belongs to: `/v1/messages*` answers like
 Anthropic, everything else like OpenAI.
 

@@ -6,14 +6,15 @@ back into their own shapes. Everything that decides what is trained happens here
 
 1. the prompt is checked against the context by a cheap character bound (`limits.py`),
    then rendered with the chat template and the exact sampled ids of earlier outputs of
-   the same execution are spliced in (`prompt.py`), in a worker thread (`offload.py`);
+   the same execution are spliced in (`prompt.py`), in a worker thread (`offload.py`), unless
+   the call is alone in the proxy and its new text short (`INLINE_BUILD_CHARS`);
 2. the generation runs on engines leased from the router, continued exactly across
    drains and failures (`generation.py`);
 3. the output is parsed (`output.py`) and recorded as a `Call` BEFORE the response
    completes; the turn as the harness will send it back (`assistant_message`) is
    remembered for splicing; in a worker thread too, unless the output is short
-   (`INLINE_FINISH_TOKENS`: the hop would cost more). The event loop never templates or
-   tokenises a prompt, nor decodes or parses a long output.
+   (`INLINE_FINISH_TOKENS`: the hop would cost more). While other calls are in flight the
+   event loop never templates or tokenises a prompt; it never decodes or parses a long output.
 
 A call that ends without a complete output (client gone, streaming or not; engines failed
 after sampling some tokens) is recorded with `finish_reason == "abort"` and never
@@ -60,6 +61,14 @@ INLINE_FINISH_TOKENS = 256
 microseconds: the call's prompt ids are handed to its record, not copied); a hop to a worker
 thread and back costs more than that (~0.15 ms of an agent-shaped call: `scripts/proxy_stages.py`).
 Longer outputs take the call's prompt lane."""
+
+INLINE_BUILD_CHARS = 16_384
+"""A call's build runs on the event loop, not in a prompt lane, when nothing else is in flight in
+the proxy (no other build, no generation) and the text it must tokenise anew is at most this many
+counted characters (`new_chars`: a few milliseconds of tokenising at most). With nothing else in
+flight the loop has nothing to do meanwhile, and the hop to a lane and back costs 0.2-0.5 ms of a
+call (`scripts/proxy_stages.py`, `build_await` minus `build_thread`); a request that arrives during
+such a build waits for it, at most that long. Any other call in flight sends builds to the lanes."""
 
 MAX_STOP_STRINGS = 32
 """Most stop strings one request may give (OpenAI allows 4; some clients send more)."""
@@ -138,16 +147,24 @@ class CompletionCore:
         self.builder = PromptBuilder(tokenizer)
         self.limit = limit
         self.lanes = lanes or PromptLanes()
+        self._lane_builds = 0  # builds in a lane now (read and changed on the event loop only)
 
     def prompt_chars(self, req: TurnRequest) -> int:
         """The request's counted characters, refused (400) when they cannot fit the context."""
         return self.limit.check(req.messages) if self.limit is not None else counted_chars(req.messages)
 
     async def build_prompt(self, req: TurnRequest, chars: int | None = None) -> BuiltPrompt:
-        """The TITO prompt, built in a worker thread after the character bound passed."""
+        """The TITO prompt, built after the character bound passed: in a worker thread, or on the
+        loop when nothing else is in flight and its new text is short (`INLINE_BUILD_CHARS`)."""
         if chars is None:
             chars = self.prompt_chars(req)
-        return await self.lanes.run(chars, self._build, req)
+        if self._lane_builds == 0 and new_chars(req) <= INLINE_BUILD_CHARS and not self.router.busy():
+            return self._build(req)
+        self._lane_builds += 1
+        try:
+            return await self.lanes.run(chars, self._build, req)
+        finally:
+            self._lane_builds -= 1
 
     def _build(self, req: TurnRequest) -> BuiltPrompt:
         try:
@@ -312,6 +329,18 @@ class Turn:
         )
         self.core.sessions.record(req.session, call, self.prompt.fallback_turns)
         return call
+
+
+def new_chars(req: TurnRequest) -> int:
+    """About the counted characters (`limits.counted_chars`) the build will tokenise anew: those after
+    the last assistant turn once the execution has a turn remembered for splicing (the prefix up to
+    it is reused), else the whole conversation's. An estimate (the template's own text is not
+    counted; a turn the harness changed is tokenised again): it only decides where a build runs."""
+    messages = req.messages
+    if req.session.tito.remembered():
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+        messages = messages[last + 1 :]
+    return counted_chars(messages)
 
 
 async def _disconnect(receive) -> None:

@@ -1,11 +1,13 @@
 """Prompt work off the event loop, in two bounded lanes of worker threads.
 
-The proxy's event loop only moves bytes: it reads bodies, routes, streams tokens, answers
+The proxy's event loop moves bytes: it reads bodies, routes, streams tokens, answers
 `/health`. Templating a conversation and tokenising it, and after the engine answers,
 decoding and parsing a long output and rendering the turn to remember it for splicing
-(`completion.py`), cost time linear in the prompt or output, so they never run on the loop:
-`PromptLanes.run` hands them to a worker thread and awaits the result (a short output is
-finished on the loop, `completion.INLINE_FINISH_TOKENS`: the hop would cost more).
+(`completion.py`), cost time linear in the prompt or output, so they do not run on the loop
+while other calls need it: `PromptLanes.run` hands them to a worker thread and awaits the
+result. Two exceptions, where the hop would cost more than the work: a short output is
+finished on the loop (`completion.INLINE_FINISH_TOKENS`), and a call alone in the proxy whose
+new text is short is built there (`completion.INLINE_BUILD_CHARS`).
 Remembering the turn is not on the call's path at all: `PromptLanes.submit` runs it once
 the answer is out (the execution's next build runs it first if it comes before,
 `prompt.TitoCache.settle`).

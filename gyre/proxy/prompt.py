@@ -96,6 +96,11 @@ class TitoCache:
         with self.lock:
             self._pending.append(remember)
 
+    def remembered(self) -> bool:
+        """Whether a returned turn is remembered, or waits to be (a later prompt reuses its prefix)."""
+        with self.lock:
+            return bool(self.states or self._pending)
+
     def settle(self) -> None:
         """Run every deferred remember, in the order deferred. One that fails (a chat template that
         does not render a conversation as a prefix of its continuation) is logged: its turn is not

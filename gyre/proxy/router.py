@@ -105,6 +105,11 @@ class EngineRouter:
         with self._lock:
             return [s.engine for s in self._engines.values()]
 
+    def busy(self) -> bool:
+        """Whether any attempt is in flight on any engine."""
+        with self._lock:
+            return any(s.in_flight for s in self._engines.values())
+
     def load(self) -> dict[str, int]:
         """Attempts in flight per registered engine."""
         with self._lock:

@@ -66,9 +66,10 @@ INLINE_BUILD_CHARS = 16_384
 """A call's build runs on the event loop, not in a prompt lane, when nothing else is in flight in
 the proxy (no other build, no generation) and the text it must tokenise anew is at most this many
 counted characters (`new_chars`: a few milliseconds of tokenising at most). With nothing else in
-flight the loop has nothing to do meanwhile, and the hop to a lane and back costs 0.2-0.5 ms of a
-call (`scripts/proxy_stages.py`, `build_await` minus `build_thread`); a request that arrives during
-such a build waits for it, at most that long. Any other call in flight sends builds to the lanes."""
+flight the loop has nothing to do meanwhile, and the hop to a lane and back costs 0.2-1.3 ms of a
+call, quiet box to loaded (`scripts/proxy_stages.py`, `build_await` minus `build_thread`;
+docs/benches.md); a request that arrives during such a build waits for it. Any other call in flight
+sends builds to the lanes."""
 
 MAX_STOP_STRINGS = 32
 """Most stop strings one request may give (OpenAI allows 4; some clients send more)."""

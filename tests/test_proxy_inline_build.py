@@ -19,6 +19,7 @@ from gyre.proxy.sessions import SessionRegistry
 from tests.fakes import ScriptedEngine
 
 HOLD = "hold this call"
+HOLD_BUILD = "hold this build"
 
 
 class HoldingEngine(ScriptedEngine):
@@ -35,18 +36,30 @@ class HoldingEngine(ScriptedEngine):
         return super().generate(request)
 
 
+class Builds(list):
+    """Per build, in order: whether it ran in a prompt lane (else on the event loop). A build whose last
+    message says `HOLD_BUILD` waits for `release` first (`building` is set while it waits)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.building, self.release = threading.Event(), threading.Event()
+
+
 @pytest.fixture
 def builds(monkeypatch):
-    """Per build, in order: whether it ran in a prompt lane (else on the event loop)."""
-    where: list[bool] = []
+    where = Builds()
     real = PromptBuilder.build
 
     def watched(self, messages, tools, cache):
         where.append(threading.current_thread().name.startswith("gyre-prompt"))
+        if HOLD_BUILD in str(messages[-1].get("content")):
+            where.building.set()
+            assert where.release.wait(30)
         return real(self, messages, tools, cache)
 
     monkeypatch.setattr(PromptBuilder, "build", watched)
-    return where
+    yield where
+    where.release.set()
 
 
 @pytest.fixture
@@ -109,3 +122,17 @@ def test_a_call_made_while_another_is_in_flight_is_built_in_a_lane(proxy, builds
     _post(server, key, [{"role": "user", "content": "short"}, {"role": "assistant", "content": ""},
                         {"role": "user", "content": "alone now"}])
     assert builds == [False, True, False]  # the held call (alone), the one beside it, then alone again
+
+
+def test_a_call_made_while_another_is_being_built_in_a_lane_is_built_in_a_lane(proxy, builds):
+    server, sessions, _ = proxy
+    long_log = "x = 1\n" * (INLINE_BUILD_CHARS // 6 + 1) + HOLD_BUILD  # a lane's build, held there
+    held = threading.Thread(target=_post, args=(server, sessions.mint("held"), [{"role": "user", "content": long_log}]))
+    held.start()
+    try:
+        assert builds.building.wait(30)
+        _post(server, sessions.mint("e"), [{"role": "user", "content": "short"}])
+    finally:
+        builds.release.set()
+        held.join(30)
+    assert builds == [True, True]

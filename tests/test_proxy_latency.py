@@ -43,8 +43,10 @@ NUM_SMALL = 100
 SMALL_P99_MS = 100.0
 HEALTH_MS = 50.0
 HEAVY_SENDERS = 2
-HEAVY_BODIES = 6
-"""Distinct heavy prompts per sender and round (fresh text: nothing is served from a cache)."""
+HEAVY_BODIES = 16
+"""Distinct heavy prompts per sender and round (fresh text: nothing is served from a cache); enough that no
+sender runs out before the small requests end (a sender stops at once when they do). With 6, a quiet box
+served them all early and the overlap check failed 2 runs in 12."""
 HUGE_AFTER_SMALL = 20
 """The 8 MB prompt is sent once this many small requests have been answered."""
 MAX_ROUNDS = 5

@@ -159,7 +159,8 @@ class CompletionCore:
         loop when nothing else is in flight and its new text is short (`INLINE_BUILD_CHARS`)."""
         if chars is None:
             chars = self.prompt_chars(req)
-        if self._lane_builds == 0 and new_chars(req) <= INLINE_BUILD_CHARS and not self.router.busy():
+        # alone first: under load that answers, and the O(messages) count is not made
+        if self._lane_builds == 0 and not self.router.busy() and new_chars(req) <= INLINE_BUILD_CHARS:
             return self._build(req)
         self._lane_builds += 1
         try:

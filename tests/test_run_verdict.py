@@ -29,7 +29,7 @@ def test_a_run_that_scored_nothing_fails_with_its_reason_everywhere(tmp_path, ti
     index = FlakyIndex(FOREVER)
     config = _config(
         tmp_path, tmp_path / "cache",
-        f"model:\n  path: {tiny_model_dir}\n  warmstart:\n    steps: 50\n"
+        f"model:\n  path: {tiny_model_dir}\n  warmstart:\n    steps: 5\n"
         "benchmark:\n  num_queries: 16\n  eval_fraction: 0.25\n"
         "evaluation:\n  every_steps: 1\n  samples_per_query: 1\n  max_queries: 2\n"
         f"evaluator:\n  network: package-index\n  index_url: {index.url}\n",
@@ -65,5 +65,5 @@ def test_a_run_that_scored_nothing_fails_with_its_reason_everywhere(tmp_path, ti
     assert any("all 2 evaluations failed (dropped); no pass rate" in line for line in logs), logs[-20:]
     assert any(line.startswith("run failed: scored nothing") for line in logs), logs[-20:]
     # the warm start ran inside the flow run, as its first task run, with its progress in the Logs
-    assert "warm start: step 50 of 50" in " ".join(logs), [line for line in logs if "warm" in line]
+    assert "warm start: step 5 of 5" in " ".join(logs), [line for line in logs if "warm" in line]
     assert warm_tasks == [("COMPLETED",)], warm_tasks

@@ -11,6 +11,12 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # ephemeral server that in-process flows start gets 180 s to answer (Prefect's default, 20 s,
 # counting only its sleeps between probes, is too short on a 2-core box at load 10)
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+# One torch thread per process (set before torch is first imported; every `gyre run`, server and Ray worker a test
+# starts inherits it). The suite runs two workers on two cores beside the processes they start, so torch's default
+# (a thread per core) oversubscribes the box and its threads spin-wait on each other: the tiny model's warm-start
+# and learning-bench tests (tests/test_warmstart.py, test_learning_bench.py, test_demonstrations.py) took 28-33 s
+# with the default and 9-14 s with one thread, alternately on the same loaded box (2026-12-07)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import tempfile
 from pathlib import Path

@@ -31,6 +31,7 @@ QUOTED = {
     "docs/results/learning-smollm2-val-neg025.json": ("docs/learning.md",),
     "docs/results/learning-probe-val-lr1e-4.json": ("docs/learning.md",),
     "docs/results/learning-probe-val-lr3e-4.json": ("docs/learning.md",),
+    "docs/results/learning-probe-heldout.json": ("docs/learning.md", "README.md"),
 }
 
 

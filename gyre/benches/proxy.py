@@ -72,7 +72,7 @@ def _output_ids(tokenizer) -> list[int]:
     return tokenizer("The tests pass.", add_special_tokens=False)["input_ids"] + [end]
 
 
-def _serve(conn) -> None:
+def _serve(conn, build_processes: int = 0) -> None:
     """Child process: the proxy in front of a NullEngine; sends (port, keys), then serves."""
     from gyre.engines.models.hf import stop_token_ids
     from gyre.net.server_thread import ServerThread
@@ -83,11 +83,14 @@ def _serve(conn) -> None:
     tokenizer = _tokenizer()
     sessions = SessionRegistry()
     router = EngineRouter([NullEngine(_output_ids(tokenizer))])
-    app = create_app(router, sessions, tokenizer, model_name="null", stop_token_ids=stop_token_ids(tokenizer))
+    app = create_app(router, sessions, tokenizer, model_name="null", stop_token_ids=stop_token_ids(tokenizer),
+                     build_processes=build_processes)
     server = ServerThread(app).start()
     conn.send((server.port, [sessions.mint(f"bench-{i}") for i in range(NUM_EXECUTIONS)]))
     conn.recv()  # parent says stop
     server.stop()
+    if app.state.core.builds is not None:
+        app.state.core.builds.close()
 
 
 def _bodies(keys: list[str], api: str) -> list[bytes]:
@@ -167,8 +170,25 @@ def null_proxy() -> Iterator[tuple[int, list[str]]]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds process `pid` has used (all its threads), from /proc."""
-    return _stat_cpu_s(Path(f"/proc/{pid}/stat"))
+    """User + system CPU seconds process `pid` and its live children have used (all their threads), from
+    /proc: a proxy's build workers (`gyre.proxy.build_processes`) are part of the proxy."""
+    total = _stat_cpu_s(Path(f"/proc/{pid}/stat"))
+    for child in _children(pid):
+        try:
+            total += _stat_cpu_s(Path(f"/proc/{child}/stat"))
+        except FileNotFoundError:  # it ended since the listing
+            continue
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except FileNotFoundError:  # the thread ended since the listing
+            continue
+    return out
 
 
 def thread_cpu_seconds(pid: int) -> dict[int, float]:
@@ -188,11 +208,12 @@ def _stat_cpu_s(stat: Path) -> float:
 
 
 @contextmanager
-def null_proxy_process() -> Iterator[tuple[int, list[str], int]]:
-    """`null_proxy`, with the child's pid (to read its CPU time: `cpu_seconds`)."""
+def null_proxy_process(build_processes: int = 0) -> Iterator[tuple[int, list[str], int]]:
+    """`null_proxy`, with the child's pid (to read its CPU time, its build workers' included: `cpu_seconds`).
+    `build_processes`: the proxy's prompt-build worker processes (0: builds in the proxy's process)."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve, args=(child,), daemon=True)
+    proc = ctx.Process(target=_serve, args=(child, build_processes), daemon=True)
     proc.start()
     try:
         if not parent.poll(120):

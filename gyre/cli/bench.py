@@ -50,13 +50,15 @@ def bench_proxy_echo(
     as_json: bool = JSON,
     concurrency: int = typer.Option(32, "--concurrency", min=1, help="Sessions at once."),
     long_tokens: int = typer.Option(50_000, "--long-tokens", min=1, help="Tokens each session grows to."),
+    build_processes: int = typer.Option(0, "--build-processes", min=0,
+                                        help="The proxy's prompt-build worker processes (0: in its own process)."),
 ) -> None:
     """The proxy's overhead as a real harness drives it: agent-shaped sessions echoing the proxy's
     own answers, growing to --long-tokens, against a null engine (gyre/benches/proxy_echo.py)."""
     from gyre.benches.proxy_echo import run
 
     _print_figures("gyre bench proxy-echo (agent-shaped, null engine)",
-                   run(concurrency, target_tokens=long_tokens), as_json)
+                   run(concurrency, target_tokens=long_tokens, build_processes=build_processes), as_json)
 
 
 @bench_app.command("proxy-sessions")

@@ -41,6 +41,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gyre.proxy import anthropic_api, openai_api
+from gyre.proxy.build_processes import BuildProcesses
 from gyre.proxy.completion import CompletionCore, ProxyDefaults
 from gyre.proxy.errors import ProxyError, error_response, validation_problem
 from gyre.proxy.limits import PromptLimit
@@ -238,14 +239,21 @@ def create_app(
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
     max_context_tokens: int | None = None,
     body_idle_timeout_s: float = DEFAULT_BODY_IDLE_TIMEOUT_S,
+    build_processes: int = 0,
 ) -> Starlette:
     """`max_context_tokens`: the engines' context, for refusing a prompt that cannot fit it
-    before any templating (`limits.py`); None leaves that to the engine."""
+    before any templating (`limits.py`); None leaves that to the engine. `build_processes`: worker processes
+    that build prompts (`build_processes.py`; 0 builds them in this process). Whoever stops the app's server
+    stops them: `app.state.core.builds.close()`."""
     executor = ThreadPoolExecutor(max_workers=max_concurrent_requests, thread_name_prefix="gyre-proxy-engine")
     limit = PromptLimit.for_tokenizer(tokenizer, max_context_tokens) if max_context_tokens is not None else None
+    builds = BuildProcesses(tokenizer, build_processes) if build_processes else None
+    if builds is not None:
+        sessions.on_close = builds.forget
     core = CompletionCore(
         router, sessions, tokenizer, executor,
         stop_token_ids=stop_token_ids, defaults=defaults, parser=parser or QwenToolCallParser(), limit=limit,
+        builds=builds,
     )
     ends = Endpoints(core, sessions, router, model_name, max_body_bytes, body_idle_timeout_s)
     chat, messages = endpoint("openai", ends.chat_completions), endpoint("anthropic", ends.messages)

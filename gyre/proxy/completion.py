@@ -16,6 +16,9 @@ back into their own shapes. Everything that decides what is trained happens here
    (`INLINE_FINISH_TOKENS`: the hop would cost more). While other calls are in flight the
    event loop never templates or tokenises a prompt; it never decodes or parses a long output.
 
+With build worker processes (`build_processes.py`, the proxy's `build_processes` > 0) the build of
+step 1 and the remember of step 3 run in the execution's worker instead, outside this process's GIL.
+
 A call that ends without a complete output (client gone, streaming or not; engines failed
 after sampling some tokens) is recorded with `finish_reason == "abort"` and never
 remembered for splicing: a partial record is never passed off as complete.
@@ -37,6 +40,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from gyre.engines.base import ContextLengthError, SamplingParams
+from gyre.proxy.build_processes import BuildProcesses
 from gyre.proxy.errors import ProxyError
 from gyre.proxy.generation import EngineFailedError, Generated, Generation
 from gyre.proxy.limits import PromptLimit, counted_chars
@@ -139,8 +143,10 @@ class CompletionCore:
         parser: ToolCallParser,
         limit: PromptLimit | None = None,
         lanes: PromptLanes | None = None,
+        builds: BuildProcesses | None = None,
     ) -> None:
-        """`limit`: the context's character bound (None: only the engine checks the context)."""
+        """`limit`: the context's character bound (None: only the engine checks the context);
+        `builds`: worker processes that build prompts (None: built in this process)."""
         self.router, self.sessions, self.tokenizer, self.executor = router, sessions, tokenizer, executor
         self.stop_token_ids = frozenset(stop_token_ids)
         self._stop_tuple = tuple(stop_token_ids)
@@ -149,6 +155,7 @@ class CompletionCore:
         self.limit = limit
         self.lanes = lanes or PromptLanes()
         self._lane_builds = 0  # builds in a lane now (read and changed on the event loop only)
+        self.builds = builds
 
     def prompt_chars(self, req: TurnRequest) -> int:
         """The request's counted characters, refused (400) when they cannot fit the context."""
@@ -159,6 +166,8 @@ class CompletionCore:
         loop when nothing else is in flight and its new text is short (`INLINE_BUILD_CHARS`)."""
         if chars is None:
             chars = self.prompt_chars(req)
+        if self.builds is not None:
+            return await self.builds.build(req.session, req.messages, req.tools)
         # alone first: under load that answers, and the O(messages) count is not made
         if self._lane_builds == 0 and not self.router.busy() and new_chars(req) <= INLINE_BUILD_CHARS:
             return self._build(req)
@@ -290,7 +299,8 @@ class Turn:
             result = self._finish(out, finish, stop_sequence, started)
         else:
             result = await self.core.lanes.run(self.chars, self._finish, out, finish, stop_sequence, started)
-        if finish != "abort":  # remembered after the answer is written (this task runs on to it first)
+        if finish != "abort" and self.core.builds is None:  # remembered after the answer is written (this task
+            # runs on to it first); a build worker remembers in its own process
             asyncio.get_running_loop().call_soon(self.core.lanes.submit, self.chars, self.req.session.tito.settle)
         return result
 
@@ -304,8 +314,12 @@ class Turn:
         parsed = parse_output(text, self.parser)
         call = self._record(out, finish, started)
         if finish != "abort":
-            tito, prompt, assistant = self.req.session.tito, self.prompt, self.req.assistant_message(parsed)
-            tito.defer(lambda: self.core.builder.remember(tito, prompt, assistant, out.output_ids, ended))
+            session, prompt, assistant = self.req.session, self.prompt, self.req.assistant_message(parsed)
+            if self.core.builds is not None:  # in the execution's build worker, sent before the answer
+                self.core.builds.remember(session, prompt, assistant, out.output_ids, ended)
+            else:
+                tito = session.tito
+                tito.defer(lambda: self.core.builder.remember(tito, prompt, assistant, out.output_ids, ended))
         return TurnResult(call, parsed, finish, stop_sequence)
 
     def _record(self, out: Generated, finish: str, started) -> Call:

@@ -82,6 +82,13 @@ class ProxyServeConfig(Section):
     """Engine calls in flight at once."""
     no_engine_wait_s: float = Field(default=120.0, ge=0)
     """How long a request waits for an engine when none is available, before a 503/529."""
+    build_processes: int = Field(default=0, ge=0)
+    """Worker processes that build prompts (template, splice, tokenise) and remember returned turns, each
+    execution on one of them (`gyre/proxy/build_processes.py`); 0 builds them in the proxy's process. For
+    many concurrent executions on a box with spare cores: the proxy's own Python then holds one GIL for HTTP,
+    validation and recording only. Each call pays a process hop: on 2 cores it used the cores (1.8 of 2 at 32
+    sessions) but served fewer calls per second than 0 (docs/benches.md, `gyre bench proxy-echo
+    --build-processes N`)."""
     keys: dict[str, str] = Field(default_factory=dict)
     """Static API key -> execution id (standalone use; a run mints one key per execution)."""
     record_path: Path | None = None

@@ -150,6 +150,10 @@ class BuiltPrompt:
     spliced_turns: int = 0
     fallback_turns: int = 0
     fallback_spans: list[tuple[int, int]] = field(default_factory=list)
+    base: PrefixState | None = field(default=None, repr=False)
+    """The prefix state the build started from (its ids begin with the state's), if any."""
+    handle: int | None = None
+    """Its number in a build worker (`build_processes.py`), which keeps it for the turn's remember."""
 
 
 def _compiled_template(tokenizer):
@@ -239,7 +243,7 @@ class PromptBuilder:
         else:
             prompt = BuiltPrompt(
                 ids=state.ids, text=full, num_messages=len(messages), messages=messages, tools=tools,
-                fallback_spans=list(state.fallback_spans),
+                fallback_spans=list(state.fallback_spans), base=state,
             )
             cursor, first = len(state.text), state.num_messages
         for i in range(first, len(messages)):

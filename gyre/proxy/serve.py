@@ -72,6 +72,7 @@ def build(config: ProxyServeConfig, sessions: SessionRegistry | None = None):
         max_body_bytes=config.max_body_bytes,
         max_concurrent_requests=config.max_concurrent_requests,
         max_context_tokens=min(e.max_context for e in engines),
+        build_processes=config.build_processes,
     )
     return app, router, sessions, engines
 
@@ -115,7 +116,7 @@ def serve(config_path: Path | str) -> None:
     config = load_proxy_config(config_path)
     check_port(config.host, config.port, config_path)
     previous = {sig: signal.signal(sig, _exit_on_signal) for sig in STOP_SIGNALS}
-    store = call_log = None
+    store = call_log = app = None
     engines = []
     try:
         if config.record_path is not None:
@@ -134,5 +135,7 @@ def serve(config_path: Path | str) -> None:
                 store.close()
             for engine in engines:
                 engine.close()
+            if app is not None and app.state.core.builds is not None:
+                app.state.core.builds.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

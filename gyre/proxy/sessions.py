@@ -16,6 +16,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gyre.proxy.message_cache import MessageCache
 from gyre.proxy.prompt import TitoCache
@@ -32,6 +33,8 @@ class ExecutionSession:
     closed: bool = False
     messages: MessageCache = field(default_factory=MessageCache)
     """The validated messages of its recent conversations (`message_cache.py`)."""
+    builds: Any = None
+    """Its builds in a worker process, when the proxy has them (`build_processes.ExecutionBuilds`)."""
 
     @property
     def segments(self):
@@ -46,6 +49,8 @@ class SessionRegistry:
         self._lock = threading.Lock()
         self._by_key: dict[str, ExecutionSession] = {}
         self._key_of: dict[str, str] = {}
+        self.on_close: Callable[[str], None] | None = None
+        """Called with an execution's id once it is closed (the proxy's build workers drop its state)."""
 
     def mint(self, execution_id: str) -> str:
         with self._lock:
@@ -82,4 +87,6 @@ class SessionRegistry:
             key = self._key_of.pop(execution_id)
             session = self._by_key.pop(key)
             session.closed = True
-            return session
+        if self.on_close is not None:
+            self.on_close(execution_id)
+        return session

@@ -6,7 +6,8 @@ one GIL: tokenising releases it (`escape.py`), the rest does not. At 32 agent-sh
 docs/benches.md): the GIL, not a thread, bounded it. With `build_processes` > 0 the TITO build
 (escape, render, splice, tokenise) and the turn's remember run in that many worker processes
 (`build_worker.py`), each execution on one of them (the one with the fewest executions when it is
-first seen), where its splice memory lives; the proxy's own process keeps HTTP, validation, generation and recording.
+first seen), where its splice memory lives; the proxy's own process keeps HTTP, validation,
+generation and recording.
 
 What crosses the socket is kept small: a build sends only the messages that differ from the
 execution's previous request (most of a conversation is the same objects as last time, from
@@ -15,7 +16,7 @@ after it: the proxy already holds that earlier prompt's ids (`ExecutionBuilds.id
 ~50k-token prompt comes back as the few thousand new ids.
 
 A worker that dies (killed, out of memory) fails the builds waiting on it with a 503; the next
-build of its shard starts a new worker, which knows nothing of earlier turns: those executions'
+build on that worker's slot starts a new one, which knows nothing of earlier turns: those executions'
 returned turns are then template tokens, counted as fallbacks (never passed off as sampled).
 A worker exits when the proxy's end of its socket closes.
 """

@@ -61,6 +61,12 @@ class NullEngine:
         pass
 
 
+START_TIMEOUT_S = 120.0
+"""How long the benchmark's proxy child may take to serve."""
+START_POLL_S = 0.5
+"""How often the parent checks that the child is still alive while it waits."""
+
+
 def _tokenizer():
     from gyre.engines.models.tiny import TinyModelSpec, build_tokenizer
 
@@ -216,8 +222,13 @@ def null_proxy_process(build_processes: int = 0) -> Iterator[tuple[int, list[str
     proc = ctx.Process(target=_serve, args=(child, build_processes), daemon=True)
     proc.start()
     try:
-        if not parent.poll(120):
-            raise TimeoutError("proxy benchmark server did not start within 120 s")
+        for _ in range(int(START_TIMEOUT_S / START_POLL_S)):
+            if parent.poll(START_POLL_S):
+                break
+            if not proc.is_alive():  # it failed to start: its traceback is on stderr above
+                raise RuntimeError(f"proxy benchmark server exited with code {proc.exitcode} before it served")
+        else:
+            raise TimeoutError(f"proxy benchmark server did not start within {START_TIMEOUT_S:g} s")
         port, keys = parent.recv()
         yield port, keys, proc.pid
     finally:

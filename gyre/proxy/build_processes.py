@@ -35,6 +35,7 @@ from typing import Any
 
 from gyre.proxy.build_worker import HEADER, KEEP_PROMPTS, frame
 from gyre.proxy.errors import ProxyError
+from gyre.proxy.message_cache import common_prefix
 from gyre.proxy.prompt import BuiltPrompt
 
 KEEP_IDS = 2 * KEEP_PROMPTS
@@ -85,10 +86,6 @@ class BuildProcesses:
         self._generations = 0
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    @property
-    def processes(self) -> int:
-        return len(self._shards)
-
     def _index(self, execution_id: str) -> int:
         """The execution's worker: the one with the fewest executions when it is first seen (a hash split
         32 executions 19 / 13 and the busier worker bounded the proxy), then always that one."""
@@ -105,10 +102,7 @@ class BuildProcesses:
         if state is None or state.generation != shard.generation:  # new here, or its worker was replaced
             handle = state.next_handle if state is not None else 0
             state = session.builds = ExecutionBuilds(generation=shard.generation, next_handle=handle)
-        previous, keep = state.messages, 0
-        n = min(len(messages), len(previous))
-        while keep < n and (messages[keep] is previous[keep] or messages[keep] == previous[keep]):
-            keep += 1
+        keep = common_prefix(messages, state.messages)  # the worker has these already
         same_tools = tools is state.tools or tools == state.tools
         state.messages, state.tools = messages, tools
         handle = state.next_handle

@@ -30,8 +30,6 @@ from typing import Any
 
 from gyre.proxy.prompt import BuiltPrompt, PromptBuilder, TitoCache
 
-log = logging.getLogger(__name__)
-
 HEADER = struct.Struct("<I")
 KEEP_PROMPTS = 4
 """Built prompts kept per execution for a later remember (a call aborted is never remembered:

@@ -72,7 +72,7 @@ class MessageCache(Generic[M]):
             recent = [c for c in self._recent if c.kind == kind]
         best, reused = None, 0
         for conversation in recent:
-            n = _common_prefix(raw, conversation.raw)
+            n = common_prefix(raw, conversation.raw)
             if n > reused:
                 best, reused = conversation, n
         models = best.models[:reused] if best is not None else []
@@ -93,7 +93,8 @@ class MessageCache(Generic[M]):
         return list(models), list(derived)
 
 
-def _common_prefix(a: list[Any], b: list[Any]) -> int:
+def common_prefix(a: list[Any], b: list[Any]) -> int:
+    """How many leading items of `a` and `b` are equal."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:

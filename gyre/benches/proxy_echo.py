@@ -18,7 +18,9 @@ sessions run at once (32: the issue's setting); p50 and p99 over every call, and
 process's CPU over that phase in cores (`concurrent_proxy_cpu_cores`: near the box's core count, less what the
 client itself takes on the same box, `concurrent_client_cpu_cores`, when the proxy is bound by the cores rather
 than by one thread holding the GIL), and its three busiest threads' (`concurrent_busiest_thread_cores`: the
-event loop's thread near 1.0 says that one thread is what bounds the proxy).
+event loop's thread near 1.0 says that one thread is what bounds the proxy). /proc counts CPU time in clock ticks,
+so each of those figures is within `concurrent_cpu_resolution_cores` (one tick over the phase's wall time) of the truth:
+on a short phase (a test's two sessions: ~0.04 s) a tick is a quarter of a core.
 
 In the same run, to say where the time goes: one session at a time (`sequential_*`: a call's
 service time with nothing queued before it), and `tokenize_new_*`: tokenising each of those
@@ -195,6 +197,7 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
         "concurrent_proxy_cpu_cores": round(proxy_cores, 2),
         "concurrent_client_cpu_cores": round(client_cores, 2),
         "concurrent_busiest_thread_cores": [round(c, 2) for c in thread_cores[:3]],
+        "concurrent_cpu_resolution_cores": round(1 / os.sysconf("SC_CLK_TCK") / wall_s, 3),
         "cpu_count": os.cpu_count(),
         "build_processes": build_processes, "calls_per_s": round(len(ms) / wall_s, 1),
         "calls": len(ms), "sessions": concurrency, "turns": turns, "wall_s": round(wall_s, 2),

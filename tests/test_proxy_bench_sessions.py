@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from gyre.benches.agent_sessions import agent_sessions
 from gyre.benches.proxy_sessions import run
 from gyre.proxy import anthropic_api, openai_api
+from gyre.proxy.gc_tuning import GC_THRESHOLD0
 from gyre.proxy.prompt import PromptBuilder, TitoCache
 
 SMALL = (200, 500)
@@ -171,6 +172,11 @@ def test_cli_bench_proxy_echo_reports_the_overhead():
     assert 0 < tick <= 1 / os.sysconf("SC_CLK_TCK") / (figures["wall_s"] - 0.005)
     assert 1 <= len(busiest) <= 3 and busiest == sorted(busiest, reverse=True)
     assert 0 <= busiest[-1] and sum(busiest) <= figures["concurrent_proxy_cpu_cores"] + (len(busiest) + 1) * tick + 0.02
+    assert figures["gc_threshold"] == GC_THRESHOLD0  # served as `gyre proxy serve` serves (`proxy/gc_tuning.py`)
+    baseline = CliRunner().invoke(app, ["bench", "proxy-echo", "--concurrency", "1", "--long-tokens", "3000", "--json",
+                                        "--python-gc"])
+    assert baseline.exit_code == 0, baseline.output
+    assert json.loads(baseline.output)["gc_threshold"] is None
 
 
 def test_each_tokenising_baseline_meets_each_text_first_with_the_servers_vocabulary():

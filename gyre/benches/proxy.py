@@ -29,6 +29,7 @@ from pathlib import Path
 import orjson
 
 from gyre.engines.base import GenerationRequest, GenerationResult, SamplingParams
+from gyre.proxy.gc_tuning import GC_THRESHOLD0, serving_gc
 
 TARGETS = {"p50_overhead_ms": 1.0, "p99_overhead_ms": 5.0, "requests_per_s": 1500.0}
 """The proxy issue's targets on 2 cores."""
@@ -78,8 +79,9 @@ def _output_ids(tokenizer) -> list[int]:
     return tokenizer("The tests pass.", add_special_tokens=False)["input_ids"] + [end]
 
 
-def _serve(conn, build_processes: int = 0) -> None:
-    """Child process: the proxy in front of a NullEngine; sends (port, keys), then serves."""
+def _serve(conn, build_processes: int = 0, gc_threshold: int | None = GC_THRESHOLD0) -> None:
+    """Child process: the proxy in front of a NullEngine; sends (port, keys), then serves, its collector set as
+    `gyre proxy serve` sets it (`gc_tuning.serving_gc`)."""
     from gyre.engines.models.hf import stop_token_ids
     from gyre.net.server_thread import ServerThread
     from gyre.proxy.app import create_app
@@ -91,10 +93,12 @@ def _serve(conn, build_processes: int = 0) -> None:
     router = EngineRouter([NullEngine(_output_ids(tokenizer))])
     app = create_app(router, sessions, tokenizer, model_name="null", stop_token_ids=stop_token_ids(tokenizer),
                      build_processes=build_processes)
-    server = ServerThread(app).start()
-    conn.send((server.port, [sessions.mint(f"bench-{i}") for i in range(NUM_EXECUTIONS)]))
-    conn.recv()  # parent says stop
-    server.stop()
+    keys = [sessions.mint(f"bench-{i}") for i in range(NUM_EXECUTIONS)]
+    with serving_gc(gc_threshold):
+        server = ServerThread(app).start()
+        conn.send((server.port, keys))
+        conn.recv()  # parent says stop
+        server.stop()
     if app.state.core.builds is not None:
         app.state.core.builds.close()
 
@@ -214,12 +218,14 @@ def _stat_cpu_s(stat: Path) -> float:
 
 
 @contextmanager
-def null_proxy_process(build_processes: int = 0) -> Iterator[tuple[int, list[str], int]]:
+def null_proxy_process(build_processes: int = 0,
+                       gc_threshold: int | None = GC_THRESHOLD0) -> Iterator[tuple[int, list[str], int]]:
     """`null_proxy`, with the child's pid (to read its CPU time, its build workers' included: `cpu_seconds`).
-    `build_processes`: the proxy's prompt-build worker processes (0: builds in the proxy's process)."""
+    `build_processes`: the proxy's prompt-build worker processes (0: builds in the proxy's process);
+    `gc_threshold`: its collector's young threshold while serving (None: Python's own settings)."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve, args=(child, build_processes), daemon=True)
+    proc = ctx.Process(target=_serve, args=(child, build_processes, gc_threshold), daemon=True)
     proc.start()
     try:
         for _ in range(int(START_TIMEOUT_S / START_POLL_S)):

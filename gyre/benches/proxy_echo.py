@@ -49,6 +49,7 @@ from collections.abc import Callable
 import orjson
 
 from gyre.benches.agent_sessions import AgentSession, agent_sessions
+from gyre.proxy.gc_tuning import GC_THRESHOLD0
 
 DEFAULT_CONCURRENCY = 32
 DEFAULT_TARGET_TOKENS = 50_000
@@ -135,10 +136,11 @@ async def replay(client: RawClient, key: str, session: AgentSession, max_tokens:
 
 
 def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TARGET_TOKENS, seed: int = 0,
-        result_chars: tuple[int, int] = RESULT_CHARS, build_processes: int = 0) -> dict:
+        result_chars: tuple[int, int] = RESULT_CHARS, build_processes: int = 0,
+        gc_threshold: int | None = GC_THRESHOLD0) -> dict:
     """`concurrency` echoing sessions growing to about `target_tokens`, all at once, through the
-    null proxy (building prompts in `build_processes` worker processes, or in its own with 0); the
-    per-call overhead's p50 / p99 (milliseconds)."""
+    null proxy (building prompts in `build_processes` worker processes, or in its own with 0; its collector's young
+    threshold `gc_threshold`, None for Python's own settings); the per-call overhead's p50 / p99 (milliseconds)."""
     from gyre.benches.proxy import NUM_EXECUTIONS, _quantile, cpu_seconds, null_proxy_process, thread_cpu_seconds
 
     if concurrency + SEQUENTIAL_SESSIONS > NUM_EXECUTIONS:
@@ -151,7 +153,7 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
     plan = agent_sessions(concurrency, turns, seed, api="openai", result_chars=result_chars)
     sequential_plan = agent_sessions(SEQUENTIAL_SESSIONS, turns, seed + 1, api="openai", result_chars=result_chars)
     tokenize = _Tokenize()
-    with null_proxy_process(build_processes) as (port, keys, pid):
+    with null_proxy_process(build_processes, gc_threshold) as (port, keys, pid):
         load_before = os.getloadavg()[0]
 
         async def all_sessions() -> list[list[tuple[int, float]]]:
@@ -199,7 +201,7 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
         "concurrent_busiest_thread_cores": [round(c, 2) for c in thread_cores[:3]],
         "concurrent_cpu_resolution_cores": round(1 / os.sysconf("SC_CLK_TCK") / wall_s, 3),
         "cpu_count": os.cpu_count(),
-        "build_processes": build_processes, "calls_per_s": round(len(ms) / wall_s, 1),
+        "build_processes": build_processes, "gc_threshold": gc_threshold, "calls_per_s": round(len(ms) / wall_s, 1),
         "calls": len(ms), "sessions": concurrency, "turns": turns, "wall_s": round(wall_s, 2),
         "last_call_body_kb": round(statistics.median(b for b, _ in last) / 1024, 1),
         "last_call_ms_p50": round(statistics.median(s * 1e3 for _, s in last), 3),

@@ -52,13 +52,17 @@ def bench_proxy_echo(
     long_tokens: int = typer.Option(50_000, "--long-tokens", min=1, help="Tokens each session grows to."),
     build_processes: int = typer.Option(0, "--build-processes", min=0,
                                         help="The proxy's prompt-build worker processes (0: in its own process)."),
+    python_gc: bool = typer.Option(False, "--python-gc", help="Serve with Python's own garbage-collector "
+                                   "settings (the baseline), not the proxy's (gyre/proxy/gc_tuning.py)."),
 ) -> None:
     """The proxy's overhead as a real harness drives it: agent-shaped sessions echoing the proxy's
     own answers, growing to --long-tokens, against a null engine (gyre/benches/proxy_echo.py)."""
     from gyre.benches.proxy_echo import run
+    from gyre.proxy.gc_tuning import GC_THRESHOLD0
 
-    _print_figures("gyre bench proxy-echo (agent-shaped, null engine)",
-                   run(concurrency, target_tokens=long_tokens, build_processes=build_processes), as_json)
+    figures = run(concurrency, target_tokens=long_tokens, build_processes=build_processes,
+                  gc_threshold=None if python_gc else GC_THRESHOLD0)
+    _print_figures("gyre bench proxy-echo (agent-shaped, null engine)", figures, as_json)
 
 
 @bench_app.command("proxy-sessions")

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gyre.config.run import ModelConfig, load_yaml_model
+from gyre.proxy.gc_tuning import GC_THRESHOLD0
 
 
 class Section(BaseModel):
@@ -89,6 +90,11 @@ class ProxyServeConfig(Section):
     validation and recording only. Each call pays a process hop: on 2 cores it used the cores (1.8 of 2 at 32
     sessions) but served fewer calls per second than 0 (docs/benches.md, `gyre bench proxy-echo
     --build-processes N`)."""
+    gc_threshold: int | None = Field(default=GC_THRESHOLD0, ge=700)
+    """The proxy process's young garbage collections come every this many net container allocations, and what
+    is alive when it starts serving is frozen out of collections (`gyre/proxy/gc_tuning.py`); None keeps Python's
+    own settings (700, nothing frozen). The default served 22-24 % more calls a second at 32 agent-shaped sessions
+    (`gyre bench proxy-echo` against `--python-gc`, docs/benches.md)."""
     keys: dict[str, str] = Field(default_factory=dict)
     """Static API key -> execution id (standalone use; a run mints one key per execution)."""
     record_path: Path | None = None

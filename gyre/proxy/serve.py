@@ -27,6 +27,7 @@ from gyre.engines.models.tiny import TinyModelSpec, cached_tiny_model
 from gyre.proxy.app import create_app
 from gyre.proxy.completion import ProxyDefaults
 from gyre.proxy.config import ProxyServeConfig, load_proxy_config
+from gyre.proxy.gc_tuning import serving_gc
 from gyre.proxy.router import EngineRouter
 from gyre.proxy.sessions import SessionRegistry
 from gyre.proxy.toolcalls import parser_for
@@ -125,7 +126,8 @@ def serve(config_path: Path | str) -> None:
         app, _, _, engines = build(config, SessionRegistry(sink=call_log.put if call_log else None))
         server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
                                                access_log=False, lifespan="off"))
-        server.run()  # returns once stopped; a stop signal is re-raised here (SystemExit)
+        with serving_gc(config.gc_threshold):
+            server.run()  # returns once stopped; a stop signal is re-raised here (SystemExit)
     finally:
         try:
             if call_log is not None:

@@ -12,8 +12,10 @@ session's call). With `serving_gc`: 22-24 % more calls a second, the p99 about h
 
 `serving_gc` raises the young threshold to `GC_THRESHOLD0` (a call's short-lived lists are then mostly freed by
 their reference counts before any collection sees them) and freezes what is alive when serving starts (modules,
-the tokenizer, the template: never garbage, no longer traversed by a full collection). Cycles are still
-collected, less often: the memory they hold is bounded by the threshold. Both are undone when serving ends.
+the tokenizer, the template: never garbage, no longer traversed by a full collection). Garbage cycles are still
+collected, later: a young one within `GC_THRESHOLD0` net allocations, older generations after 10 and 100 times
+that, as before relative to the young. Both are undone when serving ends. The build worker processes
+(`build_processes.py`) keep Python's own settings.
 """
 
 from __future__ import annotations

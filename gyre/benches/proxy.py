@@ -38,6 +38,8 @@ LATENCY_REQUESTS = 2000
 WARMUP_REQUESTS = 300
 DEFAULT_DURATION_S = 3.0
 DEFAULT_CONCURRENCY = 32
+CLOCK_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+"""The unit /proc counts CPU time in: every reading of `cpu_seconds` and `thread_cpu_seconds` is whole ticks."""
 
 
 class NullEngine:
@@ -214,7 +216,7 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
 
 def _stat_cpu_s(stat: Path) -> float:
     fields = stat.read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) * CLOCK_TICK_S
 
 
 @contextmanager

@@ -141,7 +141,9 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
     """`concurrency` echoing sessions growing to about `target_tokens`, all at once, through the
     null proxy (building prompts in `build_processes` worker processes, or in its own with 0; its collector's young
     threshold `gc_threshold`, None for Python's own settings); the per-call overhead's p50 / p99 (milliseconds)."""
-    from gyre.benches.proxy import NUM_EXECUTIONS, _quantile, cpu_seconds, null_proxy_process, thread_cpu_seconds
+    from gyre.benches.proxy import (
+        CLOCK_TICK_S, NUM_EXECUTIONS, _quantile, cpu_seconds, null_proxy_process, thread_cpu_seconds,
+    )
 
     if concurrency + SEQUENTIAL_SESSIONS > NUM_EXECUTIONS:
         raise ValueError(f"at most {NUM_EXECUTIONS - SEQUENTIAL_SESSIONS} sessions (the benchmark server's keys)")
@@ -199,7 +201,7 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
         "concurrent_proxy_cpu_cores": round(proxy_cores, 2),
         "concurrent_client_cpu_cores": round(client_cores, 2),
         "concurrent_busiest_thread_cores": [round(c, 2) for c in thread_cores[:3]],
-        "concurrent_cpu_resolution_cores": round(1 / os.sysconf("SC_CLK_TCK") / wall_s, 3),
+        "concurrent_cpu_resolution_cores": round(CLOCK_TICK_S / wall_s, 3),
         "cpu_count": os.cpu_count(),
         "build_processes": build_processes, "gc_threshold": gc_threshold, "calls_per_s": round(len(ms) / wall_s, 1),
         "calls": len(ms), "sessions": concurrency, "turns": turns, "wall_s": round(wall_s, 2),

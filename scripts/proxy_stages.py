@@ -11,12 +11,12 @@ sequential phase), and prints each stage's p50 and its time per call:
 Stages nest: `handler` (the endpoint, from its start to the response object) holds
 `read_conversation` (body, JSON, message cache, validation), `core_turn` (`build_await`: the
 hop to a prompt lane, none for a call alone in the proxy, and `build_thread`, the build:
-`render`, `best_state`, `encode`) and `turn_run` (`generation`: router, the engine thread's
-hop, the null engine; then `finish_thread`: decode, parse and `record`). `long_text` is the
-part of `encode` sent to the helper process (a text of at least `long_text.LONG_TEXT_CHARS`
-characters tokenised at once; not printed when no call had one). `render` and `encode` also
-count the turn remembered after the answer (off the call's path). The round trip minus
-`handler` is HTTP on both sides. The wrappers add a few microseconds per stage.
+`render`, `best_state`, `encode`) and `turn_run` (`generation`: router, the null engine's
+future, answered while taken (`engines.base.Submits`, no thread hop); then `finish_thread`:
+decode, parse and `record`). `long_text` is the part of `encode` sent to the helper process (a
+text of at least `long_text.LONG_TEXT_CHARS` characters tokenised at once; not printed when no
+call had one). `render` and `encode` also count the turn remembered after the answer (off the
+call's path). The round trip minus `handler` is HTTP on both sides. The wrappers add a few microseconds per stage.
 """
 
 from __future__ import annotations

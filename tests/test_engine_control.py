@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gyre.engines.base import EngineDrainingError, GenerationRequest, RolloutEngine, SamplingParams
+from gyre.engines.base import EngineDrainingError, GenerationRequest, RolloutEngine, SamplingParams, Submits
 from gyre.engines.torch.rollout import TorchRolloutEngine
 
 PROMPT = [5, 6, 7, 8]
@@ -34,6 +34,21 @@ def test_paused_engine_holds_requests_until_resumed(engine):
         engine.resume()
         results = [f.result(timeout=30) for f in futures]
     assert all(len(r.output_ids) == 8 for r in results)
+
+
+def test_submitted_requests_complete_their_futures_and_a_cancelled_one_is_skipped(engine):
+    """`submit` (the proxy's way in: no thread of its own waits on the engine) queues the request
+    and returns; the engine's worker completes the future. One cancelled while queued is never run,
+    and the worker goes on serving the rest."""
+    assert isinstance(engine, Submits)
+    engine.pause()
+    kept = engine.submit(GenerationRequest(PROMPT, SamplingParams(1.0, 8)))
+    dropped = engine.submit(GenerationRequest(PROMPT, SamplingParams(1.0, 8)))
+    assert not kept.done() and dropped.cancel()
+    engine.resume()
+    assert len(kept.result(timeout=30).output_ids) == 8 and dropped.cancelled()
+    assert len(_ask(engine).output_ids) == 8
+    assert engine.drain(timeout_s=10) is True  # the cancelled request is not counted as pending
 
 
 def test_drain_finishes_queued_work_refuses_new_and_resume_reopens(engine):

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from gyre.device.model import DeviceModel, Pacing
-from gyre.engines.base import EngineDrainingError, GenerationRequest, SamplingParams
+from gyre.engines.base import EngineDrainingError, GenerationRequest, SamplingParams, Submits
 from gyre.engines.paced import PacedRolloutEngine
 from gyre.engines.torch.rollout import TorchRolloutEngine
 
@@ -53,6 +53,10 @@ def test_a_call_takes_the_modelled_decode_time_and_returns_the_real_tokens(inner
     assert 8 * TOKEN_WALL_S <= took < 8 * TOKEN_WALL_S + 1.0  # slack: a loaded box's thread wake-ups
     assert seen[0][1] >= TOKEN_WALL_S * 0.99 and seen[-1][1] >= 8 * TOKEN_WALL_S * 0.99  # one by one, paced
     assert engine.stats.output_tokens == 8 and engine.stats.calls == 1
+    # the inner torch engine takes requests without blocking; the paced one must not pass that on (the
+    # proxy would submit past the pacing): it blocks in `generate`, the rest is the inner engine's
+    assert isinstance(inner, Submits) and not isinstance(engine, Submits)
+    assert getattr(engine, "submit", None) is None and engine.rng_state() is not None
 
 
 def test_a_call_whose_real_tokens_come_after_their_release_is_counted_late(inner):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import time
 
 import httpx
 import pytest
@@ -146,3 +148,34 @@ def test_records_keep_the_prompt_each_call_sent_whether_its_output_was_finished_
     assert [c.prompt_ids for c in calls] == engine.prompts  # the engine kept copies as it was called
     assert messages[4]["content"] == long_reply and messages[6]["content"] == "short again"
     assert session.fallback_turns == 0
+
+
+def test_calls_on_an_engine_that_takes_requests_without_blocking_hold_none_of_the_proxys_threads(
+        tiny_model_dir, tiny_tokenizer):
+    """The torch engine offers `submit` (`engines.base.Submits`): the proxy awaits its future, so the calls
+    in flight are not bounded by the proxy's engine threads. With one such thread, three concurrent calls
+    still all reach the paused engine's queue, and all are answered once it resumes."""
+    engine = TorchRolloutEngine(tiny_model_dir, seed=5)
+    submitted = []
+    take = engine.submit
+    engine.submit = lambda request: (submitted.append(len(request.prompt_ids)), take(request))[1]
+    sessions = SessionRegistry()
+    app = create_app(EngineRouter([engine]), sessions, tiny_tokenizer, model_name="tiny",
+                     stop_token_ids=stop_token_ids(tiny_tokenizer), max_concurrent_requests=1)
+    server = ServerThread(app).start()
+    engine.pause()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            answers = [pool.submit(_post, server, sessions.mint(f"exec-{i}"),
+                                   {"model": "tiny", "max_tokens": 4,
+                                    "messages": [{"role": "user", "content": f"task {i}"}]}) for i in range(3)]
+            deadline = time.monotonic() + 30
+            while len(submitted) < 3 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert len(submitted) == 3 and not any(a.done() for a in answers)  # all queued at the paused engine
+            engine.resume()
+            assert [a.result(timeout=60).status_code for a in answers] == [200, 200, 200]
+    finally:
+        server.stop()
+        engine.close()
+    assert sorted(len(sessions.close(f"exec-{i}").calls) for i in range(3)) == [1, 1, 1]

@@ -148,3 +148,31 @@ def test_tool_calling_turns_with_long_results_build_as_from_scratch(tiny_tokeniz
         builder.remember(cache, prompt, assistant, output, True)
         result = "".join(rng.choice("abc def\n=_.()") for _ in range(GIL_FREE_CHARS * 3))
         messages = messages + [assistant, {"role": "tool", "content": result, "tool_call_id": f"call_{turn}"}]
+
+
+def test_the_next_prompts_ids_are_made_when_the_turn_is_remembered_and_taken_once(tiny_tokenizer):
+    """Remembering a turn (after the answer, off the call's path) makes the next prompt's list of the
+    context's ids ahead; the execution's next build takes that list and extends it. A second build from
+    the same state (a harness retrying the call) gets its own copy, so neither prompt changes the other
+    or the state; a newer state's remember drops the older state's unused list."""
+    builder, cache = PromptBuilder(tiny_tokenizer), TitoCache()
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
+    first = builder.build(messages, TOOLS, cache)
+    output = [tiny_tokenizer.convert_tokens_to_ids(t) for t in ("a", "b")] + [
+        tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    assistant = {"role": "assistant", "content": tiny_tokenizer.decode(output[:-1])}
+    builder.remember(cache, first, assistant, output, True)
+    (state,) = cache.states.values()
+    ready = state.ready
+    assert ready == state.head_ids + state.tail_ids and ready is not first.ids
+    conversation = [*messages, assistant, {"role": "user", "content": "more"}]
+    second = builder.build(conversation, TOOLS, cache)
+    retry = builder.build(conversation, TOOLS, cache)
+    assert second.ids is ready and state.ready is None  # taken, then extended with the new text
+    assert retry.ids == second.ids and retry.ids is not second.ids
+    parts = state.head_ids + state.tail_ids
+    assert state.head_ids is first.ids and second.ids[: len(parts)] == parts
+    assert len(second.ids) > len(state.head_ids) + len(state.tail_ids)
+    third_state_prompt = builder.build([*messages, assistant, {"role": "user", "content": "other"}], TOOLS, cache)
+    builder.remember(cache, third_state_prompt, assistant, output, True)
+    assert [s.ready is None for s in cache.states.values()] == [True, False]  # only the newest keeps one

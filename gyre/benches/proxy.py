@@ -23,6 +23,7 @@ import os
 import statistics
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -56,6 +57,12 @@ class NullEngine:
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         return GenerationResult(list(self._output_ids), list(self._logprobs), "stop", 0, self.engine_id)
+
+    def submit(self, request: GenerationRequest) -> Future:
+        """`engines.base.Submits`, as the torch engine offers it: answered while taken."""
+        future: Future = Future()
+        future.set_result(self.generate(request))
+        return future
 
     def load_weights(self, snapshot: Path, version: int) -> None:
         pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -99,7 +100,9 @@ class RolloutEngine(Protocol):
         ...
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Blocking and thread-safe; concurrent callers are batched together."""
+        """Blocking and thread-safe; concurrent callers are batched together. An engine whose
+        own thread completes requests may also offer `submit` (`Submits`): the proxy then holds no
+        thread of its own per call in flight."""
         ...
 
     def load_weights(self, snapshot: Path, version: int) -> None:
@@ -120,6 +123,17 @@ class RolloutEngine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Submits(Protocol):
+    """The optional non-blocking form of `RolloutEngine.generate`: the request is queued and a
+    future returned, completed (result or error, exactly as `generate` would return or raise) by
+    the engine's own thread. Errors found before queueing (`ContextLengthError`,
+    `EngineDrainingError`) may be raised by `submit` itself. A caller that stops waiting stops the
+    request through `request.stop`, never by cancelling the future."""
+
+    def submit(self, request: GenerationRequest) -> Future[GenerationResult]: ...
 
 
 @dataclass

@@ -39,6 +39,8 @@ from gyre.engines.base import EngineDrainingError, GenerationRequest, Generation
 STOP_POLL_S = 0.02  # a call waiting for its release looks at its stop event this often
 PREFIX_BLOCK_TOKENS = 16
 PREFIX_BLOCKS = 1 << 16  # blocks remembered per engine (least recently used forgotten first)
+_NOT_DELEGATED = frozenset({"inner", "submit"})
+"""Never the inner engine's: `submit` would generate past the pacing (the proxy blocks in `generate`)."""
 
 
 class DeviceClock:
@@ -162,7 +164,7 @@ class PacedRolloutEngine:
         self._draining = False
 
     def __getattr__(self, name: str):  # rng_state, set_rng_state, prefix_cache, ...: the inner engine's
-        if name == "inner":
+        if name in _NOT_DELEGATED:
             raise AttributeError(name)
         return getattr(self.inner, name)
 

@@ -57,7 +57,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 32 * 2**20
 """Largest request body accepted (a 1M-token conversation is ~4 MB of text)."""
 DEFAULT_MAX_CONCURRENT_REQUESTS = 512
-"""Engine calls in flight at once (threads blocked in `RolloutEngine.generate`)."""
+"""Engine calls in flight at once on engines that block a thread (`RolloutEngine.generate`); an engine
+that takes requests without blocking (`engines.base.Submits`: the torch engine) holds none of these threads."""
 DEFAULT_BODY_IDLE_TIMEOUT_S = 60.0
 """Longest wait for the next part of a request body: a client that stops sending mid-body
 (a slowloris, a stalled upload) gets a 408 instead of holding a coroutine for ever."""

@@ -80,7 +80,9 @@ class ProxyServeConfig(Section):
     """Largest request body accepted; larger ones get a 413 in the API's shape before the body is
     read whole. (A prompt whose text cannot fit the model's context is a 400 before templating.)"""
     max_concurrent_requests: int = Field(default=512, gt=0)
-    """Engine calls in flight at once."""
+    """Engine calls in flight at once on engines that block a thread per call (`RolloutEngine.generate`:
+    SGLang over HTTP, paced and Ray-cell engines); calls to an engine that takes requests without blocking
+    (`engines.base.Submits`: the torch engine) are not bounded by it."""
     no_engine_wait_s: float = Field(default=120.0, ge=0)
     """How long a request waits for an engine when none is available, before a 503/529."""
     build_processes: int = Field(default=0, ge=0)

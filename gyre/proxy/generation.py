@@ -14,6 +14,9 @@ A segment ends one of three ways:
 Because every segment is sampled from prompt + all earlier tokens, the concatenation is
 an exact sample of one response; each segment records its engine and policy version.
 
+An engine that offers `submit` (`engines.base.Submits`) is awaited on its own future; the proxy
+holds a thread per attempt in flight (`executor`) only for an engine that blocks in `generate`.
+
 Tokens become visible to a streaming consumer as the engine samples them: the engine's
 thread appends to the current segment and wakes the event loop (coalesced), where
 `on_tokens` receives them in order. A client that goes away calls `cancel()`: the current
@@ -26,11 +29,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from gyre.engines.base import ContextLengthError, GenerationRequest, SamplingParams
+from gyre.engines.base import ContextLengthError, GenerationRequest, GenerationResult, SamplingParams
 from gyre.proxy.router import EngineRouter, Lease
 from gyre.records import OutputSegment, utc_now
 
@@ -38,6 +41,11 @@ MAX_ENGINE_FAILURES = 3
 """Engine failures one request survives; the next one fails the request."""
 FAILURE_BACKOFF_S = 0.05
 """Wait before retrying after the first failure; doubles per failure."""
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():  # not cancelled meanwhile
+        waiter.set_result(None)
 
 
 class EngineFailedError(RuntimeError):
@@ -126,7 +134,11 @@ class Generation:
                 affinity=self._execution_id,
             )
             try:
-                result = await self._loop.run_in_executor(self._executor, lease.engine.generate, request)
+                submit = getattr(lease.engine, "submit", None)  # `engines.base.Submits`
+                if submit is None:  # a blocking engine: one of the proxy's threads waits on it
+                    result = await self._loop.run_in_executor(self._executor, lease.engine.generate, request)
+                else:
+                    result = await self._settled(submit(request))
             except ContextLengthError:
                 if not out.output_ids:
                     raise
@@ -155,6 +167,17 @@ class Generation:
                 out.finish_reason = result.finish_reason
                 return out
             # aborted: drained (continue elsewhere) or cancelled (checked at the loop's top)
+
+    async def _settled(self, future: Future) -> GenerationResult:
+        """The result of an engine's future (`engines.base.Submits`): at once if the engine answered
+        while taking the request, else once its thread completes the future (one wake-up of the loop,
+        no thread of the proxy's in between). Cancelling this wait leaves the engine's future alone:
+        an attempt is stopped through its lease's stop event, as a blocking `generate` is."""
+        if not future.done():
+            waiter = self._loop.create_future()
+            future.add_done_callback(lambda _: self._loop.call_soon_threadsafe(_wake, waiter))
+            await waiter
+        return future.result()
 
     # -- token plumbing -----------------------------------------------------------------
 

@@ -62,18 +62,21 @@ class Segment:
 class PrefixState:
     """Rendered text of a conversation ending with a returned turn, and its prompt ids: the ids of
     the prompt that produced the turn (shared with that call's record, never changed) followed by
-    `tail_ids` (the sampled ids and what the template adds after them). Kept in two parts so that
-    remembering a turn copies no id list; the next build copies them once, into its own prompt."""
+    `tail_ids` (the sampled ids and what the template adds after them).
+
+    A build starts its own prompt's list from these ids and extends it. Remembering the turn,
+    which runs after the answer (off the call's path), makes that list ahead (`ready`), so the
+    execution's next call does not copy its whole context on its path (~0.15 ms at 50k tokens,
+    milliseconds at a million); the first build from the state takes it (`TitoCache.take_ids`),
+    any other copies the two parts. Only an execution's newest state keeps a `ready` list."""
 
     text: str
     head_ids: list[int]
     tail_ids: list[int]
     num_messages: int
     fallback_spans: list[tuple[int, int]]
-
-    @property
-    def ids(self) -> list[int]:
-        return self.head_ids + self.tail_ids
+    ready: list[int] | None = None
+    """`head_ids + tail_ids`, made when remembered, until a build takes it (then None)."""
 
 
 @dataclass
@@ -131,10 +134,18 @@ class TitoCache:
                 self.states.move_to_end(best_key)
             return best
 
+    def take_ids(self, state: PrefixState) -> list[int]:
+        """A new list of `state`'s ids for a build to extend: its `ready` list the first time."""
+        with self.lock:
+            ready, state.ready = state.ready, None
+        return ready if ready is not None else state.head_ids + state.tail_ids
+
     def remember(self, canonical: str, segment: Segment, state: PrefixState | None) -> None:
         with self.lock:
             self.segments[canonical] = segment
             if state is not None:
+                for older in self.states.values():  # one list made ahead per execution: the newest state's
+                    older.ready = None
                 self.states[id(state)] = state
                 while len(self.states) > MAX_PREFIX_STATES:
                     self.states.popitem(last=False)
@@ -242,7 +253,7 @@ class PromptBuilder:
             cursor, first = 0, 0
         else:
             prompt = BuiltPrompt(
-                ids=state.ids, text=full, num_messages=len(messages), messages=messages, tools=tools,
+                ids=cache.take_ids(state), text=full, num_messages=len(messages), messages=messages, tools=tools,
                 fallback_spans=list(state.fallback_spans), base=state,
             )
             cursor, first = len(state.text), state.num_messages
@@ -280,7 +291,8 @@ class PromptBuilder:
             raise ValueError("chat template does not render a conversation as a prefix of its continuation")
         canonical = after[len(prompt.text) :]
         tail_ids = list(output_ids) + self.encode(self._tail(canonical, ended))
-        state = PrefixState(after, prompt.ids, tail_ids, len(messages) + 1, prompt.fallback_spans)
+        state = PrefixState(after, prompt.ids, tail_ids, len(messages) + 1, prompt.fallback_spans,
+                            ready=prompt.ids + tail_ids)
         cache.remember(canonical, Segment(list(output_ids), ended), state)
 
     def _tail(self, canonical: str, ended: bool) -> str:

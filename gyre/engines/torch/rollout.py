@@ -1,6 +1,7 @@
 """The torch reference rollout engine: batched sampling with a KV cache on any HF causal LM.
 
-Harness executions call the proxy concurrently; each call blocks in `generate`. A worker
+Harness executions call the proxy concurrently; each call is queued by `submit` (the proxy
+awaits the returned future) or blocks in `generate`. A worker
 thread collects whatever requests are waiting, runs them as one left-padded batch with a
 shared KV cache, and hands each caller its exact sampled token ids and behaviour
 log-probs (log-softmax of the temperature-scaled logits, the distribution the token was
@@ -120,6 +121,10 @@ class TorchRolloutEngine:
         return self._version
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
+        return self.submit(request).result()
+
+    def submit(self, request: GenerationRequest) -> Future:
+        """`generate` without blocking (`engines.base.Submits`): the worker thread completes the future."""
         if len(request.prompt_ids) >= self.max_context:
             raise ContextLengthError(
                 f"prompt has {len(request.prompt_ids)} tokens; the model's context is {self.max_context}"
@@ -131,7 +136,7 @@ class TorchRolloutEngine:
             self._pending += 1
         future.add_done_callback(self._done)
         self._queue.put((request, future))
-        return future.result()
+        return future
 
     def pause(self) -> None:
         self._running.clear()
@@ -202,6 +207,8 @@ class TorchRolloutEngine:
             item = self._queue.get()
             if item is None:
                 return
+            if not item[1].set_running_or_notify_cancel():  # cancelled by its submitter while queued
+                continue
             self._acquire_running()
             try:
                 batch = [item]
@@ -213,7 +220,8 @@ class TorchRolloutEngine:
                     if nxt is None:
                         self._queue.put(None)
                         break
-                    batch.append(nxt)
+                    if nxt[1].set_running_or_notify_cancel():
+                        batch.append(nxt)
                 try:
                     results = self._generate_batch([req for req, _ in batch])
                 except BaseException as exc:  # hand the failure to every waiting caller

@@ -160,6 +160,8 @@ def test_cli_bench_proxy_echo_reports_the_overhead():
     assert 0 < figures["p50_overhead_ms"] <= figures["p99_overhead_ms"]
     assert 0 < figures["sequential_p50_ms"] <= figures["sequential_p99_ms"]
     assert 0 < figures["tokenize_new_p50_ms"] <= figures["tokenize_new_p99_ms"]
+    assert 0 < figures["tokenize_new_fast_p50_ms"] <= figures["tokenize_new_fast_p99_ms"]
+    assert figures["tokenize_new_fast_warm_p50_ms"] > 0
     # the sequential calls' overhead over tokenising their own new text, and the proxy's CPU at once
     assert "sequential_over_tokenize_p50_ms" in figures and figures["concurrent_proxy_cpu_cores"] > 0
     assert 0 < figures["concurrent_client_cpu_cores"] <= figures["cpu_count"]
@@ -192,3 +194,11 @@ def test_each_tokenising_baseline_meets_each_text_first_with_the_servers_vocabul
     assert tokenize._plain.encode(text, add_special_tokens=False).ids == expected
     assert tokenize._fast.encode_batch_fast([text], add_special_tokens=False)[0].ids == expected
     assert len(tokenize.plain_ms) == len(tokenize.fast_ms) == 1 and min(tokenize.plain_ms + tokenize.fast_ms) > 0
+    # the ways take turns going first (the second in a row runs with the library's code and tables warm), and each
+    # baseline is read from the calls where its way went first
+    tokenize(text + "x")
+    tokenize(text + "y")
+    assert tokenize.first == ["plain", "fast", "plain"]
+    assert tokenize.cold("plain", tokenize.plain_ms) == [tokenize.plain_ms[0], tokenize.plain_ms[2]]
+    assert tokenize.cold("fast", tokenize.fast_ms) == [tokenize.fast_ms[1]]
+    assert tokenize.fast_warm_ms == [tokenize.fast_ms[0], tokenize.fast_ms[2]]

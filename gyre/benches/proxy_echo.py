@@ -231,9 +231,9 @@ class _Tokenize:
 
     The two ways take turns going first (`first`), and each way's baseline is read from the calls where it
     went first: whichever tokenises second in a row runs with the tokenizer library's code and tables warm
-    in the core's caches, 0.3-0.4 ms faster on these texts, and the proxy's own tokenising always comes
-    after other work (JSON, rendering). Until 2026-12-08 `encode_batch_fast` always went second
-    (`fast_warm_ms` keeps that figure)."""
+    in the core's caches (here 0.15-0.25 ms faster in this client, 0.3-0.5 ms in the proxy's process:
+    docs/benches.md), and the proxy's own tokenising always comes after other work (JSON, rendering).
+    Until 2026-12-08 `encode_batch_fast` always went second (`fast_warm_ms` keeps that figure)."""
 
     def __init__(self) -> None:
         from tokenizers import Tokenizer

@@ -35,17 +35,10 @@ SPY_START_S = 1.5  # py-spy attaches before the phase starts
 
 
 def _phase(port: int, keys: list[str], plan, first_key: int) -> float:
-    from gyre.benches.proxy_echo import RawClient, replay
-
-    async def all_sessions() -> None:
-        async def one(i: int, session) -> None:
-            async with RawClient(port) as client:
-                await replay(client, keys[first_key + i], session)
-
-        await asyncio.gather(*(one(i, s) for i, s in enumerate(plan)))
+    from gyre.benches.proxy_echo import all_at_once
 
     started = time.perf_counter()
-    asyncio.run(all_sessions())
+    asyncio.run(all_at_once(port, keys, plan, first_key))
     return time.perf_counter() - started
 
 

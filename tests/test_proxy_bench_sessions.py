@@ -199,6 +199,6 @@ def test_each_tokenising_baseline_meets_each_text_first_with_the_servers_vocabul
     tokenize(text + "x")
     tokenize(text + "y")
     assert tokenize.first == ["plain", "fast", "plain"]
-    assert tokenize.cold("plain", tokenize.plain_ms) == [tokenize.plain_ms[0], tokenize.plain_ms[2]]
-    assert tokenize.cold("fast", tokenize.fast_ms) == [tokenize.fast_ms[1]]
+    assert tokenize.when_first("plain", tokenize.plain_ms) == [tokenize.plain_ms[0], tokenize.plain_ms[2]]
+    assert tokenize.when_first("fast", tokenize.fast_ms) == [tokenize.fast_ms[1]]
     assert tokenize.fast_warm_ms == [tokenize.fast_ms[0], tokenize.fast_ms[2]]

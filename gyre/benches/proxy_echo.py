@@ -137,6 +137,17 @@ async def replay(client: RawClient, key: str, session: AgentSession, max_tokens:
     return out
 
 
+async def all_at_once(port: int, keys: list[str], plan: list[AgentSession],
+                      first_key: int = 0) -> list[list[tuple[int, float]]]:
+    """Every session of `plan` replayed at once, the i-th with key `keys[first_key + i]`, each on its own
+    connection; `replay`'s (body bytes, seconds) per call, per session."""
+    async def one(i: int, session: AgentSession) -> list[tuple[int, float]]:
+        async with RawClient(port) as client:
+            return await replay(client, keys[first_key + i], session)
+
+    return await asyncio.gather(*(one(i, s) for i, s in enumerate(plan)))
+
+
 def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TARGET_TOKENS, seed: int = 0,
         result_chars: tuple[int, int] = RESULT_CHARS, build_processes: int = 0,
         gc_threshold: int | None = GC_THRESHOLD0) -> dict:
@@ -160,13 +171,6 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
     with null_proxy_process(build_processes, gc_threshold) as (port, keys, pid):
         load_before = os.getloadavg()[0]
 
-        async def all_sessions() -> list[list[tuple[int, float]]]:
-            async def one(i: int, session: AgentSession) -> list[tuple[int, float]]:
-                async with RawClient(port) as client:
-                    return await replay(client, keys[i], session)
-
-            return await asyncio.gather(*(one(i, s) for i, s in enumerate(plan)))
-
         async def one_at_a_time() -> list[tuple[int, float]]:
             out = []
             for i, s in enumerate(sequential_plan):
@@ -177,7 +181,7 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
         cpu_before, client_before = cpu_seconds(pid), time.process_time()
         threads_before = thread_cpu_seconds(pid)
         started = time.perf_counter()
-        per_session = asyncio.run(all_sessions())
+        per_session = asyncio.run(all_at_once(port, keys, plan))
         wall_s = time.perf_counter() - started
         proxy_cores = (cpu_seconds(pid) - cpu_before) / wall_s
         thread_cores = sorted(((s - threads_before.get(tid, 0.0)) / wall_s
@@ -187,10 +191,10 @@ def run(concurrency: int = DEFAULT_CONCURRENCY, target_tokens: int = DEFAULT_TAR
     ms = [s * 1e3 for calls in per_session for _, s in calls]
     last = [calls[-1] for calls in per_session]
     # each sequential call's own new text, timed after it; each way from the calls where it went first
-    tokenize_ms = tokenize.cold("plain", tokenize.plain_ms)
-    fast_ms = tokenize.cold("fast", tokenize.fast_ms)
-    over_ms = tokenize.cold("plain", [a - b for a, b in zip(sequential_ms, tokenize.plain_ms)])
-    over_fast_ms = tokenize.cold("fast", [a - b for a, b in zip(sequential_ms, tokenize.fast_ms)])
+    tokenize_ms = tokenize.when_first("plain", tokenize.plain_ms)
+    fast_ms = tokenize.when_first("fast", tokenize.fast_ms)
+    over_ms = tokenize.when_first("plain", [a - b for a, b in zip(sequential_ms, tokenize.plain_ms)])
+    over_fast_ms = tokenize.when_first("fast", [a - b for a, b in zip(sequential_ms, tokenize.fast_ms)])
     return {
         "p50_overhead_ms": round(statistics.median(ms), 3),
         "p99_overhead_ms": round(_quantile(ms, 0.99), 3),
@@ -264,11 +268,11 @@ class _Tokenize:
         self._fast.encode_batch_fast([text], add_special_tokens=False)
         self.fast_ms.append((time.perf_counter() - started) * 1e3)
 
-    def cold(self, way: str, values: list[float]) -> list[float]:
+    def when_first(self, way: str, values: list[float]) -> list[float]:
         """`values` (one per call) of the calls where `way` was timed first."""
         return [v for v, first in zip(values, self.first) if first == way]
 
     @property
     def fast_warm_ms(self) -> list[float]:
         """`encode_batch_fast` timed right after `encode` of the same text (the baseline before 2026-12-08)."""
-        return [v for v, first in zip(self.fast_ms, self.first) if first == "plain"]
+        return self.when_first("plain", self.fast_ms)

@@ -172,7 +172,9 @@ class Generation:
         """The result of an engine's future (`engines.base.Submits`): at once if the engine answered
         while taking the request, else once its thread completes the future (one wake-up of the loop,
         no thread of the proxy's in between). Cancelling this wait leaves the engine's future alone:
-        an attempt is stopped through its lease's stop event, as a blocking `generate` is."""
+        an attempt is stopped through its lease's stop event, as a blocking `generate` is. (Not
+        `asyncio.shield(asyncio.wrap_future(...))`: after a cancel, an engine error would sit in the
+        wrapping future unretrieved and be logged as such.)"""
         if not future.done():
             waiter = self._loop.create_future()
             future.add_done_callback(lambda _: self._loop.call_soon_threadsafe(_wake, waiter))
